@@ -1,0 +1,8 @@
+"""Metrics: immutable pytrees of masked sufficient statistics."""
+
+from padded_eval.metrics.base import Metric as Metric
+from padded_eval.metrics.averages import Mean as Mean
+from padded_eval.metrics.averages import MSE as MSE
+from padded_eval.metrics.averages import MAE as MAE
+from padded_eval.metrics.averages import RMSE as RMSE
+from padded_eval.metrics.accuracy import Accuracy as Accuracy

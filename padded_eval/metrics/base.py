@@ -1,0 +1,226 @@
+"""The Metric protocol: immutable pytrees of masked sufficient statistics.
+
+A metric is a frozen dataclass whose fields are of two kinds:
+
+* configuration (``num_classes``, ``average``, ``name``, ...): static pytree
+  metadata, hashable, set in the constructor;
+* state, declared with :func:`state`: exact accumulators
+  (:class:`~padded_eval.accumulate.ExactCount`, :class:`~padded_eval.accumulate.ExactSum`)
+  or nested metrics. The constructor fills them with the empty state.
+
+Subclasses are made dataclasses and registered as pytrees automatically. Most
+metrics only define their batch statistics (``_batch_state``) and ``compute``:
+``merge``, ``reduce`` and ``aggregate`` are written once here, by mapping the
+accumulators' own exact operations over the state.
+
+Example:
+  >>> import jax.numpy as jnp
+  >>> import padded_eval as pe
+  >>> m = pe.metrics.Mean()
+  >>> m = m.update(values=jnp.array([1.0, 2.0, jnp.nan]), mask=jnp.array([True, True, False]))
+  >>> float(m.compute())
+  1.5
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from padded_eval.accumulate import Accumulator, upcast
+
+_STATE = "padded_eval_state"
+
+
+def state(factory: Callable[[Any], Any]):
+  """Declares a state field; ``factory(metric)`` builds its empty value from the config."""
+  return dataclasses.field(init=False, repr=False, compare=False,
+                           metadata={_STATE: factory})
+
+
+def _is_state(field: dataclasses.Field) -> bool:
+  return _STATE in field.metadata
+
+
+def _is_node(x) -> bool:
+  return isinstance(x, (Accumulator, Metric))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Metric(abc.ABC):
+  """Base class of every metric; see the module docstring and DESIGN.md.
+
+  Subclasses implement ``_batch_state(**kw) -> dict`` (the state of one batch,
+  keyed by state field names) and ``compute()``. Unknown keywords must be
+  accepted and ignored (``**_``), so collections can forward one set.
+  """
+
+  name: str | None = dataclasses.field(default=None, kw_only=True)
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    dataclasses.dataclass(frozen=True, eq=False, repr=True)(cls)
+    fields = dataclasses.fields(cls)
+    cls._state_fields = tuple(f.name for f in fields if _is_state(f))
+    cls._config_fields = tuple(f.name for f in fields if not _is_state(f))
+    jax.tree_util.register_pytree_with_keys(
+        cls, _flatten_with_keys, _unflatten_for(cls), flatten_func=_flatten)
+
+  def __post_init__(self):
+    if self.name is None:
+      object.__setattr__(self, "name", type(self).__name__.lower())
+    self._check_config()
+    for f in dataclasses.fields(self):
+      if _is_state(f):
+        object.__setattr__(self, f.name, f.metadata[_STATE](self))
+
+  def _check_config(self) -> None:
+    """Raises ValueError for a bad configuration (override to check)."""
+
+  # --- state plumbing ---------------------------------------------------------------
+
+  def _state(self) -> dict[str, Any]:
+    return {f: getattr(self, f) for f in self._state_fields}
+
+  def replace_state(self, **new_state) -> "Metric":
+    """A copy with the given state fields replaced (configuration kept)."""
+    metric = object.__new__(type(self))
+    for f in self._config_fields:
+      object.__setattr__(metric, f, getattr(self, f))
+    for f in self._state_fields:
+      object.__setattr__(metric, f, new_state.get(f, getattr(self, f)))
+    return metric
+
+  def _map_state(self, fn: Callable, *others: "Metric") -> "Metric":
+    mapped = jax.tree.map(fn, self._state(), *(o._state() for o in others), is_leaf=_is_node)
+    return self.replace_state(**mapped)
+
+  # --- the protocol -----------------------------------------------------------------
+
+  def empty(self) -> "Metric":
+    """A metric with the empty state (same structure, shapes and dtypes as updated)."""
+    return self.replace_state(**{
+        f.name: f.metadata[_STATE](self) for f in dataclasses.fields(self) if _is_state(f)})
+
+  def reset(self) -> "Metric":
+    """An empty copy (alias of :meth:`empty`)."""
+    return self.empty()
+
+  @abc.abstractmethod
+  def _batch_state(self, **kwargs) -> Mapping[str, Any]:
+    """The state of one batch: ``{state_field: accumulator}``."""
+
+  def batch_updates(self, **kwargs) -> "Metric":
+    """A new metric holding only this batch's statistics. Keyword-only."""
+    return self.replace_state(**self._batch_state(**kwargs))
+
+  def update(self, **kwargs) -> "Metric":
+    """A new metric: this batch's statistics merged in. Keyword-only."""
+    return self.merge(self.batch_updates(**kwargs))
+
+  def merge(self, other: "Metric") -> "Metric":
+    """Both metrics' statistics combined; associative and commutative."""
+    if type(other) is not type(self):
+      raise ValueError(f"cannot merge {type(self).__name__} with {type(other).__name__}")
+    return self._map_state(lambda a, b: a.merge(b), other)
+
+  def reduce(self, axis_name) -> "Metric":
+    """Combined across the mapped axis ``axis_name`` (inside pmap / shard_map)."""
+    return self._map_state(lambda a: a.reduce(axis_name))
+
+  def aggregate(self) -> "Metric":
+    """Combined over a leading stacked axis (after ``lax.all_gather``, or out of pmap)."""
+    return self._map_state(lambda a: a.aggregate())
+
+  @abc.abstractmethod
+  def compute(self):
+    """The metric's value (NaN when no real element was seen)."""
+
+  def compute_logs(self) -> dict[str, Any]:
+    """``{name: value}``."""
+    return {self.name: self.compute()}
+
+
+def _flatten_with_keys(metric):
+  children = [(jax.tree_util.GetAttrKey(f), getattr(metric, f)) for f in metric._state_fields]
+  return children, tuple(getattr(metric, f) for f in metric._config_fields)
+
+
+def _flatten(metric):
+  return ([getattr(metric, f) for f in metric._state_fields],
+          tuple(getattr(metric, f) for f in metric._config_fields))
+
+
+def _unflatten_for(cls):
+  def unflatten(config, children):
+    metric = object.__new__(cls)
+    for name, value in zip(cls._config_fields, config):
+      object.__setattr__(metric, name, value)
+    for name, value in zip(cls._state_fields, children):
+      object.__setattr__(metric, name, value)
+    return metric
+  return unflatten
+
+
+# --- the one mask rule -----------------------------------------------------------------
+
+
+def _prefix_to(x: jax.Array, shape: tuple[int, ...], argname: str, ref: str) -> jax.Array:
+  """Broadcasts ``x`` of a prefix shape of ``shape`` to ``shape`` (trailing axes added)."""
+  if x.ndim > len(shape) or tuple(x.shape) != tuple(shape[:x.ndim]):
+    expected = " or ".join(str(tuple(shape[:k])) for k in range(1, len(shape) + 1)) or "()"
+    raise ValueError(
+        f"{argname} has shape {tuple(x.shape)}, which does not fit {ref} of shape "
+        f"{tuple(shape)}; expected {expected} (a prefix of {ref}'s shape)")
+  return jnp.broadcast_to(x.reshape(x.shape + (1,) * (len(shape) - x.ndim)), shape)
+
+
+def broadcast_mask(mask, shape, ref: str = "preds") -> jax.Array:
+  """The boolean mask broadcast to ``shape`` (all True if ``mask`` is None).
+
+  Args:
+    mask: ``None`` or a bool array whose shape is a prefix of ``shape``
+      (``[B]`` for examples, ``[B, T]`` for tokens, ...).
+    shape: the shape of the values the mask selects.
+    ref: the name of those values, for error messages.
+
+  Raises:
+    ValueError: if the mask is not bool or its shape is not a prefix of ``shape``.
+  """
+  shape = tuple(shape)
+  if mask is None:
+    return jnp.ones(shape, bool)
+  mask = jnp.asarray(mask)
+  if mask.dtype != jnp.bool_:
+    raise ValueError(f"mask must be a bool array; got dtype {mask.dtype}. "
+                     "Pass mask.astype(bool) (True marks real elements).")
+  return _prefix_to(mask, shape, "mask", ref)
+
+
+def element_weights(mask, weights, shape, ref: str = "preds") -> tuple[jax.Array, jax.Array]:
+  """``(real, w)``: the broadcast bool mask and float32 weights, 0 where not real.
+
+  ``weights`` (optional float sample weights) follows the mask's shape rule. Weights
+  of masked-out elements are replaced by 0 with ``where``, so NaN there is harmless.
+  """
+  real = broadcast_mask(mask, shape, ref)
+  if weights is None:
+    return real, real.astype(jnp.float32)
+  weights = upcast(jnp.asarray(weights))
+  weights = _prefix_to(weights, tuple(shape), "weights", ref)
+  return real, jnp.where(real, weights, 0.0)
+
+
+def masked(values: jax.Array, real: jax.Array, fill=0) -> jax.Array:
+  """``values`` where ``real``, else ``fill``; NaN or inf in masked-out places never leaks."""
+  return jnp.where(real, values, jnp.asarray(fill, values.dtype))
+
+
+def check_choice(argname: str, value, allowed) -> None:
+  """Raises ValueError naming ``argname`` if ``value`` is not one of ``allowed``."""
+  if value not in allowed:
+    raise ValueError(f"{argname} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
