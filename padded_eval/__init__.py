@@ -1,8 +1,12 @@
-"""padded_eval: exact full-dataset evaluation metrics in JAX (padded batches, masked statistics, one compilation).
+"""padded_eval: exact full-dataset evaluation in JAX.
 
-Importing this package does not initialise a JAX backend and does not import TensorFlow.
+Public names only, re-exported one per line. Importing this package does not
+initialise a JAX backend.
 """
 
+from padded_eval import accumulate as accumulate
+from padded_eval import metrics as metrics
+from padded_eval.metrics.base import Metric as Metric
 from padded_eval.data import PaddedBatches as PaddedBatches
 from padded_eval.data import pad_batches as pad_batches
 from padded_eval.sharding import global_batch as global_batch
