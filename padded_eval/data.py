@@ -257,11 +257,11 @@ def _spec_of(flat: FlatBatch) -> dict[Path, tuple[tuple, np.dtype]]:
 
 def _check_same_spec(spec: dict, flat: FlatBatch, index: int) -> None:
     if flat.keys() != spec.keys():
-        missing = [path_name(p) for p in spec if p not in flat]
-        extra = [path_name(p) for p in flat if p not in spec]
+        missing = _names(p for p in spec if p not in flat)
+        extra = _names(p for p in flat if p not in spec)
         raise ValueError(
             f"batch {index}: keys changed: missing {missing}, unexpected {extra}; "
-            f"expected the keys of batch 0: {[path_name(p) for p in spec]}"
+            f"expected the keys of batch 0: {_names(spec)}"
         )
     for path, (shape, dtype) in spec.items():
         leaf = flat[path]
@@ -273,6 +273,10 @@ def _check_same_spec(spec: dict, flat: FlatBatch, index: int) -> None:
         got = leaf.dtype
         if got != dtype and not (got.kind in "US" and got.kind == dtype.kind):
             raise ValueError(f"batch {index}: key {path_name(path)} has dtype {got}; expected {dtype} like batch 0")
+
+
+def _names(paths: cabc.Iterable[Path]) -> str:
+    return "[" + ", ".join(path_name(p) for p in paths) + "]"
 
 
 def _rechunk(flat_batches: Iterator[tuple[FlatBatch, int]], size: int) -> Iterator[tuple[FlatBatch, int]]:
@@ -310,7 +314,7 @@ def _check_pad_keys(pad_value: Any, leaf_paths: cabc.Iterable[Path]) -> None:
         if path not in known:
             raise ValueError(
                 f"pad_value has key {path_name(path)}, which the source does not have; "
-                f"expected keys among {sorted(path_name(p) for p in known)}"
+                f"expected keys among {_names(sorted(known))}"
             )
 
 
