@@ -1,0 +1,78 @@
+"""Text metrics: token-level perplexity."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from padded_eval.accumulate import ExactSum, upcast
+from padded_eval.metrics.averages import _zero_sum, weighted_totals
+from padded_eval.metrics.base import Metric, broadcast_mask, state
+
+
+def token_cross_entropy(logits: jax.Array, target: jax.Array) -> jax.Array:
+  """``-log softmax(logits)[target]`` per token, computed stably in float32.
+
+  Args:
+    logits: ``[..., V]`` float (bf16/f16 are upcast to float32).
+    target: ``[...]`` int class ids in ``[0, V)``.
+
+  Returns:
+    ``[...]`` float32 cross entropy; NaN for a target outside ``[0, V)``.
+  """
+  logits = upcast(logits)
+  log_normalizer = jax.nn.logsumexp(logits, axis=-1)
+  picked = jnp.take_along_axis(logits, target[..., None], axis=-1, mode="fill",
+                               fill_value=jnp.nan)[..., 0]
+  return log_normalizer - picked
+
+
+class Perplexity(Metric):
+  """Token perplexity: ``exp`` of the token-weighted mean cross entropy over real tokens.
+
+  Every real token counts once, whatever its sequence or batch, so the result over
+  padded batches equals one pass over the corpus (not a mean of per-batch values).
+
+  Args:
+    ignore_index: a ``target`` id (e.g. a padding token) whose tokens are not counted.
+
+  Update keywords: ``preds`` ``[B, T, V]`` logits (any float dtype; upcast to float32);
+  ``target`` ``[B, T]`` int token ids; ``mask`` bool ``[B]`` or ``[B, T]``; ``weights``
+  the same shape rule. ``compute()`` is NaN when no real token was seen.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> m = Perplexity().update(preds=jnp.zeros((1, 2, 4)), target=jnp.array([[0, 3]]))
+    >>> round(float(m.compute()), 4)
+    4.0
+  """
+
+  ignore_index: int | None = None
+  total: ExactSum = state(_zero_sum)
+  weight: ExactSum = state(_zero_sum)
+
+  def _check_config(self):
+    if self.ignore_index is not None and (
+        isinstance(self.ignore_index, bool) or not isinstance(self.ignore_index, int)):
+      raise ValueError(f"ignore_index must be None or an int; got {self.ignore_index!r}")
+
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    logits, target = jnp.asarray(preds), jnp.asarray(target)
+    if not jnp.issubdtype(target.dtype, jnp.integer):
+      raise ValueError(f"target must hold int token ids; got dtype {target.dtype}")
+    if not jnp.issubdtype(logits.dtype, jnp.floating):
+      raise ValueError(f"preds must be float logits; got dtype {logits.dtype}")
+    if logits.ndim != target.ndim + 1 or logits.shape[:-1] != target.shape:
+      raise ValueError(f"preds has shape {logits.shape} and target {target.shape}; expected "
+                       "preds [B, T, V] logits for target [B, T] (target's shape + [V])")
+    real = broadcast_mask(mask, target.shape, "target")
+    if self.ignore_index is not None:
+      real = real & (target != self.ignore_index)
+    safe_target = jnp.where(real, target, 0)
+    cross_entropy = token_cross_entropy(logits, safe_target)
+    total, weight = weighted_totals(cross_entropy, real, weights, "target")
+    return {"total": total, "weight": weight}
+
+  def compute(self) -> jax.Array:
+    """``exp(sum(w * ce) / sum(w))`` as a float32 scalar; NaN if no real token."""
+    return jnp.exp(self.total.value_f32() / self.weight.value_f32())
