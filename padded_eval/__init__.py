@@ -13,3 +13,4 @@ from padded_eval.sharding import global_batch as global_batch
 from padded_eval.sharding import prefetch_to_device as prefetch_to_device
 from padded_eval.sharding import shard as shard
 from padded_eval.sharding import unshard as unshard
+from padded_eval.evaluate import masked_eval as masked_eval
