@@ -60,6 +60,7 @@ class Metric(abc.ABC):
   """
 
   name: str | None = dataclasses.field(default=None, kw_only=True)
+  arg_routes: tuple = dataclasses.field(default=(), kw_only=True, repr=False)
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
@@ -116,7 +117,31 @@ class Metric(abc.ABC):
 
   def batch_updates(self, **kwargs) -> "Metric":
     """A new metric holding only this batch's statistics. Keyword-only."""
-    return self.replace_state(**self._batch_state(**kwargs))
+    return self.replace_state(**self._batch_state(**route_kwargs(self.arg_routes, kwargs)))
+
+  def map_arg(self, **sources: str) -> "Metric":
+    """A copy that reads each keyword from another one: ``map_arg(preds="logits")``.
+
+    The copy behaves the same (same state, merge, reduce) but ``update(logits=...)``
+    feeds ``preds``. The renaming is static configuration (``arg_routes``).
+
+    Raises:
+      ValueError: if a source name is not a string.
+    """
+    return self._with_route(map_arg_step(sources))
+
+  def index_into(self, **paths) -> "Metric":
+    """A copy that indexes into a keyword: ``index_into(preds=("out", "logits"))``.
+
+    ``update(preds={"out": {"logits": x}})`` then feeds ``x`` as ``preds``. A path is a
+    key or a tuple/list of keys (str or int).
+    """
+    return self._with_route(index_into_step(paths))
+
+  def _with_route(self, step) -> "Metric":
+    metric = self.replace_state()
+    object.__setattr__(metric, "arg_routes", (step,) + tuple(self.arg_routes))
+    return metric
 
   def update(self, **kwargs) -> "Metric":
     """A new metric: this batch's statistics merged in. Keyword-only."""
@@ -164,6 +189,64 @@ def _unflatten_for(cls):
       object.__setattr__(metric, name, value)
     return metric
   return unflatten
+
+
+# --- keyword routing (map_arg / index_into) ------------------------------------------
+#
+# A route step is a tuple of ``(argname, source_keyword, index_path)`` triples: the
+# wrapped object's keyword ``argname`` is ``kwargs[source_keyword][path[0]][path[1]]...``.
+# Steps are applied in order, the most recently added first (it sees the caller's
+# keywords). Other keywords pass through unchanged.
+
+
+def map_arg_step(sources: Mapping[str, str]) -> tuple:
+  """The route step of ``map_arg(argname=source, ...)``."""
+  for argname, source in sources.items():
+    if not isinstance(source, str):
+      raise ValueError(f"map_arg({argname}=...) takes the name of the keyword to read, a "
+                       f"str; got {source!r}")
+  return tuple((argname, source, ()) for argname, source in sources.items())
+
+
+def index_into_step(paths: Mapping[str, Any]) -> tuple:
+  """The route step of ``index_into(argname=path, ...)``."""
+  step = []
+  for argname, path in paths.items():
+    path = tuple(path) if isinstance(path, (tuple, list)) else (path,)
+    if not path or not all(isinstance(k, (str, int)) for k in path):
+      raise ValueError(f"index_into({argname}=...) takes a key or a tuple of keys (str or "
+                       f"int); got {paths[argname]!r}")
+    step.append((argname, argname, path))
+  return tuple(step)
+
+
+def route_kwargs(routes: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+  """Applies route steps to update keywords (see :meth:`Metric.map_arg`).
+
+  Raises:
+    ValueError: if a source keyword is missing or an index path does not fit.
+  """
+  kwargs = dict(kwargs)
+  for step in routes:
+    routed = dict(kwargs)
+    for argname, source, path in step:
+      if source not in kwargs:
+        raise ValueError(f"{argname!r} is read from the keyword {source!r} (map_arg/index_into)"
+                         f", but got keywords {sorted(kwargs)}")
+      value = kwargs[source]
+      for depth, key in enumerate(path):
+        try:
+          value = value[key]
+        except (KeyError, IndexError, TypeError) as e:
+          raise ValueError(f"index_into({argname}={path!r}): {source}{_index_str(path[:depth])} "
+                           f"has no key {key!r}") from e
+      routed[argname] = value
+    kwargs = routed
+  return kwargs
+
+
+def _index_str(path) -> str:
+  return "".join(f"[{k!r}]" for k in path)
 
 
 # --- the one mask rule -----------------------------------------------------------------
