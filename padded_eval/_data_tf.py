@@ -8,6 +8,7 @@ turn it into numpy. TensorFlow is imported only here, and only once a dataset ha
 from __future__ import annotations
 
 import collections.abc as cabc
+import re
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -19,8 +20,7 @@ _MAX_PIPELINE_DEPTH = 256
 
 def is_tf_dataset(source: Any) -> bool:
     """Whether `source` is a tf.data.Dataset (tfds included), decided without importing TensorFlow."""
-    is_tf = any(cls.__module__.startswith("tensorflow") for cls in type(source).__mro__)
-    return is_tf and hasattr(source, "element_spec")
+    return any(cls.__module__.startswith("tensorflow.python.data.") for cls in type(source).__mro__)
 
 
 class TfAdapter:
@@ -88,8 +88,21 @@ class TfAdapter:
             except StopIteration:
                 return
             except tf.errors.InvalidArgumentError as err:
-                raise ValueError(f"the tf.data source failed: {err.message.strip()}") from None
+                raise ValueError(_explain(err.message)) from None
             yield flatten(batch, convert=False)
+
+
+def _explain(message: str) -> str:
+    """Our own in-graph assertion's text, with the sizes it saw, or else TensorFlow's message."""
+    text = message.replace("\\'", "'")
+    found = re.search(r"\[(leading sizes disagree within a batch: key ('[^']*') vs key ('[^']*'))\]", text)
+    sizes = re.findall(r"= \] \[(\d+)\]", text)
+    if not found:
+        return f"the tf.data source failed: {message.strip()}"
+    if len(sizes) == 2:
+        return f"{found.group(1).split(': ')[0]}: key {found.group(2)} has {sizes[0]} rows, key {found.group(3)} has " \
+            f"{sizes[1]}; expected every key to have the same rows"
+    return found.group(1)
 
 
 def _infer_batched(dataset: Any, specs: dict) -> bool:
