@@ -1,0 +1,1 @@
+"""Benchmarks of padded_eval against its anchors: `python -m benchmarks [--quick]`."""
