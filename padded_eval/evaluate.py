@@ -334,7 +334,7 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
       ``step_fn`` that does not return a Metric.
 
   Example:
-    >>> import numpy as np, padded_eval as pe
+    >>> import jax, numpy as np, padded_eval as pe
     >>> def step_fn(params, batch):
     ...   return pe.metrics.Mean().batch_updates(values=batch["x"] * params,
     ...                                          mask=batch["mask"])

@@ -1,0 +1,276 @@
+"""masked_eval: exact results against float64 references, one trace and one compilation.
+
+Padded rows hold NaN features and out-of-range garbage labels; a result that is
+right on them proves the mask is applied before any arithmetic. Traces are counted
+with a Python counter inside ``step_fn``; compilations with JAX's compile events.
+"""
+
+import itertools
+
+import jax
+import jax.monitoring
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sklearn.metrics import accuracy_score
+
+import padded_eval as pe
+from padded_eval.metrics.base import Metric, state
+
+NUM_FEATURES, NUM_CLASSES, BATCH = 3, 5, 64
+BACKENDS = ("pmap", "shard_map", "jit")
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+class AccuracyAndMSE(Metric):
+  """Two nested metrics in one state: classification accuracy and regression MSE."""
+
+  accuracy: pe.metrics.Accuracy = state(lambda self: pe.metrics.Accuracy())
+  mse: pe.metrics.MSE = state(lambda self: pe.metrics.MSE())
+
+  def _batch_state(self, *, logits, labels, preds, target, mask=None, **_):
+    return {"accuracy": self.accuracy.batch_updates(preds=logits, target=labels, mask=mask),
+            "mse": self.mse.batch_updates(preds=preds, target=target, mask=mask)}
+
+  def compute(self):
+    return {"accuracy": self.accuracy.compute(), "mse": self.mse.compute()}
+
+  def compute_logs(self):
+    return self.compute()
+
+
+def make_params(seed=0):
+  """Small-integer weights with class biases k/8: float32 logits are exact, never tied."""
+  rng = np.random.default_rng(seed)
+  return {"w_cls": rng.integers(-3, 4, (NUM_FEATURES, NUM_CLASSES)).astype(np.float32),
+          "b_cls": (np.arange(NUM_CLASSES) / 8).astype(np.float32),
+          "w_reg": rng.normal(size=(NUM_FEATURES,)).astype(np.float32)}
+
+
+def make_data(n, seed=1):
+  rng = np.random.default_rng(seed)
+  return {"x": rng.integers(-4, 5, (n, NUM_FEATURES)).astype(np.float32),
+          "label": rng.integers(0, NUM_CLASSES, n).astype(np.int32),
+          "y": rng.normal(size=n).astype(np.float32)}
+
+
+def reference(params, data):
+  """float64 numpy / scikit-learn results over the real rows only."""
+  x = data["x"].astype(np.float64)
+  logits = x @ params["w_cls"].astype(np.float64) + params["b_cls"].astype(np.float64)
+  preds = x @ params["w_reg"].astype(np.float64)
+  return {"accuracy": accuracy_score(data["label"], logits.argmax(-1)),
+          "mse": np.mean((preds - data["y"].astype(np.float64)) ** 2),
+          "num_examples": len(data["y"])}
+
+
+def garbage_batches(data, batch_size=BATCH, seed=2):
+  """Fixed-size batches whose padded rows hold NaN/inf features and out-of-range labels."""
+  rng = np.random.default_rng(seed)
+  n = len(data["y"])
+  batches = []
+  for start in range(0, max(n, 1), batch_size):
+    real = min(batch_size, n - start)
+    pad = batch_size - real
+    batches.append({
+        "x": np.concatenate([data["x"][start:start + real],
+                             rng.choice([np.nan, np.inf, -1e30], (pad, NUM_FEATURES))]).astype(np.float32),
+        "label": np.concatenate([data["label"][start:start + real],
+                                 rng.integers(-99, 99, pad)]).astype(np.int32),
+        "y": np.concatenate([data["y"][start:start + real], np.full(pad, np.nan)]).astype(np.float32),
+        "mask": np.arange(batch_size) < real,
+    })
+  return batches
+
+
+def make_step(traces, expected_rows=None):
+  """A fresh step_fn (a new compile-cache key) that counts its traces in ``traces``."""
+
+  def step_fn(params, batch):
+    traces.append(batch["x"].shape)
+    if expected_rows is not None:
+      assert batch["x"].shape[0] == expected_rows, batch["x"].shape
+    logits = batch["x"] @ params["w_cls"] + params["b_cls"]
+    preds = batch["x"] @ params["w_reg"]
+    return AccuracyAndMSE().batch_updates(logits=logits, labels=batch["label"], preds=preds,
+                                          target=batch["y"], mask=batch["mask"])
+
+  return step_fn
+
+
+@pytest.fixture
+def compiles():
+  """Names of the XLA compilations made while the test runs."""
+  names = []
+
+  def listener(event, duration, **kwargs):
+    del duration
+    if event == _COMPILE_EVENT:
+      names.append(kwargs.get("fun_name"))
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  yield names
+  jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def assert_matches(result, expected):
+  assert set(result) == {"accuracy", "mse", "num_examples"}
+  assert type(result["num_examples"]) is int and result["num_examples"] == expected["num_examples"]
+  assert type(result["accuracy"]) is float and type(result["mse"]) is float
+  np.testing.assert_allclose(result["accuracy"], expected["accuracy"], rtol=1e-6)
+  np.testing.assert_allclose(result["mse"], expected["mse"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend, n", list(itertools.product(BACKENDS, (1, 63, 64, 65, 1003))))
+def test_exact_and_traced_once(backend, n):
+  params, data = make_params(), make_data(n)
+  traces = []
+  rows = BATCH if backend == "jit" else BATCH // jax.local_device_count()
+  result = pe.masked_eval(make_step(traces, rows), params, garbage_batches(data), backend=backend)
+  assert_matches(result, reference(params, data))
+  assert len(traces) == 1, traces
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_compilation_and_reuse_across_calls(backend, compiles):
+  params = make_params()
+  # Warm the eager host-side ops (compute, state placement) with another step_fn.
+  pe.masked_eval(make_step([]), params, garbage_batches(make_data(5)), backend=backend)
+  compiles.clear()
+  traces = []
+  step_fn = make_step(traces)
+  first = pe.masked_eval(step_fn, params, garbage_batches(make_data(1003)), backend=backend)
+  assert len(compiles) == 1, compiles  # the step, once, for 16 steps and a short last batch
+  assert len(traces) == 1
+  compiles.clear()
+  data = make_data(65, seed=7)
+  second = pe.masked_eval(step_fn, params, garbage_batches(data), backend=backend)
+  assert compiles == [] and len(traces) == 1  # the cached compiled step is reused
+  assert_matches(second, reference(params, data))
+  assert first["num_examples"] == 1003
+
+
+@pytest.mark.parametrize("backend", ("shard_map", "jit"))
+def test_two_dimensional_mesh_splits_rows_over_first_axis(backend):
+  mesh = jax.make_mesh((4, 2), ("data", "model"))
+  params, data = make_params(), make_data(203)
+  traces = []
+  rows = BATCH if backend == "jit" else BATCH // 4
+  result = pe.masked_eval(make_step(traces, rows), params, garbage_batches(data), backend=backend,
+                          mesh=mesh)
+  assert_matches(result, reference(params, data))
+  assert len(traces) == 1
+
+
+def test_jit_step_sees_global_array_sharded_over_mesh():
+  mesh = jax.make_mesh((4, 2), ("data", "model"))
+  seen = []
+
+  def step_fn(params, batch):
+    seen.append(jax.typeof(batch["x"]).shape)
+    return pe.metrics.Mean().batch_updates(values=batch["x"][:, 0] * params, mask=batch["mask"])
+
+  data = make_data(70)
+  result = pe.masked_eval(step_fn, 2.0, garbage_batches(data, batch_size=16), backend="jit", mesh=mesh)
+  assert seen == [(16, NUM_FEATURES)]
+  np.testing.assert_allclose(result["mean"], 2 * data["x"][:, 0].astype(np.float64).mean(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tf_data_source_through_pad_batches(backend):
+  tf = pytest.importorskip("tensorflow")
+  params, data = make_params(), make_data(1003, seed=3)
+  dataset = tf.data.Dataset.from_tensor_slices(data).batch(100)  # 100 rows: re-chunked to 64
+  batches = pe.pad_batches(dataset, BATCH, pad_value=-7)
+  traces = []
+  result = pe.masked_eval(make_step(traces), params, batches, backend=backend)
+  assert_matches(result, reference(params, data))
+  assert len(traces) == 1
+
+
+def test_progress_bar_counts_batches(capsys):
+  data = make_data(130)
+  result = pe.masked_eval(make_step([]), make_params(), garbage_batches(data), backend="jit",
+                          progress=True)
+  assert result["num_examples"] == 130
+  err = capsys.readouterr().err
+  assert "3/3" in err and "ex_per_s" in err
+
+
+def test_array_metric_comes_back_as_numpy():
+  class Histogram(Metric):
+    counts: pe.accumulate.ExactCount = state(lambda self: pe.accumulate.ExactCount.zeros((3,)))
+
+    def _batch_state(self, *, target, mask, **_):
+      hits = (target[:, None] == jnp.arange(3)) & mask[:, None]
+      return {"counts": pe.accumulate.ExactCount.of(hits.sum(0, dtype=jnp.int32))}
+
+    def compute(self):
+      return self.counts.value()
+
+  data = make_data(99)
+  result = pe.masked_eval(lambda p, b: Histogram().batch_updates(target=b["label"], mask=b["mask"]),
+                          None, garbage_batches(data), backend="pmap")
+  assert isinstance(result["histogram"], np.ndarray)
+  np.testing.assert_array_equal(result["histogram"], np.bincount(data["label"], minlength=5)[:3])
+
+
+# --- errors -------------------------------------------------------------------------
+
+
+def _step_mean(params, batch):
+  return pe.metrics.Mean().batch_updates(values=batch["x"], mask=batch["mask"])
+
+
+def _batches(batch_size=16, n=2):
+  return [{"x": np.ones((batch_size, 2), np.float32), "mask": np.ones(batch_size, bool)}] * n
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_step_that_returns_no_metric(backend):
+  with pytest.raises(ValueError, match="must return a padded_eval Metric.*dict"):
+    pe.masked_eval(lambda p, b: {"loss": b["x"].sum()}, None, _batches(), backend=backend)
+
+
+def test_batch_without_mask_key():
+  with pytest.raises(ValueError, match="no mask key 'mask'.*\\['x'\\]"):
+    pe.masked_eval(_step_mean, None, [{"x": np.ones((16, 2))}], backend="jit")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_size_not_divisible_by_devices(backend):
+  with pytest.raises(ValueError, match="batch size 12 is not divisible by the 8 devices"):
+    pe.masked_eval(_step_mean, None, _batches(12), backend=backend)
+
+
+@pytest.mark.parametrize("backend", ("shard_map", "jit"))
+def test_mesh_first_axis_does_not_divide_batch(backend):
+  mesh = jax.make_mesh((4, 2), ("data", "model"))
+  with pytest.raises(ValueError, match="batch size 6 is not divisible by the 4 shards.*'data'"):
+    pe.masked_eval(_step_mean, None, _batches(6), backend=backend, mesh=mesh)
+
+
+def test_unknown_backend():
+  with pytest.raises(ValueError, match="backend must be one of 'pmap', 'shard_map', 'jit'; got 'vmap'"):
+    pe.masked_eval(_step_mean, None, _batches(), backend="vmap")
+
+
+def test_mesh_with_pmap_backend():
+  with pytest.raises(ValueError, match="mesh is used by the 'shard_map' and 'jit' backends"):
+    pe.masked_eval(_step_mean, None, _batches(), mesh=jax.make_mesh((8,), ("batch",)))
+
+
+def test_batch_whose_shape_changes():
+  batches = _batches(16, 1) + _batches(24, 1)
+  with pytest.raises(ValueError, match="batch 1 has .*\\(24, 2\\).*expected the first batch's"):
+    pe.masked_eval(_step_mean, None, batches, backend="jit")
+
+
+def test_no_batches():
+  with pytest.raises(ValueError, match="batches yielded no batch"):
+    pe.masked_eval(_step_mean, None, [], backend="jit")
+
+
+def test_mask_must_be_bool_rows():
+  with pytest.raises(ValueError, match="'mask' has shape \\(16,\\) and dtype int64; expected a bool"):
+    pe.masked_eval(_step_mean, None, [{"x": np.ones((16, 2)), "mask": np.ones(16, np.int64)}])
