@@ -77,6 +77,16 @@ class _Layout:
   def split(self) -> NamedSharding:
     return NamedSharding(self.mesh, PartitionSpec(self.data_axis))
 
+  def place_params(self, params):
+    """``params`` replicated on the devices, as the compiled step takes them.
+
+    For pmap they travel as ``(anchor, params)`` with a scalar ``anchor``: jax.pmap
+    misaligns ``in_axes=None`` when that argument has no leaves (``None``, ``{}``).
+    """
+    if self.backend == "pmap":
+      params = (np.zeros((), np.int32), params)
+    return jax.device_put(params, self.replicated)
+
   def place_batch(self, batch):
     """A checked host batch -> device arrays in the layout the compiled step takes."""
     if self.backend == "pmap":
@@ -257,8 +267,9 @@ def _compiled_step(step_fn: Callable, layout: _Layout, mask_key: str) -> _Compil
     return (metric_total.merge(metric), count_total.merge(count)), count.lo
 
   if layout.backend == "pmap":
-    batch_stats = jax.pmap(reduced_stats, axis, in_axes=(None, 0))
-    step = jax.pmap(masked_eval_step, axis, in_axes=(None, 0, 0), donate_argnums=1)
+    unanchored = lambda fn: lambda anchored_params, *args: fn(anchored_params[1], *args)
+    batch_stats = jax.pmap(unanchored(reduced_stats), axis, in_axes=(None, 0))
+    step = jax.pmap(unanchored(masked_eval_step), axis, in_axes=(None, 0, 0), donate_argnums=1)
   elif layout.backend == "shard_map":
     spec, split = PartitionSpec(), PartitionSpec(axis)
     batch_stats = jax.jit(jax.shard_map(reduced_stats, mesh=layout.mesh, in_specs=(spec, split),
@@ -353,7 +364,7 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
   spec = _batch_spec(first, mask_key, layout, 0)
   _agree_across_processes(spec)
   compiled = _compiled_step_for(step_fn, layout, mask_key)
-  params = jax.device_put(params, layout.replicated)
+  params = layout.place_params(params)
   placed = layout.place_batch(first)
   state = _empty_state(compiled, params, placed, layout)
   bar = _ProgressBar(total, mask_key) if progress else None

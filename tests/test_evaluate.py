@@ -215,6 +215,16 @@ def test_array_metric_comes_back_as_numpy():
   np.testing.assert_array_equal(result["histogram"], np.bincount(data["label"], minlength=5)[:3])
 
 
+@pytest.mark.parametrize("backend, params", list(itertools.product(BACKENDS, (None, {}, ()))))
+def test_params_without_leaves(backend, params):
+  # jax.pmap misaligns in_axes=None for an argument without leaves; masked_eval works around it.
+  data = make_data(37)
+  step_fn = lambda p, b: pe.metrics.Mean().batch_updates(values=b["x"], mask=b["mask"])
+  result = pe.masked_eval(step_fn, params, garbage_batches(data, batch_size=16), backend=backend)
+  np.testing.assert_allclose(result["mean"], data["x"].astype(np.float64).mean(), rtol=1e-6)
+  assert result["num_examples"] == 37
+
+
 # --- errors -------------------------------------------------------------------------
 
 
