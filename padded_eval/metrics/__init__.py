@@ -10,3 +10,14 @@ from padded_eval.metrics.moments import Std as Std
 from padded_eval.metrics.moments import R2Score as R2Score
 from padded_eval.metrics.moments import PearsonCorrelation as PearsonCorrelation
 from padded_eval.metrics.text import Perplexity as Perplexity
+from padded_eval.metrics.confusion import ConfusionMatrix as ConfusionMatrix
+from padded_eval.metrics.confusion import Precision as Precision
+from padded_eval.metrics.confusion import Recall as Recall
+from padded_eval.metrics.confusion import F1Score as F1Score
+from padded_eval.metrics.confusion import FBetaScore as FBetaScore
+from padded_eval.metrics.confusion import Specificity as Specificity
+from padded_eval.metrics.confusion import MatthewsCorrCoef as MatthewsCorrCoef
+from padded_eval.metrics.confusion import CohenKappa as CohenKappa
+from padded_eval.metrics.confusion import JaccardIndex as JaccardIndex
+from padded_eval.metrics.curves import AUROC as AUROC
+from padded_eval.metrics.curves import AUPRC as AUPRC

@@ -1,0 +1,260 @@
+"""AUROC and AUPRC from exact per-bin histograms of scores, reducible with ``psum``.
+
+The state is two :class:`~padded_eval.accumulate.ExactCount` histograms, positives and
+negatives per score bin (``[L, num_thresholds]``; ``L`` = 1 for binary, else
+``num_classes``), so batches merge and devices reduce exactly. The area is computed
+once, from the histograms, with exact integer suffix sums.
+
+Bins (``binning``), monotone in the score:
+
+* ``"logit"`` (default): ``num_thresholds`` equal bins of the logit over
+  ``[-64, 64]`` (``z = log(p) - log1p(-p)``, or the logit itself with
+  ``from_logits=True``); logits beyond share the end bins, and so do hard 0 / 1.
+  Confident models put most scores within 1e-4 of 0 or 1, where equal probability
+  bins merge them all: on 10k examples with logits ~ N(+-3, 6), 10_001 equal
+  probability bins were 1.6e-2 off scikit-learn's AUPRC, these bins 2e-5.
+* ``"linear"``: ``bin = round(clip(p, 0, 1) * (num_thresholds - 1))`` (``p`` = sigmoid of
+  logits with ``from_logits=True``), bins centred on the grid ``k / (num_thresholds - 1)``.
+  Exact mode: scores on that grid (hard 0/1 labels, scores rounded to 4 decimals with
+  ``num_thresholds=10_001``, 8-bit scores ``k / 255`` with ``num_thresholds=256``) each
+  get a bin of their own value, so both areas equal scikit-learn's (up to float32
+  rounding of the final sums): their ties are real ties, which scikit-learn also counts
+  as half a pair (AUROC) or one threshold (AUPRC).
+
+Error bound. Pairs in different bins are ordered exactly; a positive and a negative in
+one bin count as a tie (half a pair, the trapezoid rule), so
+``|AUROC - exact| <= 0.5 * sum_k pos_k * neg_k / (P * N)``, half the share of
+(positive, negative) pairs sharing a bin; :meth:`AUROC.error_bound` returns it (it
+counts real ties too, on which the result is exact). AUPRC (scikit-learn's step-wise
+average precision) uses one precision per bin, so its error also comes only from bins
+holding both classes. With the default 65_537 logit bins, on 10k examples (3 seeds,
+prevalence 0.5 and 0.05, uniform probabilities and logits ~ N(+-m, s) for s up to 20)
+the error against scikit-learn was at most 4e-5 (AUROC) and 3e-4 (AUPRC).
+
+Tasks: ``"binary"`` (``preds`` ``[...]``, ``target`` ``[...]`` 0/1); ``"multilabel"``
+(``[..., C]`` both); ``"multiclass"`` one-vs-rest (``preds`` ``[..., C]`` probabilities, or
+logits with ``from_logits=True`` (softmax), ``target`` ``[...]`` class ids). ``average``:
+``"macro"`` (mean over classes where the area is defined), ``"weighted"`` (by
+positives), ``"micro"`` (one area of the summed histograms) or ``None`` (``[C]``). The
+area is NaN where undefined: AUROC without positives or without negatives, AUPRC
+without positives (so an empty metric is NaN). Elements are dropped when masked out,
+when the target is not a valid label (0/1, or a class id) or equals ``ignore_index`` (a
+multiclass class id ``ignore_index`` is also left out of every average), or when the
+score is NaN. Memory: ``16 * L * num_thresholds`` bytes (1 MiB per class by default).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from padded_eval.accumulate import ExactCount
+from padded_eval.metrics.base import Metric, broadcast_mask, check_choice, state
+from padded_eval.metrics.classification_inputs import (
+    AVERAGES, check_flag, check_ignore_index, check_no_weights, check_same_shape, check_task,
+    divide, num_columns, probabilities)
+
+DEFAULT_NUM_THRESHOLDS = 65_537
+BINNINGS = ("logit", "linear")
+LOGIT_RANGE = 64.0  # logit bins span [-64, 64]; beyond, scores share the end bins
+MAX_NUM_THRESHOLDS = 1 << 21  # suffix sums of 10-bit limb pieces stay below 2**31
+_PIECE_BITS = 10
+
+
+def _config(default):
+  return dataclasses.field(default=default, kw_only=True)
+
+
+def _empty_histogram(metric):
+  return ExactCount.zeros((num_columns(metric.task, metric.num_classes), metric.num_thresholds))
+
+
+def score_inputs(metric, preds, target, mask):
+  """``(scores float32, truth bool, valid bool)``, each ``[..., L]``.
+
+  ``scores`` are ``preds`` as given (probabilities, or logits if ``from_logits``), except
+  for multiclass logits, which become softmax probabilities.
+  """
+  preds, target = jnp.asarray(preds), jnp.asarray(target)
+  c = metric.num_classes
+  if metric.task == "multiclass":
+    if preds.shape != target.shape + (c,):
+      raise ValueError(f"task='multiclass' needs preds {target.shape + (c,)} (scores for "
+                       f"num_classes={c}) for target {target.shape}; got {preds.shape}")
+    scores = probabilities(preds, metric.from_logits, axis=-1)
+    valid = broadcast_mask(mask, target.shape, "target") & (target >= 0) & (target < c)
+    if metric.ignore_index is not None:
+      valid &= target != metric.ignore_index
+    truth = target[..., None] == jnp.arange(c)
+    valid = jnp.broadcast_to(valid[..., None], scores.shape)
+  else:
+    check_same_shape(preds, target, metric.task)
+    if metric.task == "multilabel" and (target.ndim == 0 or target.shape[-1] != c):
+      raise ValueError(f"task='multilabel' needs target [..., {c}] (num_classes labels "
+                       f"last); got shape {target.shape}")
+    scores = probabilities(preds, from_logits=False)
+    valid = broadcast_mask(mask, target.shape, "target") & ((target == 0) | (target == 1))
+    if metric.ignore_index is not None:
+      valid &= target != metric.ignore_index
+    truth = target == 1
+    if metric.task == "binary":
+      scores, truth, valid = scores[..., None], truth[..., None], valid[..., None]
+  return scores, truth, valid & ~jnp.isnan(scores)
+
+
+def suffix_sums(count: ExactCount, inclusive: bool = True) -> jax.Array:
+  """float32 ``sum_{j >= k} count[..., j]`` (``j > k`` if not inclusive), from exact ints.
+
+  The limbs are split into 10-bit pieces whose int32 cumulative sums cannot wrap, so
+  the only rounding is the final conversion to float32.
+  """
+  mask = (1 << _PIECE_BITS) - 1
+  pieces = [count.lo & mask, (count.lo >> _PIECE_BITS) & mask, count.lo >> 2 * _PIECE_BITS,
+            count.hi]
+  total = jnp.zeros(count.shape, jnp.float32)
+  for piece, scale in zip(pieces, (1, 1 << 10, 1 << 20, 1 << 30)):
+    sums = jnp.flip(jnp.cumsum(jnp.flip(piece, -1), axis=-1), -1)
+    if not inclusive:
+      sums = sums - piece
+    total = total + sums.astype(jnp.float32) * float(scale)
+  return total
+
+
+class _ScoreHistogram(Metric):
+  """Base of the binned curve metrics; subclasses define ``_area(pos, neg)``."""
+
+  num_thresholds: int = DEFAULT_NUM_THRESHOLDS
+  task: str = _config("binary")
+  num_classes: int | None = _config(None)
+  average: str | None = _config("macro")
+  from_logits: bool = _config(False)
+  ignore_index: int | None = _config(None)
+  binning: str = _config("logit")
+  positives: ExactCount = state(_empty_histogram)
+  negatives: ExactCount = state(_empty_histogram)
+
+  def _check_config(self):
+    check_task(self.task, self.num_classes)
+    t = self.num_thresholds
+    if isinstance(t, bool) or not isinstance(t, int) or not 2 <= t <= MAX_NUM_THRESHOLDS:
+      raise ValueError(f"num_thresholds must be an int in [2, {MAX_NUM_THRESHOLDS}]; got {t!r}")
+    check_choice("average", self.average, AVERAGES)
+    check_flag("from_logits", self.from_logits)
+    check_ignore_index(self.ignore_index)
+    check_choice("binning", self.binning, BINNINGS)
+
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    check_no_weights(weights, self)
+    scores, truth, valid = score_inputs(self, preds, target, mask)
+    t = self.num_thresholds
+    columns = scores.shape[-1]
+    bins = self._bins(jnp.where(valid, scores, 0.5))
+    index = jnp.arange(columns) * (2 * t) + truth.astype(jnp.int32) * t + bins
+    flat = jnp.where(valid, index, 2 * t * columns).reshape(-1)
+    counts = jnp.zeros((2 * t * columns,), jnp.int32).at[flat].add(1, mode="drop")
+    counts = counts.reshape(columns, 2, t)
+    return {"positives": ExactCount.of(counts[:, 1]), "negatives": ExactCount.of(counts[:, 0])}
+
+  def _bins(self, scores) -> jax.Array:
+    """int32 bin of each score (monotone non-decreasing in the score)."""
+    logits = self.from_logits and self.task != "multiclass"
+    t = self.num_thresholds
+    if self.binning == "linear":
+      prob = jax.nn.sigmoid(scores) if logits else jnp.clip(scores, 0.0, 1.0)
+      return jnp.round(prob * (t - 1)).astype(jnp.int32)
+    if logits:
+      z = scores
+    else:
+      prob = jnp.clip(scores, 0.0, 1.0)
+      z = jnp.log(prob) - jnp.log1p(-prob)  # -inf at 0, +inf at 1: the end bins
+    z = jnp.clip(z, -LOGIT_RANGE, LOGIT_RANGE)
+    return jnp.round((z + LOGIT_RANGE) * ((t - 1) / (2 * LOGIT_RANGE))).astype(jnp.int32)
+
+  def _included(self) -> np.ndarray:
+    included = np.ones(self.positives.shape[0], bool)
+    if self.task == "multiclass" and self.ignore_index is not None and (
+        0 <= self.ignore_index < self.num_classes):
+      included[self.ignore_index] = False
+    return included
+
+  @abc.abstractmethod
+  def _area(self, positives: ExactCount, negatives: ExactCount) -> jax.Array:
+    """float32 ``[L]`` per-column value, NaN where undefined."""
+
+  def _averaged(self, per_column) -> jax.Array:
+    """``per_column(positives, negatives) -> [L]`` averaged by ``average``."""
+    positives, negatives = self.positives, self.negatives
+    included = self._included()
+    if self.task == "binary":
+      return per_column(positives, negatives)[0]
+    if self.average == "micro":
+      keep = jnp.asarray(included)[:, None]
+      def summed(count):  # exact total over the kept columns, as one column
+        total = jax.tree.map(lambda limb: jnp.where(keep, limb, 0), count).aggregate()
+        return jax.tree.map(lambda limb: limb[None], total)
+      return per_column(summed(positives), summed(negatives))[0]
+    values = per_column(positives, negatives)
+    usable = jnp.asarray(included) & ~jnp.isnan(values)
+    if self.average is None:
+      return jnp.where(included, values, jnp.nan)
+    weight = jnp.ones_like(values) if self.average == "macro" else positives.value().sum(-1)
+    weight = jnp.where(usable, weight, 0.0)
+    total = jnp.sum(weight)
+    mean = jnp.sum(weight * jnp.where(usable, values, 0.0)) / jnp.where(total > 0, total, 1.0)
+    return jnp.where(total > 0, mean, jnp.nan)
+
+  def compute(self) -> jax.Array:
+    """Scalar float32 (``[C]`` with ``average=None``); NaN where undefined."""
+    return self._averaged(self._area)
+
+
+class AUROC(_ScoreHistogram):
+  """Area under the ROC curve from binned scores (see the module docstring).
+
+  Args:
+    num_thresholds: number of score bins (positional; default 10_001, grid step 1e-4).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> m = AUROC().update(preds=jnp.array([0.1, 0.4, 0.35, 0.8]), target=jnp.array([0, 0, 1, 1]))
+    >>> round(float(m.compute()), 4)
+    0.75
+  """
+
+  def _area(self, positives, negatives):
+    pos, neg = positives.value(), negatives.value()
+    total_pos, total_neg = jnp.sum(pos, -1, keepdims=True), jnp.sum(neg, -1, keepdims=True)
+    above = suffix_sums(positives, inclusive=False)
+    ranked = (neg / jnp.where(total_neg > 0, total_neg, 1.0)) * (above + 0.5 * pos)
+    area = jnp.sum(ranked, -1) / jnp.where(total_pos[:, 0] > 0, total_pos[:, 0], 1.0)
+    return jnp.where((total_pos[:, 0] > 0) & (total_neg[:, 0] > 0), area, jnp.nan)
+
+  def _tie_share(self, positives, negatives):
+    pos, neg = positives.value(), negatives.value()
+    pairs = jnp.sum(pos, -1) * jnp.sum(neg, -1)
+    share = 0.5 * jnp.sum(pos * neg, -1) / jnp.where(pairs > 0, pairs, 1.0)
+    return jnp.where(pairs > 0, share, jnp.nan)
+
+  def error_bound(self) -> jax.Array:
+    """Bound on ``|compute() - exact AUROC|``: half the share of (positive, negative)
+    pairs that fell in one bin, averaged like ``compute()``. 0 in exact mode only if no
+    bin holds both classes; in exact mode the result is exact regardless."""
+    return self._averaged(self._tie_share)
+
+
+class AUPRC(_ScoreHistogram):
+  """Area under the precision-recall curve as average precision (scikit-learn's
+  ``average_precision_score``: ``sum_k (R_k - R_{k-1}) P_k`` over thresholds from the
+  highest bin down), from binned scores (see the module docstring)."""
+
+  def _area(self, positives, negatives):
+    pos = positives.value()
+    total_pos = jnp.sum(pos, -1)
+    true_pos, false_pos = suffix_sums(positives), suffix_sums(negatives)
+    precision = divide(true_pos, true_pos + false_pos)
+    area = jnp.sum(pos * precision, -1) / jnp.where(total_pos > 0, total_pos, 1.0)
+    return jnp.where(total_pos > 0, area, jnp.nan)
