@@ -59,7 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
       "--batch-size", type=int, default=128,
       help="global eval batch size; must be divisible by --devices. The default 128 does not "
-      "divide the test split, so the naive loop has a short last batch (default 128)")
+      "divide the 360 test examples, so the naive loop has a short last batch (default 128). "
+      "With --devices 7 --batch-size 98 the last batch (66 rows) does not split over the "
+      "devices and the naive pmap loop crashes")
   parser.add_argument(
       "--data-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "padded_eval", "tfds"),
       help="where the digits tfds data set is built on the first run and read afterwards "
@@ -340,22 +342,34 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(summary: dict[str, Any]) -> str:
-  """The table with a short explanation around it."""
-  size, batch = summary["test_examples"], summary["batch_size"]
+  """The table with a line of explanation per row."""
+  size, batch, devices = summary["test_examples"], summary["batch_size"], summary["devices"]
   last = size % batch
+  rows = {row["label"][:3] + row["label"][4:14]: row for row in summary["rows"]}
   lines = [
-      f"digits test split: {size} examples, batch size {batch} "
-      f"({size // batch} full batches + {last} in the last), {summary['devices']} devices; "
-      f"model trained on {summary['train_examples']} examples.",
-      "", format_table(summary["rows"]), "",
-      "traces: compilations of the eval step. (a) weights every batch and device equally and "
-      "drops the",
-      "last batch; batch-averaged precision/recall/F1 are not the dataset's. (b) crashes or "
-      "recompiles.",
+      f"digits test split: {size} examples = {size // batch} batches of {batch} + a last batch "
+      f"of {last}, on {devices} devices ({batch // devices} rows each); model trained on "
+      f"{summary['train_examples']} examples.", "", format_table(summary["rows"]), "",
+      "traces: how many times the eval step was traced (compiled).",
   ]
+  dropped = rows.get("(a)naive pmap")
+  if dropped and not dropped["error"]:
+    lines.append(f"(a) counts {dropped['num_examples']} of {size} examples, and averages "
+                 f"precision/recall/F1 over batches of {batch // devices} rows per device: "
+                 "not the dataset's values.")
+  kept = rows.get("(b)naive pmap")
+  if kept and kept["error"]:
+    lines.append(f"(b) pmap crashes: the last batch of {last} rows does not split over "
+                 f"{devices} devices.")
+  elif kept:
+    lines.append(f"(b) pmap recompiles for the last batch of {last} rows (traces "
+                 f"{kept['traces']}), and weights it like a full batch.")
+  if last:
+    lines.append(f"(b) jit recompiles for the last batch and weights its {last} rows like "
+                 f"{batch}.")
   if summary["masked_eval_matches_sklearn"]:
-    lines.append("(c) masked_eval counts every example once, compiles once, and matches "
-                 "scikit-learn.")
+    lines.append("(c) masked_eval pads the last batch and masks the padding: every example "
+                 "counted once, one trace, equal to scikit-learn.")
   else:
     lines.append("MISMATCH: masked_eval does not match scikit-learn; this is a bug.")
   lines.append(f"({summary['seconds']} s)")
