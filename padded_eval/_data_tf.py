@@ -72,9 +72,7 @@ class TfAdapter:
         import tensorflow as tf
 
         dataset = self.dataset
-        if self.batched:
-            if len(self.specs) > 1:
-                dataset = dataset.map(_leading_size_check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        if self.batched:  # rebatch checks that a batch's leading sizes agree (see _explain)
             dataset = dataset.rebatch(self.batch_size)
         else:
             dataset = dataset.batch(self.batch_size)
@@ -88,21 +86,23 @@ class TfAdapter:
             except StopIteration:
                 return
             except tf.errors.InvalidArgumentError as err:
-                raise ValueError(_explain(err.message)) from None
+                raise ValueError(self._explain(err.message)) from None
             yield flatten(batch, convert=False)
 
+    def _explain(self, message: str) -> str:
+        """tf.data's leading-size error in the words of `pad_batches` (keys named), or else its message."""
+        import tensorflow as tf
 
-def _explain(message: str) -> str:
-    """Our own in-graph assertion's text, with the sizes it saw, or else TensorFlow's message."""
-    text = message.replace("\\'", "'")
-    found = re.search(r"\[(leading sizes disagree within a batch: key ('[^']*') vs key ('[^']*'))\]", text)
-    sizes = re.findall(r"= \] \[(\d+)\]", text)
-    if not found:
-        return f"the tf.data source failed: {message.strip()}"
-    if len(sizes) == 2:
-        return f"{found.group(1).split(': ')[0]}: key {found.group(2)} has {sizes[0]} rows, key {found.group(3)} has " \
-            f"{sizes[1]}; expected every key to have the same rows"
-    return found.group(1)
+        found = re.search(r"Component (\d+) had size (\d+) but component (\d+) had size,? (\d+)", message)
+        if not found:
+            return f"the tf.data source failed: {message.strip()}"
+        order = tf.nest.flatten(unflatten({path: i for i, path in enumerate(self.paths)}))  # tf.data's order
+        paths = [self.paths[i] for i in order]
+        first, first_rows, other, other_rows = (int(g) for g in found.groups())
+        return (
+            f"leading sizes disagree within a batch: key {path_name(paths[first])} has {first_rows} rows, key "
+            f"{path_name(paths[other])} has {other_rows}; expected every key to have the same rows"
+        )
 
 
 def _infer_batched(dataset: Any, specs: dict) -> bool:
@@ -138,24 +138,6 @@ def _check_static_leading_sizes(specs: dict) -> None:
     if len(set(sizes.values())) > 1:
         listed = ", ".join(f"{path_name(p)} has {s}" for p, s in sizes.items())
         raise ValueError(f"leading sizes disagree in the dataset's batches ({listed}); expected equal sizes")
-
-
-def _leading_size_check(element):
-    import tensorflow as tf
-
-    flat = flatten(element, convert=False)
-    (first_path, first), *rest = flat.items()
-    rows = tf.shape(first)[0]
-    checks = [
-        tf.debugging.assert_equal(
-            tf.shape(leaf)[0],
-            rows,
-            message=f"leading sizes disagree within a batch: key {path_name(path)} vs key {path_name(first_path)}",
-        )
-        for path, leaf in rest
-    ]
-    with tf.control_dependencies(checks):
-        return unflatten({path: tf.identity(leaf) for path, leaf in flat.items()})
 
 
 def _make_pad_fn(batch_size: int, mask_key: str, fills: dict[Path, Any]):

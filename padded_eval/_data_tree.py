@@ -16,7 +16,9 @@ def flatten(tree: cabc.Mapping, convert: bool = True, prefix: Path = ()) -> Flat
     flat: FlatBatch = {}
     for key, value in tree.items():
         path = prefix + (key,)
-        if isinstance(value, cabc.Mapping):
+        if type(value) is np.ndarray:  # the common case, without the slower Mapping check
+            flat[path] = value
+        elif isinstance(value, cabc.Mapping):
             flat.update(flatten(value, convert, path))
         else:
             flat[path] = np.asarray(value) if convert else value

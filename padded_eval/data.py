@@ -115,8 +115,8 @@ class PaddedBatches(cabc.Iterable):
         else:
             self._kind = "iterable"
             self._spec = None
-        real = self._num_real_batches()
-        if num_batches is not None and real is not None and real > num_batches:
+        real = None if num_batches is None else self._num_real_batches()
+        if real is not None and real > num_batches:
             raise ValueError(
                 f"num_batches={num_batches} but the source holds {real} batches of batch_size {batch_size}; "
                 f"pass num_batches >= {real}"
@@ -229,7 +229,7 @@ def _check_count(name: str, value: Any, minimum: int) -> int:
 
 def _validate(batch: Any, mask_key: str, where: str, shapes_only: bool = False) -> tuple[FlatBatch, int]:
     """Flattens one batch to numpy leaves and returns it with its leading size."""
-    if not isinstance(batch, cabc.Mapping):
+    if type(batch) is not dict and not isinstance(batch, cabc.Mapping):
         raise ValueError(f"{where}: expected a Mapping of arrays, got {type(batch).__name__}")
     if mask_key in batch:
         raise ValueError(
@@ -240,11 +240,12 @@ def _validate(batch: Any, mask_key: str, where: str, shapes_only: bool = False) 
         raise ValueError(f"{where}: expected a Mapping with at least one array, got no arrays")
     sizes = {}
     for path, leaf in flat.items():
-        if len(np.shape(leaf)) == 0:
+        shape = np.shape(leaf)
+        if not shape:
             raise ValueError(
                 f"{where}: key {path_name(path)} is a scalar; expected an array with a leading row dimension"
             )
-        sizes[path] = np.shape(leaf)[0]
+        sizes[path] = shape[0]
     if len(set(sizes.values())) > 1:
         listed = ", ".join(f"{path_name(p)} has {s}" for p, s in sizes.items())
         raise ValueError(f"{where}: leading sizes disagree ({listed}); expected every key to have the same rows")

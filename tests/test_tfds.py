@@ -98,11 +98,11 @@ def test_bad_datasets():
         pe.pad_batches(slices(dataset(3)), 12)
 
     def disagreeing():
-        yield {"x": np.zeros(3), "y": np.zeros(2)}
+        yield {"x": np.zeros(3), "g": {"yy": np.zeros(2)}}
 
-    signature = {"x": tf.TensorSpec([None], tf.float64), "y": tf.TensorSpec([None], tf.float64)}
+    signature = {"x": tf.TensorSpec([None], tf.float64), "g": {"yy": tf.TensorSpec([None], tf.float64)}}
     source = tf.data.Dataset.from_generator(disagreeing, output_signature=signature)
-    with pytest.raises(ValueError, match=r"leading sizes disagree within a batch: key 'y' has 2 rows, key 'x' has 3"):
+    with pytest.raises(ValueError, match=r"leading sizes disagree within a batch: key 'g/yy' has 2 rows, key 'x' has 3"):
         list(pe.pad_batches(source, 8))
     static = tf.data.Dataset.from_tensors({"x": np.zeros(3), "y": np.zeros(2)})
     with pytest.raises(ValueError, match=r"leading sizes disagree in the dataset's batches \('x' has 3, 'y' has 2\)"):
