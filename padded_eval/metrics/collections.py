@@ -141,9 +141,16 @@ class LossAverage(Metric):
     """The mean over every real element seen; NaN if none was seen."""
     return self.total.value_f32() / self.weight.value_f32()
 
-  def batch_mean(self) -> jax.Array:
-    """Like :meth:`compute`, but 0 (with a finite gradient) when nothing was seen."""
-    return safe_mean(self.total.value_f32(), self.weight.value_f32())
+  def batch_mean(self, axis_name=None) -> jax.Array:
+    """Like :meth:`compute`, but 0 (with a finite gradient) when nothing was seen.
+
+    With ``axis_name`` (inside pmap / shard_map) the weight is summed over that axis:
+    the result is this device's share of the global mean (they add up to it).
+    """
+    weight = self.weight.value_f32()
+    if axis_name is not None:
+      weight = jax.lax.psum(weight, axis_name)
+    return safe_mean(self.total.value_f32(), weight)
 
 
 # --- collections -----------------------------------------------------------------------------
@@ -244,18 +251,28 @@ class Losses(_Collection):
     """The sum of the losses' means (float32 scalar; NaN if nothing was seen)."""
     return sum(self.compute().values(), jnp.float32(0.0))
 
-  def batch_loss(self) -> jax.Array:
-    """:meth:`total_loss`, but each loss that saw no real element counts 0 (not NaN)."""
-    return sum((self.children[key].batch_mean() for key in self.names), jnp.float32(0.0))
+  def batch_loss(self, axis_name=None) -> jax.Array:
+    """:meth:`total_loss` for gradients: a loss that saw no real element counts 0, not NaN.
 
-  def loss_and_update(self, **kwargs) -> tuple[jax.Array, "Losses"]:
+    Args:
+      axis_name: inside pmap / shard_map, divide by the real examples of the whole
+        global batch (summed over ``axis_name``), not this device's: each device gets
+        its share, ``psum`` of the shares is the global batch loss, and ``psum`` of the
+        per-device gradients is the exact gradient of the global batch, however the
+        padding falls on devices (``pmean`` of per-device means is not).
+    """
+    return sum((self.children[key].batch_mean(axis_name) for key in self.names),
+               jnp.float32(0.0))
+
+  def loss_and_update(self, *, axis_name=None, **kwargs) -> tuple[jax.Array, "Losses"]:
     """``(batch loss, updated)``: this batch's total loss, and ``self`` with it merged in.
 
     The batch loss is the sum over losses of each one's mean over the batch's real
-    elements (differentiable; an all-padding batch gives 0 and a zero gradient).
+    elements (differentiable; an all-padding batch gives 0 and a zero gradient). See
+    :meth:`batch_loss` for ``axis_name``; the merged state stays this device's.
     """
     batch = self.batch_updates(**kwargs)
-    return batch.batch_loss(), self.merge(batch)
+    return batch.batch_loss(axis_name), self.merge(batch)
 
 
 def _empty_or_none(field_name):
@@ -304,11 +321,14 @@ class LossesAndMetrics(Metric):
     """The sum of the losses' means (0.0 without losses; NaN if nothing was seen)."""
     return jnp.float32(0.0) if self.losses is None else self.losses.total_loss()
 
-  def loss_and_update(self, **kwargs) -> tuple[jax.Array, "LossesAndMetrics"]:
+  def batch_loss(self, axis_name=None) -> jax.Array:
+    """The batch loss for gradients; see :meth:`Losses.batch_loss`."""
+    return jnp.float32(0.0) if self.losses is None else self.losses.batch_loss(axis_name)
+
+  def loss_and_update(self, *, axis_name=None, **kwargs) -> tuple[jax.Array, "LossesAndMetrics"]:
     """``(batch loss, updated)``; see :meth:`Losses.loss_and_update`."""
     batch = self.batch_updates(**kwargs)
-    loss = jnp.float32(0.0) if batch.losses is None else batch.losses.batch_loss()
-    return loss, self.merge(batch)
+    return batch.batch_loss(axis_name), self.merge(batch)
 
   def compute(self) -> dict[str, Any]:
     """``{"loss": total, **losses, **metrics}``, flat, names kept unique."""
