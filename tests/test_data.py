@@ -294,3 +294,12 @@ def test_bad_pad_values(pad_value, match):
     with pytest.raises(ValueError, match=match):
         data = {"x": np.zeros(3), "label": np.zeros(3, np.int32), "flag": np.zeros(3, bool)}
         list(pe.pad_batches(data, 4, num_devices=1, pad_value=pad_value))
+
+
+def test_docstring_example():
+    import doctest
+
+    import padded_eval.data
+
+    result = doctest.testmod(padded_eval.data)
+    assert result.attempted > 0 and result.failed == 0

@@ -141,3 +141,12 @@ def test_import_initialises_no_backend_and_no_tensorflow():
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
+def test_docstring_example():
+    import doctest
+
+    import padded_eval.sharding
+
+    result = doctest.testmod(padded_eval.sharding)
+    assert result.attempted > 0 and result.failed == 0
