@@ -3,7 +3,8 @@
 The anchors (flax's ``nnx`` metrics and ``pad_shard_unpad``, ``clu.metrics``, ``metrax``) come with
 the ``bench`` extra; CI installs only the ``test`` extra, so every benchmark must degrade to a cell
 that says ``not installed``. Setting ``PADDED_EVAL_BENCH_HIDE=clu,metrax`` hides installed anchors,
-which is how the quick test checks that degradation on a machine that has them.
+which is how the quick test checks that degradation on a machine that has them (``matplotlib``
+can be hidden too: the plot is then skipped).
 """
 
 from __future__ import annotations
@@ -51,6 +52,18 @@ def pad_shard_unpad():
   if load("flax") is None:
     return None
   return importlib.import_module("flax.jax_utils").pad_shard_unpad
+
+
+def matplotlib_pyplot():
+  """``matplotlib.pyplot`` on the Agg backend, or None if matplotlib is absent or hidden."""
+  if "matplotlib" in _hidden():
+    return None
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    return importlib.import_module("matplotlib.pyplot")
+  except Exception:  # noqa: BLE001
+    return None
 
 
 def versions() -> dict[str, str]:

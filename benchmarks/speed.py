@@ -1,0 +1,369 @@
+"""Speed table: every approach timed on the same eval work, as a ratio to a bare loop in the same run.
+
+Three tables: whole-dataset evaluation (accuracy of an MLP) per approach; the per-step cost of a
+metric update relative to the model's forward; and how many times each approach traces its step
+for N in {1000, 1003, 1024}. Times are medians of repeated runs after a warm-up (compilation is
+excluded, except in the trace-count table, which counts compilations instead of timing them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import padded_eval as pe
+from benchmarks import anchors
+from benchmarks.common import (block, describe_failure, markdown_table, metric_class, seeded,
+                               shard_rows, split_rows, time_call)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+  rows: int = 16384
+  batch: int = 512
+  features: int = 256
+  hidden: int = 512
+  classes: int = 10
+  repeats: int = 5
+  update_repeats: int = 20
+  seq_len: int = 128          # perplexity model: [4, seq_len] tokens -> [4, seq_len, 32000] logits
+
+
+FULL = Sizes()
+QUICK = Sizes(rows=2048, batch=256, features=64, hidden=128, repeats=2, update_repeats=3, seq_len=16)
+
+
+def mlp_init(seed: int, widths: tuple[int, ...]) -> list:
+  rng = seeded(seed)
+  return [(jnp.asarray(rng.normal(size=(a, b)).astype(np.float32) / np.sqrt(a)), jnp.zeros((b,)))
+          for a, b in zip(widths[:-1], widths[1:])]
+
+
+def mlp(params, x):
+  for w, b in params[:-1]:
+    x = jax.nn.relu(x @ w + b)
+  w, b = params[-1]
+  return x @ w + b
+
+
+def _data(sizes: Sizes, rows: int | None = None, seed: int = 0) -> dict:
+  rng = seeded(seed)
+  rows = sizes.rows if rows is None else rows
+  return {"x": rng.normal(size=(rows, sizes.features)).astype(np.float32),
+          "y": rng.integers(0, sizes.classes, rows).astype(np.int32)}
+
+
+# --- whole-dataset evaluation, per approach ---------------------------------------------------
+
+
+def _bare_loop(params, sharded: list[dict], bounded: bool, counter=None) -> float:
+  """The bare pmap loop: per-device accuracy, pmean, mean over steps (the naive baseline)."""
+  outputs, previous = [], None
+  for b in sharded:
+    out = _bare_step(params, b)
+    if bounded and previous is not None:
+      previous.block_until_ready()
+    previous = out
+    outputs.append(out)
+  return float(jnp.mean(jnp.stack([o[0] for o in outputs])))
+
+
+def _bare_device_accuracy(params, b):
+  return jax.lax.pmean(jnp.mean(jnp.argmax(mlp(params, b["x"]), -1) == b["y"]), "batch")
+
+
+_bare_step = jax.pmap(_bare_device_accuracy, "batch", in_axes=(None, 0))
+
+
+def _accuracy_step(params, b):
+  return pe.metrics.Accuracy().batch_updates(preds=mlp(params, b["x"]), target=b["y"],
+                                             mask=b["mask"])
+
+
+def _pad_shard_unpad_loop(forward, params, raw: list[dict]) -> float:
+  correct = 0
+  for b in raw:
+    logits = forward(params, b["x"])
+    correct += int(np.sum(np.argmax(logits, -1) == b["y"]))
+  return correct / sum(len(b["y"]) for b in raw)
+
+
+def _clu_collection(clu):
+  return clu.Collection.create(accuracy=clu.Accuracy)
+
+
+def _clu_loop(step, collection, params, sharded: list[dict]) -> float:
+  total, previous = None, None
+  for b in sharded:
+    out = step(params, b)
+    if previous is not None:
+      previous.accuracy.count.block_until_ready()
+    previous = out
+    one = out.unreplicate()
+    total = one if total is None else total.merge(one)
+  return float(total.compute()["accuracy"])
+
+
+def _clu_step_for(clu, collection):
+  def device_step(params, b):
+    return collection.gather_from_model_output(
+        logits=mlp(params, b["x"]), labels=b["y"], mask=b["mask"], axis_name="batch")
+  return jax.pmap(device_step, "batch", in_axes=(None, 0))
+
+
+def eval_table(sizes: Sizes, log=print) -> tuple[str, dict]:
+  """Times each approach over the whole dataset; returns (Markdown, {approach: seconds})."""
+  params = mlp_init(0, (sizes.features, sizes.hidden, sizes.hidden, sizes.classes))
+  data = _data(sizes)
+  raw = split_rows(data, sizes.batch)
+  padded = list(pe.pad_batches(data, sizes.batch))
+  sharded = [shard_rows(b) for b in padded]
+  reps = sizes.repeats
+  seconds: dict[str, float | str] = {}
+  log("speed: bare pmap loops")
+  seconds["bare pmap loop, wait on step t-1"] = time_call(
+      lambda: _bare_loop(params, sharded, True), reps)
+  seconds["bare pmap loop, all steps in flight"] = time_call(
+      lambda: _bare_loop(params, sharded, False), reps)
+  baseline = min(seconds.values())
+  for backend in ("pmap", "shard_map", "jit"):
+    log(f"speed: masked_eval {backend}")
+    seconds[f"pe.masked_eval, backend={backend!r}"] = time_call(
+        lambda: pe.masked_eval(_accuracy_step, params, padded, backend=backend), reps)
+  seconds["pe.masked_eval pmap, pe.pad_batches inside the timing"] = time_call(
+      lambda: pe.masked_eval(_accuracy_step, params, pe.pad_batches(data, sizes.batch)), reps)
+  psu = anchors.pad_shard_unpad()
+  name = "flax pad_shard_unpad(pmap(forward)) + numpy accuracy on host"
+  if psu is None:
+    seconds[name] = anchors.NOT_INSTALLED
+  else:
+    log("speed: pad_shard_unpad")
+    forward = psu(jax.pmap(mlp, in_axes=(None, 0)), static_argnums=(0,))
+    seconds[name] = time_call(lambda: _pad_shard_unpad_loop(forward, params, raw), reps)
+  clu = anchors.load("clu")
+  name = "clu Collection.gather_from_model_output in pmap, merge on host"
+  if clu is None:
+    seconds[name] = anchors.NOT_INSTALLED
+  else:
+    log("speed: clu gather_from_model_output")
+    collection = _clu_collection(clu)
+    step = _clu_step_for(clu, collection)
+    try:
+      seconds[name] = time_call(lambda: _clu_loop(step, collection, params, sharded), reps)
+    except Exception as error:  # noqa: BLE001 - a failing anchor is a measured outcome
+      seconds[name] = describe_failure(error)
+  rows = [[k, f"{v * 1e3:.1f} ms" if not isinstance(v, str) else v,
+           f"{v / baseline:.2f}x" if not isinstance(v, str) else v] for k, v in seconds.items()]
+  header = ["approach (same MLP, same data)", "time for the dataset", "ratio to faster bare loop"]
+  note = (f"\n{sizes.rows} rows, batch {sizes.batch}, MLP {sizes.features}-{sizes.hidden}-"
+          f"{sizes.hidden}-{sizes.classes}, median of {reps} runs after a warm-up. Bare loops and "
+          "clu get batches already padded and sharded on the host; masked_eval gets pe.pad_batches "
+          "output (a list, except in the 'inside the timing' row).\n")
+  return markdown_table(header, rows) + "\n" + note, seconds
+
+
+# --- per-step metric update cost relative to the forward ----------------------------------------
+
+VOCAB = 32000
+UPDATE_COLUMNS = ("padded_eval", "flax nnx metrics", "clu.metrics", "metrax")
+
+
+def _token_ce(logits, targets):
+  return -jnp.take_along_axis(jax.nn.log_softmax(logits, -1), targets[..., None], -1)[..., 0]
+
+
+def _nnx_state(metric_factory, **update):
+  from flax import nnx as nnx_module
+  metric = metric_factory()
+  metric.update(**update)
+  return nnx_module.state(metric)
+
+
+def _update_cases(sizes: Sizes):
+  """``{metric: (forward, params, batch, {column: update(outputs, batch) or note})}``."""
+  nnx, clu, metrax = anchors.load("flax"), anchors.load("clu"), anchors.load("metrax")
+  rng, b = seeded(7), sizes.batch
+  x = jnp.asarray(rng.normal(size=(b, sizes.features)).astype(np.float32))
+  mask = jnp.arange(b) < b - 3
+  widths = (sizes.features, sizes.hidden, sizes.hidden)
+  cls_batch = {"x": x, "y": jnp.asarray(rng.integers(0, sizes.classes, b), jnp.int32), "mask": mask}
+  f1_batch = dict(cls_batch, y=jnp.asarray(rng.integers(0, 1000, b), jnp.int32))
+  bin_batch = dict(cls_batch, y=jnp.asarray(rng.integers(0, 2, b), jnp.int32))
+  tokens = jnp.asarray(rng.integers(0, VOCAB, (4, sizes.seq_len)), jnp.int32)
+  lm_batch = {"x": tokens, "y": jnp.roll(tokens, -1, 1), "mask": jnp.ones((4,), bool)}
+  embed = jnp.asarray(rng.normal(size=(VOCAB, 64)).astype(np.float32) * 0.1)
+  lm_params = (embed, mlp_init(8, (64, 64, VOCAB)))
+
+  def lm(params, tokens):
+    return mlp(params[1], params[0][tokens])
+
+  def na(text):
+    return text if nnx is not None else anchors.NOT_INSTALLED
+
+  cases = {}
+  accuracy = {
+      "padded_eval": lambda o, d: pe.metrics.Accuracy().batch_updates(
+          preds=o, target=d["y"], mask=d["mask"]),
+      "flax nnx metrics": None if nnx is None else lambda o, d: _nnx_state(
+          nnx.metrics.Accuracy, logits=o, labels=d["y"], mask=d["mask"]),
+      "clu.metrics": None if clu is None else lambda o, d: clu.Accuracy.from_model_output(
+          logits=o, labels=d["y"], mask=d["mask"]),
+      "metrax": None if metrax is None else lambda o, d: metrax.Accuracy.from_model_output(
+          jnp.argmax(o, -1), d["y"], sample_weights=d["mask"].astype(jnp.float32)),
+  }
+  cases[f"Accuracy (C={sizes.classes})"] = (
+      mlp, mlp_init(1, widths + (sizes.classes,)), cls_batch, accuracy)
+  f1_class = metric_class("F1Score")
+  cases["F1 macro (C=1000)"] = (mlp, mlp_init(2, widths + (1000,)), f1_batch, {
+      "padded_eval": None if f1_class is None else lambda o, d: f1_class(
+          task="multiclass", num_classes=1000, average="macro").batch_updates(
+              preds=o, target=d["y"], mask=d["mask"]),
+      "flax nnx metrics": na("n/a: no F1"),
+      "clu.metrics": "n/a: no F1" if clu is not None else anchors.NOT_INSTALLED,
+      "metrax": "n/a: FBetaScore is binary, no merge" if metrax else anchors.NOT_INSTALLED})
+  auroc_class = metric_class("AUROC")
+  cases["AUROC (binary)"] = (mlp, mlp_init(3, widths + (1,)), bin_batch, {
+      "padded_eval": None if auroc_class is None else lambda o, d: auroc_class(
+          from_logits=True).batch_updates(preds=o[:, 0], target=d["y"], mask=d["mask"]),
+      "flax nnx metrics": na("n/a: no AUROC"),
+      "clu.metrics": "n/a: no AUROC" if clu is not None else anchors.NOT_INSTALLED,
+      "metrax": None if metrax is None else lambda o, d: metrax.AUCROC.from_model_output(
+          jax.nn.sigmoid(o[:, 0]), d["y"], sample_weights=d["mask"].astype(jnp.float32))})
+  perplexity_class = metric_class("Perplexity")
+  tokens_real = lambda d: jnp.broadcast_to(d["mask"][:, None], d["y"].shape)  # noqa: E731
+  cases[f"Perplexity (V=32k, 4x{sizes.seq_len} tokens)"] = (lm, lm_params, lm_batch, {
+      "padded_eval": None if perplexity_class is None else lambda o, d: perplexity_class(
+          ).batch_updates(preds=o, target=d["y"], mask=tokens_real(d)),
+      "flax nnx metrics": None if nnx is None else lambda o, d: _nnx_state(
+          lambda: nnx.metrics.Average("ce"), ce=_token_ce(o, d["y"]), mask=tokens_real(d)),
+      "clu.metrics": None if clu is None else lambda o, d: clu.Average.from_model_output(
+          _token_ce(o, d["y"]), mask=tokens_real(d)),
+      "metrax": None if metrax is None else lambda o, d: metrax.Perplexity.from_model_output(
+          o, d["y"], sample_weights=tokens_real(d).astype(jnp.float32), from_logits=True)})
+  return cases
+
+
+def update_cost_table(sizes: Sizes, log=print) -> tuple[str, dict]:
+  """Per-step update cost of each metric, as a fraction of its model's jitted forward time."""
+  rows, measured = [], {}
+  for title, (forward, params, batch, updates) in _update_cases(sizes).items():
+    log(f"speed: update cost {title}")
+    fwd = jax.jit(lambda p, d, f=forward: f(p, d["x"]))
+    t_forward = time_call(lambda: fwd(params, batch), sizes.update_repeats, warmup=2)
+    row = [title, f"{t_forward * 1e3:.2f} ms"]
+    for column in UPDATE_COLUMNS:
+      update = updates[column]
+      if update is None:
+        row.append(anchors.NOT_INSTALLED if column != "padded_eval" else "not yet in padded_eval")
+        continue
+      if isinstance(update, str):
+        row.append(update)
+        continue
+      both = jax.jit(lambda p, d, f=forward, u=update: u(f(p, d["x"]), d))
+      try:
+        t_both = time_call(lambda: both(params, batch), sizes.update_repeats, warmup=2)
+      except Exception as error:  # noqa: BLE001
+        row.append(describe_failure(error))
+        continue
+      measured[(title, column)] = (t_both - t_forward) / t_forward
+      row.append(f"{(t_both - t_forward) / t_forward * 100:+.0f}%")
+    rows.append(row)
+  header = ["metric (model)", "forward alone"] + [f"{c}: update cost" for c in UPDATE_COLUMNS]
+  note = ("\nCell: (time of jit(forward + metric update) - time of jit(forward)) / time of "
+          f"jit(forward), one device, batch {sizes.batch} (LM: 4 sequences), median of "
+          f"{sizes.update_repeats} calls. Noise on this shared machine is a few percent either "
+          "way; small negative values mean 'not measurable'.\n")
+  return markdown_table(header, rows) + "\n" + note, measured
+
+
+# --- how many times each approach traces its step -----------------------------------------------
+
+
+TRACE_ROWS = (1000, 1003, 1024)
+
+
+def _counted(fn):
+  def counted(*args):
+    counted.traces += 1
+    return fn(*args)
+  counted.traces = 0
+  return counted
+
+
+def _trace_count(approach: Callable[[Callable, dict], None], rows: int, sizes: Sizes):
+  data = _data(sizes, rows, seed=rows)
+  try:
+    return approach(data)
+  except Exception as error:  # noqa: BLE001 - a crash is the measured outcome
+    return describe_failure(error)
+
+
+def trace_table(sizes: Sizes, log=print) -> tuple[str, dict]:
+  """Number of traces of the step per approach and dataset size (batch 128)."""
+  batch, clu, psu = 128, anchors.load("clu"), anchors.pad_shard_unpad()
+  params = mlp_init(4, (sizes.features, 32, sizes.classes))
+
+  def bare(data):
+    step = _counted(_bare_device_accuracy)
+    mapped = jax.pmap(step, "batch", in_axes=(None, 0))
+    block([mapped(params, shard_rows(b)) for b in split_rows(data, batch)])
+    return step.traces
+
+  def pad_shard_unpad(min_device_batch):
+    def run(data):
+      forward = _counted(mlp)
+      wrapped = psu(jax.pmap(forward, in_axes=(None, 0)), static_argnums=(0,))
+      for b in split_rows(data, batch):
+        wrapped(params, b["x"], min_device_batch=min_device_batch)
+      return forward.traces
+    return run
+
+  def clu_gather(data):
+    collection = _clu_collection(clu)
+    counter = _counted(lambda p, b: collection.gather_from_model_output(
+        logits=mlp(p, b["x"]), labels=b["y"], axis_name="batch"))
+    mapped = jax.pmap(counter, "batch", in_axes=(None, 0))
+    block([mapped(params, shard_rows(b)) for b in split_rows(data, batch)])
+    return counter.traces
+
+  def masked_eval(backend):
+    def run(data):
+      step = _counted(lambda p, b: _accuracy_step(p, b))
+      pe.masked_eval(step, params, pe.pad_batches(data, batch), backend=backend)
+      return step.traces
+    return run
+
+  approaches = {"bare pmap loop (raw batches)": bare}
+  approaches["flax pad_shard_unpad(pmap)"] = pad_shard_unpad(None) if psu else None
+  approaches["flax pad_shard_unpad(pmap), min_device_batch=16"] = (
+      pad_shard_unpad(16) if psu else None)
+  approaches["clu gather_from_model_output (raw batches)"] = clu_gather if clu else None
+  for backend in ("pmap", "shard_map", "jit"):
+    approaches[f"pe.masked_eval, backend={backend!r}"] = masked_eval(backend)
+  rows, counts = [], {}
+  for name, approach in approaches.items():
+    log(f"speed: traces {name}")
+    row = [name]
+    for n in TRACE_ROWS:
+      count = anchors.NOT_INSTALLED if approach is None else _trace_count(approach, n, sizes)
+      counts[(name, n)] = count
+      row.append(str(count))
+    rows.append(row)
+  header = ["approach (batch 128, 8 devices)"] + [f"N={n} (last batch {n % batch or batch})"
+                                                 for n in TRACE_ROWS]
+  return markdown_table(header, rows) + "\n", counts
+
+
+def run(quick: bool, log=print) -> tuple[str, dict]:
+  sizes = QUICK if quick else FULL
+  eval_md, seconds = eval_table(sizes, log)
+  update_md, costs = update_cost_table(sizes, log)
+  trace_md, traces = trace_table(sizes, log)
+  markdown = ("### Whole-dataset evaluation\n\n" + eval_md + "\n### Per-step metric update cost\n\n"
+              + update_md + "\n### Traces (compilations) of the step\n\n" + trace_md)
+  return markdown, {"seconds": seconds, "update_costs": costs, "traces": traces}
