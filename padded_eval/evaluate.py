@@ -28,6 +28,7 @@ Three backends place the work:
 
 from __future__ import annotations
 
+import collections
 import collections.abc as cabc
 import dataclasses
 import functools
@@ -312,7 +313,8 @@ def _empty_state(compiled: _CompiledStep, params, placed_batch, layout: _Layout)
 
 def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cabc.Iterable, *,
                 backend: str = "pmap", axis_name: str = "batch", mesh: Mesh | None = None,
-                progress: bool = False, mask_key: str = "mask") -> dict[str, Any]:
+                progress: bool = False, mask_key: str = "mask",
+                steps_in_flight: int | None = None) -> dict[str, Any]:
   """Evaluates ``step_fn`` over every real row of ``batches``, exactly, compiling once.
 
   Args:
@@ -333,6 +335,10 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
       first axis and replicated over the others. Default: all devices on one axis.
     progress: show a tqdm progress bar (batches, and real examples per second).
     mask_key: the batch key of the mask.
+    steps_in_flight: at most this many dispatched steps not yet finished (>= 1).
+      The next batch is always copied to the devices while the current step runs.
+      Default: 1 on CPU (virtual devices share the cores; a second queued step
+      thrashes them), 2 on accelerators (the device never idles on dispatch).
 
   Returns:
     ``metric.compute_logs()`` with scalars as Python floats and arrays as numpy
@@ -355,6 +361,7 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
     {'mean': 4.0, 'num_examples': 5}
   """
   layout = _layout(backend, axis_name, mesh)
+  steps_in_flight = _steps_in_flight(steps_in_flight, layout)
   total = _length(batches)
   host_batches = iter(batches)
   first = next(host_batches, None)
@@ -371,9 +378,11 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
   if bar:
     bar.add(first)
 
-  previous_token, index = None, 0
+  in_flight: collections.deque = collections.deque()  # tokens of the steps not yet waited for
+  index = 0
   while placed is not None:
     state, token = compiled.step(params, state, placed)  # dispatch step t
+    in_flight.append(token)
     placed, index = None, index + 1
     batch = next(host_batches, None)
     if batch is not None:  # place batch t+1 while step t runs
@@ -381,13 +390,20 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
       placed = layout.place_batch(batch)
       if bar:
         bar.add(batch)
-    if previous_token is not None:  # at most two steps in flight
-      previous_token.block_until_ready()
-    previous_token = token
+    while len(in_flight) >= steps_in_flight:  # bounded: wait on step t-1 (or t)
+      in_flight.popleft().block_until_ready()
   metric, count = layout.state_to_host(state)
   if bar:
     bar.close()
   return _results(metric, count)
+
+
+def _steps_in_flight(steps_in_flight: int | None, layout: _Layout) -> int:
+  if steps_in_flight is None:
+    return 1 if layout.mesh.devices.flat[0].platform == "cpu" else 2
+  if isinstance(steps_in_flight, bool) or not isinstance(steps_in_flight, int) or steps_in_flight < 1:
+    raise ValueError(f"steps_in_flight must be an int >= 1; got {steps_in_flight!r}")
+  return steps_in_flight
 
 
 def _results(metric: Metric, count: ExactCount) -> dict[str, Any]:

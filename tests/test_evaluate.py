@@ -131,6 +131,14 @@ def test_exact_and_traced_once(backend, n):
   assert len(traces) == 1, traces
 
 
+@pytest.mark.parametrize("steps_in_flight", (1, 2, 3))
+def test_steps_in_flight_do_not_change_results(steps_in_flight):
+  params, data = make_params(), make_data(300)
+  result = pe.masked_eval(make_step([]), params, garbage_batches(data, batch_size=16), backend="pmap",
+                          steps_in_flight=steps_in_flight)
+  assert_matches(result, reference(params, data))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_one_compilation_and_reuse_across_calls(backend, compiles):
   params = make_params()
@@ -279,6 +287,12 @@ def test_batch_whose_shape_changes():
 def test_no_batches():
   with pytest.raises(ValueError, match="batches yielded no batch"):
     pe.masked_eval(_step_mean, None, [], backend="jit")
+
+
+@pytest.mark.parametrize("steps_in_flight", (0, 1.5, True))
+def test_bad_steps_in_flight(steps_in_flight):
+  with pytest.raises(ValueError, match="steps_in_flight must be an int >= 1"):
+    pe.masked_eval(_step_mean, None, _batches(), steps_in_flight=steps_in_flight)
 
 
 def test_mask_must_be_bool_rows():

@@ -1,0 +1,181 @@
+"""masked_eval's speed, as ratios against a bare eval loop in the same process.
+
+Compared on one MLP classifier (inputs -> width x depth -> classes), 8 virtual CPU devices:
+
+* bare pmap loop: the model alone on pre-sharded device batches, no metrics; the faster of
+  "wait on each step" and "wait on step t-1" (the baseline, 1.00);
+* masked_eval with the pmap, shard_map and jit backends (default steps in flight: 1 on CPU;
+  pmap also with 2), fed host numpy batches (so its
+  host-to-device copies are inside the timing), computing accuracy and mean cross entropy exactly;
+* the flax recipe: ``flax.jax_utils.pad_shard_unpad`` around a pmapped forward pass
+  (``min_device_batch`` so the last batch does not recompile), logits to the host and the
+  metrics accumulated there with numpy.
+
+Each round runs every variant once (order rotated); reported: the median over rounds of
+each variant's time divided by the same round's baseline, and the ratio of best times.
+Goals: masked_eval (pmap) <= 1.05 x bare loop; faster than the flax recipe.
+
+Run: ``python benchmarks/bench_eval.py [--rounds 5] [--width 1024] [--batch 1024] [--steps 12]``.
+"""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import jax_utils  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
+
+import _models  # noqa: E402
+import padded_eval as pe  # noqa: E402
+from padded_eval.metrics.base import Metric, state  # noqa: E402
+
+
+class AccuracyAndLoss(Metric):
+  """Accuracy of the logits and the mean cross entropy, in one state."""
+
+  accuracy: pe.metrics.Accuracy = state(lambda self: pe.metrics.Accuracy())
+  loss: pe.metrics.Mean = state(lambda self: pe.metrics.Mean(name="loss"))
+
+  def _batch_state(self, *, preds, target, values, mask=None, **_):
+    return {"accuracy": self.accuracy.batch_updates(preds=preds, target=target, mask=mask),
+            "loss": self.loss.batch_updates(values=values, mask=mask)}
+
+  def compute(self):
+    return {"accuracy": self.accuracy.compute(), "loss": self.loss.compute()}
+
+  def compute_logs(self):
+    return self.compute()
+
+
+def eval_step(params, batch):
+  logits = _models.mlp_apply(params, batch["x"])
+  return AccuracyAndLoss().batch_updates(preds=logits, target=batch["label"],
+                                         values=_models.cross_entropy(logits, batch["label"]),
+                                         mask=batch["mask"])
+
+
+def make_variants(args):
+  """``{name: fn() -> result}`` over one dataset; the data is prepared here, outside timing."""
+  sizes = (args.features,) + (args.width,) * args.depth + (args.classes,)
+  host_params = _models.mlp_params(sizes)
+  num_rows = args.steps * args.batch - args.batch // 3  # a short last batch
+  data = _models.classification_data(num_rows, args.features, args.classes)
+  devices = jax.local_devices()
+  num_devices = len(devices)
+  mesh = Mesh(np.array(devices), ("batch",))
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  padded = list(pe.pad_batches(data, args.batch))  # host numpy batches with masks
+  device_batches = [jax.device_put(pe.shard(b, num_devices), NamedSharding(mesh, PartitionSpec("batch")))
+                    for b in padded]
+  device_params = jax.device_put(host_params, replicated)
+  forward = jax.pmap(lambda p, b: _models.mlp_apply(p, b["x"]), "batch", in_axes=(None, 0))
+
+  def bare_wait_each():
+    for batch in device_batches:
+      forward(device_params, batch).block_until_ready()
+
+  def bare_wait_previous():
+    previous = None
+    for batch in device_batches:
+      out = forward(device_params, batch)
+      if previous is not None:
+        previous.block_until_ready()
+      previous = out
+    previous.block_until_ready()
+
+  def masked(backend, steps_in_flight=None):
+    return lambda: pe.masked_eval(eval_step, host_params, padded, backend=backend,
+                                  steps_in_flight=steps_in_flight)
+
+  flax_forward = jax_utils.pad_shard_unpad(
+      jax.pmap(lambda p, x: _models.mlp_apply(p, x), "batch", in_axes=(None, 0)))
+  raw_batches = [{k: v[i:i + args.batch] for k, v in data.items()}
+                 for i in range(0, num_rows, args.batch)]
+
+  def flax_host_metrics():
+    correct, loss_sum, count = 0, 0.0, 0
+    for batch in raw_batches:
+      logits = flax_forward(device_params, batch["x"], min_device_batch=args.batch // num_devices)
+      correct += int(np.sum(logits.argmax(-1) == batch["label"]))
+      shifted = logits - logits.max(-1, keepdims=True)
+      log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+      loss_sum += float(-np.take_along_axis(log_probs, batch["label"][:, None], -1).sum())
+      count += len(batch["label"])
+    return {"accuracy": correct / count, "loss": loss_sum / count, "num_examples": count}
+
+  variants = {
+      "bare pmap, wait each step": bare_wait_each,
+      "bare pmap, wait step t-1": bare_wait_previous,
+      "masked_eval pmap": masked("pmap"),
+      "masked_eval pmap, 2 steps in flight": masked("pmap", 2),
+      "masked_eval shard_map": masked("shard_map"),
+      "masked_eval jit": masked("jit"),
+      "flax pad_shard_unpad + host metrics": flax_host_metrics,
+  }
+  return variants, num_rows
+
+
+BASELINES = ("bare pmap, wait each step", "bare pmap, wait step t-1")
+
+
+def run(args):
+  variants, num_rows = make_variants(args)
+  results = {name: fn() for name, fn in variants.items()}  # warm-up: compile everything
+  reference = results["flax pad_shard_unpad + host metrics"]
+  for name in (n for n in results if n.startswith("masked_eval")):
+    got = results[name]
+    assert got["num_examples"] == num_rows == reference["num_examples"], (got, reference)
+    assert abs(got["accuracy"] - reference["accuracy"]) < 1e-6, (got, reference)
+    assert abs(got["loss"] - reference["loss"]) < 1e-4 * abs(reference["loss"]), (got, reference)
+
+  times = {name: [] for name in variants}
+  names = list(variants)
+  for round_index in range(args.rounds):
+    order = names[round_index % len(names):] + names[:round_index % len(names)]
+    for name in order:
+      start = time.perf_counter()
+      variants[name]()
+      times[name].append(time.perf_counter() - start)
+
+  baseline = [min(pair) for pair in zip(*(times[b] for b in BASELINES))]
+  best_baseline = min(baseline)
+  print(f"MLP {args.features}->{args.width}x{args.depth}->{args.classes}, batch {args.batch}, "
+        f"{args.steps} steps ({num_rows} real rows), {jax.local_device_count()} devices, "
+        f"{args.rounds} rounds")
+  print(f"baseline (faster bare loop per round): median {statistics.median(baseline) * 1e3:.1f} ms, "
+        f"best {best_baseline * 1e3:.1f} ms")
+  print(f"{'variant':40s} {'median ms':>10s} {'best ms':>9s} {'median ratio':>13s} {'best ratio':>11s}")
+  for name in names:
+    ratios = [t / b for t, b in zip(times[name], baseline)]
+    print(f"{name:40s} {statistics.median(times[name]) * 1e3:10.1f} {min(times[name]) * 1e3:9.1f} "
+          f"{statistics.median(ratios):13.3f} {min(times[name]) / best_baseline:11.3f}")
+  flax_times = times["flax pad_shard_unpad + host metrics"]
+  pmap_times = times["masked_eval pmap"]
+  print(f"masked_eval pmap / flax recipe: median {statistics.median(pmap_times) / statistics.median(flax_times):.3f}"
+        f", best {min(pmap_times) / min(flax_times):.3f}")
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--width", type=int, default=1024)
+  parser.add_argument("--depth", type=int, default=4)
+  parser.add_argument("--features", type=int, default=256)
+  parser.add_argument("--classes", type=int, default=10)
+  parser.add_argument("--batch", type=int, default=1024)
+  parser.add_argument("--steps", type=int, default=12)
+  run(parser.parse_args())
+
+
+if __name__ == "__main__":
+  main()
