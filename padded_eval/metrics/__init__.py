@@ -21,3 +21,4 @@ from padded_eval.metrics.confusion import CohenKappa as CohenKappa
 from padded_eval.metrics.confusion import JaccardIndex as JaccardIndex
 from padded_eval.metrics.curves import AUROC as AUROC
 from padded_eval.metrics.curves import AUPRC as AUPRC
+from padded_eval.metrics.calibration import CalibrationError as CalibrationError

@@ -1,0 +1,134 @@
+"""Calibration error (ECE and friends) from exact per-bin totals.
+
+Each counted element has a confidence ``c`` and a hit ``a`` (0 or 1):
+
+* ``task="binary"``: ``c`` = the predicted probability of the positive class, ``a`` = the
+  target (a reliability diagram of the positive class, as torchmetrics does);
+* ``task="multiclass"``: ``c`` = the highest class probability, ``a`` = whether its class
+  (argmax) is the target.
+
+Confidences fall in ``n_bins`` equal bins of ``[0, 1]``: ``bin = min(floor(c * n_bins),
+n_bins - 1)``. The state per bin is the element count and hit count
+(:class:`~padded_eval.accumulate.ExactCount`) and the confidence total
+(:class:`~padded_eval.accumulate.ExactSum`), so batches merge and devices reduce exactly.
+With ``N`` counted elements, ``n_b`` / ``acc_b`` / ``conf_b`` the count, mean hit and mean
+confidence of bin ``b`` (over non-empty bins):
+
+* ``norm="l1"`` (ECE, default): ``sum_b n_b / N * |acc_b - conf_b|``;
+* ``norm="l2"``: ``sqrt(sum_b n_b / N * (acc_b - conf_b)**2)``;
+* ``norm="max"`` (MCE): ``max_b |acc_b - conf_b|``.
+
+Elements are dropped when masked out, when the target is not a valid label (0/1, or a
+class id in ``[0, C)``) or equals ``ignore_index``, or when the confidence is NaN. No
+counted element: NaN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from padded_eval.accumulate import ExactCount, ExactSum
+from padded_eval.metrics.base import Metric, broadcast_mask, check_choice, state
+from padded_eval.metrics.classification_inputs import (
+    check_flag, check_ignore_index, check_no_weights, check_same_shape, check_task,
+    probabilities)
+
+NORMS = ("l1", "l2", "max")
+
+
+def _config(default):
+  return dataclasses.field(default=default, kw_only=True)
+
+
+class CalibrationError(Metric):
+  """Expected (``l1``), root-mean-square (``l2``) or maximum calibration error.
+
+  Args:
+    n_bins: number of equal confidence bins (positional; default 15, like torchmetrics).
+    task: ``"binary"`` (``preds`` ``[...]`` probabilities, ``target`` ``[...]`` 0/1) or
+      ``"multiclass"`` (``preds`` ``[..., C]`` probabilities, ``target`` ``[...]`` ids).
+    num_classes: ``C`` for multiclass; ``None`` (or 2) for binary.
+    norm: ``"l1"``, ``"l2"`` or ``"max"``.
+    from_logits: ``preds`` are logits (sigmoid for binary, softmax for multiclass).
+    ignore_index: targets equal to it are not counted.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> m = CalibrationError(2, task="binary").update(preds=jnp.array([0.2, 0.9]),
+    ...                                               target=jnp.array([0, 1]))
+    >>> round(float(m.compute()), 4)
+    0.15
+  """
+
+  n_bins: int = 15
+  task: str = _config("binary")
+  num_classes: int | None = _config(None)
+  norm: str = _config("l1")
+  from_logits: bool = _config(False)
+  ignore_index: int | None = _config(None)
+  count: ExactCount = state(lambda self: ExactCount.zeros((self.n_bins,)))
+  hits: ExactCount = state(lambda self: ExactCount.zeros((self.n_bins,)))
+  confidence: ExactSum = state(lambda self: ExactSum.zeros((self.n_bins,)))
+
+  def _check_config(self):
+    check_task(self.task, self.num_classes, tasks=("binary", "multiclass"))
+    if isinstance(self.n_bins, bool) or not isinstance(self.n_bins, int) or self.n_bins < 1:
+      raise ValueError(f"n_bins must be a positive int; got {self.n_bins!r}")
+    check_choice("norm", self.norm, NORMS)
+    check_flag("from_logits", self.from_logits)
+    check_ignore_index(self.ignore_index)
+
+  def _elements(self, preds, target, mask):
+    """``(confidence float32, hit bool, valid bool)`` of target's shape."""
+    preds, target = jnp.asarray(preds), jnp.asarray(target)
+    valid = broadcast_mask(mask, target.shape, "target")
+    if self.task == "binary":
+      check_same_shape(preds, target, "binary")
+      confidence = probabilities(preds, self.from_logits)
+      valid &= (target == 0) | (target == 1)
+      hit = target == 1
+    else:
+      c = self.num_classes
+      if preds.shape != target.shape + (c,):
+        raise ValueError(f"task='multiclass' needs preds {target.shape + (c,)} (probabilities "
+                         f"for num_classes={c}) for target {target.shape}; got {preds.shape}")
+      probs = probabilities(preds, self.from_logits, axis=-1)
+      confidence = jnp.max(probs, axis=-1)
+      hit = jnp.argmax(probs, axis=-1) == target
+      valid &= (target >= 0) & (target < c)
+    if self.ignore_index is not None:
+      valid &= target != self.ignore_index
+    return confidence, hit, valid & ~jnp.isnan(confidence)
+
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    check_no_weights(weights, self)
+    confidence, hit, valid = self._elements(preds, target, mask)
+    confidence = jnp.clip(jnp.where(valid, confidence, 0.0), 0.0, 1.0).reshape(-1)
+    bins = jnp.minimum(jnp.floor(confidence * self.n_bins), self.n_bins - 1).astype(jnp.int32)
+    bins = jnp.where(valid.reshape(-1), bins, self.n_bins)  # out of range: dropped
+    def per_bin(values, dtype):
+      return jnp.zeros((self.n_bins,), dtype).at[bins].add(values, mode="drop")
+    return {
+        "count": ExactCount.of(per_bin(jnp.ones_like(bins), jnp.int32)),
+        "hits": ExactCount.of(per_bin(hit.reshape(-1).astype(jnp.int32), jnp.int32)),
+        "confidence": ExactSum.of(per_bin(confidence, jnp.float32)),
+    }
+
+  def compute(self) -> jax.Array:
+    """Scalar float32 calibration error; NaN if no element was counted."""
+    count = self.count.value()
+    total = jnp.sum(count)
+    filled = count > 0
+    safe_count = jnp.where(filled, count, 1.0)
+    gap = (self.hits.value() - self.confidence.value_f32()) / safe_count  # acc_b - conf_b
+    share = count / jnp.where(total > 0, total, 1.0)
+    if self.norm == "l1":
+      value = jnp.sum(jnp.where(filled, share * jnp.abs(gap), 0.0))
+    elif self.norm == "l2":
+      value = jnp.sqrt(jnp.sum(jnp.where(filled, share * gap * gap, 0.0)))
+    else:
+      value = jnp.max(jnp.where(filled, jnp.abs(gap), 0.0))
+    return jnp.where(total > 0, value, jnp.nan)
