@@ -17,6 +17,8 @@ variance to float32 precision over any number of steps and devices.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -86,23 +88,7 @@ class Moments(Accumulator):
       Moments of shape ``X`` without ``axes``. Within the batch the co-moment is taken
       around a shift (the batch mean) and corrected, ``M = P - s s^T / n``.
     """
-    values = jnp.where(real[..., None], upcast(values), 0.0)
-    weight = w[..., None]
-    count = jnp.sum(w, axes, keepdims=True)
-    total = jnp.sum(weight * values, axes, keepdims=True)
-    safe_count = jnp.where(count > 0, count, 1.0)[..., None]
-    shift = total / safe_count
-    deviation = values - shift
-    weighted_deviation = weight * deviation
-    shift_total = jnp.sum(weighted_deviation, axes, keepdims=True)
-    products = jnp.sum(_outer(weighted_deviation, deviation), axes, keepdims=True)
-    comoment = products - _outer(shift_total, shift_total) / safe_count[..., None]
-    # total = n * shift + sum(w * (x - shift)): the product exactly, the small rest in float32,
-    # so the batch mean is good to ~45 bits, not to the rounding of a float32 batch sum.
-    product, product_error = two_prod(count[..., None], shift)
-    squeeze = lambda x: jnp.squeeze(x, axes)
-    exact_total = ExactSum.of(squeeze(product)).merge(ExactSum.of(squeeze(product_error + shift_total)))
-    return cls._make(ExactSum.of(squeeze(count)), exact_total, ExactSum.of(squeeze(comoment)))
+    return _batch_moments(upcast(jnp.asarray(values)), real, w, tuple(axes))
 
   @property
   def shape(self) -> tuple[int, ...]:
@@ -120,6 +106,9 @@ class Moments(Accumulator):
     return ExactSum.of(jnp.where(weight > 0, weight * _outer(difference, difference), 0.0))
 
   def merge(self, other: "Moments") -> "Moments":
+    return _merge_moments(self, other)
+
+  def _merge(self, other: "Moments") -> "Moments":
     count = self.count.merge(other.count)
     total = self.total.merge(other.total)
     mean_hi, mean_lo = _mean_parts(total, count)
@@ -127,12 +116,43 @@ class Moments(Accumulator):
     theirs = other.comoment.merge(other._spread(mean_hi, mean_lo))
     return self._make(count, total, mine.merge(theirs))
 
+  def aggregate(self) -> "Moments":
+    return _aggregate_moments(self)
+
   def _combine(self, total, maximum, n):
     combine = lambda acc: acc._combine(total, maximum, n)
     count, sums = combine(self.count), combine(self.total)
     mean_hi, mean_lo = _mean_parts(sums, count)
     comoment = combine(self.comoment.merge(self._spread(mean_hi, mean_lo)))
     return self._make(count, sums, comoment)
+
+
+# Jitted so that eager use (host-side merges) runs one compiled program, not dozens of ops.
+_merge_moments = jax.jit(Moments._merge)
+_aggregate_moments = jax.jit(Accumulator.aggregate)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _batch_moments(values, real, w, axes) -> Moments:
+  """See :meth:`Moments.of`."""
+  values = jnp.where(real[..., None], values, 0.0)
+  weight = w[..., None]
+  count = jnp.sum(w, axes, keepdims=True)
+  total = jnp.sum(weight * values, axes, keepdims=True)
+  safe_count = jnp.where(count > 0, count, 1.0)[..., None]
+  shift = total / safe_count
+  deviation = values - shift
+  weighted_deviation = weight * deviation
+  shift_total = jnp.sum(weighted_deviation, axes, keepdims=True)
+  products = jnp.sum(_outer(weighted_deviation, deviation), axes, keepdims=True)
+  comoment = products - _outer(shift_total, shift_total) / safe_count[..., None]
+  # total = n * shift + sum(w * (x - shift)): the product exactly, the small rest in float32,
+  # so the batch mean is good to ~45 bits, not to the rounding of a float32 batch sum.
+  product, product_error = two_prod(count[..., None], shift)
+  squeeze = lambda x: jnp.squeeze(x, axes)
+  exact_total = ExactSum.of(squeeze(product)).merge(ExactSum.of(squeeze(product_error + shift_total)))
+  return Moments._make(ExactSum.of(squeeze(count)), exact_total, ExactSum.of(squeeze(comoment)))
+
 
 
 def _mean_parts(total: ExactSum, count: ExactSum):

@@ -1,0 +1,268 @@
+"""The table of metric cases that ``tests/metric_checks.py`` runs every generic check on.
+
+Each :class:`MetricCase` is one row: a metric factory, a generator of padded batches
+(keyword dicts with a ``"mask"``; every element the mask leaves out is NaN, inf or
+garbage) and an independent float64 reference (numpy / scikit-learn / scipy) that
+sees only the real elements.
+
+How to add a case (a new metric is one row, not a new test file):
+
+1. Write a reference ``reference(batches) -> np.ndarray`` in float64 that reads the
+   real elements with :func:`real` (``real(batches, "preds")`` concatenates
+   ``batch["preds"][batch["mask"]]`` over the batches; a ``[B, T]`` mask selects tokens).
+2. Append ``MetricCase(name, make=lambda: MyMetric(...), data=..., reference=...)`` to
+   ``CASES`` (here, or ``CASES.append(...)`` from your own module imported below).
+   ``data(rng) -> list[dict]`` builds the padded batches; :func:`padded_batches` does it
+   from per-field generators ``{key: lambda rng, shape: array}`` and poisons the
+   padded elements for you. Keep the batch size a multiple of 8 (the tests' device
+   count) and the sizes small: every case is jitted, scanned, pmapped and shard_mapped.
+3. ``pytest tests/test_metric_core.py -k my_case`` runs every check on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+import scipy.special
+import scipy.stats
+import sklearn.metrics
+
+import padded_eval as pe
+
+BATCH_SIZE = 16
+NUM_BATCHES = 3
+_FLOAT_GARBAGE = np.array([np.nan, np.inf, -np.inf, 3e38, -1e30, 7.0], np.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricCase:
+  """One row of the table.
+
+  Attributes:
+    name: the test id.
+    make: builds the empty metric.
+    data: ``data(rng) -> list of batch keyword dicts`` of equal shapes, each with a bool
+      ``"mask"`` of shape ``[B]`` or ``[B, T]``; padded elements hold garbage.
+    reference: float64 value over the real elements of the batches.
+    rtol, atol: tolerance against the reference.
+  """
+
+  name: str
+  make: Callable[[], pe.Metric]
+  data: Callable[[np.random.Generator], list[dict]]
+  reference: Callable[[list[dict]], np.ndarray]
+  rtol: float = 2e-5
+  atol: float = 2e-6
+
+  def batches(self, seed: int = 0) -> list[dict]:
+    return self.data(np.random.default_rng(seed))
+
+
+def poison(batch: dict, rng: np.random.Generator) -> dict:
+  """A copy of ``batch`` whose masked-out elements hold fresh NaN/inf/garbage."""
+  mask = batch["mask"]
+  out = {"mask": mask}
+  for key, value in batch.items():
+    if key == "mask":
+      continue
+    value = np.array(value, copy=True)
+    padded = np.broadcast_to(~mask.reshape(mask.shape + (1,) * (value.ndim - mask.ndim)),
+                             value.shape)
+    if np.issubdtype(value.dtype, np.floating):
+      garbage = rng.choice(_FLOAT_GARBAGE, size=value.shape)
+    elif np.issubdtype(value.dtype, np.integer):
+      garbage = rng.integers(-2**30, 2**30, size=value.shape)
+    else:
+      garbage = rng.random(value.shape) < 0.5
+    with np.errstate(over="ignore"):  # 3e38 becomes inf in float16: garbage either way
+      out[key] = np.where(padded, garbage, value).astype(value.dtype)
+  return out
+
+
+def padded_batches(rng, fields, *, token_axis: int | None = None,
+                   num_batches: int = NUM_BATCHES, batch_size: int = BATCH_SIZE) -> list[dict]:
+  """Batches from ``fields = {key: lambda rng, batch_size: array [batch_size, ...]}``.
+
+  ``fields`` may also be one callable ``(rng, batch_size) -> {key: array}`` (for
+  fields drawn together, e.g. correlated pairs).
+
+  The mask is ``[B]`` (about 70% real rows; the last batch has 3 real rows), or
+  ``[B, T]`` with ``T = token_axis`` (a random real length per row, some rows empty).
+  """
+  batches = []
+  for step in range(num_batches):
+    if token_axis is None:
+      mask = rng.random(batch_size) < 0.7
+      if step == num_batches - 1:
+        mask = np.arange(batch_size) < 3
+    else:
+      lengths = rng.integers(0, token_axis + 1, size=batch_size)
+      mask = np.arange(token_axis)[None, :] < lengths[:, None]
+    if callable(fields):
+      batch = {key: np.asarray(value) for key, value in fields(rng, batch_size).items()}
+    else:
+      batch = {key: np.asarray(make(rng, batch_size)) for key, make in fields.items()}
+    batches.append(poison({**batch, "mask": mask}, rng))
+  return batches
+
+
+def real(batches: list[dict], key: str) -> np.ndarray:
+  """``batch[key][batch["mask"]]`` over all batches, as float64 (ints stay ints)."""
+  parts = [np.asarray(b[key])[np.asarray(b["mask"])] for b in batches]
+  values = np.concatenate(parts)
+  return values.astype(np.float64) if np.issubdtype(values.dtype, np.floating) else values
+
+
+def _normal(*tail, loc=0.0, scale=1.0, dtype=np.float32):
+  return lambda rng, b: (loc + scale * rng.standard_normal((b,) + tail)).astype(dtype)
+
+
+def _ints(high, *tail):
+  return lambda rng, b: rng.integers(0, high, size=(b,) + tail).astype(np.int32)
+
+
+def _positive(*tail):
+  return lambda rng, b: rng.uniform(0.1, 2.0, size=(b,) + tail).astype(np.float32)
+
+
+# --- references (float64, real elements only) -------------------------------------------
+
+
+def _weighted_mean(values, weights=None):
+  if weights is None:
+    return np.mean(values)
+  weights = np.broadcast_to(weights.reshape(weights.shape + (1,) * (values.ndim - weights.ndim)),
+                            values.shape)
+  return np.sum(weights * values) / np.sum(weights)
+
+
+def _weighted_std(values, weights, ddof):
+  mean = np.sum(weights * values) / np.sum(weights)
+  return np.sqrt(np.sum(weights * (values - mean) ** 2) / (np.sum(weights) - ddof))
+
+
+def _weighted_pearson(x, y, w):
+  mx, my = np.sum(w * x) / np.sum(w), np.sum(w * y) / np.sum(w)
+  cxy = np.sum(w * (x - mx) * (y - my))
+  return cxy / np.sqrt(np.sum(w * (x - mx) ** 2) * np.sum(w * (y - my) ** 2))
+
+
+def _perplexity(batches, ignore_index=None):
+  logits = real(batches, "preds").astype(np.float64)
+  logits = logits.reshape(-1, logits.shape[-1])
+  target = real(batches, "target").reshape(-1)
+  keep = np.ones(target.shape, bool) if ignore_index is None else target != ignore_index
+  logits, target = logits[keep], target[keep].astype(np.int64)
+  log_probs = logits - scipy.special.logsumexp(logits, axis=-1, keepdims=True)
+  return np.exp(-np.mean(np.take_along_axis(log_probs, target[:, None], -1)))
+
+
+def _top_k_accuracy(batches, k):
+  scores, target = real(batches, "preds"), real(batches, "target")
+  order = np.argsort(-scores, axis=-1, kind="stable")[:, :k]
+  hits = np.any(order == target[:, None], axis=-1).astype(np.float64)
+  return np.sum(real(batches, "weights") * hits) / np.sum(real(batches, "weights"))
+
+
+def _ignored_tokens(rng, b):
+  target = rng.integers(0, 11, size=(b, 6)).astype(np.int32)
+  return np.where(rng.random((b, 6)) < 0.2, -100, target).astype(np.int32)
+
+
+_REGRESSION = {"preds": _normal(), "target": _normal(loc=0.5)}
+_REGRESSION_3 = {"preds": _normal(3), "target": _normal(3, loc=0.5, scale=2.0)}
+
+
+def _correlated_pair(rng, batch_size, weighted=False):
+  x = rng.standard_normal(batch_size)
+  fields = {"preds": (3.0 + x).astype(np.float32),
+            "target": (-1.0 + 0.6 * x + 0.8 * rng.standard_normal(batch_size)).astype(np.float32)}
+  if weighted:
+    fields["weights"] = _positive()(rng, batch_size)
+  return fields
+
+
+CASES: list[MetricCase] = [
+    MetricCase("mean", lambda: pe.metrics.Mean(),
+               lambda rng: padded_batches(rng, {"values": _normal(loc=3.0)}),
+               lambda bs: np.mean(real(bs, "values"))),
+    MetricCase("mean_weighted_tokens", lambda: pe.metrics.Mean("loss"),
+               lambda rng: padded_batches(rng, {"loss": _normal(5), "weights": _positive(5)},
+                                          token_axis=5),
+               lambda bs: _weighted_mean(real(bs, "loss"), real(bs, "weights"))),
+    MetricCase("mean_float16", lambda: pe.metrics.Mean(),
+               lambda rng: padded_batches(rng, {"values": _normal(3, loc=3.0, dtype=np.float16)}),
+               lambda bs: np.mean(real(bs, "values"))),
+    MetricCase("accuracy", lambda: pe.metrics.Accuracy(),
+               lambda rng: padded_batches(rng, {"preds": _normal(5), "target": _ints(5)}),
+               lambda bs: sklearn.metrics.accuracy_score(
+                   real(bs, "target"), np.argmax(real(bs, "preds"), -1))),
+    MetricCase("accuracy_top3_weighted", lambda: pe.metrics.Accuracy(top_k=3),
+               lambda rng: padded_batches(
+                   rng, {"preds": _normal(7), "target": _ints(7), "weights": _positive()}),
+               lambda bs: _top_k_accuracy(bs, 3)),
+    MetricCase("mse", lambda: pe.metrics.MSE(),
+               lambda rng: padded_batches(rng, _REGRESSION_3),
+               lambda bs: sklearn.metrics.mean_squared_error(real(bs, "target"),
+                                                             real(bs, "preds"))),
+    MetricCase("mae", lambda: pe.metrics.MAE(),
+               lambda rng: padded_batches(rng, _REGRESSION),
+               lambda bs: sklearn.metrics.mean_absolute_error(real(bs, "target"),
+                                                              real(bs, "preds"))),
+    MetricCase("rmse", lambda: pe.metrics.RMSE(),
+               lambda rng: padded_batches(rng, _REGRESSION),
+               lambda bs: np.sqrt(sklearn.metrics.mean_squared_error(real(bs, "target"),
+                                                                     real(bs, "preds")))),
+    MetricCase("std", lambda: pe.metrics.Std(),
+               lambda rng: padded_batches(rng, {"values": _normal(loc=-2.0, scale=3.0)}),
+               lambda bs: np.std(real(bs, "values"))),
+    MetricCase("std_mean_1e4", lambda: pe.metrics.Std(),
+               lambda rng: padded_batches(rng, {"values": _normal(4, loc=1e4)}),
+               lambda bs: np.std(real(bs, "values")), rtol=1e-4),
+    MetricCase("std_ddof1_weighted_tokens", lambda: pe.metrics.Std(ddof=1, argname="x"),
+               lambda rng: padded_batches(rng, {"x": _normal(4, loc=7.0), "weights": _positive(4)},
+                                          token_axis=4),
+               lambda bs: _weighted_std(real(bs, "x"), real(bs, "weights"), 1)),
+    MetricCase("r2", lambda: pe.metrics.R2Score(),
+               lambda rng: padded_batches(rng, _REGRESSION),
+               lambda bs: sklearn.metrics.r2_score(real(bs, "target"), real(bs, "preds")),
+               atol=2e-5),
+    MetricCase("r2_multioutput_uniform", lambda: pe.metrics.R2Score(num_outputs=3),
+               lambda rng: padded_batches(rng, _REGRESSION_3),
+               lambda bs: sklearn.metrics.r2_score(real(bs, "target"), real(bs, "preds")),
+               atol=2e-5),
+    MetricCase("r2_raw_weighted", lambda: pe.metrics.R2Score(num_outputs=3,
+                                                             multioutput="raw_values"),
+               lambda rng: padded_batches(rng, {**_REGRESSION_3, "weights": _positive()}),
+               lambda bs: sklearn.metrics.r2_score(
+                   real(bs, "target"), real(bs, "preds"), sample_weight=real(bs, "weights"),
+                   multioutput="raw_values"), atol=2e-5),
+    MetricCase("r2_variance_weighted", lambda: pe.metrics.R2Score(
+        num_outputs=3, multioutput="variance_weighted"),
+               lambda rng: padded_batches(rng, _REGRESSION_3),
+               lambda bs: sklearn.metrics.r2_score(real(bs, "target"), real(bs, "preds"),
+                                                   multioutput="variance_weighted"), atol=2e-5),
+    MetricCase("pearson", lambda: pe.metrics.PearsonCorrelation(),
+               lambda rng: padded_batches(rng, _correlated_pair),
+               lambda bs: scipy.stats.pearsonr(real(bs, "preds"), real(bs, "target"))[0]),
+    MetricCase("pearson_weighted", lambda: pe.metrics.PearsonCorrelation(),
+               lambda rng: padded_batches(
+                   rng, lambda r, b: _correlated_pair(r, b, weighted=True)),
+               lambda bs: _weighted_pearson(real(bs, "preds"), real(bs, "target"),
+                                            real(bs, "weights"))),
+    MetricCase("pearson_two_outputs", lambda: pe.metrics.PearsonCorrelation(num_outputs=2),
+               lambda rng: padded_batches(rng, {"preds": _normal(2), "target": _normal(2)}),
+               lambda bs: np.array([scipy.stats.pearsonr(real(bs, "preds")[:, j],
+                                                         real(bs, "target")[:, j])[0]
+                                    for j in range(2)]), atol=2e-5),
+    MetricCase("perplexity_tokens", lambda: pe.metrics.Perplexity(),
+               lambda rng: padded_batches(rng, {"preds": _normal(6, 11, scale=2.0),
+                                                "target": _ints(11, 6)}, token_axis=6),
+               _perplexity),
+    MetricCase("perplexity_ignore_index_row_mask", lambda: pe.metrics.Perplexity(ignore_index=-100),
+               lambda rng: padded_batches(rng, {"preds": _normal(6, 11, scale=2.0),
+                                                "target": _ignored_tokens}),
+               lambda bs: _perplexity(bs, ignore_index=-100)),
+]

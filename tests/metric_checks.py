@@ -1,0 +1,200 @@
+"""Generic checks of the Metric protocol, run on every row of ``tests/metric_cases.py``.
+
+Each ``check_*(case)`` asserts one promise of DESIGN.md ("Metrics", "Exactness")
+against the case's float64 reference; :func:`check_all` runs them all. Other test
+files import these to check their own cases::
+
+  from metric_checks import CHECKS, check_all  # tests/ is on sys.path under pytest
+
+The tests run with 8 virtual CPU devices (``tests/conftest.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from metric_cases import MetricCase, poison
+
+AXIS = "devices"
+
+
+def _value(metric) -> np.ndarray:
+  return np.asarray(jax.device_get(metric.compute()), np.float64)
+
+
+def assert_matches_reference(case: MetricCase, metric, batches, how: str) -> None:
+  np.testing.assert_allclose(_value(metric), case.reference(batches), rtol=case.rtol,
+                             atol=case.atol, equal_nan=True, err_msg=f"{case.name}: {how}")
+
+
+def _eager(case, batches):
+  metric = case.make()
+  for batch in batches:
+    metric = metric.update(**batch)
+  return metric
+
+
+def _device_count() -> int:
+  return jax.local_device_count()
+
+
+def _shard(batch, n):
+  return jax.tree.map(lambda x: np.reshape(x, (n, x.shape[0] // n) + x.shape[1:]), batch)
+
+
+def _first_copy(tree):
+  return jax.tree.map(lambda x: x[0], tree)
+
+
+def check_eager(case: MetricCase) -> None:
+  """Sequential eager updates match the reference."""
+  batches = case.batches()
+  assert_matches_reference(case, _eager(case, batches), batches, "eager updates")
+
+
+def check_padding_changes_nothing(case: MetricCase) -> None:
+  """Fresh garbage in padded elements, and an extra all-padding batch, change no bit."""
+  batches = case.batches()
+  rng = np.random.default_rng(1)
+  repoisoned = [poison(b, rng) for b in batches]
+  all_padding = poison({**batches[0], "mask": np.zeros_like(batches[0]["mask"])}, rng)
+  expected = _value(_eager(case, batches))
+  np.testing.assert_array_equal(_value(_eager(case, repoisoned)), expected)
+  np.testing.assert_array_equal(_value(_eager(case, repoisoned + [all_padding])), expected)
+
+
+def check_split_and_merge(case: MetricCase) -> None:
+  """One update on everything == per-batch metrics merged (both orders) == reference."""
+  batches = case.batches()
+  whole = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+  assert_matches_reference(case, case.make().update(**whole), batches, "one whole batch")
+  parts = [case.make().batch_updates(**b) for b in batches]
+  forward = functools.reduce(lambda a, b: a.merge(b), parts)
+  backward = functools.reduce(lambda a, b: a.merge(b), parts[::-1])
+  assert_matches_reference(case, forward, batches, "merged batch_updates")
+  assert_matches_reference(case, backward, batches, "merged in reverse")
+  if np.ndim(batches[0]["mask"]) == 1:  # rows can be dropped: unpadded, unmasked
+    unpadded = {k: v[whole["mask"]] for k, v in whole.items() if k != "mask"}
+    assert_matches_reference(case, case.make().update(**unpadded), batches, "no padding")
+
+
+def check_merge_laws(case: MetricCase) -> None:
+  """merge is commutative (bitwise) and associative (to rounding)."""
+  a, b, c = (case.make().batch_updates(**batch) for batch in case.batches()[:3])
+  np.testing.assert_array_equal(_value(a.merge(b)), _value(b.merge(a)))
+  np.testing.assert_allclose(_value(a.merge(b).merge(c)), _value(a.merge(b.merge(c))),
+                             rtol=1e-6, atol=1e-7, equal_nan=True)
+  empty = case.make()
+  np.testing.assert_allclose(_value(a.merge(empty)), _value(a), rtol=1e-6, atol=1e-7,
+                             equal_nan=True)
+
+
+def check_jit_traces_once(case: MetricCase) -> None:
+  """A jitted update traces once for all batches and matches the reference."""
+  batches = case.batches()
+  traces = []
+
+  @jax.jit
+  def step(metric, batch):
+    traces.append(1)
+    return metric.update(**batch)
+
+  metric = case.make()
+  for batch in batches:
+    metric = step(metric, batch)
+  assert len(traces) == 1, f"{case.name}: the jitted update traced {len(traces)} times"
+  assert_matches_reference(case, metric, batches, "jit")
+
+
+def check_scan(case: MetricCase) -> None:
+  """``lax.scan`` carrying an empty metric matches the reference."""
+  batches = case.batches()
+  stacked = jax.tree.map(lambda *xs: np.stack(xs), *batches)
+  scan = jax.jit(lambda m, bs: jax.lax.scan(lambda c, b: (c.update(**b), None), m, bs)[0])
+  assert_matches_reference(case, scan(case.make(), stacked), batches, "lax.scan")
+
+
+def check_pmap_reduce(case: MetricCase) -> None:
+  """pmap + ``reduce`` gives every device the total; merged over steps == reference."""
+  batches, n = case.batches(), _device_count()
+  step = jax.pmap(lambda b: case.make().batch_updates(**b).reduce(AXIS), axis_name=AXIS)
+  metric = case.make()
+  for batch in batches:
+    per_device = step(_shard(batch, n))
+    for leaf in jax.tree.leaves(per_device):
+      np.testing.assert_array_equal(np.asarray(leaf), np.broadcast_to(leaf[0], leaf.shape))
+    metric = metric.merge(_first_copy(per_device))
+  assert_matches_reference(case, metric, batches, "pmap reduce")
+
+
+def check_pmap_gather_aggregate(case: MetricCase) -> None:
+  """``all_gather(...).aggregate()`` in pmap, and ``aggregate()`` of pmap's output copies."""
+  batches, n = case.batches(), _device_count()
+  gathered = jax.pmap(lambda b: jax.lax.all_gather(case.make().batch_updates(**b), AXIS)
+                      .aggregate(), axis_name=AXIS)
+  copies = jax.pmap(lambda b: case.make().batch_updates(**b), axis_name=AXIS)
+  via_gather, via_copies = case.make(), case.make()
+  for batch in batches:
+    sharded = _shard(batch, n)
+    via_gather = via_gather.merge(_first_copy(gathered(sharded)))
+    via_copies = via_copies.merge(copies(sharded).aggregate())
+  assert_matches_reference(case, via_gather, batches, "pmap all_gather aggregate")
+  assert_matches_reference(case, via_copies, batches, "aggregate of pmap output")
+
+
+def check_shard_map(case: MetricCase) -> None:
+  """``jax.shard_map`` over a 1-D mesh with ``reduce`` inside matches the reference."""
+  batches = case.batches()
+  mesh = jax.make_mesh((_device_count(),), (AXIS,))
+  step = jax.jit(jax.shard_map(lambda m, b: m.merge(case.make().batch_updates(**b).reduce(AXIS)),
+                               mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec(AXIS)),
+                               out_specs=PartitionSpec()))
+  metric = jax.device_put(case.make(), NamedSharding(mesh, PartitionSpec()))
+  for batch in batches:
+    metric = step(metric, jax.device_put(batch, NamedSharding(mesh, PartitionSpec(AXIS))))
+  assert_matches_reference(case, metric, batches, "shard_map reduce")
+
+
+def check_empty_state(case: MetricCase) -> None:
+  """``empty()``/``reset()`` have the updated state's structure, shapes and dtypes; NaN in jit."""
+  batch = case.batches()[0]
+  updated = case.make().update(**batch)
+  for empty in (case.make(), updated.reset(), updated.empty()):
+    assert jax.tree.structure(empty) == jax.tree.structure(updated)
+    for got, want in zip(jax.tree.leaves(empty), jax.tree.leaves(updated)):
+      assert (jnp.shape(got), jnp.result_type(got)) == (jnp.shape(want), jnp.result_type(want))
+  assert np.all(np.isnan(np.asarray(jax.jit(lambda m: m.compute())(case.make()))))
+  all_padding = {**batch, "mask": np.zeros_like(batch["mask"])}
+  seen_nothing = jax.jit(lambda m, b: m.update(**b).compute())(case.make(), all_padding)
+  assert np.all(np.isnan(np.asarray(seen_nothing)))
+
+
+def check_bad_mask(case: MetricCase) -> None:
+  """A mask of the wrong shape or dtype raises ValueError naming ``mask``."""
+  batch = case.batches()[0]
+  mask = np.asarray(batch["mask"])
+  bad_masks = [mask.astype(np.float32), mask.astype(np.int32),
+               np.ones((mask.shape[0] + 1,) + mask.shape[1:], bool),
+               np.ones(mask.shape + (99, 2), bool)]
+  for bad in bad_masks:
+    with pytest.raises(ValueError, match="mask"):
+      case.make().update(**{**batch, "mask": bad})
+    with pytest.raises(ValueError, match="mask"):
+      jax.jit(lambda m, b: m.update(**b))(case.make(), {**batch, "mask": bad})
+
+
+CHECKS = [check_eager, check_padding_changes_nothing, check_split_and_merge, check_merge_laws,
+          check_jit_traces_once, check_scan, check_pmap_reduce, check_pmap_gather_aggregate,
+          check_shard_map, check_empty_state, check_bad_mask]
+
+
+def check_all(case: MetricCase) -> None:
+  """Runs every generic check on ``case``."""
+  for check in CHECKS:
+    check(case)
