@@ -88,7 +88,14 @@ def pad_batches(
 
 
 class PaddedBatches(cabc.Iterable):
-    """The iterable returned by `pad_batches`; each ``iter()`` re-reads the source."""
+    """The iterable returned by `pad_batches`; each ``iter()`` re-reads the source.
+
+    Attributes:
+      batch_size: rows per batch.
+      mask_key: top-level key of the bool ``[batch_size]`` mask.
+      pad_value: the scalar or per-key dict padded rows hold.
+      num_batches: the fixed number of batches, or None.
+    """
 
     def __init__(self, source, batch_size, mask_key, pad_value, num_batches, batched):
         self.batch_size = batch_size
