@@ -1,0 +1,33 @@
+"""Every ```python block of HOWTO.md runs, in order, in one namespace (later blocks build on earlier ones).
+
+The blocks check themselves against numpy / scikit-learn float64 references with asserts.
+"""
+import pathlib
+import re
+
+HOWTO = pathlib.Path(__file__).resolve().parent.parent / "HOWTO.md"
+BLOCK = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
+
+
+def python_blocks(text):
+  """``[(line number, code)]`` of the fenced python blocks of a Markdown text."""
+  return [(text.count("\n", 0, match.start()) + 1, match.group(1)) for match in BLOCK.finditer(text)]
+
+
+def test_howto_has_the_promised_sections():
+  text = HOWTO.read_text()
+  for topic in ("mnist", "imagenet", "lm1b", "wmt", "seq2seq", "nlp_seq", "sst2", "vae", "pixelcnn",
+                "graph", "ppo", "MultiMetric", "Multi-host", "shard_map"):
+    assert topic in text, topic
+  assert len(python_blocks(text)) >= 10
+
+
+def test_every_python_block_runs(capsys):
+  text = HOWTO.read_text()
+  namespace = {"__name__": "howto"}
+  for line, code in python_blocks(text):
+    try:
+      exec(compile(code, f"HOWTO.md:{line}", "exec"), namespace)
+    except Exception as error:
+      raise AssertionError(f"the ```python block at HOWTO.md line {line} failed: "
+                           f"{type(error).__name__}: {error}") from error
