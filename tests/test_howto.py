@@ -31,3 +31,26 @@ def test_every_python_block_runs(capsys):
     except Exception as error:
       raise AssertionError(f"the ```python block at HOWTO.md line {line} failed: "
                            f"{type(error).__name__}: {error}") from error
+
+
+README = HOWTO.parent / "README.md"
+CI_RUN = HOWTO.parent / ".ci" / "run"
+
+
+def test_readme_python_blocks_run():
+  namespace = {"__name__": "readme"}
+  for line, code in python_blocks(README.read_text()):
+    exec(compile(code, f"README.md:{line}", "exec"), namespace)
+
+
+def test_readme_quick_start_is_two_commands_agreeing_with_ci():
+  bash_blocks = re.findall(r"^```bash\n(.*?)^```$", README.read_text(), re.DOTALL | re.MULTILINE)
+  assert len(bash_blocks) == 2, bash_blocks
+  demo, tests = (block.strip() for block in bash_blocks)
+  assert "\n" not in demo and "\n" not in tests
+  assert demo.endswith("-m padded_eval demo") and "'.[tf,demo]'" in demo
+  assert tests.endswith("-m pytest")
+  ci = CI_RUN.read_text()
+  extras = re.search(r"pip install (?:--quiet )*-e (\S+)", ci).group(1)
+  assert f"pip install -e {extras}" in tests, (extras, tests)
+  assert '-m pytest' in ci
