@@ -123,15 +123,17 @@ class LossAverage(Metric):
   """
 
   loss: Loss = None
+  total: ExactSum = state(_zero_sum)
+  weight: ExactSum = state(_zero_sum)
+
+  def __post_init__(self):
+    if self.name is None and isinstance(self.loss, Loss):
+      object.__setattr__(self, "name", self.loss.name)  # named after its loss
+    super().__post_init__()
 
   def _check_config(self):
     if not isinstance(self.loss, Loss):
       raise ValueError(f"loss must be a padded_eval.losses.Loss; got {self.loss!r}")
-    if self.name == "lossaverage":
-      object.__setattr__(self, "name", self.loss.name)
-
-  total: ExactSum = state(_zero_sum)
-  weight: ExactSum = state(_zero_sum)
 
   def _batch_state(self, **kwargs):
     total, weight = self.loss.batch_terms(**kwargs)
@@ -290,7 +292,7 @@ class LossesAndMetrics(Metric):
   ``"crossentropy2"``), so no value is dropped. Without losses ``"loss"`` is 0.0, as in
   jax_metrics.
 
-  Args:
+  Args (keyword-only; jax_metrics' positional order was ``losses, metrics``):
     metrics: a :class:`Metrics`, or a structure to build one from (or None).
     losses: a :class:`Losses`, or a structure to build one from (or None).
     name: default ``"lossesandmetrics"``.
@@ -302,7 +304,7 @@ class LossesAndMetrics(Metric):
   losses: Losses | None = state(_empty_or_none("losses"))
   metrics: Metrics | None = state(_empty_or_none("metrics"))
 
-  def __init__(self, metrics=None, losses=None, *, name: str | None = None):
+  def __init__(self, *, metrics=None, losses=None, name: str | None = None):
     if metrics is None and losses is None:
       raise ValueError("LossesAndMetrics needs metrics=..., losses=... or both; got neither")
     if losses is not None and not isinstance(losses, Losses):
