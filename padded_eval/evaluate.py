@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from padded_eval import distributed
 from padded_eval import sharding as sharding_lib
 from padded_eval.accumulate import ExactCount
 from padded_eval.metrics.base import Metric, check_choice
@@ -193,27 +194,17 @@ def _check_same_spec(spec: _BatchSpec, first: _BatchSpec, index: int) -> None:
                      "the same shapes (pad with pe.pad_batches), else the step recompiles.")
 
 
-# --- multi-host seam ----------------------------------------------------------------
+# --- multi-host seam: padded_eval.distributed ------------------------------------------
 
 
-def _agree_across_processes(spec: _BatchSpec) -> None:
-  """Makes all processes agree on the batch structure and on the number of steps.
-
-  With one process there is nothing to agree on and this returns at once. With
-  several, every process must run the same number of compiled steps on batches of
-  the same global structure, or the collectives inside the step hang; that
-  agreement (and padding a short host with all-padding batches) belongs here.
-
-  Raises:
-    NotImplementedError: with several processes, until the agreement is written.
-  """
-  del spec
-  if jax.process_count() == 1:
-    return
-  raise NotImplementedError(
-      f"masked_eval over {jax.process_count()} processes needs every process to run the same number "
-      "of steps; give every host the same number of batches (pe.pad_batches(..., num_batches=N)) "
-      "once multi-host agreement is implemented")
+def _multihost(first, host_batches, total, layout: _Layout, mask_key: str, steps_in_flight: int,
+               timeout: float | None) -> "distributed.Lockstep | None":
+  """With several processes: agree on batch structure and steps (see `padded_eval.distributed`)."""
+  settings = {"backend": layout.backend, "axis_name": layout.data_axis, "mask_key": mask_key,
+              "mesh": {str(k): int(v) for k, v in layout.mesh.shape.items()},
+              "steps_in_flight": steps_in_flight}
+  return distributed.lockstep(first, host_batches, total, mask_key=mask_key, settings=settings,
+                              lookahead=steps_in_flight + 1, timeout=timeout)
 
 
 # --- the compiled step ----------------------------------------------------------------
@@ -249,8 +240,13 @@ def _checked(step_fn: Callable) -> Callable:
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled_step(step_fn: Callable, layout: _Layout, mask_key: str) -> _CompiledStep:
-  """Builds (once per key) the batch-statistics and step functions of ``layout.backend``."""
+def _compiled_step(step_fn: Callable, layout: _Layout, mask_key: str, flagged: bool = False) -> _CompiledStep:
+  """Builds (once per key) the batch-statistics and step functions of ``layout.backend``.
+
+  ``flagged`` (several processes, some with unknown lengths): the step takes one more
+  argument, ``more`` int32 ``[shards]`` (this process's has-data flag on each of its
+  shards), and its token is the number of shards, over all processes, whose flag was 1.
+  """
   inner = jax.jit(_checked(step_fn))  # one trace cache shared by batch_stats and step
   axis = layout.data_axis
   reduce = layout.backend != "jit"  # under jit, step_fn's sums are already global
@@ -262,34 +258,40 @@ def _compiled_step(step_fn: Callable, layout: _Layout, mask_key: str) -> _Compil
       metric, count = metric.reduce(axis), count.reduce(axis)
     return metric, count
 
-  def masked_eval_step(params, state, batch):
+  def masked_eval_step(params, state, batch, *more):
     metric, count = reduced_stats(params, batch)
     metric_total, count_total = state
-    return (metric_total.merge(metric), count_total.merge(count)), count.lo
+    token = count.lo
+    if more:  # the has-data flag rides with the step's own reductions
+      token = jnp.sum(more[0])
+      token = jax.lax.psum(token, axis) if reduce else token
+    return (metric_total.merge(metric), count_total.merge(count)), token
 
   if layout.backend == "pmap":
     unanchored = lambda fn: lambda anchored_params, *args: fn(anchored_params[1], *args)
     batch_stats = jax.pmap(unanchored(reduced_stats), axis, in_axes=(None, 0))
-    step = jax.pmap(unanchored(masked_eval_step), axis, in_axes=(None, 0, 0), donate_argnums=1)
+    step = jax.pmap(unanchored(masked_eval_step), axis, in_axes=(None, 0, 0) + (0,) * flagged,
+                    donate_argnums=1)
   elif layout.backend == "shard_map":
     spec, split = PartitionSpec(), PartitionSpec(axis)
     batch_stats = jax.jit(jax.shard_map(reduced_stats, mesh=layout.mesh, in_specs=(spec, split),
                                         out_specs=spec))
-    step = jax.jit(jax.shard_map(masked_eval_step, mesh=layout.mesh, in_specs=(spec, spec, split),
-                                 out_specs=spec), donate_argnums=1)
+    step = jax.jit(jax.shard_map(masked_eval_step, mesh=layout.mesh,
+                                 in_specs=(spec, spec, split) + (split,) * flagged, out_specs=spec),
+                   donate_argnums=1)
   else:
     batch_stats = jax.jit(reduced_stats)
     step = jax.jit(masked_eval_step, donate_argnums=1, out_shardings=layout.replicated)
   return _CompiledStep(batch_stats, step)
 
 
-def _compiled_step_for(step_fn, layout, mask_key) -> _CompiledStep:
+def _compiled_step_for(step_fn, layout, mask_key, flagged=False) -> _CompiledStep:
   try:
-    return _compiled_step(step_fn, layout, mask_key)
+    return _compiled_step(step_fn, layout, mask_key, flagged)
   except TypeError as e:  # an unhashable step_fn: build it uncached
     if "unhashable" not in str(e):
       raise
-    return _compiled_step.__wrapped__(step_fn, layout, mask_key)
+    return _compiled_step.__wrapped__(step_fn, layout, mask_key, flagged)
 
 
 def _empty_state(compiled: _CompiledStep, params, placed_batch, layout: _Layout):
@@ -314,7 +316,7 @@ def _empty_state(compiled: _CompiledStep, params, placed_batch, layout: _Layout)
 def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cabc.Iterable, *,
                 backend: str = "pmap", axis_name: str = "batch", mesh: Mesh | None = None,
                 progress: bool = False, mask_key: str = "mask",
-                steps_in_flight: int | None = None) -> dict[str, Any]:
+                steps_in_flight: int | None = None, timeout: float | None = None) -> dict[str, Any]:
   """Evaluates ``step_fn`` over every real row of ``batches``, exactly, compiling once.
 
   Args:
@@ -339,6 +341,10 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
       The next batch is always copied to the devices while the current step runs.
       Default: 1 on CPU (virtual devices share the cores; a second queued step
       thrashes them), 2 on accelerators (the device never idles on dispatch).
+    timeout: several processes only: seconds to wait for the other processes (the
+      pre-flight check, or one step) before raising; default
+      ``padded_eval.distributed.DEFAULT_TIMEOUT_S`` (300). Must exceed the slowest
+      process's compilation and per-batch loading time.
 
   Returns:
     ``metric.compute_logs()`` with scalars as Python floats and arrays as numpy
@@ -348,7 +354,16 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
     ValueError: an unknown backend; a mesh with ``"pmap"``; no batches; a batch
       without ``mask_key`` or with a batch size not divisible by the devices (or
       the mesh's first axis); a batch whose shapes differ from the first; a
-      ``step_fn`` that does not return a Metric.
+      ``step_fn`` that does not return a Metric; with several processes, batches or
+      settings that differ between processes (on every process, naming the one
+      that differs).
+    TimeoutError: several processes: another process did not arrive, or a step did
+      not finish, within ``timeout`` seconds.
+    RuntimeError: several processes: a step failed, e.g. because another process died.
+
+  Several processes (``jax.distributed``): each passes its own batches, of any
+  number, known or not; every process runs the same steps and gets the same, global
+  result (see `padded_eval.distributed`).
 
   Example:
     >>> import jax, numpy as np, padded_eval as pe
@@ -365,12 +380,17 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
   total = _length(batches)
   host_batches = iter(batches)
   first = next(host_batches, None)
+  if timeout is not None:
+    distributed.check_timeout(timeout)
+  lockstep = _multihost(first, host_batches, total, layout, mask_key, steps_in_flight, timeout)
+  if lockstep is not None:  # every process now runs the same steps; a host without data pads
+    first, host_batches = lockstep.first, lockstep
   if first is None:
     raise ValueError("batches yielded no batch; masked_eval needs at least one (an all-padding batch "
                      "is fine: pe.pad_batches(..., num_batches=1))")
   spec = _batch_spec(first, mask_key, layout, 0)
-  _agree_across_processes(spec)
-  compiled = _compiled_step_for(step_fn, layout, mask_key)
+  flagged = lockstep is not None and lockstep.flagged
+  compiled = _compiled_step_for(step_fn, layout, mask_key, flagged)
   params = layout.place_params(params)
   placed = layout.place_batch(first)
   state = _empty_state(compiled, params, placed, layout)
@@ -381,8 +401,10 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
   in_flight: collections.deque = collections.deque()  # tokens of the steps not yet waited for
   index = 0
   while placed is not None:
-    state, token = compiled.step(params, state, placed)  # dispatch step t
-    in_flight.append(token)
+    more = (layout.place_batch(np.full(layout.mesh.local_mesh.shape[layout.data_axis],
+                                       lockstep.flag(index), np.int32)),) if flagged else ()
+    state, token = compiled.step(params, state, placed, *more)  # dispatch step t
+    in_flight.append((index, token))
     placed, index = None, index + 1
     batch = next(host_batches, None)
     if batch is not None:  # place batch t+1 while step t runs
@@ -391,11 +413,23 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
       if bar:
         bar.add(batch)
     while len(in_flight) >= steps_in_flight:  # bounded: wait on step t-1 (or t)
-      in_flight.popleft().block_until_ready()
+      _wait(lockstep, *in_flight.popleft())
+  while in_flight and lockstep is not None:
+    _wait(lockstep, *in_flight.popleft())
   metric, count = layout.state_to_host(state)
   if bar:
     bar.close()
   return _results(metric, count)
+
+
+def _wait(lockstep: "distributed.Lockstep | None", index: int, token) -> None:
+  """Waits for step ``index`` (with a deadline and the has-data count with several processes)."""
+  if lockstep is None:
+    token.block_until_ready()
+    return
+  live = lockstep.wait(index, token)
+  if lockstep.flagged:
+    lockstep.observe(index, int(np.ravel(live)[0]))
 
 
 def _steps_in_flight(steps_in_flight: int | None, layout: _Layout) -> int:

@@ -1,0 +1,342 @@
+"""Multi-host agreement for `masked_eval`: equal steps on every process, errors instead of hangs.
+
+Under JAX's multi-controller runtime (`jax.distributed`) every process runs the same compiled step, and each step
+holds collectives (`psum`) that wait for all processes. A process that runs one step fewer, feeds a batch of another
+shape, dies, or never arrives leaves the others waiting in that collective forever. `masked_eval` calls this module
+so that none of this can happen:
+
+1. **Pre-flight.** Before any collective, every process publishes, in the coordination service's key-value store,
+   the structure, shapes and dtypes of its first batch, its number of batches when known, and the call's settings
+   (backend, mask key, ...). All processes read all of them (waiting at most `timeout` seconds) and check that they
+   agree; a difference raises the same `ValueError`, naming the process and the leaf, on every process. A process
+   without any batch learns the batch structure here and feeds all-padding batches.
+2. **Known lengths** (every process's batches have a ``len()``): every process runs ``max(len)`` steps, padding with
+   all-padding batches (mask all False). No per-step cost.
+3. **Unknown lengths** (a generator, a filtered ``tf.data`` pipeline): each step also reduces a per-process flag,
+   "I hold a real batch `lookahead` steps after this one", with the step's own collectives. The count of such
+   processes is read back with the step's result (which `masked_eval` waits for anyway, one step late), and the
+   first step whose count is 0 fixes the end for everyone. Processes out of data feed all-padding batches until
+   then. No extra synchronisation per step; with the lookahead the last step is the last real one.
+4. **Deadlines.** Waiting on a step's result polls ``is_ready()`` with a deadline instead of blocking, so a step
+   stuck in a collective because a peer hangs raises `TimeoutError` after `timeout` seconds; a collective broken
+   because a peer died (gloo reports the closed connection at once) raises `RuntimeError` naming the step.
+
+What `jax.distributed` itself does when a peer dies (measured with jax 0.10.2, CPU/gloo): the coordination service
+notices a missing process only after ``heartbeat_timeout_seconds`` (default 100 s) and then aborts every remaining
+process ("Terminating process because the JAX distributed service detected fatal errors"). Until then a survivor can
+run, but cannot shut down cleanly: `jax.distributed.shutdown` (also run at interpreter exit) waits for the dead peer
+and aborts after that heartbeat timeout. After the errors raised here, report and exit (e.g. ``os._exit(1)``), or
+pass a smaller ``heartbeat_timeout_seconds`` to `jax.distributed.initialize`. Also note that the preemption service
+(on by default) catches SIGTERM: stop stuck processes with SIGKILL, or set ``jax_enable_preemption_service=False``.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import time
+from typing import Any, Iterator
+
+import jax
+import numpy as np
+
+__all__ = ["DEFAULT_TIMEOUT_S", "Lockstep", "lockstep", "process_slice"]
+
+DEFAULT_TIMEOUT_S = 300.0
+"""Seconds a process waits for the others (pre-flight, or one step) when `masked_eval` gets ``timeout=None``."""
+
+_KEY_PREFIX = "padded_eval/masked_eval"
+_call_numbers = itertools.count()  # every process calls masked_eval in the same order: equal numbers match
+_POLL_FIRST_S, _POLL_MAX_S = 2e-5, 2e-3
+
+
+def process_slice(num_examples: int, *, process_index: int | None = None,
+                  process_count: int | None = None) -> slice:
+  """The rows of a dataset of `num_examples` that this process evaluates (even, contiguous shares).
+
+  The split matches ``tfds.split_for_jax_process`` (``tfds.even_splits``): the first ``num_examples % count``
+  processes get one row more. With `pad_batches` and `masked_eval`, the union of all shares is evaluated exactly
+  once, whatever the remainder.
+
+  Args:
+    num_examples: rows in the whole dataset (>= 0).
+    process_index: this process; default ``jax.process_index()``.
+    process_count: number of processes; default ``jax.process_count()``.
+
+  Returns:
+    A ``slice`` of the rows, e.g. ``data["x"][process_slice(len(data["x"]))]``.
+
+  Raises:
+    ValueError: a negative `num_examples`, or `process_index` outside ``[0, process_count)``.
+
+  Example:
+    >>> [process_slice(5, process_index=i, process_count=2) for i in range(2)]
+    [slice(0, 3, None), slice(3, 5, None)]
+  """
+  if process_index is None:
+    process_index = jax.process_index()
+  if process_count is None:
+    process_count = jax.process_count()
+  if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)) or num_examples < 0:
+    raise ValueError(f"num_examples must be an int >= 0; got {num_examples!r}")
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index must be in [0, {process_count}); got {process_index}")
+  share, extra = divmod(int(num_examples), process_count)
+  start = process_index * share + min(process_index, extra)
+  return slice(start, start + share + (process_index < extra))
+
+
+# --- batch structure as plain data (exchanged between processes) -------------------------
+
+
+def describe(batch: Any) -> list[list]:
+  """``[[path, shape, dtype], ...]`` of a dict batch's leaves, JSON-ready (paths are lists of keys)."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(batch)
+  return [[[_key_name(k) for k in path], list(np.shape(leaf)), _dtype_str(leaf)] for path, leaf in flat]
+
+
+def _key_name(key) -> str:
+  if isinstance(key, jax.tree_util.DictKey):
+    return str(key.key)
+  return jax.tree_util.keystr((key,))
+
+
+def _dtype_str(leaf) -> str:
+  dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+  return np.dtype(dtype).str
+
+
+def padding_batch(description: list[list], mask_key: str) -> dict:
+  """An all-padding batch (zeros, mask all False) with the described structure, shapes and dtypes."""
+  batch: dict = {}
+  for path, shape, dtype in description:
+    node = batch
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = np.zeros(shape, np.dtype(dtype))
+  batch[mask_key] = np.zeros_like(batch[mask_key], dtype=bool)
+  return batch
+
+
+def _difference(description: list[list], reference: list[list]) -> str:
+  """The first difference between two batch descriptions, in words."""
+  by_path = {"/".join(path): (tuple(shape), dtype) for path, shape, dtype in description}
+  ref_by_path = {"/".join(path): (tuple(shape), dtype) for path, shape, dtype in reference}
+  missing = sorted(set(ref_by_path) - set(by_path))
+  extra = sorted(set(by_path) - set(ref_by_path))
+  if missing or extra:
+    return f"keys differ: missing {missing}, unexpected {extra}"
+  for path, (shape, dtype) in by_path.items():
+    ref_shape, ref_dtype = ref_by_path[path]
+    if (shape, dtype) != (ref_shape, ref_dtype):
+      return (f"leaf {path!r} has shape {shape} dtype {np.dtype(dtype).name}, expected shape {ref_shape} "
+              f"dtype {np.dtype(ref_dtype).name}")
+  return "leaf order differs"
+
+
+# --- the coordination service ---------------------------------------------------------------
+
+
+def _client():
+  from jax._src import distributed as jax_distributed  # the coordination-service client (no public handle)
+
+  client = jax_distributed.global_state.client
+  if client is None:
+    raise RuntimeError(f"masked_eval runs on {jax.process_count()} processes but jax.distributed is not "
+                       "initialized; call jax.distributed.initialize() first")
+  return client
+
+
+def exchange(payload: dict, name: str, timeout: float) -> list[dict]:
+  """All-gathers a small JSON payload over the key-value store: ``result[p]`` is process ``p``'s payload.
+
+  Raises:
+    TimeoutError: some process did not publish within `timeout` seconds (named in the message).
+  """
+  client, me, count = _client(), jax.process_index(), jax.process_count()
+  prefix = f"{_KEY_PREFIX}/{name}"
+  client.key_value_set(f"{prefix}/{me}", json.dumps(payload))
+  deadline = time.monotonic() + timeout
+  values: dict[int, str] = {}
+  for process in range(count):
+    remaining_ms = max(int((deadline - time.monotonic()) * 1000), 1)
+    try:
+      values[process] = client.blocking_key_value_get(f"{prefix}/{process}", remaining_ms)
+    except Exception as err:  # DEADLINE_EXCEEDED (or the coordinator is gone): name who is missing
+      missing = [p for p in range(count) if p not in values and not _published(client, f"{prefix}/{p}")]
+      raise TimeoutError(
+          f"masked_eval on process {me} of {count}: process(es) {missing or [process]} did not reach the "
+          f"pre-flight check within {timeout:g} s (they died, hang, or do not call masked_eval; "
+          f"coordination service: {_first_line(err)})") from None
+  return [json.loads(values[p]) for p in range(count)]
+
+
+def _published(client, key: str) -> bool:
+  try:
+    client.key_value_try_get(key)
+    return True
+  except Exception:  # NOT_FOUND, or the service is unreachable
+    return False
+
+
+def _first_line(err: BaseException) -> str:
+  return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+
+
+# --- lockstep iteration ---------------------------------------------------------------------
+
+
+def lockstep(first: Any, rest: Iterator, length: int | None, *, mask_key: str, settings: dict,
+             lookahead: int, timeout: float | None) -> "Lockstep | None":
+  """Agrees with the other processes on batch structure and step count; None with one process.
+
+  Args:
+    first: this process's first batch, or None if it has none.
+    rest: an iterator over its other batches.
+    length: its number of batches if known (``len(batches)``), else None.
+    mask_key: the batch key of the mask.
+    settings: JSON-able call settings that must be equal on every process (backend, ...).
+    lookahead: steps between dispatching a step and the decision to dispatch the next one (steps in flight
+      + 1); the run-time flag of a step says whether this process holds a real batch that many steps later.
+    timeout: seconds to wait for the other processes; default `DEFAULT_TIMEOUT_S`.
+
+  Returns:
+    None with one process. Else a `Lockstep`: ``.first`` is the batch of step 0 (an all-padding one on a process
+    without data) and iterating yields the batches of steps 1, 2, ... until the agreed end.
+
+  Raises:
+    ValueError: the processes' batches or settings differ (the same message on every process), or no process
+      has any batch.
+    TimeoutError: a process did not arrive within `timeout` seconds.
+  """
+  if jax.process_count() == 1:
+    return None
+  timeout = DEFAULT_TIMEOUT_S if timeout is None else check_timeout(timeout)
+  mine = {"batch": None if first is None else describe(first), "length": length, "settings": settings}
+  everyone = exchange(mine, f"{next(_call_numbers)}/preflight", timeout)
+  description = _agreed(everyone, mask_key)
+  lengths = [p["length"] if p["batch"] is not None else 0 for p in everyone]
+  num_steps = None if None in lengths else max(lengths)
+  return Lockstep(first, rest, description, mask_key, num_steps, lookahead, timeout)
+
+
+def check_timeout(timeout) -> float:
+  """Returns `timeout` as a float; ValueError unless a positive number of seconds."""
+  if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+    raise ValueError(f"timeout must be a positive number of seconds (or None for "
+                     f"padded_eval.distributed.DEFAULT_TIMEOUT_S={DEFAULT_TIMEOUT_S:g}); got {timeout!r}")
+  return float(timeout)
+
+
+def _agreed(everyone: list[dict], mask_key: str) -> list[list]:
+  """The common batch description; ValueError (the same on every process) on any disagreement."""
+  settings = everyone[0]["settings"]
+  for process, payload in enumerate(everyone):
+    for name, value in payload["settings"].items():
+      if value != settings.get(name):
+        raise ValueError(f"masked_eval got {name}={value!r} on process {process} but {name}="
+                         f"{settings.get(name)!r} on process 0; every process must pass the same")
+  with_data = [p for p, payload in enumerate(everyone) if payload["batch"] is not None]
+  if not with_data:
+    raise ValueError(f"batches yielded no batch on any of the {len(everyone)} processes; masked_eval needs "
+                     "at least one (an all-padding batch is fine: pe.pad_batches(..., num_batches=1))")
+  reference_process = with_data[0]
+  reference = everyone[reference_process]["batch"]
+  for process in with_data[1:]:
+    if everyone[process]["batch"] != reference:
+      raise ValueError(
+          f"masked_eval: the batches of process {process} differ from those of process {reference_process}: "
+          f"{_difference(everyone[process]['batch'], reference)}. Every process must feed batches of the same "
+          f"structure, shapes and dtypes (the same batch_size and features in pe.pad_batches)")
+  if not any(path == [mask_key] for path, _, _ in reference):
+    raise ValueError(f"the batches have no mask key {mask_key!r}; pad them with pe.pad_batches")
+  return reference
+
+
+class Lockstep:
+  """This process's batches, cut or padded so that every process runs the same steps.
+
+  Iterating yields the batches of steps 1, 2, ... (step 0's is `first`). With known lengths it stops after the
+  agreed number of steps. Otherwise (`flagged`), the step of index ``t`` must also reduce ``flag(t)``, and
+  `masked_eval` passes that reduced count to `observe`: the first step whose count is 0 fixes the end.
+
+  Attributes:
+    first: the batch of step 0.
+    flagged: whether the steps must carry the has-data flag (some process's length is unknown).
+    timeout: seconds any wait on the other processes may take.
+  """
+
+  def __init__(self, first, rest, description, mask_key, num_steps, lookahead, timeout):
+    self._padding = padding_batch(description, mask_key)
+    self._source = iter(()) if first is None else itertools.chain([first], rest)
+    self._buffer: collections.deque = collections.deque()  # real batches read ahead, not yet yielded
+    self._exhausted = False
+    self._num_steps = num_steps  # the agreed end, once known
+    self._lookahead = lookahead
+    self._yielded = 0
+    self.flagged = num_steps is None
+    self.timeout = timeout
+    self.first = next(self)
+
+  def __iter__(self) -> "Lockstep":
+    return self
+
+  def __next__(self) -> Any:
+    if self._num_steps is not None and self._yielded >= self._num_steps:
+      self._check_drained()
+      raise StopIteration
+    self._yielded += 1
+    self._read_until(1)
+    return self._buffer.popleft() if self._buffer else self._padding
+
+  def _read_until(self, count: int) -> None:
+    while len(self._buffer) < count and not self._exhausted:
+      batch = next(self._source, None)
+      if batch is None:
+        self._exhausted = True
+      else:
+        self._buffer.append(batch)
+
+  def _check_drained(self) -> None:
+    if self._buffer or next(self._source, None) is not None:
+      raise ValueError(f"process {jax.process_index()}: batches yielded more batches than their len() "
+                       f"said; they were cut at {self._num_steps} steps")
+
+  def flag(self, step: int) -> int:
+    """1 if this process holds a real batch for step ``step + lookahead``, else 0 (step = the one dispatched)."""
+    ahead = step + self._lookahead - (self._yielded - 1)  # batches after the last one yielded
+    self._read_until(ahead)
+    return int(len(self._buffer) >= ahead)
+
+  def observe(self, step: int, live: int) -> None:
+    """Records the reduced flag of step ``step``: 0 means no process has a batch from ``step + lookahead``."""
+    if self.flagged and live == 0 and self._num_steps is None:
+      self._num_steps = step + self._lookahead
+
+  def wait(self, step: int, result: Any) -> Any:
+    """Waits for a step's result with a deadline; returns it as numpy.
+
+    Raises:
+      TimeoutError: not ready after `timeout` seconds (a peer hangs, or is much slower).
+      RuntimeError: the step failed, e.g. a collective broke because a peer process died.
+    """
+    deadline = time.monotonic() + self.timeout
+    arrays = [x for x in jax.tree.leaves(result) if isinstance(x, jax.Array)]
+    pause = _POLL_FIRST_S
+    try:
+      while not all(x.is_ready() for x in arrays):
+        if time.monotonic() > deadline:
+          raise TimeoutError(
+              f"masked_eval step {step} on process {jax.process_index()} of {jax.process_count()} did not "
+              f"finish within {self.timeout:g} s: another process is stuck, died without closing its "
+              "connections, or is far slower (data loading, compilation). Raise timeout= if it is only slow")
+        time.sleep(pause)
+        pause = min(2 * pause, _POLL_MAX_S)
+      return jax.device_get(result)
+    except jax.errors.JaxRuntimeError as err:
+      raise RuntimeError(
+          f"masked_eval step {step} failed on process {jax.process_index()} of {jax.process_count()}: "
+          f"{_first_line(err)}. A collective across processes broke, most likely because another process "
+          "died. jax.distributed cannot shut down cleanly after this: exit the process (jax aborts it "
+          "after heartbeat_timeout_seconds)") from err
