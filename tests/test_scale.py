@@ -22,12 +22,12 @@ BATCH = 1 << 20
 PERIOD = 1021  # values 1 + (g mod PERIOD) / 1024 of the global element index g: exact in float32
 
 
-def _batch_values(step):
-  """Batch ``step``: ``[BATCH]`` float32 values and the mask dropping its last ``step % 3``."""
-  index = jax.lax.iota(jnp.int32, BATCH)
-  residue = (step * (BATCH % PERIOD) + index) % PERIOD  # == (step * BATCH + index) % PERIOD
+def _batch_values(step, batch=BATCH):
+  """Batch ``step``: ``[batch]`` float32 values and the mask dropping its last ``step % 3``."""
+  index = jax.lax.iota(jnp.int32, batch)
+  residue = (step * (batch % PERIOD) + index) % PERIOD  # == (step * batch + index) % PERIOD
   values = 1.0 + residue.astype(jnp.float32) * (1.0 / 1024)
-  mask = index < BATCH - step % 3
+  mask = index < batch - step % 3
   return jnp.where(mask, values, jnp.nan), mask
 
 
@@ -97,7 +97,8 @@ def _normal_batch(key, index, size):
 
 def _host_std(indices, size):
   key = jax.random.key(0)
-  values, mask = jax.jit(jax.vmap(lambda i: _normal_batch(key, i, size)))(jnp.asarray(indices))
+  values, mask = jax.jit(lambda i: jax.lax.map(lambda j: _normal_batch(key, j, size), i))(
+      jnp.asarray(indices))
   values, mask = np.asarray(values), np.asarray(mask)
   return np.std(values[mask].astype(np.float64))
 
