@@ -9,8 +9,11 @@ committed results. The anchors (flax, clu, metrax) are optional: missing ones sh
 import os
 
 # 8 virtual CPU devices, set before JAX initialises its backend.
+# Steps in flight are bounded everywhere; the longer collective timeout only keeps a heavily
+# loaded shared machine from aborting a slow (not stuck) CPU rendezvous after the default 40 s.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=8").strip()
+                           + " --xla_force_host_platform_device_count=8"
+                           + " --xla_cpu_collective_timeout_seconds=300").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 import time
 from typing import Any, Callable, Iterable
 
@@ -49,7 +48,13 @@ def naive_pmean_loop(device_value: Callable[[dict], jax.Array], batches: Iterabl
     The mean over steps of the device-averaged batch values, as a float.
   """
   step = jax.pmap(lambda b: jax.lax.pmean(device_value(b), "batch"), axis_name="batch")
-  per_step = [step(shard_rows(b))[0] for b in batches]
+  per_step, previous = [], None
+  for b in batches:
+    out = step(shard_rows(b))
+    if previous is not None:  # at most two steps in flight (see DESIGN.md, platform notes)
+      previous.block_until_ready()
+    previous = out
+    per_step.append(out[0])
   return float(jnp.mean(jnp.stack(per_step)))
 
 
@@ -66,8 +71,6 @@ def padded_eval_value(step_fn, params, batches, key: str, backend: str = "pmap")
   """``pe.masked_eval(...)[key]`` as a float, or a note while masked_eval has not landed."""
   if not has_masked_eval():
     return NOT_YET + " (masked_eval)"
-  if params is None:  # an empty params pytree trips jax.eval_shape of pmap(in_axes=(None, 0))
-    params = np.float32(0)
   logs = pe.masked_eval(step_fn, params, batches, backend=backend)
   return float(logs[key])
 
@@ -113,21 +116,29 @@ def block(tree):
 
 
 def time_call(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
-  """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs (results blocked on)."""
+  """Best (minimum) seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs.
+
+  On a shared machine other jobs only ever add time, so the minimum is the least noisy estimate.
+  """
+  return min(interleaved({"fn": fn}, repeats, warmup)["fn"])
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1) -> dict[str, list]:
+  """Seconds of each ``fn()`` (results blocked on) per round; each round runs all, order rotated.
+
+  Interleaving spreads the load of other jobs over all contenders instead of one of them.
+  """
+  names = list(fns)
   for _ in range(warmup):
-    block(fn())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    block(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
-def ratio_cell(seconds: Any, baseline: float) -> str:
-  if isinstance(seconds, str):
-    return seconds
-  return f"{seconds / baseline:.2f}x"
+    for name in names:
+      block(fns[name]())
+  times = {name: [] for name in names}
+  for r in range(rounds):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      start = time.perf_counter()
+      block(fns[name]())
+      times[name].append(time.perf_counter() - start)
+  return times
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:

@@ -9,7 +9,7 @@ excluded, except in the trace-count table, which counts compilations instead of 
 from __future__ import annotations
 
 import dataclasses
-import time
+import statistics
 from typing import Callable
 
 import jax
@@ -18,8 +18,8 @@ import numpy as np
 
 import padded_eval as pe
 from benchmarks import anchors
-from benchmarks.common import (block, describe_failure, markdown_table, metric_class, seeded,
-                               shard_rows, split_rows, time_call)
+from benchmarks.common import (block, describe_failure, interleaved, markdown_table, metric_class,
+                               seeded, shard_rows, split_rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +61,7 @@ def _data(sizes: Sizes, rows: int | None = None, seed: int = 0) -> dict:
 # --- whole-dataset evaluation, per approach ---------------------------------------------------
 
 
-def _bare_loop(params, sharded: list[dict], bounded: bool, counter=None) -> float:
+def _bare_loop(params, sharded: list[dict], bounded: bool) -> float:
   """The bare pmap loop: per-device accuracy, pmean, mean over steps (the naive baseline)."""
   outputs, previous = [], None
   for b in sharded:
@@ -97,7 +97,7 @@ def _clu_collection(clu):
   return clu.Collection.create(accuracy=clu.Accuracy)
 
 
-def _clu_loop(step, collection, params, sharded: list[dict]) -> float:
+def _clu_loop(step, params, sharded: list[dict]) -> float:
   total, previous = None, None
   for b in sharded:
     out = step(params, b)
@@ -123,48 +123,64 @@ def eval_table(sizes: Sizes, log=print) -> tuple[str, dict]:
   raw = split_rows(data, sizes.batch)
   padded = list(pe.pad_batches(data, sizes.batch))
   sharded = [shard_rows(b) for b in padded]
-  reps = sizes.repeats
-  seconds: dict[str, float | str] = {}
-  log("speed: bare pmap loops")
-  seconds["bare pmap loop, wait on step t-1"] = time_call(
-      lambda: _bare_loop(params, sharded, True), reps)
-  seconds["bare pmap loop, all steps in flight"] = time_call(
-      lambda: _bare_loop(params, sharded, False), reps)
-  baseline = min(seconds.values())
+  approaches: dict[str, Callable[[], object] | str] = {
+      "bare pmap loop, wait on step t-1": lambda: _bare_loop(params, sharded, True),
+      "bare pmap loop, all steps in flight": lambda: _bare_loop(params, sharded, False)}
   for backend in ("pmap", "shard_map", "jit"):
-    log(f"speed: masked_eval {backend}")
-    seconds[f"pe.masked_eval, backend={backend!r}"] = time_call(
-        lambda: pe.masked_eval(_accuracy_step, params, padded, backend=backend), reps)
-  seconds["pe.masked_eval pmap, pe.pad_batches inside the timing"] = time_call(
-      lambda: pe.masked_eval(_accuracy_step, params, pe.pad_batches(data, sizes.batch)), reps)
-  psu = anchors.pad_shard_unpad()
+    approaches[f"pe.masked_eval, backend={backend!r}"] = (
+        lambda backend=backend: pe.masked_eval(_accuracy_step, params, padded, backend=backend))
+  approaches["pe.masked_eval pmap, pe.pad_batches inside the timing"] = (
+      lambda: pe.masked_eval(_accuracy_step, params, pe.pad_batches(data, sizes.batch)))
+  psu, clu = anchors.pad_shard_unpad(), anchors.load("clu")
   name = "flax pad_shard_unpad(pmap(forward)) + numpy accuracy on host"
   if psu is None:
-    seconds[name] = anchors.NOT_INSTALLED
+    approaches[name] = anchors.NOT_INSTALLED
   else:
-    log("speed: pad_shard_unpad")
     forward = psu(jax.pmap(mlp, in_axes=(None, 0)), static_argnums=(0,))
-    seconds[name] = time_call(lambda: _pad_shard_unpad_loop(forward, params, raw), reps)
-  clu = anchors.load("clu")
+    approaches[name] = lambda: _pad_shard_unpad_loop(forward, params, raw)
   name = "clu Collection.gather_from_model_output in pmap, merge on host"
   if clu is None:
-    seconds[name] = anchors.NOT_INSTALLED
+    approaches[name] = anchors.NOT_INSTALLED
   else:
-    log("speed: clu gather_from_model_output")
-    collection = _clu_collection(clu)
-    step = _clu_step_for(clu, collection)
-    try:
-      seconds[name] = time_call(lambda: _clu_loop(step, collection, params, sharded), reps)
-    except Exception as error:  # noqa: BLE001 - a failing anchor is a measured outcome
-      seconds[name] = describe_failure(error)
-  rows = [[k, f"{v * 1e3:.1f} ms" if not isinstance(v, str) else v,
-           f"{v / baseline:.2f}x" if not isinstance(v, str) else v] for k, v in seconds.items()]
-  header = ["approach (same MLP, same data)", "time for the dataset", "ratio to faster bare loop"]
+    step = _clu_step_for(clu, _clu_collection(clu))
+    approaches[name] = lambda: _clu_loop(step, params, sharded)
+  seconds, ratios = _rounds(approaches, sizes.repeats, log)
+  rows = [[k] + ([f"{seconds[k] * 1e3:.1f} ms", f"{ratios[k][0]:.2f}x", f"{ratios[k][1]:.2f}x"]
+                 if k in seconds else [v] * 3) for k, v in approaches.items()]
+  header = ["approach (same MLP, same data)", "best time for the dataset",
+            "best time / best bare loop", "median over rounds of time / that round's bare loop"]
   note = (f"\n{sizes.rows} rows, batch {sizes.batch}, MLP {sizes.features}-{sizes.hidden}-"
-          f"{sizes.hidden}-{sizes.classes}, median of {reps} runs after a warm-up. Bare loops and "
-          "clu get batches already padded and sharded on the host; masked_eval gets pe.pad_batches "
-          "output (a list, except in the 'inside the timing' row).\n")
-  return markdown_table(header, rows) + "\n" + note, seconds
+          f"{sizes.hidden}-{sizes.classes}, {sizes.repeats} rounds after a warm-up round; each round "
+          "runs every approach once (order rotated); the baseline is the faster bare loop. "
+          "Bare loops and clu get batches already padded and sharded on the host; masked_eval gets "
+          "pe.pad_batches output (a list, except in the 'inside the timing' row).\n")
+  return markdown_table(header, rows) + "\n" + note, {"seconds": seconds, "ratios": ratios}
+
+
+def _rounds(approaches: dict, rounds: int, log) -> tuple[dict, dict]:
+  """Times every runnable approach in interleaved rounds.
+
+  Returns:
+    ``({approach: best seconds}, {approach: (best / best bare, median over rounds of the
+    round's time / that round's faster bare loop)})``. Approaches that raise in the warm-up
+    are replaced in ``approaches`` by the failure's description.
+  """
+  runnable = [k for k, v in approaches.items() if not isinstance(v, str)]
+  for name in runnable:  # warm-up: compiles, and records approaches that raise
+    log(f"speed: warm-up {name}")
+    try:
+      block(approaches[name]())
+    except Exception as error:  # noqa: BLE001 - a failing anchor is a measured outcome
+      approaches[name] = describe_failure(error)
+  runnable = [k for k in runnable if not isinstance(approaches[k], str)]
+  log(f"speed: {rounds} interleaved rounds")
+  times = interleaved({k: approaches[k] for k in runnable}, rounds, warmup=0)
+  bare = runnable[:2]
+  best_bare = min(min(times[k]) for k in bare)
+  per_round_bare = [min(times[k][r] for k in bare) for r in range(rounds)]
+  ratios = {k: (min(v) / best_bare, statistics.median(t / b for t, b in zip(v, per_round_bare)))
+            for k, v in times.items()}
+  return {k: min(v) for k, v in times.items()}, ratios
 
 
 # --- per-step metric update cost relative to the forward ----------------------------------------
@@ -253,31 +269,33 @@ def update_cost_table(sizes: Sizes, log=print) -> tuple[str, dict]:
   rows, measured = [], {}
   for title, (forward, params, batch, updates) in _update_cases(sizes).items():
     log(f"speed: update cost {title}")
-    fwd = jax.jit(lambda p, d, f=forward: f(p, d["x"]))
-    t_forward = time_call(lambda: fwd(params, batch), sizes.update_repeats, warmup=2)
-    row = [title, f"{t_forward * 1e3:.2f} ms"]
+    fns = {"forward": lambda f=jax.jit(lambda p, d, f=forward: f(p, d["x"])): f(params, batch)}
+    cells = {}
     for column in UPDATE_COLUMNS:
       update = updates[column]
       if update is None:
-        row.append(anchors.NOT_INSTALLED if column != "padded_eval" else "not yet in padded_eval")
-        continue
-      if isinstance(update, str):
-        row.append(update)
-        continue
-      both = jax.jit(lambda p, d, f=forward, u=update: u(f(p, d["x"]), d))
-      try:
-        t_both = time_call(lambda: both(params, batch), sizes.update_repeats, warmup=2)
-      except Exception as error:  # noqa: BLE001
-        row.append(describe_failure(error))
-        continue
-      measured[(title, column)] = (t_both - t_forward) / t_forward
-      row.append(f"{(t_both - t_forward) / t_forward * 100:+.0f}%")
-    rows.append(row)
+        cells[column] = (anchors.NOT_INSTALLED if column != "padded_eval"
+                         else "not yet in padded_eval")
+      elif isinstance(update, str):
+        cells[column] = update
+      else:
+        both = jax.jit(lambda p, d, f=forward, u=update: u(f(p, d["x"]), d))
+        try:
+          block(both(params, batch))
+          fns[column] = lambda both=both: both(params, batch)
+        except Exception as error:  # noqa: BLE001
+          cells[column] = describe_failure(error)
+    best = {k: min(v) for k, v in interleaved(fns, sizes.update_repeats, warmup=2).items()}
+    for column in fns:
+      if column != "forward":
+        measured[(title, column)] = cost = (best[column] - best["forward"]) / best["forward"]
+        cells[column] = f"{cost * 100:+.0f}%"
+    rows.append([title, f"{best['forward'] * 1e3:.2f} ms"] + [cells[c] for c in UPDATE_COLUMNS])
   header = ["metric (model)", "forward alone"] + [f"{c}: update cost" for c in UPDATE_COLUMNS]
   note = ("\nCell: (time of jit(forward + metric update) - time of jit(forward)) / time of "
-          f"jit(forward), one device, batch {sizes.batch} (LM: 4 sequences), median of "
-          f"{sizes.update_repeats} calls. Noise on this shared machine is a few percent either "
-          "way; small negative values mean 'not measurable'.\n")
+          f"jit(forward), one device, batch {sizes.batch} (LM: 4 sequences); best of "
+          f"{sizes.update_repeats} interleaved rounds. Noise on this shared machine is a few "
+          "percent either way; small negative values mean 'not measurable'.\n")
   return markdown_table(header, rows) + "\n" + note, measured
 
 
