@@ -131,9 +131,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--backend", default="pmap", choices=["pmap", "shard_map", "jit"])
   parser.add_argument("--batch-size", type=int, default=64)
+  parser.add_argument("--train-steps", type=int, default=150)
   args = parser.parse_args(argv)
 
-  graphdef, params = train(synthetic_corpus(1000, seed=0))
+  graphdef, params = train(synthetic_corpus(1000, seed=0), args.train_steps)
   corpus = synthetic_corpus(300, seed=1)  # 300 sentences: the last batch is short
   results = evaluate(graphdef, params, corpus, args.batch_size, args.backend)
   expected = reference(graphdef, params, corpus)

@@ -41,7 +41,8 @@ def use_virtual_cpu_devices(count: int) -> None:
   os.environ["XLA_FLAGS"] = " ".join(flags)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # silences TensorFlow's banner; it only reads data
+  # TensorFlow only reads the data set here; this silences its oneDNN banner.
+  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -86,8 +86,12 @@ def load_digits_splits(data_dir: str):
 
   Features are ``image`` ``[N, 64] float32`` scaled to [0, 1] and ``label`` ``[N] int32``.
   """
-  from padded_eval.datasets import load_digits_tfds
   import tensorflow as tf
+  import tensorflow_datasets as tfds
+
+  from padded_eval.datasets import load_digits_tfds
+
+  tfds.disable_progress_bar()  # the first run builds the data set; keep the output to the table
 
   def features(example):
     image = tf.cast(tf.reshape(example["image"], [-1]), tf.float32) / 16.0

@@ -1,4 +1,4 @@
-"""`python -m padded_eval demo`: the naive loop's errors are shown and masked_eval matches sklearn."""
+"""`python -m padded_eval demo`: the naive loop's errors show, masked_eval matches sklearn."""
 import json
 import os
 import subprocess
@@ -52,7 +52,8 @@ def test_naive_loops_show_the_four_failures(demo_json):
   assert crashed["error"] and "66 rows" in crashed["error"] and "reshape" in crashed["error"]
   recompiled = _row(demo_json, "(b) naive jit")
   assert recompiled["traces"] == 2 and recompiled["num_examples"] == 360
-  assert abs(recompiled["f1"] - reference["f1"]) > 1e-4  # the short last batch weighs like a full one
+  # The short last batch weighs like a full one.
+  assert abs(recompiled["f1"] - reference["f1"]) > 1e-4
 
 
 def test_table_shows_every_row(demo_json):

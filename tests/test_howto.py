@@ -1,6 +1,6 @@
-"""Every ```python block of HOWTO.md runs, in order, in one namespace (later blocks build on earlier ones).
+"""Every ```python block of HOWTO.md runs, in order, in one namespace.
 
-The blocks check themselves against numpy / scikit-learn float64 references with asserts.
+Later blocks build on earlier ones; they check themselves against numpy / scikit-learn float64.
 """
 import pathlib
 import re
@@ -11,7 +11,8 @@ BLOCK = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 
 def python_blocks(text):
   """``[(line number, code)]`` of the fenced python blocks of a Markdown text."""
-  return [(text.count("\n", 0, match.start()) + 1, match.group(1)) for match in BLOCK.finditer(text)]
+  return [(text.count("\n", 0, match.start()) + 1, match.group(1))
+          for match in BLOCK.finditer(text)]
 
 
 def test_howto_has_the_promised_sections():
