@@ -212,13 +212,17 @@ class ExactSum(Accumulator):
     largest = maximum(jnp.abs(self.value))
     finite = jnp.isfinite(largest) & (largest > 0)
     _, exponent = jnp.frexp(jnp.where(finite, largest, 1.0))
-    quantum = jnp.ldexp(jnp.float32(1.0), exponent - (24 - headroom))
-    quantum = jnp.where(finite, quantum, 1.0)
-    high = jnp.where(finite, jnp.round(self.value / quantum) * quantum, self.value)
-    low = self.value - high  # exact
+    # Work in units of 2**exponent (exact power-of-two scaling, common to all parts): the
+    # quantum is then a constant and never underflows, whatever the magnitude of the totals.
+    scale = jnp.where(finite, -exponent, 0)
+    value, error = jnp.ldexp(self.value, scale), jnp.ldexp(self.error, scale)
+    quantum = 2.0 ** -(24 - headroom)
+    high = jnp.where(finite, jnp.round(value / quantum) * quantum, value)
+    low = value - high  # exact
     high_total = total(high)
-    low_total = total(low) + total(self.error)
-    return self._make(*_renormalize(high_total, low_total))
+    low_total = total(low) + total(error)
+    high_total, low_total = _renormalize(high_total, low_total)
+    return self._make(jnp.ldexp(high_total, -scale), jnp.ldexp(low_total, -scale))
 
   def value_f32(self) -> jax.Array:
     """The total rounded to float32."""

@@ -117,3 +117,15 @@ def test_two_prod_is_error_free_under_jit():
   exact = a.astype(np.float64) * b.astype(np.float64)  # exact: 48 significant bits
   np.testing.assert_array_equal(np.asarray(product, np.float64) + np.asarray(error, np.float64),
                                 exact)
+
+
+@pytest.mark.parametrize("magnitude", [1e-30, 1e-36, 3e-38, 1e30])
+def test_sum_psum_of_tiny_values_is_not_nan(magnitude):
+  """Regression: the split quantum underflowed to 0 below ~1e-31: totals were NaN."""
+  n = jax.local_device_count()
+  parts = (magnitude * np.linspace(1.0, 2.0, n)).astype(np.float32)
+  exact = math.fsum(parts.astype(np.float64))
+  reduced = jax.pmap(lambda x: ExactSum.of(x).reduce(AXIS), axis_name=AXIS)(parts)
+  assert float(reduced.to_numpy()[0]) == pytest.approx(exact, rel=1e-6)
+  assert float(ExactSum.of(jnp.asarray(parts)).aggregate().to_numpy()) == pytest.approx(exact,
+                                                                                       rel=1e-6)
