@@ -60,7 +60,7 @@ class _Layout:
     mesh: the device mesh. For ``"pmap"``: the local devices on one axis, the
       layout ``jax.pmap`` itself uses, so placed batches are not copied again.
     data_axis: the mesh axis the rows are split over (the one reduced across).
-    num_shards: how many parts a batch is split into along its rows.
+    num_shards: how many parts this process's batch is split into along its rows.
   """
 
   backend: str
@@ -69,7 +69,8 @@ class _Layout:
 
   @property
   def num_shards(self) -> int:
-    return self.mesh.shape[self.data_axis]
+    # This process's part of the data axis: each process splits its own rows (all of it with one process).
+    return self.mesh.local_mesh.shape[self.data_axis]
 
   @property
   def replicated(self) -> NamedSharding:
@@ -401,8 +402,7 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
   in_flight: collections.deque = collections.deque()  # tokens of the steps not yet waited for
   index = 0
   while placed is not None:
-    more = (layout.place_batch(np.full(layout.mesh.local_mesh.shape[layout.data_axis],
-                                       lockstep.flag(index), np.int32)),) if flagged else ()
+    more = (layout.place_batch(np.full(layout.num_shards, lockstep.flag(index), np.int32)),) if flagged else ()
     state, token = compiled.step(params, state, placed, *more)  # dispatch step t
     in_flight.append((index, token))
     placed, index = None, index + 1

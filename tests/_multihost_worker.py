@@ -1,0 +1,176 @@
+"""One process of a multi-host test: runs masked_eval scenarios over jax.distributed on 127.0.0.1.
+
+Usage: ``python tests/_multihost_worker.py PORT NUM_PROCESSES PROCESS_ID SCENARIO[,SCENARIO...]``.
+Each process holds 2 CPU devices and uses gloo collectives. Every scenario prints one JSON line
+``{"scenario", "process", "result" | "error", "message", "elapsed"}``; the test computes the float64 / scikit-learn
+references itself from `make_data` (the union of all processes' rows) and compares.
+
+Scenarios are named ``KIND:BACKEND:SIZES`` with SIZES like ``600-437`` (rows per process):
+
+* ``known`` -- each process passes a whole-dataset Mapping (len known): agreed step count.
+* ``gen`` -- each process passes a generator of ragged chunks (len unknown): run-time has-data flag.
+* ``mixed`` -- process 0 a Mapping, the others generators.
+* ``mismatch`` -- the last process's feature has another width: ValueError expected everywhere.
+* ``absent`` -- the last process skips the call: the others' pre-flight times out.
+* ``kill`` -- the last process SIGKILLs itself in its data loop: the others raise (final scenario).
+* ``stall`` -- the last process hangs in its data loop: the others time out (final scenario).
+* ``bench`` -- prints seconds per step with and without the has-data flag (not used by tests).
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+NUM_FEATURES, NUM_CLASSES, BATCH = 3, 5, 16
+TIMEOUT_S = 60.0  # generous for loaded CI machines; failure scenarios pass their own, short ones
+
+
+def make_data(total, seed=0):
+  """The union dataset; process p holds rows [offset_p, offset_p + size_p)."""
+  rng = np.random.default_rng(seed)
+  return {"x": rng.integers(-4, 5, (total, NUM_FEATURES)).astype(np.float32),
+          "label": rng.integers(0, NUM_CLASSES, total).astype(np.int32),
+          "y": rng.normal(size=total).astype(np.float32)}
+
+
+def make_params(seed=1):
+  """Small-integer weights with class biases k/8: float32 logits are exact and never tied."""
+  rng = np.random.default_rng(seed)
+  return {"w": rng.integers(-3, 4, (NUM_FEATURES, NUM_CLASSES)).astype(np.float32),
+          "b": (np.arange(NUM_CLASSES) / 8).astype(np.float32),
+          "v": rng.normal(size=(NUM_FEATURES,)).astype(np.float32)}
+
+
+def parse(scenario):
+  kind, backend, sizes = scenario.split(":")
+  return kind, backend, [int(s) for s in sizes.split("-")]
+
+
+def local_rows(sizes, process):
+  data = make_data(sum(sizes))
+  start = sum(sizes[:process])
+  return {k: v[start:start + sizes[process]] for k, v in data.items()}
+
+
+def chunks(rows, seed, hook=None):
+  """A generator of ragged chunks (sizes 1..23) of `rows`; `hook(index)` runs before each."""
+  rng = np.random.default_rng(seed)
+  n, start, index = len(rows["x"]), 0, 0
+  while start < n:
+    if hook:
+      hook(index)
+    stop = min(n, start + int(rng.integers(1, 24)))
+    yield {k: v[start:stop] for k, v in rows.items()}
+    start, index = stop, index + 1
+
+
+def garbage_pad():
+  """Padded rows full of NaN and out-of-range labels: a leak would show."""
+  return {"x": np.nan, "label": -7, "y": np.nan}
+
+
+def step_fn(params, batch):
+  """Accuracy, macro F1 (confusion counts), MSE and Std (Chan merge) of a tiny linear model."""
+  import jax.numpy as jnp
+  import padded_eval as pe
+
+  mask = batch["mask"]
+  logits = batch["x"] @ params["w"] + params["b"]
+  preds = batch["x"] @ params["v"]
+  metrics = {"accuracy": pe.metrics.Accuracy(),
+             "f1": pe.metrics.F1Score(task="multiclass", num_classes=NUM_CLASSES, average="macro"),
+             "mse": pe.metrics.MSE(), "std": pe.metrics.Std()}
+  labels = jnp.where(mask, batch["label"], 0)
+  return pe.Metrics(metrics).replace_state(children={
+      "accuracy": metrics["accuracy"].batch_updates(preds=logits, target=labels, mask=mask),
+      "f1": metrics["f1"].batch_updates(preds=logits, target=labels, mask=mask),
+      "mse": metrics["mse"].batch_updates(preds=preds, target=batch["y"], mask=mask),
+      "std": metrics["std"].batch_updates(values=preds, mask=mask)})
+
+
+def run(scenario, process, count):
+  import padded_eval as pe
+
+  kind, backend, sizes = parse(scenario)
+  last = process == count - 1
+  rows = local_rows(sizes, process)
+  timeout = TIMEOUT_S
+  hook = None
+  if kind == "mismatch" and last:
+    rows = dict(rows, x=np.concatenate([rows["x"], rows["x"][:, :1]], axis=1))
+  if kind == "absent":
+    if last:
+      from padded_eval import distributed
+      next(distributed._call_numbers)  # keep this process's call numbers aligned with the others'
+      return {"skipped": True}
+    timeout = 2.0
+  if kind in ("kill", "stall"):
+    timeout = 5.0
+    if last:
+      def hook(index):
+        if index == 6:
+          if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+          time.sleep(3600)
+  if kind in ("known",) or (kind in ("mixed", "mismatch", "absent") and process == 0):
+    source = rows
+  else:
+    source = chunks(rows, seed=100 + process, hook=hook)
+  batches = pe.pad_batches(source, BATCH, num_devices=2, pad_value=garbage_pad())
+  return pe.masked_eval(step_fn, make_params(), batches, backend=backend, timeout=timeout)
+
+
+def bench(process, count, steps=300):
+  """Seconds per step: known lengths (no flag) vs generators (has-data flag), same data."""
+  import padded_eval as pe
+
+  rows = local_rows([steps * BATCH] * count, process)
+  times = {}
+  for _ in range(2):
+    for kind in ("known", "flagged"):
+      source = rows if kind == "known" else chunks(rows, seed=7)
+      if kind == "flagged":
+        source = ({k: v[i:i + BATCH] for k, v in rows.items()} for i in range(0, steps * BATCH, BATCH))
+      batches = pe.pad_batches(source, BATCH, num_devices=2)
+      start = time.perf_counter()
+      pe.masked_eval(step_fn, make_params(), batches, backend="pmap", timeout=TIMEOUT_S)
+      times[kind] = (time.perf_counter() - start) / steps
+  return times
+
+
+def main():
+  port, count, process, scenarios = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
+  import jax
+
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.config.update("jax_num_cpu_devices", 2)
+  jax.config.update("jax_enable_preemption_service", False)  # let SIGTERM stop a stuck worker
+  jax.distributed.initialize(f"127.0.0.1:{port}", count, process, initialization_timeout=60,
+                             heartbeat_timeout_seconds=30, shutdown_timeout_seconds=30)
+  for scenario in scenarios:
+    start = time.monotonic()
+    line = {"scenario": scenario, "process": process}
+    try:
+      if scenario == "bench":
+        line["result"] = bench(process, count)
+      else:
+        line["result"] = _jsonable(run(scenario, process, count))
+    except Exception as err:  # reported to the test, which checks the type and text
+      line.update(error=type(err).__name__, message=str(err))
+    line["elapsed"] = time.monotonic() - start
+    print(json.dumps(line), flush=True)
+    if scenario.startswith(("kill", "stall")):  # jax.distributed cannot shut down with a dead peer
+      os._exit(0)
+  jax.distributed.shutdown()
+
+
+def _jsonable(result):
+  return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in result.items()}
+
+
+if __name__ == "__main__":
+  main()
