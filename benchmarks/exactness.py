@@ -357,6 +357,23 @@ CASES = (
 )
 
 
+HOW_COLUMNS_RUN = """How each column runs (the same float32 inputs everywhere):
+- naive pmean loop: `pmap` of the per-device batch value (a mask, when the case has one, is
+  multiplied in), `lax.pmean` over devices, mean over steps: the loop from the seed issue.
+- flax nnx / clu.metrics / metrax: the library's own metric classes, updated or merged once per
+  batch (unpadded batches where padding is not the point of the case; padded batches with the
+  mask passed as `mask=` / `sample_weights=` where it is); perplexity for nnx and clu is `exp`
+  of their token-masked `Average` of the cross entropy, as their users write it.
+- padded_eval: `pe.masked_eval(step_fn, params, pe.pad_batches(...), backend="pmap")` over 8
+  devices; in the three count cases, the metric's own `batch_updates` / `merge` / `update`.
+- Cases past 2**31 and 2**24 feed every library through its real code path, cheaply: one real
+  chunk of 2**24 values whose state is merged with itself (the library's `merge`; nnx has none,
+  so it runs 129 real updates of 2**24 values, as does the naive loop), and the 2**24 + M
+  one-element updates run as M real one-element updates in a jitted `lax.scan` after a state
+  holding 2**24 zeros.
+"""
+
+
 def run(quick: bool, log=print) -> str:
   """Runs every case; returns the exactness table as Markdown."""
   sizes = QUICK if quick else FULL
@@ -366,5 +383,5 @@ def run(quick: bool, log=print) -> str:
     reference, cells = case(sizes)
     rows.append([title, f"{reference:.6g}"] + [relative_error_cell(c, reference) for c in cells])
   notes = (f"\nSizes: {dataclasses.asdict(sizes)}. Cells: relative error |x - ref| / |ref| "
-           "(value shown when above 1e-3).\n")
+           "(value shown when above 1e-3).\n\n" + HOW_COLUMNS_RUN)
   return markdown_table(["case", "float64 reference"] + list(COLUMNS), rows) + "\n" + notes
