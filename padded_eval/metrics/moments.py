@@ -150,7 +150,8 @@ def _batch_moments(values, real, w, axes) -> Moments:
   # so the batch mean is good to ~45 bits, not to the rounding of a float32 batch sum.
   product, product_error = two_prod(count[..., None], shift)
   squeeze = lambda x: jnp.squeeze(x, axes)
-  exact_total = ExactSum.of(squeeze(product)).merge(ExactSum.of(squeeze(product_error + shift_total)))
+  rest = ExactSum.of(squeeze(product_error + shift_total))
+  exact_total = ExactSum.of(squeeze(product)).merge(rest)
   return Moments._make(ExactSum.of(squeeze(count)), exact_total, ExactSum.of(squeeze(comoment)))
 
 
