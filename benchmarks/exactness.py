@@ -374,14 +374,16 @@ HOW_COLUMNS_RUN = """How each column runs (the same float32 inputs everywhere):
 """
 
 
-def run(quick: bool, log=print) -> str:
-  """Runs every case; returns the exactness table as Markdown."""
+def run(quick: bool, log=print) -> tuple[str, dict]:
+  """Runs every case; returns (the exactness table as Markdown, {(case, column): cell value})."""
   sizes = QUICK if quick else FULL
-  rows = []
+  rows, values = [], {}
   for title, case in CASES:
     log(f"exactness: {title}")
     reference, cells = case(sizes)
+    for column, cell in zip(COLUMNS, cells):
+      values[(title, column)] = (cell, reference)
     rows.append([title, f"{reference:.6g}"] + [relative_error_cell(c, reference) for c in cells])
   notes = (f"\nSizes: {dataclasses.asdict(sizes)}. Cells: relative error |x - ref| / |ref| "
            "(value shown when above 1e-3).\n\n" + HOW_COLUMNS_RUN)
-  return markdown_table(["case", "float64 reference"] + list(COLUMNS), rows) + "\n" + notes
+  return markdown_table(["case", "float64 reference"] + list(COLUMNS), rows) + "\n" + notes, values
