@@ -340,8 +340,9 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
     mask_key: the batch key of the mask.
     steps_in_flight: at most this many dispatched steps not yet finished (>= 1).
       The next batch is always copied to the devices while the current step runs.
-      Default: 1 on CPU (virtual devices share the cores; a second queued step
-      thrashes them), 2 on accelerators (the device never idles on dispatch).
+      Default 2: step t-1 is waited for after step t is dispatched, so the
+      devices never idle on dispatch and the queue stays bounded (unbounded
+      queues of pmap steps thrash CPU devices that share cores).
     timeout: several processes only: seconds to wait for the other processes (the
       pre-flight check, or one step) before raising; default
       ``padded_eval.distributed.DEFAULT_TIMEOUT_S`` (300). Must exceed the slowest
@@ -377,7 +378,7 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
     {'mean': 4.0, 'num_examples': 5}
   """
   layout = _layout(backend, axis_name, mesh)
-  steps_in_flight = _steps_in_flight(steps_in_flight, layout)
+  steps_in_flight = _steps_in_flight(steps_in_flight)
   total = _length(batches)
   host_batches = iter(batches)
   first = next(host_batches, None)
@@ -432,9 +433,9 @@ def _wait(lockstep: "distributed.Lockstep | None", index: int, token) -> None:
     lockstep.observe(index, int(np.ravel(live)[0]))
 
 
-def _steps_in_flight(steps_in_flight: int | None, layout: _Layout) -> int:
+def _steps_in_flight(steps_in_flight: int | None) -> int:
   if steps_in_flight is None:
-    return 1 if layout.mesh.devices.flat[0].platform == "cpu" else 2
+    return 2
   if isinstance(steps_in_flight, bool) or not isinstance(steps_in_flight, int) or steps_in_flight < 1:
     raise ValueError(f"steps_in_flight must be an int >= 1; got {steps_in_flight!r}")
   return steps_in_flight
