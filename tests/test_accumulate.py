@@ -129,3 +129,11 @@ def test_sum_psum_of_tiny_values_is_not_nan(magnitude):
   assert float(reduced.to_numpy()[0]) == pytest.approx(exact, rel=1e-6)
   assert float(ExactSum.of(jnp.asarray(parts)).aggregate().to_numpy()) == pytest.approx(exact,
                                                                                        rel=1e-6)
+
+
+def test_merge_refuses_differently_configured_metrics():
+  import padded_eval as pe
+  with pytest.raises(ValueError, match="top_k=1 vs 3"):
+    pe.metrics.Accuracy().merge(pe.metrics.Accuracy(top_k=3))
+  renamed = pe.metrics.Accuracy(name="acc").map_arg(preds="logits")
+  assert renamed.merge(pe.metrics.Accuracy()).name == "acc"

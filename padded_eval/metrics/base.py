@@ -151,7 +151,16 @@ class Metric(abc.ABC):
     """Both metrics' statistics combined; associative and commutative."""
     if type(other) is not type(self):
       raise ValueError(f"cannot merge {type(self).__name__} with {type(other).__name__}")
+    mine, theirs = self._statistics_config(), other._statistics_config()
+    if mine != theirs:
+      diff = {k: (v, theirs[k]) for k, v in mine.items() if theirs[k] != v}
+      raise ValueError(f"cannot merge {type(self).__name__} metrics configured differently: "
+                       + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in diff.items()))
     return self._map_state(lambda a, b: a.merge(b), other)
+
+  def _statistics_config(self) -> dict[str, Any]:
+    """The configuration that shapes the statistics (all but ``name`` and arg routes)."""
+    return {f: getattr(self, f) for f in self._config_fields if f not in ("name", "arg_routes")}
 
   def reduce(self, axis_name) -> "Metric":
     """Combined across the mapped axis ``axis_name`` (inside pmap / shard_map)."""
