@@ -36,7 +36,7 @@ import collections
 import itertools
 import json
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
@@ -187,12 +187,13 @@ def _first_line(err: BaseException) -> str:
 # --- lockstep iteration ---------------------------------------------------------------------
 
 
-def lockstep(first: Any, rest: Iterator, length: int | None, *, mask_key: str, settings: dict,
-             lookahead: int, timeout: float | None) -> "Lockstep | None":
+def lockstep(first_batch: Callable[[], Any], rest: Iterator, length: int | None, *, mask_key: str,
+             settings: dict, lookahead: int, timeout: float | None) -> "Lockstep | None":
   """Agrees with the other processes on batch structure and step count; None with one process.
 
   Args:
-    first: this process's first batch, or None if it has none.
+    first_batch: returns this process's first batch (checked), or None if it has none. If it raises, the
+      failure is published in the pre-flight exchange, so the other processes raise at once instead of waiting.
     rest: an iterator over its other batches.
     length: its number of batches if known (``len(batches)``), else None.
     mask_key: the batch key of the mask.
@@ -208,13 +209,25 @@ def lockstep(first: Any, rest: Iterator, length: int | None, *, mask_key: str, s
   Raises:
     ValueError: the processes' batches or settings differ (the same message on every process), or no process
       has any batch.
+    RuntimeError: another process failed before its first step (this one re-raises its own failure).
     TimeoutError: a process did not arrive within `timeout` seconds.
   """
   if jax.process_count() == 1:
     return None
   timeout = DEFAULT_TIMEOUT_S if timeout is None else check_timeout(timeout)
-  mine = {"batch": None if first is None else describe(first), "length": length, "settings": settings}
+  try:
+    first, failure = first_batch(), None
+  except Exception as err:  # reported to the others first, then re-raised here
+    first, failure = None, err
+  mine = {"batch": None if first is None else describe(first), "length": length, "settings": settings,
+          "failure": None if failure is None else f"{type(failure).__name__}: {_first_line(failure)}"}
   everyone = exchange(mine, f"{next(_call_numbers)}/preflight", timeout)
+  if failure is not None:
+    raise failure
+  failed = [(process, payload["failure"]) for process, payload in enumerate(everyone) if payload["failure"]]
+  if failed:
+    raise RuntimeError(f"masked_eval on process {jax.process_index()}: process {failed[0][0]} failed before the "
+                       f"first step ({failed[0][1]}); no step was run")
   description = _agreed(everyone, mask_key)
   lengths = [p["length"] if p["batch"] is not None else 0 for p in everyone]
   num_steps = None if None in lengths else max(lengths)

@@ -198,13 +198,21 @@ def _check_same_spec(spec: _BatchSpec, first: _BatchSpec, index: int) -> None:
 # --- multi-host seam: padded_eval.distributed ------------------------------------------
 
 
-def _multihost(first, host_batches, total, layout: _Layout, mask_key: str, steps_in_flight: int,
+def _first_batch(host_batches, mask_key: str, layout: _Layout):
+  """The first batch, checked, or None if there is none."""
+  first = next(host_batches, None)
+  if first is not None:
+    _batch_spec(first, mask_key, layout, 0)
+  return first
+
+
+def _multihost(first_batch, host_batches, total, layout: _Layout, mask_key: str, steps_in_flight: int,
                timeout: float | None) -> "distributed.Lockstep | None":
   """With several processes: agree on batch structure and steps (see `padded_eval.distributed`)."""
   settings = {"backend": layout.backend, "axis_name": layout.data_axis, "mask_key": mask_key,
               "mesh": {str(k): int(v) for k, v in layout.mesh.shape.items()},
               "steps_in_flight": steps_in_flight}
-  return distributed.lockstep(first, host_batches, total, mask_key=mask_key, settings=settings,
+  return distributed.lockstep(first_batch, host_batches, total, mask_key=mask_key, settings=settings,
                               lookahead=steps_in_flight + 1, timeout=timeout)
 
 
@@ -381,12 +389,14 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
   steps_in_flight = _steps_in_flight(steps_in_flight)
   total = _length(batches)
   host_batches = iter(batches)
-  first = next(host_batches, None)
   if timeout is not None:
     distributed.check_timeout(timeout)
-  lockstep = _multihost(first, host_batches, total, layout, mask_key, steps_in_flight, timeout)
+  first_batch = lambda: _first_batch(host_batches, mask_key, layout)
+  lockstep = _multihost(first_batch, host_batches, total, layout, mask_key, steps_in_flight, timeout)
   if lockstep is not None:  # every process now runs the same steps; a host without data pads
     first, host_batches = lockstep.first, lockstep
+  else:
+    first = first_batch()
   if first is None:
     raise ValueError("batches yielded no batch; masked_eval needs at least one (an all-padding batch "
                      "is fine: pe.pad_batches(..., num_batches=1))")

@@ -11,9 +11,11 @@ Scenarios are named ``KIND:BACKEND:SIZES`` with SIZES like ``600-437`` (rows per
 * ``gen`` -- each process passes a generator of ragged chunks (len unknown): run-time has-data flag.
 * ``mixed`` -- process 0 a Mapping, the others generators.
 * ``mismatch`` -- the last process's feature has another width: ValueError expected everywhere.
+* ``fail`` -- the last process's data raises before its first batch: the others raise at once.
 * ``absent`` -- the last process skips the call: the others' pre-flight times out.
 * ``kill`` -- the last process SIGKILLs itself in its data loop: the others raise (final scenario).
 * ``stall`` -- the last process hangs in its data loop: the others time out (final scenario).
+* ``tfds`` -- each process reads its ``tfds.split_for_jax_process("train")`` share of the digits dataset.
 * ``bench`` -- prints seconds per step with and without the has-data flag (not used by tests).
 """
 
@@ -92,12 +94,37 @@ def step_fn(params, batch):
       "std": metrics["std"].batch_updates(values=preds, mask=mask)})
 
 
+def digits_features(image, index, label):
+  """The model's features from a digits example: 3 pixels, the label mod 5, y = index / 100 (float32)."""
+  return image[..., 0, :3], label % NUM_CLASSES, index / 100
+
+
+def tfds_share(process):
+  """This process's share of the digits "train" split (1437 rows: 719 + 718) via tfds.split_for_jax_process.
+
+  Returns the tf.data pipeline of model features and the digits row indices of the share.
+  """
+  import tensorflow as tf
+  import tensorflow_datasets as tfds
+  from padded_eval.datasets import load_digits_tfds
+
+  data_dir = os.path.join(os.environ["MULTIHOST_TMP"], f"digits{process}")  # one build per process: no race
+  dataset = load_digits_tfds(data_dir, tfds.split_for_jax_process("train"))
+
+  def features(example):
+    x, label, y = digits_features(example["image"], example["index"], example["label"])
+    return {"x": tf.cast(x, tf.float32), "label": tf.cast(label, tf.int32),
+            "y": tf.cast(y, tf.float32)}
+
+  return dataset.map(features), [int(e["index"]) for e in dataset.as_numpy_iterator()]
+
+
 def run(scenario, process, count):
   import padded_eval as pe
 
   kind, backend, sizes = parse(scenario)
   last = process == count - 1
-  rows = local_rows(sizes, process)
+  rows = local_rows(sizes, process) if kind != "tfds" else None
   timeout = TIMEOUT_S
   hook = None
   if kind == "mismatch" and last:
@@ -108,6 +135,9 @@ def run(scenario, process, count):
       next(distributed._call_numbers)  # keep this process's call numbers aligned with the others'
       return {"skipped": True}
     timeout = 2.0
+  if kind == "fail" and last:
+    def hook(index):
+      raise OSError("disk on fire")  # this process's data fails before its first batch
   if kind in ("kill", "stall"):
     timeout = 5.0
     if last:
@@ -120,8 +150,12 @@ def run(scenario, process, count):
     source = rows
   else:
     source = chunks(rows, seed=100 + process, hook=hook)
+  share = None
+  if kind == "tfds":
+    source, share = tfds_share(process)
   batches = pe.pad_batches(source, BATCH, num_devices=2, pad_value=garbage_pad())
-  return pe.masked_eval(step_fn, make_params(), batches, backend=backend, timeout=timeout)
+  result = pe.masked_eval(step_fn, make_params(), batches, backend=backend, timeout=timeout)
+  return result if share is None else dict(result, share=share)
 
 
 def bench(process, count, steps=300):

@@ -25,11 +25,12 @@ from padded_eval.distributed import process_slice
 pytestmark = pytest.mark.multihost
 
 WORKER = os.path.join(os.path.dirname(__file__), "_multihost_worker.py")
-RUN_DEADLINE_S = 150  # a run that has not finished by then is a hang: its processes are killed
+RUN_DEADLINE_S = 300  # a run that has not finished by then is a hang: its processes are killed
 GRACE_S = 10  # after one worker exits, the others must follow within this (the stuck one is killed)
 
 TWO_HOSTS = ["known:pmap:600-437", "known:jit:40-0", "known:pmap:33-33", "gen:pmap:130-37", "gen:jit:0-90",
-             "mixed:pmap:23-41", "mismatch:pmap:20-20", "kill:pmap:200-200"]
+             "mixed:pmap:23-41", "tfds:jit:1437", "fail:pmap:30-30", "mismatch:pmap:20-20",
+             "kill:pmap:200-200"]
 THREE_HOSTS = ["known:shard_map:167-166-166", "gen:pmap:50-0-17", "mixed:jit:20-31-0", "absent:pmap:10-10-10",
                "known:pmap:5-9-0", "stall:jit:200-200-200"]
 
@@ -48,7 +49,7 @@ def _run(count: int, scenarios: list[str], tmp_dir) -> dict:
   code is recorded as None.
   """
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # not conftest's 8 devices: 2 per process
-  env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+  env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", MULTIHOST_TMP=str(tmp_dir))
   port, start = _free_port(), time.monotonic()
   files = [(open(tmp_dir / f"out{p}.txt", "w+"), open(tmp_dir / f"err{p}.txt", "w+")) for p in range(count)]
   procs = [subprocess.Popen([sys.executable, WORKER, str(port), str(count), str(p), ",".join(scenarios)],
@@ -94,9 +95,21 @@ def _runs(request, count):
   return request.getfixturevalue("two_hosts" if count == 2 else "three_hosts")
 
 
-def reference(sizes) -> dict:
+def digits_train():
+  """The digits "train" split as the tfds scenario's features, from scikit-learn (no TensorFlow)."""
+  from sklearn.datasets import load_digits
+  from padded_eval.datasets import digits_split_indices
+
+  rows = digits_split_indices("train")
+  digits = load_digits()
+  x, label, y = worker.digits_features(digits.images[rows].astype(np.float32), rows, digits.target[rows])
+  return {"x": x, "label": label, "y": y.astype(np.float32)}
+
+
+def reference(sizes, data=None) -> dict:
   """float64 numpy / scikit-learn results over the union of all processes' rows."""
-  data, params = worker.make_data(sum(sizes)), worker.make_params()
+  data = worker.make_data(sum(sizes)) if data is None else data
+  params = worker.make_params()
   x = data["x"].astype(np.float64)
   logits = x @ params["w"].astype(np.float64) + params["b"].astype(np.float64)
   predicted = np.argmax(logits, axis=-1)
@@ -104,7 +117,7 @@ def reference(sizes) -> dict:
   return {"accuracy": np.mean(predicted == data["label"]),
           "f1": f1_score(data["label"], predicted, average="macro", labels=range(worker.NUM_CLASSES),
                          zero_division=0),
-          "mse": np.mean((preds - data["y"]) ** 2), "std": np.std(preds), "num_examples": sum(sizes)}
+          "mse": np.mean((preds - data["y"]) ** 2), "std": np.std(preds), "num_examples": len(data["x"])}
 
 
 def _line(run, process, scenario):
@@ -114,14 +127,19 @@ def _line(run, process, scenario):
   return line
 
 
-@pytest.mark.parametrize("count,scenario", [(2, s) for s in TWO_HOSTS if s.split(":")[0] in ("known", "gen", "mixed")]
-                         + [(3, s) for s in THREE_HOSTS if s.split(":")[0] in ("known", "gen", "mixed")])
+EXACT = ("known", "gen", "mixed", "tfds")
+
+
+@pytest.mark.parametrize("count,scenario", [(2, s) for s in TWO_HOSTS if s.split(":")[0] in EXACT]
+                         + [(3, s) for s in THREE_HOSTS if s.split(":")[0] in EXACT])
 def test_exact_union_result_identical_on_every_process(request, count, scenario):
   run = _runs(request, count)
   results = [_line(run, p, scenario) for p in range(count)]
   for line in results:
     assert "error" not in line, line
-  expected = reference(worker.parse(scenario)[2])
+  kind, _, sizes = worker.parse(scenario)
+  expected = reference(sizes, digits_train() if kind == "tfds" else None)
+  shares = [line["result"].pop("share", None) for line in results]
   first = results[0]["result"]
   for line in results[1:]:
     assert line["result"] == first  # the same, global, result on every process
@@ -130,6 +148,13 @@ def test_exact_union_result_identical_on_every_process(request, count, scenario)
     np.testing.assert_allclose(first[name], expected[name], rtol=1e-6, err_msg=name)
   for name in ("mse", "std"):  # float32 model outputs vs float64 ones
     np.testing.assert_allclose(first[name], expected[name], rtol=1e-5, err_msg=name)
+  if kind == "tfds":  # tfds.split_for_jax_process shares are process_slice's rows
+    from padded_eval.datasets import digits_split_indices
+
+    rows = digits_split_indices("train")
+    for process, share in enumerate(shares):
+      expected_rows = rows[process_slice(len(rows), process_index=process, process_count=count)]
+      np.testing.assert_array_equal(share, expected_rows)
 
 
 def test_structure_mismatch_is_a_clear_error_on_every_process(two_hosts):
@@ -138,6 +163,14 @@ def test_structure_mismatch_is_a_clear_error_on_every_process(two_hosts):
     assert line["error"] == "ValueError"
     assert "process 1 differ from those of process 0" in line["message"]
     assert "'x' has shape (16, 4)" in line["message"] and "expected shape (16, 3)" in line["message"]
+
+
+def test_failure_before_the_first_step_is_reported_to_every_process(two_hosts):
+  line = _line(two_hosts, 0, "fail:pmap:30-30")
+  assert line["error"] == "RuntimeError", line
+  assert "process 1 failed before the first step (OSError: disk on fire)" in line["message"]
+  assert line["elapsed"] < 30  # at once, not after the 60 s timeout
+  assert _line(two_hosts, 1, "fail:pmap:30-30")["error"] == "OSError"  # its own error, re-raised
 
 
 def test_process_that_never_arrives_times_out_the_preflight(three_hosts):
