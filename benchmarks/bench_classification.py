@@ -4,6 +4,8 @@ Times the jitted batch statistics of the multiclass ``[C, C]`` matrix by the two
 methods of ``classification_inputs.matrix_counts``, and the per-class tp/fp/fn/tn
 counts (one scatter-add) against a one-hot reduction, for C = 10 and C = 1000.
 Prints microseconds per batch and the ratio to the scatter-add in the same process.
+Also times a binary AUROC update (histogram scatter + exact merge) at the default
+65_537 bins against 1_025 bins.
 
 Run: ``python benchmarks/bench_classification.py [--repeats 200]``.
 """
@@ -17,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from padded_eval.metrics import AUROC
 from padded_eval.metrics import classification_inputs as ci
 
 BATCH = 1024
@@ -66,6 +69,17 @@ def run(repeats: int) -> list[tuple[int, str, float]]:
   return rows
 
 
+def run_auroc(repeats: int) -> list[tuple[int, float]]:
+  rng = np.random.default_rng(0)
+  preds = jnp.asarray(rng.random(BATCH), jnp.float32)
+  target = jnp.asarray(rng.integers(0, 2, BATCH), jnp.int32)
+  rows = []
+  for bins in (1_025, 65_537):
+    step = jax.jit(lambda m, p, t: m.update(preds=p, target=t))
+    rows.append((bins, _time_us(step, (AUROC(bins), preds, target), repeats)))
+  return rows
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=200)
@@ -76,6 +90,10 @@ def main():
     kind = name.split()[0]
     base = next(m for cc, n, m in rows if cc == c and n == f"{kind} scatter")
     print(f"{c:>5}  {name:<18} {micros:>10.1f}  {micros / base:6.2f}x")
+  auroc = run_auroc(args.repeats)
+  for bins, micros in auroc:
+    print(f"AUROC update, {bins:>6} bins: {micros:8.1f} us/batch  "
+          f"{micros / auroc[0][1]:6.2f}x of {auroc[0][0]} bins")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -224,8 +223,9 @@ CASES = SCORE_CASES + MATRIX_CASES
 _OTHER_CHECKS = {c.__name__.removeprefix("check_"): c for c in CHECKS if c is not check_eager}
 # Every generic check (jit, scan, pmap, shard_map, ...) on one row per state layout
 # (per-class counts from class ids, the [C, C] matrix); fewer on the label layout.
-PROTOCOL = ([(n, c) for n in ("f1_multiclass_macro_ignore_class", "confmat_multiclass")
-             for c in _OTHER_CHECKS]
+PROTOCOL = ([("f1_multiclass_macro_ignore_class", c) for c in _OTHER_CHECKS]
+            + [("confmat_multiclass", c) for c in ("jit_traces_once", "scan", "pmap_reduce",
+                                                   "shard_map", "empty_state", "merge_laws")]
             + [("specificity_multilabel_weighted", c) for c in ("scan", "pmap_reduce")]
             + [("kappa_binary", "jit_traces_once")])
 

@@ -153,8 +153,7 @@ _OTHER_CHECKS = {c.__name__.removeprefix("check_"): c for c in CHECKS if c is no
 # Every generic check on one curve row; the main ones on one calibration row.
 PROTOCOL = ([("auroc_binary_macro_logits", c) for c in _OTHER_CHECKS]
             + [("ece_multiclass_l1_logits_ignore", c) for c in ("scan", "pmap_reduce",
-                                                                 "shard_map", "empty_state")]
-            + [("auprc_multiclass_None", "pmap_reduce")])
+                                                                 "empty_state")])
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)

@@ -176,7 +176,7 @@ def matrix_counts(labels, predicted, valid, num_classes: int, method: str = "sca
   """int32 ``[C, C]`` (rows true, columns predicted) of multiclass elements.
 
   ``method``: ``"scatter"`` (one scatter-add of ``t * C + p``; the default: on CPU it
-  was 2.3x faster than the matmul at C=10 and 280x at C=1000 for 1024 examples, see
+  was 2-3x faster than the matmul at C=10 and 280-1000x at C=1000 for 1024 examples, see
   benchmarks/bench_classification.py) or ``"matmul"`` (one-hot ``[N, C]`` product,
   exact: per-batch counts are far below ``2**24``).
   """

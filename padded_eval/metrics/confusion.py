@@ -13,7 +13,8 @@ exact past ``2**31``, reduced with ``psum``) and differs from the others only in
 Inputs (``task``):
 
 * ``"binary"``: ``preds`` ``[...]`` probabilities (or logits with ``from_logits=True``,
-  or hard 0/1 ints), positive where ``preds > threshold``; ``target`` ``[...]`` 0/1.
+  or hard 0/1 ints), positive where the probability (``sigmoid`` of logits) is
+  ``> threshold``; ``target`` ``[...]`` 0/1.
 * ``"multiclass"``: ``preds`` ``[...]`` int class ids or ``[..., C]`` scores (argmax, or
   the ``top_k`` best); ``target`` ``[...]`` int class ids (segmentation: ``[B, H, W]``).
 * ``"multilabel"``: ``preds`` ``[..., C]`` probabilities / logits / 0-1; ``target``
@@ -265,7 +266,6 @@ class JaccardIndex(ClassScore):
   ``average="macro"`` is the mIoU over classes present; ``ignore_index`` (e.g. 255, or a
   background class id) removes those pixels, and a class id from the mean.
   """
-
 
   def _score(self, tp, fp, fn, tn):
     return divide(tp, tp + fp + fn)
