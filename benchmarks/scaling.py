@@ -20,7 +20,7 @@ def _sizes(quick: bool) -> list[int]:
 
 
 def _rounds(n: int) -> int:
-  return 5 if n <= 10**4 else 3 if n <= 10**5 else 2
+  return 7 if n <= 10**4 else 5 if n <= 10**5 else 3
 
 
 def _padding_overhead(data: dict, batch: int, repeats: int) -> tuple[float, float]:
@@ -65,7 +65,7 @@ def run(quick: bool, log=print) -> tuple[str, dict]:
        ["short final batch (501 real rows)", f"{final_batch * 1e6:.0f} us",
         f"{final_batch / step:.1%}"]])
   note = (f"\nMLP {SIZES.features}-{SIZES.hidden}-{SIZES.classes}, batch {BATCH}; warm timings, "
-          "best of interleaved rounds (5 up to 10**4 rows, 3 at 10**5, 2 at 10**6; one warm-up "
+          "best of interleaved rounds (7 up to 10**4 rows, 5 at 10**5, 3 at 10**6; one warm-up "
           "round first). masked_eval's time includes pe.pad_batches; the bare loop gets batches "
           "already sharded on the host. A masked_eval step takes "
           f"{step * 1e3:.2f} ms at N={ns[-1]:,}.\n")

@@ -29,7 +29,7 @@ class Sizes:
   features: int = 256
   hidden: int = 512
   classes: int = 10
-  repeats: int = 5
+  repeats: int = 10
   update_repeats: int = 20
   seq_len: int = 128          # perplexity model: [4, seq_len] tokens -> [4, seq_len, 32000] logits
 
