@@ -16,10 +16,15 @@ so that none of this can happen:
    "I hold a real batch `lookahead` steps after this one", with the step's own collectives. The count of such
    processes is read back with the step's result (which `masked_eval` waits for anyway, one step late), and the
    first step whose count is 0 fixes the end for everyone. Processes out of data feed all-padding batches until
-   then. No extra synchronisation per step; with the lookahead the last step is the last real one.
+   then. No extra synchronisation per step (XLA combines the flag's psum with the step's other integer
+   all-reduce: the step's count of all-reduce ops does not change); with the lookahead the last step is the last
+   real one.
 4. **Deadlines.** Waiting on a step's result polls ``is_ready()`` with a deadline instead of blocking, so a step
    stuck in a collective because a peer hangs raises `TimeoutError` after `timeout` seconds; a collective broken
-   because a peer died (gloo reports the closed connection at once) raises `RuntimeError` naming the step.
+   because a peer died (gloo reports the closed connection at once) raises `RuntimeError` naming the step. So
+   that no dispatch can block on a peer, one step is kept in flight (`MULTIHOST_STEPS_IN_FLIGHT`).
+5. **Failures before the first step** (bad local data) are published in the pre-flight: the other processes raise
+   `RuntimeError` at once instead of waiting for the timeout.
 
 What `jax.distributed` itself does when a peer dies (measured with jax 0.10.2, CPU/gloo): the coordination service
 notices a missing process only after ``heartbeat_timeout_seconds`` (default 100 s) and then aborts every remaining
@@ -45,6 +50,11 @@ __all__ = ["DEFAULT_TIMEOUT_S", "Lockstep", "lockstep", "process_slice"]
 
 DEFAULT_TIMEOUT_S = 300.0
 """Seconds a process waits for the others (pre-flight, or one step) when `masked_eval` gets ``timeout=None``."""
+
+MULTIHOST_STEPS_IN_FLIGHT = 1
+"""Steps `masked_eval` keeps in flight with several processes. With 2, dispatching step t+1 itself blocked (jit
+backend, CPU/gloo, jax 0.10.2) while step t waited in a collective for a stuck peer, out of reach of any deadline;
+with 1, every wait on a peer is a deadline-bounded wait on a finished dispatch."""
 
 _KEY_PREFIX = "padded_eval/masked_eval"
 _call_numbers = itertools.count()  # every process calls masked_eval in the same order: equal numbers match

@@ -212,8 +212,9 @@ def _multihost(first_batch, host_batches, total, layout: _Layout, mask_key: str,
   settings = {"backend": layout.backend, "axis_name": layout.data_axis, "mask_key": mask_key,
               "mesh": {str(k): int(v) for k, v in layout.mesh.shape.items()},
               "steps_in_flight": steps_in_flight}
+  # The loop then keeps one step in flight (see distributed.MULTIHOST_STEPS_IN_FLIGHT).
   return distributed.lockstep(first_batch, host_batches, total, mask_key=mask_key, settings=settings,
-                              lookahead=steps_in_flight + 1, timeout=timeout)
+                              lookahead=distributed.MULTIHOST_STEPS_IN_FLIGHT + 1, timeout=timeout)
 
 
 # --- the compiled step ----------------------------------------------------------------
@@ -395,6 +396,7 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
   lockstep = _multihost(first_batch, host_batches, total, layout, mask_key, steps_in_flight, timeout)
   if lockstep is not None:  # every process now runs the same steps; a host without data pads
     first, host_batches = lockstep.first, lockstep
+    steps_in_flight = distributed.MULTIHOST_STEPS_IN_FLIGHT
   else:
     first = first_batch()
   if first is None:
