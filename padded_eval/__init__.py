@@ -14,6 +14,8 @@ from padded_eval.sharding import prefetch_to_device as prefetch_to_device
 from padded_eval.sharding import shard as shard
 from padded_eval.sharding import unshard as unshard
 from padded_eval.evaluate import masked_eval as masked_eval
+from padded_eval import distributed as distributed
+from padded_eval.distributed import process_slice as process_slice
 from padded_eval import losses as losses
 from padded_eval import regularizers as regularizers
 from padded_eval.metrics.collections import Metrics as Metrics

@@ -159,15 +159,16 @@ def run(scenario, process, count):
 
 
 def bench(process, count, steps=300):
-  """Seconds per step: known lengths (no flag) vs generators (has-data flag), same data."""
+  """Seconds per step: known lengths (no flag) vs generators (has-data flag), same data; the first round
+  includes compilation."""
   import padded_eval as pe
 
   rows = local_rows([steps * BATCH] * count, process)
   times = {}
   for _ in range(2):
     for kind in ("known", "flagged"):
-      source = rows if kind == "known" else chunks(rows, seed=7)
-      if kind == "flagged":
+      source = rows  # a Mapping: len known, no flag
+      if kind == "flagged":  # the same batches from a generator: len unknown, has-data flag
         source = ({k: v[i:i + BATCH] for k, v in rows.items()} for i in range(0, steps * BATCH, BATCH))
       batches = pe.pad_batches(source, BATCH, num_devices=2)
       start = time.perf_counter()
