@@ -364,10 +364,17 @@ class Lockstep:
               "connections, or is far slower (data loading, compilation). Raise timeout= if it is only slow")
         time.sleep(pause)
         pause = min(2 * pause, _POLL_MAX_S)
-      return jax.device_get(result)
+      return jax.device_get(jax.tree.map(_local_part, result))
     except jax.errors.JaxRuntimeError as err:
       raise RuntimeError(
           f"masked_eval step {step} failed on process {jax.process_index()} of {jax.process_count()}: "
           f"{_first_line(err)}. A collective across processes broke, most likely because another process "
           "died. jax.distributed cannot shut down cleanly after this: exit the process (jax aborts it "
           "after heartbeat_timeout_seconds)") from err
+
+
+def _local_part(x):
+  """A global array spanning processes -> its first addressable shard (host-readable)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return x.addressable_shards[0].data
+  return x

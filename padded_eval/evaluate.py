@@ -3,10 +3,13 @@
 The driver turns ``step_fn(params, batch) -> Metric`` (masked statistics of one
 padded batch) into one compiled function
 
-    (params, state, batch) -> (state merged with this batch's reduced statistics, token)
+    (params, state, batch) -> (state merged with this batch's statistics, token)
 
 whose carried ``state`` (the metric and an exact count of real rows) stays on the
-devices, with its buffers donated from step to step. Batches are placed on the
+devices, with its buffers donated from step to step. Under ``"pmap"`` and
+``"shard_map"`` each device carries its own partial state, so a step runs no
+collective at all; the partial states are reduced exactly (``Metric.reduce``) once,
+after the last step. Batches are placed on the
 devices while the previous step runs, at most two steps are in flight (step t-1 is
 waited for after step t is dispatched), and the state comes to the host once, at
 the end. ``step_fn`` is traced once per call whatever the dataset length: the
@@ -19,7 +22,7 @@ compiles nothing.
 Three backends place the work:
 
 * ``"pmap"``: ``jax.pmap`` over the local devices; ``step_fn`` sees one device's
-  rows ``[B // devices, ...]``; statistics are reduced with ``Metric.reduce``.
+  rows ``[B // devices, ...]``; statistics are reduced with ``Metric.reduce`` at the end.
 * ``"shard_map"``: ``jax.shard_map`` over a mesh; the batch is split over the
   mesh's first axis and replicated over the others; ``step_fn`` sees one shard.
 * ``"jit"``: ``jax.jit``; ``step_fn`` sees the global batch, a ``jax.Array``
@@ -97,11 +100,20 @@ class _Layout:
     return sharding_lib.global_batch(batch, self.mesh, self.data_axis)
 
   def place_state(self, state):
-    """The empty host state -> on the devices (one copy per device for pmap)."""
+    """The empty host state -> on the devices.
+
+    ``"pmap"`` and ``"shard_map"`` carry one partial state per shard of the data axis
+    (stacked on a leading axis, split over it): steps merge locally, with no
+    collective, and the partial states are reduced once, at the end. ``"jit"``
+    carries one replicated state.
+    """
     # np.array copies: every leaf gets its own buffer, so none is donated twice.
     if self.backend == "pmap":
       state = jax.tree.map(lambda x: np.stack([np.array(x)] * self.num_shards), state)
       return jax.device_put(state, self.split)
+    if self.backend == "shard_map":
+      state = jax.tree.map(lambda x: np.stack([np.array(x)] * self.num_shards), state)
+      return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.split, x), state)
     return jax.device_put(jax.tree.map(np.array, state), self.replicated)
 
   def state_to_host(self, state):
@@ -228,10 +240,14 @@ class _CompiledStep:
     batch_stats: ``(params, batch) -> reduced Metric`` of one batch; only
       ``jax.eval_shape``-d, which traces ``step_fn`` into the shared jit cache.
     step: ``(params, state, batch) -> (state, token)``; ``state`` is donated.
+    finalize: ``state -> state`` reduced across the data axis (``"pmap"`` and
+      ``"shard_map"``, whose steps merge per-shard partial states); ``None`` for
+      ``"jit"``, whose state is already global.
   """
 
   batch_stats: Callable
   step: Callable
+  finalize: Callable | None
 
 
 def _checked(step_fn: Callable) -> Callable:
@@ -269,30 +285,68 @@ def _compiled_step(step_fn: Callable, layout: _Layout, mask_key: str, flagged: b
     return metric, count
 
   def masked_eval_step(params, state, batch, *more):
-    metric, count = reduced_stats(params, batch)
+    # Under pmap / shard_map, ``state`` is this shard's partial state: merging is local
+    # and exact, and the one reduction across devices happens in ``finalize``.
+    metric = inner(params, batch)
+    count = ExactCount.of(jnp.sum(batch[mask_key], dtype=jnp.int32))
     metric_total, count_total = state
     token = count.lo
-    if more:  # the has-data flag rides with the step's own reductions
+    if more:  # several processes, unknown lengths: one small psum of has-data flags
       token = jnp.sum(more[0])
       token = jax.lax.psum(token, axis) if reduce else token
     return (metric_total.merge(metric), count_total.merge(count)), token
+
 
   if layout.backend == "pmap":
     unanchored = lambda fn: lambda anchored_params, *args: fn(anchored_params[1], *args)
     batch_stats = jax.pmap(unanchored(reduced_stats), axis, in_axes=(None, 0))
     step = jax.pmap(unanchored(masked_eval_step), axis, in_axes=(None, 0, 0) + (0,) * flagged,
                     donate_argnums=1)
+    finalize = _finalize(layout)
   elif layout.backend == "shard_map":
     spec, split = PartitionSpec(), PartitionSpec(axis)
     batch_stats = jax.jit(jax.shard_map(reduced_stats, mesh=layout.mesh, in_specs=(spec, split),
                                         out_specs=spec))
-    step = jax.jit(jax.shard_map(masked_eval_step, mesh=layout.mesh,
-                                 in_specs=(spec, spec, split) + (split,) * flagged, out_specs=spec),
-                   donate_argnums=1)
+    def shard_step(params, state, batch, *more):  # state: this shard's [1, ...] block
+      state, token = masked_eval_step(params, _unstack(state), batch, *more)
+      return _restack(state), jnp.reshape(token, (1,))
+
+    step = jax.jit(jax.shard_map(shard_step, mesh=layout.mesh,
+                                 in_specs=(spec, split, split) + (split,) * flagged,
+                                 out_specs=(split, split)), donate_argnums=1)
+    finalize = _finalize(layout)
   else:
     batch_stats = jax.jit(reduced_stats)
     step = jax.jit(masked_eval_step, donate_argnums=1, out_shardings=layout.replicated)
-  return _CompiledStep(batch_stats, step)
+    finalize = None
+  return _CompiledStep(batch_stats, step, finalize)
+
+
+def _unstack(tree):
+  return jax.tree.map(lambda x: x[0], tree)
+
+
+def _restack(tree):
+  return jax.tree.map(lambda x: x[None], tree)
+
+
+@functools.lru_cache(maxsize=64)
+def _finalize(layout: _Layout) -> Callable:
+  """``state -> state`` reduced across the data axis: the one collective of a call.
+
+  Shared by every step function on ``layout``, so it compiles once per state structure.
+  """
+  axis = layout.data_axis
+
+  def reduce_state(state):
+    metric_total, count_total = state
+    return metric_total.reduce(axis), count_total.reduce(axis)
+
+  if layout.backend == "pmap":
+    return jax.pmap(reduce_state, axis)
+  split = PartitionSpec(axis)
+  return jax.jit(jax.shard_map(lambda state: reduce_state(_unstack(state)), mesh=layout.mesh,
+                               in_specs=split, out_specs=PartitionSpec()))
 
 
 def _compiled_step_for(step_fn, layout, mask_key, flagged=False) -> _CompiledStep:
@@ -429,6 +483,10 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
       _wait(lockstep, *in_flight.popleft())
   while in_flight and lockstep is not None:
     _wait(lockstep, *in_flight.popleft())
+  if compiled.finalize is not None:  # the one reduction across devices (and processes)
+    state = compiled.finalize(state)
+    if lockstep is not None:
+      lockstep.wait(index, state[1].lo)
   metric, count = layout.state_to_host(state)
   if bar:
     bar.close()
