@@ -19,6 +19,8 @@ Example:
 
 from __future__ import annotations
 
+import abc
+
 import jax
 import jax.numpy as jnp
 
@@ -56,8 +58,9 @@ class Regularizer(Loss):
       raise ValueError(f"l must be a Python float (static); got {self.l!r}") from e
     object.__setattr__(self, "l", factor)
 
+  @abc.abstractmethod
   def _penalty(self, leaf: jax.Array) -> jax.Array:
-    raise NotImplementedError
+    """The elementwise penalty of one parameter array (``|p|`` or ``p**2``)."""
 
   def _batch_terms(self, *, parameters, mask=None, target=None, preds=None, **_):
     value = self.l * sum(jnp.sum(self._penalty(p)) for p in parameter_leaves(parameters))

@@ -35,6 +35,8 @@ Example:
 
 from __future__ import annotations
 
+import abc
+
 import dataclasses
 from typing import Any, Callable, Iterator, Mapping
 
@@ -178,8 +180,9 @@ class _Collection(Metric):
                 children=children)
 
   @staticmethod
+  @abc.abstractmethod
   def _leaf(value, path) -> Metric:
-    raise NotImplementedError
+    """The child metric for ``value`` found at ``path`` (raises ValueError if none)."""
 
   def _batch_state(self, **kwargs):
     return {"children": {key: child.batch_updates(**kwargs)
@@ -205,6 +208,10 @@ class Metrics(_Collection):
     metrics: :class:`Metric` instances (a :class:`~padded_eval.losses.Loss` is
       accepted too and reported as its mean), in a list, a dict or nested structure.
     name: the collection's name (default ``"metrics"``).
+
+  Like every metric's constructor, this one starts empty: the children's
+  configuration is taken, not any state they hold. Update the collection itself
+  (``Metrics([...]).update(**batch)``) rather than its members beforehand.
 
   Raises:
     ValueError: if a child is not a Metric or Loss, or a dict key is not a str.
