@@ -59,10 +59,12 @@ class Accumulator(abc.ABC):
   def __setattr__(self, name, value):
     raise AttributeError(f"{type(self).__name__} is immutable")
 
-  def _new(self, **fields):
-    acc = object.__new__(type(self))
-    for name in self._fields:
-      object.__setattr__(acc, name, fields[name])
+  @classmethod
+  def _make(cls, *values) -> "Accumulator":
+    """An accumulator holding ``values``, one per name in ``_fields``, in order."""
+    acc = object.__new__(cls)
+    for name, value in zip(cls._fields, values, strict=True):
+      object.__setattr__(acc, name, value)
     return acc
 
   @property
@@ -116,13 +118,6 @@ class ExactCount(Accumulator):
   def zeros(cls, shape=()) -> "ExactCount":
     zero = jnp.zeros(shape, jnp.int32)
     return cls._make(zero, zero)
-
-  @classmethod
-  def _make(cls, lo, hi) -> "ExactCount":
-    acc = object.__new__(cls)
-    object.__setattr__(acc, "lo", lo)
-    object.__setattr__(acc, "hi", hi)
-    return acc
 
   @classmethod
   def of(cls, counts: jax.typing.ArrayLike) -> "ExactCount":
@@ -185,13 +180,6 @@ class ExactSum(Accumulator):
   def zeros(cls, shape=()) -> "ExactSum":
     zero = jnp.zeros(shape, jnp.float32)
     return cls._make(zero, zero)
-
-  @classmethod
-  def _make(cls, value, error) -> "ExactSum":
-    acc = object.__new__(cls)
-    object.__setattr__(acc, "value", value)
-    object.__setattr__(acc, "error", error)
-    return acc
 
   @classmethod
   def of(cls, sums: jax.typing.ArrayLike) -> "ExactSum":

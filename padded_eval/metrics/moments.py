@@ -61,14 +61,6 @@ class Moments(Accumulator):
   _fields = ("count", "total", "comoment")
 
   @classmethod
-  def _make(cls, count, total, comoment) -> "Moments":
-    acc = object.__new__(cls)
-    object.__setattr__(acc, "count", count)
-    object.__setattr__(acc, "total", total)
-    object.__setattr__(acc, "comoment", comoment)
-    return acc
-
-  @classmethod
   def zeros(cls, shape=(), num_vars: int = 1) -> "Moments":
     shape = tuple(shape)
     return cls._make(ExactSum.zeros(shape), ExactSum.zeros(shape + (num_vars,)),
