@@ -148,11 +148,18 @@ def _make_pad_fn(batch_size: int, mask_key: str, fills: dict[Path, Any]):
         rows = tf.shape(next(iter(flat.values())))[0]
         padded = {}
         for path, leaf in flat.items():
-            shape = tf.concat([[batch_size - rows], tf.shape(leaf)[1:]], axis=0)
-            filler = tf.fill(shape, tf.constant(fills[path], dtype=leaf.dtype))
             static = [batch_size] + leaf.shape.as_list()[1:]
-            padded[path] = tf.ensure_shape(tf.concat([leaf, filler], axis=0), static)
+            # Only a short batch is copied: a full one passes through unchanged.
+            padded[path] = tf.ensure_shape(
+                tf.cond(rows < batch_size, lambda leaf=leaf, path=path: _padded(leaf, rows, fills[path]),
+                        lambda leaf=leaf: leaf),
+                static,
+            )
         padded[(mask_key,)] = tf.range(batch_size) < rows
         return unflatten(padded)
+
+    def _padded(leaf, rows, fill):
+        shape = tf.concat([[batch_size - rows], tf.shape(leaf)[1:]], axis=0)
+        return tf.concat([leaf, tf.fill(shape, tf.constant(fill, dtype=leaf.dtype))], axis=0)
 
     return pad
