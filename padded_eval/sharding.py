@@ -40,12 +40,7 @@ def shard(tree: Any, num_devices: int | None = None) -> Any:
         num_devices = jax.local_device_count()
 
     def split(path, leaf):
-        shape = np.shape(leaf)
-        if not shape or shape[0] % num_devices:
-            raise ValueError(
-                f"leaf {jax.tree_util.keystr(path)} has shape {shape}; expected a leading size divisible by "
-                f"{num_devices} devices"
-            )
+        shape = _check_divisible(path, leaf, num_devices, f"{num_devices} devices")
         return leaf.reshape((num_devices, shape[0] // num_devices) + shape[1:])
 
     return jax.tree_util.tree_map_with_path(split, _as_arrays(tree))
@@ -145,12 +140,7 @@ def global_batch(batch: Any, mesh: jax.sharding.Mesh | None = None, axis: str | 
     _reject_strings(batch)
 
     def make(path, leaf):
-        shape = np.shape(leaf)
-        if not shape or shape[0] % local_shards:
-            raise ValueError(
-                f"leaf {jax.tree_util.keystr(path)} has shape {shape}; expected a leading size divisible by "
-                f"{local_shards}, this process's shards along mesh axis {axis!r}"
-            )
+        _check_divisible(path, leaf, local_shards, f"{local_shards}, this process's shards along mesh axis {axis!r}")
         return jax.make_array_from_process_local_data(sharding, leaf)
 
     return jax.tree_util.tree_map_with_path(make, _as_arrays(batch))
@@ -168,3 +158,13 @@ def _reject_strings(tree: Any) -> None:
                 f"leaf {jax.tree_util.keystr(path)} holds strings (dtype {leaf.dtype}), which cannot be placed on "
                 "a device; drop it from the batch first"
             )
+
+
+def _check_divisible(path, leaf, parts: int, what: str) -> tuple:
+    """The leaf's shape; ValueError naming the leaf unless its leading size divides into `parts`."""
+    shape = np.shape(leaf)
+    if not shape or shape[0] % parts:
+        raise ValueError(
+            f"leaf {jax.tree_util.keystr(path)} has shape {shape}; expected a leading size divisible by {what}"
+        )
+    return shape
