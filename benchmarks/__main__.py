@@ -11,9 +11,11 @@ import os
 # 8 virtual CPU devices, set before JAX initialises its backend.
 # Steps in flight are bounded everywhere; the longer collective timeout only keeps a heavily
 # loaded shared machine from aborting a slow (not stuck) CPU rendezvous after the default 40 s.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=8"
-                           + " --xla_cpu_collective_timeout_seconds=300").strip()
+os.environ["XLA_FLAGS"] = (
+  os.environ.get("XLA_FLAGS", "")
+  + " --xla_force_host_platform_device_count=8"
+  + " --xla_cpu_collective_timeout_seconds=300"
+).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -38,8 +40,9 @@ def machine_description() -> str:
   model = "unknown"
   try:
     with open("/proc/cpuinfo") as cpuinfo:
-      model = next((line.split(":", 1)[1].strip() for line in cpuinfo
-                    if line.startswith("model name")), model)
+      model = next(
+        (line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), model
+      )
   except OSError:
     pass
   try:
@@ -47,24 +50,29 @@ def machine_description() -> str:
   except OSError:
     load = "unknown"
   found = ", ".join(f"{k} {v}" for k, v in anchors.versions().items())
-  return "\n".join([
+  return "\n".join(
+    [
       f"- CPUs: `nproc` = {os.cpu_count()}, model: {model}",
       f"- JAX devices: {jax.device_count()} x {jax.devices()[0].platform} "
       "(virtual: `--xla_force_host_platform_device_count=8`)",
       f"- Python {platform.python_version()}; {found}",
       f"- load average (1, 5, 15 min) at the start: {load}",
-  ])
+    ]
+  )
 
 
 def summary(exact_values: dict, speed_values: dict, scaled: dict) -> str:
   """A few measured headline lines, derived from the tables' own numbers."""
   errors = []
-  for (case, column), (cell, reference) in exact_values.items():
+  for (_case, column), (cell, reference) in exact_values.items():
     if column == "padded_eval" and not isinstance(cell, str):
       errors.append(abs(float(cell) - reference) / abs(reference))
   ratios = speed_values["seconds"]["ratios"]
-  backends = ", ".join(f"{k.split('=')[1]} {v[0]:.2f}x" for k, v in ratios.items()
-                       if k.startswith("pe.masked_eval, backend="))
+  backends = ", ".join(
+    f"{k.split('=')[1]} {v[0]:.2f}x"
+    for k, v in ratios.items()
+    if k.startswith("pe.masked_eval, backend=")
+  )
   psu = [v[0] for k, v in ratios.items() if k.startswith("flax pad_shard_unpad")]
   clu = [v[0] for k, v in ratios.items() if k.startswith("clu ")]
   traces = {v for (name, _), v in speed_values["traces"].items() if name.startswith("pe.")}
@@ -72,14 +80,17 @@ def summary(exact_values: dict, speed_values: dict, scaled: dict) -> str:
   per_example = scaled["per_example"]["pe.masked_eval (pmap)"]
   ns = sorted(per_example)
   lines = [
-      f"- padded_eval computed {len(errors)} of {len(exact_values) // 5} exactness cases; largest "
-      f"relative error {max(errors):.1e}." if errors else "- padded_eval: no exactness case ran.",
-      f"- masked_eval time / faster bare pmap loop (best times): {backends}"
-      + (f"; flax pad_shard_unpad + host metrics {psu[0]:.2f}x" if psu else "")
-      + (f"; clu gather_from_model_output {clu[0]:.2f}x" if clu else "") + ".",
-      f"- masked_eval traces per call for N in {speed.TRACE_ROWS}: {trace_text}.",
-      f"- masked_eval time per example: {per_example[ns[0]] * 1e6:.1f} us at N={ns[0]:,}, "
-      f"{per_example[ns[-1]] * 1e6:.1f} us at N={ns[-1]:,}.",
+    f"- padded_eval computed {len(errors)} of {len(exact_values) // 5} exactness cases; largest "
+    f"relative error {max(errors):.1e}."
+    if errors
+    else "- padded_eval: no exactness case ran.",
+    f"- masked_eval time / faster bare pmap loop (best times): {backends}"
+    + (f"; flax pad_shard_unpad + host metrics {psu[0]:.2f}x" if psu else "")
+    + (f"; clu gather_from_model_output {clu[0]:.2f}x" if clu else "")
+    + ".",
+    f"- masked_eval traces per call for N in {speed.TRACE_ROWS}: {trace_text}.",
+    f"- masked_eval time per example: {per_example[ns[0]] * 1e6:.1f} us at N={ns[0]:,}, "
+    f"{per_example[ns[-1]] * 1e6:.1f} us at N={ns[-1]:,}.",
   ]
   return "\n".join(lines)
 
@@ -87,9 +98,13 @@ def summary(exact_values: dict, speed_values: dict, scaled: dict) -> str:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
   parser.add_argument("--quick", action="store_true", help="small sizes (a smoke test, < 2 min)")
-  parser.add_argument("--out", type=pathlib.Path, default=None,
-                      help="output directory (default: benchmarks/ for a full run, a temporary "
-                           "directory for --quick)")
+  parser.add_argument(
+    "--out",
+    type=pathlib.Path,
+    default=None,
+    help="output directory (default: benchmarks/ for a full run, a temporary "
+    "directory for --quick)",
+  )
   args = parser.parse_args(argv)
   out = args.out or (pathlib.Path(tempfile.mkdtemp(prefix="pe_bench_")) if args.quick else HERE)
   out.mkdir(parents=True, exist_ok=True)
@@ -105,13 +120,14 @@ def main(argv=None) -> int:
   scaling_md, scaled = scaling.run(args.quick, log)
   plot_path = out / "scaling.png"
   plotted = scaling.plot(scaled["per_example"], str(plot_path))
-  figure = ("![time per example](scaling.png)" if plotted
-            else "(plot skipped: matplotlib not installed)")
+  figure = (
+    "![time per example](scaling.png)" if plotted else "(plot skipped: matplotlib not installed)"
+  )
   elapsed = time.perf_counter() - start
   mode = "quick (smoke test sizes; not for comparison)" if args.quick else "full"
   report = f"""# padded_eval benchmarks against the anchors
 
-Generated by `python -m benchmarks{' --quick' if args.quick else ''}` ({mode}) on
+Generated by `python -m benchmarks{" --quick" if args.quick else ""}` ({mode}) on
 {datetime.date.today().isoformat()} in {elapsed:.0f} s. Every number below was measured in this
 one process run; every ratio is against a baseline timed in the same run. No number is estimated.
 

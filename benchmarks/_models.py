@@ -18,8 +18,13 @@ def mlp_params(sizes: tuple[int, ...], seed: int = 0) -> list[dict[str, np.ndarr
     A list of ``{"w": [fan_in, fan_out], "b": [fan_out]}``.
   """
   rng = np.random.default_rng(seed)
-  return [{"w": (rng.normal(size=(m, n)) * np.sqrt(2.0 / m)).astype(np.float32),
-           "b": np.zeros(n, np.float32)} for m, n in zip(sizes[:-1], sizes[1:])]
+  return [
+    {
+      "w": (rng.normal(size=(m, n)) * np.sqrt(2.0 / m)).astype(np.float32),
+      "b": np.zeros(n, np.float32),
+    }
+    for m, n in zip(sizes[:-1], sizes[1:])
+  ]
 
 
 def mlp_apply(params: list[dict[str, jax.Array]], x: jax.Array) -> jax.Array:
@@ -32,8 +37,10 @@ def mlp_apply(params: list[dict[str, jax.Array]], x: jax.Array) -> jax.Array:
 def classification_data(num_rows: int, num_features: int, num_classes: int, seed: int = 1):
   """``{"x": [N, F] float32, "label": [N] int32}`` of random features and labels."""
   rng = np.random.default_rng(seed)
-  return {"x": rng.normal(size=(num_rows, num_features)).astype(np.float32),
-          "label": rng.integers(0, num_classes, num_rows).astype(np.int32)}
+  return {
+    "x": rng.normal(size=(num_rows, num_features)).astype(np.float32),
+    "label": rng.integers(0, num_classes, num_rows).astype(np.int32),
+  }
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:

@@ -18,9 +18,9 @@ HIDE_ENV = "PADDED_EVAL_BENCH_HIDE"
 
 # column name -> (distribution shown in the machine notes, module to import)
 _ANCHOR_MODULES = {
-    "flax": ("flax", "flax.nnx"),
-    "clu": ("clu", "clu.metrics"),
-    "metrax": ("google-metrax", "metrax"),
+  "flax": ("flax", "flax.nnx"),
+  "clu": ("clu", "clu.metrics"),
+  "metrax": ("google-metrax", "metrax"),
 }
 
 
@@ -60,6 +60,7 @@ def matplotlib_pyplot():
     return None
   try:
     import matplotlib
+
     matplotlib.use("Agg")
     return importlib.import_module("matplotlib.pyplot")
   except Exception:  # noqa: BLE001
@@ -69,6 +70,7 @@ def matplotlib_pyplot():
 def versions() -> dict[str, str]:
   """``{distribution: version or 'not installed'}`` for the anchors and jax."""
   from importlib import metadata
+
   found = {}
   for anchor, (dist, _) in _ANCHOR_MODULES.items():
     if load(anchor) is None:

@@ -55,10 +55,10 @@ def run(repeats: int) -> list[tuple[int, str, float]]:
     valid = jnp.asarray(rng.random(BATCH) < 0.9)
     args = (labels, predicted, valid)
     variants = {
-        "matrix scatter": jax.jit(lambda t, p, v, c=c: ci.matrix_counts(t, p, v, c, "scatter")),
-        "matrix matmul": jax.jit(lambda t, p, v, c=c: ci.matrix_counts(t, p, v, c, "matmul")),
-        "per-class scatter": jax.jit(lambda t, p, v, c=c: ci.class_counts(t, p, v, c)),
-        "per-class one-hot": jax.jit(lambda t, p, v, c=c: _one_hot_class_counts(t, p, v, c)),
+      "matrix scatter": jax.jit(lambda t, p, v, c=c: ci.matrix_counts(t, p, v, c, "scatter")),
+      "matrix matmul": jax.jit(lambda t, p, v, c=c: ci.matrix_counts(t, p, v, c, "matmul")),
+      "per-class scatter": jax.jit(lambda t, p, v, c=c: ci.class_counts(t, p, v, c)),
+      "per-class one-hot": jax.jit(lambda t, p, v, c=c: _one_hot_class_counts(t, p, v, c)),
     }
     reference = {}
     for name, fn in variants.items():
@@ -92,8 +92,10 @@ def main():
     print(f"{c:>5}  {name:<18} {micros:>10.1f}  {micros / base:6.2f}x")
   auroc = run_auroc(args.repeats)
   for bins, micros in auroc:
-    print(f"AUROC update, {bins:>6} bins: {micros:8.1f} us/batch  "
-          f"{micros / auroc[0][1]:6.2f}x of {auroc[0][0]} bins")
+    print(
+      f"AUROC update, {bins:>6} bins: {micros:8.1f} us/batch  "
+      f"{micros / auroc[0][1]:6.2f}x of {auroc[0][0]} bins"
+    )
 
 
 if __name__ == "__main__":

@@ -29,95 +29,109 @@ BATCH = 256
 
 
 def make_data(rows: int) -> dict:
-    rng = np.random.default_rng(0)
-    return {
-        "image": rng.random((rows, 32), dtype=np.float32),
-        "label": rng.integers(0, 10, rows).astype(np.int32),
-        "meta": {"id": np.arange(rows, dtype=np.int64)},
-    }
+  rng = np.random.default_rng(0)
+  return {
+    "image": rng.random((rows, 32), dtype=np.float32),
+    "label": rng.integers(0, 10, rows).astype(np.int32),
+    "meta": {"id": np.arange(rows, dtype=np.int64)},
+  }
 
 
 def chunks(data: dict, size: int) -> list[dict]:
-    rows = len(data["label"])
-    return [
-        {"image": data["image"][i : i + size], "label": data["label"][i : i + size],
-         "meta": {"id": data["meta"]["id"][i : i + size]}}
-        for i in range(0, rows, size)
-    ]
+  rows = len(data["label"])
+  return [
+    {
+      "image": data["image"][i : i + size],
+      "label": data["label"][i : i + size],
+      "meta": {"id": data["meta"]["id"][i : i + size]},
+    }
+    for i in range(0, rows, size)
+  ]
 
 
 def consume(batches) -> int:
-    """A trivial consumer that touches each batch: counts rows."""
-    rows = 0
-    for batch in batches:
-        rows += batch["label"].shape[0]
-    return rows
+  """A trivial consumer that touches each batch: counts rows."""
+  rows = 0
+  for batch in batches:
+    rows += batch["label"].shape[0]
+  return rows
 
 
 def median_seconds(fns: dict, repeats: int) -> dict:
-    """Median seconds per named callable, runs interleaved so drift hits all alike."""
-    times = {name: [] for name in fns}
-    for name, fn in fns.items():  # warm-up
-        fn()
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+  """Median seconds per named callable, runs interleaved so drift hits all alike."""
+  times = {name: [] for name in fns}
+  for fn in fns.values():  # warm-up
+    fn()
+  for _ in range(repeats):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      fn()
+      times[name].append(time.perf_counter() - start)
+  return {name: statistics.median(t) for name, t in times.items()}
 
 
 def host_overhead(num_batches: int, repeats: int) -> None:
-    data = make_data(num_batches * BATCH)
-    aligned = chunks(data, BATCH)
-    misaligned = chunks(data, 200)
-    fns = {
-        "plain loop": lambda: consume(aligned),
-        "aligned": lambda: consume(pe.pad_batches(aligned, BATCH, num_devices=1)),
-        "misaligned (200-row inputs)": lambda: consume(pe.pad_batches(misaligned, BATCH, num_devices=1)),
-        "whole-dataset Mapping": lambda: consume(pe.pad_batches(data, BATCH, num_devices=1)),
-    }
-    seconds = median_seconds(fns, repeats)
-    base = seconds["plain loop"]
-    print(f"(a) host overhead per batch, {num_batches} batches of {BATCH} rows, 3 leaves (median of {repeats})")
-    print(f"    plain loop over the same full batches: {base / num_batches * 1e6:8.2f} us/batch")
-    for name in list(fns)[1:]:
-        extra = (seconds[name] - base) / num_batches * 1e6
-        print(f"    pad_batches, {name:28s}: {seconds[name] / num_batches * 1e6:8.2f} us/batch "
-              f"(+{extra:.2f} us over the plain loop)")
+  data = make_data(num_batches * BATCH)
+  aligned = chunks(data, BATCH)
+  misaligned = chunks(data, 200)
+  fns = {
+    "plain loop": lambda: consume(aligned),
+    "aligned": lambda: consume(pe.pad_batches(aligned, BATCH, num_devices=1)),
+    "misaligned (200-row inputs)": lambda: consume(
+      pe.pad_batches(misaligned, BATCH, num_devices=1)
+    ),
+    "whole-dataset Mapping": lambda: consume(pe.pad_batches(data, BATCH, num_devices=1)),
+  }
+  seconds = median_seconds(fns, repeats)
+  base = seconds["plain loop"]
+  print(
+    f"(a) host overhead per batch, {num_batches} batches of {BATCH} rows, 3 leaves (median of {repeats})"
+  )
+  print(f"    plain loop over the same full batches: {base / num_batches * 1e6:8.2f} us/batch")
+  for name in list(fns)[1:]:
+    extra = (seconds[name] - base) / num_batches * 1e6
+    print(
+      f"    pad_batches, {name:28s}: {seconds[name] / num_batches * 1e6:8.2f} us/batch "
+      f"(+{extra:.2f} us over the plain loop)"
+    )
 
 
 def tf_throughput(rows: int, repeats: int) -> None:
-    import tensorflow as tf
+  import tensorflow as tf
 
-    data = make_data(rows)
-    base = tf.data.Dataset.from_tensor_slices(data)
-    batched = base.batch(100)
+  data = make_data(rows)
+  base = tf.data.Dataset.from_tensor_slices(data)
+  batched = base.batch(100)
 
-    def raw(ds):
-        return lambda: consume(ds.prefetch(tf.data.AUTOTUNE).as_numpy_iterator())
+  def raw(ds):
+    return lambda: consume(ds.prefetch(tf.data.AUTOTUNE).as_numpy_iterator())
 
-    fns = {
-        "raw unbatched": raw(base.batch(BATCH)),
-        "padded unbatched": lambda: consume(pe.pad_batches(base, BATCH, num_devices=1)),
-        "raw batched": raw(batched.rebatch(BATCH)),
-        "padded batched": lambda: consume(pe.pad_batches(batched, BATCH, num_devices=1)),
-    }
-    seconds = median_seconds(fns, repeats)
-    print(f"(b) tf.data, {rows} examples, batch {BATCH} (median of {repeats})")
-    for kind, source in (("unbatched", "from_tensor_slices"), ("batched", "from_tensor_slices.batch(100)")):
-        raw_rate, padded_rate = rows / seconds[f"raw {kind}"], rows / seconds[f"padded {kind}"]
-        print(f"    {kind:9s} source ({source}): raw {raw_rate:10.0f} ex/s, pad_batches {padded_rate:10.0f} ex/s, "
-              f"ratio {padded_rate / raw_rate:.2f}")
+  fns = {
+    "raw unbatched": raw(base.batch(BATCH)),
+    "padded unbatched": lambda: consume(pe.pad_batches(base, BATCH, num_devices=1)),
+    "raw batched": raw(batched.rebatch(BATCH)),
+    "padded batched": lambda: consume(pe.pad_batches(batched, BATCH, num_devices=1)),
+  }
+  seconds = median_seconds(fns, repeats)
+  print(f"(b) tf.data, {rows} examples, batch {BATCH} (median of {repeats})")
+  for kind, source in (
+    ("unbatched", "from_tensor_slices"),
+    ("batched", "from_tensor_slices.batch(100)"),
+  ):
+    raw_rate, padded_rate = rows / seconds[f"raw {kind}"], rows / seconds[f"padded {kind}"]
+    print(
+      f"    {kind:9s} source ({source}): raw {raw_rate:10.0f} ex/s, pad_batches {padded_rate:10.0f} ex/s, "
+      f"ratio {padded_rate / raw_rate:.2f}"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
-    args = parser.parse_args()
-    host_overhead(num_batches=200 if args.quick else 2000, repeats=3 if args.quick else 7)
-    tf_throughput(rows=20_000 if args.quick else 200_000, repeats=3 if args.quick else 5)
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
+  args = parser.parse_args()
+  host_overhead(num_batches=200 if args.quick else 2000, repeats=3 if args.quick else 7)
+  tf_throughput(rows=20_000 if args.quick else 200_000, repeats=3 if args.quick else 5)
 
 
 if __name__ == "__main__":
-    main()
+  main()

@@ -23,19 +23,20 @@ Run: ``python benchmarks/bench_eval.py [--rounds 5] [--width 1024] [--batch 1024
 import os
 
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
+import _models  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import jax_utils  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
-import _models  # noqa: E402
 import padded_eval as pe  # noqa: E402
 from padded_eval.metrics.base import Metric, state  # noqa: E402
 
@@ -47,8 +48,10 @@ class AccuracyAndLoss(Metric):
   loss: pe.metrics.Mean = state(lambda self: pe.metrics.Mean(name="loss"))
 
   def _batch_state(self, *, preds, target, values, mask=None, **_):
-    return {"accuracy": self.accuracy.batch_updates(preds=preds, target=target, mask=mask),
-            "loss": self.loss.batch_updates(values=values, mask=mask)}
+    return {
+      "accuracy": self.accuracy.batch_updates(preds=preds, target=target, mask=mask),
+      "loss": self.loss.batch_updates(values=values, mask=mask),
+    }
 
   def compute(self):
     return {"accuracy": self.accuracy.compute(), "loss": self.loss.compute()}
@@ -59,9 +62,12 @@ class AccuracyAndLoss(Metric):
 
 def eval_step(params, batch):
   logits = _models.mlp_apply(params, batch["x"])
-  return AccuracyAndLoss().batch_updates(preds=logits, target=batch["label"],
-                                         values=_models.cross_entropy(logits, batch["label"]),
-                                         mask=batch["mask"])
+  return AccuracyAndLoss().batch_updates(
+    preds=logits,
+    target=batch["label"],
+    values=_models.cross_entropy(logits, batch["label"]),
+    mask=batch["mask"],
+  )
 
 
 def make_variants(args):
@@ -76,8 +82,10 @@ def make_variants(args):
   replicated = NamedSharding(mesh, PartitionSpec())
 
   padded = list(pe.pad_batches(data, args.batch))  # host numpy batches with masks
-  device_batches = [jax.device_put(pe.shard(b, num_devices), NamedSharding(mesh, PartitionSpec("batch")))
-                    for b in padded]
+  device_batches = [
+    jax.device_put(pe.shard(b, num_devices), NamedSharding(mesh, PartitionSpec("batch")))
+    for b in padded
+  ]
   device_params = jax.device_put(host_params, replicated)
   forward = jax.pmap(lambda p, b: _models.mlp_apply(p, b["x"]), "batch", in_axes=(None, 0))
 
@@ -95,13 +103,16 @@ def make_variants(args):
     previous.block_until_ready()
 
   def masked(backend, steps_in_flight=None):
-    return lambda: pe.masked_eval(eval_step, device_params, padded, backend=backend,
-                                  steps_in_flight=steps_in_flight)
+    return lambda: pe.masked_eval(
+      eval_step, device_params, padded, backend=backend, steps_in_flight=steps_in_flight
+    )
 
   flax_forward = jax_utils.pad_shard_unpad(
-      jax.pmap(lambda p, x: _models.mlp_apply(p, x), "batch", in_axes=(None, 0)))
-  raw_batches = [{k: v[i:i + args.batch] for k, v in data.items()}
-                 for i in range(0, num_rows, args.batch)]
+    jax.pmap(lambda p, x: _models.mlp_apply(p, x), "batch", in_axes=(None, 0))
+  )
+  raw_batches = [
+    {k: v[i : i + args.batch] for k, v in data.items()} for i in range(0, num_rows, args.batch)
+  ]
 
   def flax_host_metrics():
     correct, loss_sum, count = 0, 0.0, 0
@@ -115,13 +126,13 @@ def make_variants(args):
     return {"accuracy": correct / count, "loss": loss_sum / count, "num_examples": count}
 
   variants = {
-      "bare pmap, wait each step": bare_wait_each,
-      "bare pmap, wait step t-1": bare_wait_previous,
-      "masked_eval pmap": masked("pmap"),
-      "masked_eval pmap, 1 step in flight": masked("pmap", 1),
-      "masked_eval shard_map": masked("shard_map"),
-      "masked_eval jit": masked("jit"),
-      "flax pad_shard_unpad + host metrics": flax_host_metrics,
+    "bare pmap, wait each step": bare_wait_each,
+    "bare pmap, wait step t-1": bare_wait_previous,
+    "masked_eval pmap": masked("pmap"),
+    "masked_eval pmap, 1 step in flight": masked("pmap", 1),
+    "masked_eval shard_map": masked("shard_map"),
+    "masked_eval jit": masked("jit"),
+    "flax pad_shard_unpad + host metrics": flax_host_metrics,
   }
   return variants, num_rows
 
@@ -140,33 +151,43 @@ def run(args):
     assert abs(got["loss"] - reference["loss"]) < 1e-4 * abs(reference["loss"]), (got, reference)
 
   wall = {name: [] for name in variants}
-  cpu = {name: [] for name in variants}  # process CPU seconds: steadier than wall on a shared machine
+  cpu = {
+    name: [] for name in variants
+  }  # process CPU seconds: steadier than wall on a shared machine
   names = list(variants)
   for round_index in range(args.rounds):
-    order = names[round_index % len(names):] + names[:round_index % len(names)]
+    order = names[round_index % len(names) :] + names[: round_index % len(names)]
     for name in order:
       start_wall, start_cpu = time.perf_counter(), time.process_time()
       variants[name]()
       wall[name].append(time.perf_counter() - start_wall)
       cpu[name].append(time.process_time() - start_cpu)
 
-  print(f"MLP {args.features}->{args.width}x{args.depth}->{args.classes}, batch {args.batch}, "
-        f"{args.steps} steps ({num_rows} real rows), {jax.local_device_count()} devices, "
-        f"{args.rounds} rounds")
-  print(f"{'variant':38s} {'wall ms':>8s} {'wall ratio':>10s} {'best':>6s} {'cpu ms':>8s} {'cpu ratio':>9s}")
+  print(
+    f"MLP {args.features}->{args.width}x{args.depth}->{args.classes}, batch {args.batch}, "
+    f"{args.steps} steps ({num_rows} real rows), {jax.local_device_count()} devices, "
+    f"{args.rounds} rounds"
+  )
+  print(
+    f"{'variant':38s} {'wall ms':>8s} {'wall ratio':>10s} {'best':>6s} {'cpu ms':>8s} {'cpu ratio':>9s}"
+  )
   base_wall = [min(pair) for pair in zip(*(wall[b] for b in BASELINES))]
   base_cpu = [min(pair) for pair in zip(*(cpu[b] for b in BASELINES))]
   for name in names:
     wall_ratio = statistics.median([t / b for t, b in zip(wall[name], base_wall)])
     cpu_ratio = statistics.median([t / b for t, b in zip(cpu[name], base_cpu)])
-    print(f"{name:38s} {statistics.median(wall[name]) * 1e3:8.0f} {wall_ratio:10.3f} "
-          f"{min(wall[name]) / min(base_wall):6.3f} {statistics.median(cpu[name]) * 1e3:8.0f} "
-          f"{cpu_ratio:9.3f}")
+    print(
+      f"{name:38s} {statistics.median(wall[name]) * 1e3:8.0f} {wall_ratio:10.3f} "
+      f"{min(wall[name]) / min(base_wall):6.3f} {statistics.median(cpu[name]) * 1e3:8.0f} "
+      f"{cpu_ratio:9.3f}"
+    )
   flax = "flax pad_shard_unpad + host metrics"
   for name in (n for n in names if n.startswith("masked_eval")):
-    print(f"{name} / flax recipe: wall median "
-          f"{statistics.median([t / f for t, f in zip(wall[name], wall[flax])]):.3f}, cpu median "
-          f"{statistics.median([t / f for t, f in zip(cpu[name], cpu[flax])]):.3f}")
+    print(
+      f"{name} / flax recipe: wall median "
+      f"{statistics.median([t / f for t, f in zip(wall[name], wall[flax])]):.3f}, cpu median "
+      f"{statistics.median([t / f for t, f in zip(cpu[name], cpu[flax])]):.3f}"
+    )
 
 
 def main():

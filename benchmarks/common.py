@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,7 @@ def num_devices() -> int:
 def split_rows(data: dict, batch_size: int) -> list[dict]:
   """The dataset cut into consecutive batches of ``batch_size`` rows (the last may be short)."""
   n = len(next(iter(data.values())))
-  return [{k: v[i:i + batch_size] for k, v in data.items()} for i in range(0, n, batch_size)]
+  return [{k: v[i : i + batch_size] for k, v in data.items()} for i in range(0, n, batch_size)]
 
 
 def shard_rows(batch: dict) -> dict:
@@ -111,8 +112,9 @@ def relative_error_cell(value: Any, reference: float) -> str:
 
 
 def block(tree):
-  return jax.tree.map(lambda x: x.block_until_ready() if hasattr(x, "block_until_ready") else x,
-                      tree)
+  return jax.tree.map(
+    lambda x: x.block_until_ready() if hasattr(x, "block_until_ready") else x, tree
+  )
 
 
 def time_call(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
@@ -134,7 +136,7 @@ def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1)
       block(fns[name]())
   times = {name: [] for name in names}
   for r in range(rounds):
-    for name in names[r % len(names):] + names[:r % len(names)]:
+    for name in names[r % len(names) :] + names[: r % len(names)]:
       start = time.perf_counter()
       block(fns[name]())
       times[name].append(time.perf_counter() - start)

@@ -8,7 +8,7 @@ Where a library cannot express a case the cell says why; where its code raises, 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -16,30 +16,40 @@ import numpy as np
 
 import padded_eval as pe
 from benchmarks import anchors
-from benchmarks.common import (NOT_YET, Annotated, describe_failure, markdown_table, metric_class,
-                               naive_pmean_loop, padded_eval_value, relative_error_cell, seeded,
-                               split_rows)
+from benchmarks.common import (
+  NOT_YET,
+  Annotated,
+  describe_failure,
+  markdown_table,
+  metric_class,
+  naive_pmean_loop,
+  padded_eval_value,
+  relative_error_cell,
+  seeded,
+  split_rows,
+)
 
 COLUMNS = ("naive pmean loop", "flax nnx metrics", "clu.metrics", "metrax", "padded_eval")
 
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-  rows: int = 1000            # unequal final batch, NaN padding, macro F1 (batch 128 -> last 104)
+  rows: int = 1000  # unequal final batch, NaN padding, macro F1 (batch 128 -> last 104)
   batch: int = 128
   classes: int = 10
-  sequences: int = 256        # perplexity: sequences of length <= seq_len, vocab V
+  sequences: int = 256  # perplexity: sequences of length <= seq_len, vocab V
   seq_len: int = 64
   vocab: int = 1000
-  chunk_log2: int = 24        # mean over 2**31 + 2**chunk_log2 values, built from one chunk
+  chunk_log2: int = 24  # mean over 2**31 + 2**chunk_log2 values, built from one chunk
   std_rows: int = 100_000
   tail_updates: int = 1 << 20  # one-element updates after 2**24 elements
   real_loops_past_2_31: bool = True  # run the nnx / naive loops over all 2**31 values (~10 s)
 
 
 FULL = Sizes()
-QUICK = Sizes(sequences=64, vocab=200, std_rows=8_000, tail_updates=1 << 12,
-              real_loops_past_2_31=False)
+QUICK = Sizes(
+  sequences=64, vocab=200, std_rows=8_000, tail_updates=1 << 12, real_loops_past_2_31=False
+)
 
 
 def _cell(fn: Callable[[], object], module) -> object:
@@ -82,18 +92,38 @@ def unequal_final_batch(sizes: Sizes) -> tuple[float, list]:
   raw = split_rows(data, sizes.batch)
   nnx, clu, metrax = anchors.load("flax"), anchors.load("clu"), anchors.load("metrax")
   cells = [
-      naive_pmean_loop(lambda b: jnp.mean(jnp.argmax(b["logits"], -1) == b["labels"]), raw),
-      _cell(lambda: _nnx_run(nnx.metrics.Accuracy(), raw, logits="logits", labels="labels"), nnx),
-      _cell(lambda: _merge_all([clu.Accuracy.from_model_output(
-          logits=jnp.asarray(b["logits"]), labels=jnp.asarray(b["labels"])) for b in raw]).compute(),
-          clu),
-      _cell(lambda: _merge_all([metrax.Accuracy.from_model_output(
-          predictions=jnp.argmax(b["logits"], -1), labels=jnp.asarray(b["labels"]))
-          for b in raw]).compute(), metrax),
-      padded_eval_value(
-          lambda _, b: pe.metrics.Accuracy().batch_updates(
-              preds=b["logits"], target=b["labels"], mask=b["mask"]),
-          None, pe.pad_batches(data, sizes.batch), "accuracy"),
+    naive_pmean_loop(lambda b: jnp.mean(jnp.argmax(b["logits"], -1) == b["labels"]), raw),
+    _cell(lambda: _nnx_run(nnx.metrics.Accuracy(), raw, logits="logits", labels="labels"), nnx),
+    _cell(
+      lambda: _merge_all(
+        [
+          clu.Accuracy.from_model_output(
+            logits=jnp.asarray(b["logits"]), labels=jnp.asarray(b["labels"])
+          )
+          for b in raw
+        ]
+      ).compute(),
+      clu,
+    ),
+    _cell(
+      lambda: _merge_all(
+        [
+          metrax.Accuracy.from_model_output(
+            predictions=jnp.argmax(b["logits"], -1), labels=jnp.asarray(b["labels"])
+          )
+          for b in raw
+        ]
+      ).compute(),
+      metrax,
+    ),
+    padded_eval_value(
+      lambda _, b: pe.metrics.Accuracy().batch_updates(
+        preds=b["logits"], target=b["labels"], mask=b["mask"]
+      ),
+      None,
+      pe.pad_batches(data, sizes.batch),
+      "accuracy",
+    ),
   ]
   return reference, cells
 
@@ -112,16 +142,34 @@ def nan_in_padded_rows(sizes: Sizes) -> tuple[float, list]:
     return jnp.sum(b["loss"] * m) / jnp.sum(m)
 
   cells = [
-      naive_pmean_loop(masked_mean, padded),
-      _cell(lambda: _nnx_run(nnx.metrics.Average("loss"), padded, loss="loss", mask="mask"), nnx),
-      _cell(lambda: _merge_all([clu.Average.from_model_output(
-          jnp.asarray(b["loss"]), mask=jnp.asarray(b["mask"])) for b in padded]).compute(), clu),
-      _cell(lambda: _merge_all([metrax.Average.from_model_output(
-          jnp.asarray(b["loss"]), sample_weights=jnp.asarray(b["mask"], jnp.float32))
-          for b in padded]).compute(), metrax),
-      padded_eval_value(
-          lambda _, b: pe.metrics.Mean("loss").batch_updates(loss=b["loss"], mask=b["mask"]),
-          None, padded, "mean"),
+    naive_pmean_loop(masked_mean, padded),
+    _cell(lambda: _nnx_run(nnx.metrics.Average("loss"), padded, loss="loss", mask="mask"), nnx),
+    _cell(
+      lambda: _merge_all(
+        [
+          clu.Average.from_model_output(jnp.asarray(b["loss"]), mask=jnp.asarray(b["mask"]))
+          for b in padded
+        ]
+      ).compute(),
+      clu,
+    ),
+    _cell(
+      lambda: _merge_all(
+        [
+          metrax.Average.from_model_output(
+            jnp.asarray(b["loss"]), sample_weights=jnp.asarray(b["mask"], jnp.float32)
+          )
+          for b in padded
+        ]
+      ).compute(),
+      metrax,
+    ),
+    padded_eval_value(
+      lambda _, b: pe.metrics.Mean("loss").batch_updates(loss=b["loss"], mask=b["mask"]),
+      None,
+      padded,
+      "mean",
+    ),
   ]
   return reference, cells
 
@@ -139,6 +187,7 @@ def _macro_f1_jnp(preds, labels, mask, classes):
 
 def macro_f1(sizes: Sizes) -> tuple[float, list]:
   from sklearn.metrics import f1_score
+
   data = _classification_data(sizes, 3)
   preds = np.argmax(data["logits"], -1).astype(np.int32)
   reference = float(f1_score(data["labels"], preds, average="macro", zero_division=0))
@@ -147,22 +196,34 @@ def macro_f1(sizes: Sizes) -> tuple[float, list]:
   c = sizes.classes
 
   def metrax_f1():  # one-vs-rest columns give per-class F1; macro = their mean
-    states = [metrax.FBetaScore.from_model_output(
-        jax.nn.one_hot(b["preds"], c), jax.nn.one_hot(b["labels"], c), beta=1.0)
-        for b in padded]
+    states = [
+      metrax.FBetaScore.from_model_output(
+        jax.nn.one_hot(b["preds"], c), jax.nn.one_hot(b["labels"], c), beta=1.0
+      )
+      for b in padded
+    ]
     return jnp.mean(_merge_all(states).compute())
 
   f1_class = metric_class("F1Score")
   cells = [
-      naive_pmean_loop(lambda b: _macro_f1_jnp(b["preds"], b["labels"], b["mask"], c), padded),
-      "n/a: no F1 in nnx.metrics" if anchors.load("flax") else anchors.NOT_INSTALLED,
-      ("n/a: no F1 (only CollectingMetric: all N rows to host)" if anchors.load("clu")
-       else anchors.NOT_INSTALLED),
-      _cell(metrax_f1, metrax),
-      NOT_YET + " (F1Score)" if f1_class is None else padded_eval_value(
-          lambda _, b: f1_class(task="multiclass", num_classes=c, average="macro").batch_updates(
-              preds=b["preds"], target=b["labels"], mask=b["mask"]),
-          None, padded, "f1score"),
+    naive_pmean_loop(lambda b: _macro_f1_jnp(b["preds"], b["labels"], b["mask"], c), padded),
+    "n/a: no F1 in nnx.metrics" if anchors.load("flax") else anchors.NOT_INSTALLED,
+    (
+      "n/a: no F1 (only CollectingMetric: all N rows to host)"
+      if anchors.load("clu")
+      else anchors.NOT_INSTALLED
+    ),
+    _cell(metrax_f1, metrax),
+    NOT_YET + " (F1Score)"
+    if f1_class is None
+    else padded_eval_value(
+      lambda _, b: f1_class(task="multiclass", num_classes=c, average="macro").batch_updates(
+        preds=b["preds"], target=b["labels"], mask=b["mask"]
+      ),
+      None,
+      padded,
+      "f1score",
+    ),
   ]
   return reference, cells
 
@@ -179,7 +240,9 @@ def perplexity(sizes: Sizes) -> tuple[float, list]:
   tokens = np.arange(t)[None, :] < lengths[:, None]
   logits64 = logits.astype(np.float64)
   shifted = logits64 - logits64.max(-1, keepdims=True)
-  ce64 = np.log(np.exp(shifted).sum(-1)) - np.take_along_axis(shifted, targets[..., None], -1)[..., 0]
+  ce64 = (
+    np.log(np.exp(shifted).sum(-1)) - np.take_along_axis(shifted, targets[..., None], -1)[..., 0]
+  )
   reference = float(np.exp(ce64[tokens].mean()))
   batch = sizes.batch // 4
   padded = list(pe.pad_batches({"logits": logits, "targets": targets, "tokens": tokens}, batch))
@@ -204,18 +267,40 @@ def perplexity(sizes: Sizes) -> tuple[float, list]:
 
   perplexity_class = metric_class("Perplexity")
   cells = [
-      float(np.exp(naive_pmean_loop(naive_device, padded))),
-      _cell(nnx_run, nnx),
-      _cell(lambda: jnp.exp(_merge_all([clu.Average.from_model_output(
-          token_ce(b), mask=real_tokens(b)) for b in padded]).compute()), clu),
-      _cell(lambda: _merge_all([metrax.Perplexity.from_model_output(
-          jnp.asarray(b["logits"]), jnp.asarray(b["targets"]),
-          sample_weights=real_tokens(b).astype(jnp.float32), from_logits=True)
-          for b in padded]).compute(), metrax),
-      NOT_YET + " (Perplexity)" if perplexity_class is None else padded_eval_value(
-          lambda _, b: perplexity_class().batch_updates(
-              preds=b["logits"], target=b["targets"], mask=b["tokens"] & b["mask"][:, None]),
-          None, padded, "perplexity"),
+    float(np.exp(naive_pmean_loop(naive_device, padded))),
+    _cell(nnx_run, nnx),
+    _cell(
+      lambda: jnp.exp(
+        _merge_all(
+          [clu.Average.from_model_output(token_ce(b), mask=real_tokens(b)) for b in padded]
+        ).compute()
+      ),
+      clu,
+    ),
+    _cell(
+      lambda: _merge_all(
+        [
+          metrax.Perplexity.from_model_output(
+            jnp.asarray(b["logits"]),
+            jnp.asarray(b["targets"]),
+            sample_weights=real_tokens(b).astype(jnp.float32),
+            from_logits=True,
+          )
+          for b in padded
+        ]
+      ).compute(),
+      metrax,
+    ),
+    NOT_YET + " (Perplexity)"
+    if perplexity_class is None
+    else padded_eval_value(
+      lambda _, b: perplexity_class().batch_updates(
+        preds=b["logits"], target=b["targets"], mask=b["tokens"] & b["mask"][:, None]
+      ),
+      None,
+      padded,
+      "perplexity",
+    ),
   ]
   return reference, cells
 
@@ -250,12 +335,13 @@ def mean_past_2_31(sizes: Sizes) -> tuple[float, list]:
 
   skipped = "skipped in --quick (2**31 real updates)"
   cells = [
-      naive_pmean_loop(lambda b: jnp.mean(b["x"]), ({"x": chunk} for _ in range(copies)))
-      if sizes.real_loops_past_2_31 else skipped,
-      _cell(nnx_run if sizes.real_loops_past_2_31 else lambda: skipped, nnx),
-      _cell(lambda: by_merging(clu.Average.from_model_output(device_chunk)), clu),
-      _cell(lambda: by_merging(metrax.Average.from_model_output(device_chunk)), metrax),
-      float(by_merging(pe.metrics.Mean().batch_updates(values=device_chunk))),
+    naive_pmean_loop(lambda b: jnp.mean(b["x"]), ({"x": chunk} for _ in range(copies)))
+    if sizes.real_loops_past_2_31
+    else skipped,
+    _cell(nnx_run if sizes.real_loops_past_2_31 else lambda: skipped, nnx),
+    _cell(lambda: by_merging(clu.Average.from_model_output(device_chunk)), clu),
+    _cell(lambda: by_merging(metrax.Average.from_model_output(device_chunk)), metrax),
+    float(by_merging(pe.metrics.Mean().batch_updates(values=device_chunk))),
   ]
   return reference, cells
 
@@ -271,8 +357,9 @@ def _clu_std(clu, batches):
   except Exception as error:  # noqa: BLE001 - clu 0.0.12 calls jnp.clip(a_min=...), gone in jax 0.10
     mean = state.total / state.count
     variance = jnp.maximum(state.sum_of_squares / state.count - mean**2, 0.0)
-    return Annotated(float(variance**0.5),
-                     f"{describe_failure(error)}; its formula on its state gives")
+    return Annotated(
+      float(variance**0.5), f"{describe_failure(error)}; its formula on its state gives"
+    )
 
 
 def std_large_mean(sizes: Sizes) -> tuple[float, list]:
@@ -290,13 +377,18 @@ def std_large_mean(sizes: Sizes) -> tuple[float, list]:
   std_class = metric_class("Std")
   padded = list(pe.pad_batches({"x": values}, 1000))
   cells = [
-      naive_pmean_loop(lambda b: jnp.std(b["x"]), batches),
-      _cell(nnx_run, nnx),
-      _cell(lambda: _clu_std(clu, batches), clu),
-      "n/a: no Std in metrax" if anchors.load("metrax") else anchors.NOT_INSTALLED,
-      NOT_YET + " (Std)" if std_class is None else padded_eval_value(
-          lambda _, b: std_class().batch_updates(values=b["x"], preds=b["x"], mask=b["mask"]),
-          None, padded, "std"),
+    naive_pmean_loop(lambda b: jnp.std(b["x"]), batches),
+    _cell(nnx_run, nnx),
+    _cell(lambda: _clu_std(clu, batches), clu),
+    "n/a: no Std in metrax" if anchors.load("metrax") else anchors.NOT_INSTALLED,
+    NOT_YET + " (Std)"
+    if std_class is None
+    else padded_eval_value(
+      lambda _, b: std_class().batch_updates(values=b["x"], preds=b["x"], mask=b["mask"]),
+      None,
+      padded,
+      "std",
+    ),
   ]
   return reference, cells
 
@@ -306,9 +398,11 @@ def std_large_mean(sizes: Sizes) -> tuple[float, list]:
 
 def _scan_updates(state, update: Callable, count: int):
   """``count`` one-element updates of 1.0 applied with ``update(state, x[1])`` in a jitted scan."""
+
   @jax.jit
   def run(state, xs):
     return jax.lax.scan(lambda s, x: (update(s, x), None), state, xs)[0]
+
   return run(state, jnp.ones((count, 1), jnp.float32))
 
 
@@ -320,6 +414,7 @@ def one_element_updates(sizes: Sizes) -> tuple[float, list]:
 
   def nnx_run():
     from flax import nnx as nnx_module
+
     metric = nnx.metrics.Average()
     metric.update(values=zeros)
     graphdef, state = nnx_module.split(metric)
@@ -332,28 +427,32 @@ def one_element_updates(sizes: Sizes) -> tuple[float, list]:
     return nnx_module.merge(graphdef, _scan_updates(state, update, tail)).compute()
 
   def merged(cls, **kw):
-    return _scan_updates(cls.from_model_output(zeros, **kw),
-                         lambda s, x: s.merge(cls.from_model_output(x, **kw)), tail).compute()
+    return _scan_updates(
+      cls.from_model_output(zeros, **kw), lambda s, x: s.merge(cls.from_model_output(x, **kw)), tail
+    ).compute()
 
   cells = [
-      f"n/a: a 1-row batch cannot split over {jax.local_device_count()} devices",
-      _cell(nnx_run, nnx),
-      _cell(lambda: merged(clu.Average), clu),
-      _cell(lambda: merged(metrax.Average), metrax),
-      float(_scan_updates(pe.metrics.Mean().batch_updates(values=zeros),
-                          lambda m, x: m.update(values=x), tail).compute()),
+    f"n/a: a 1-row batch cannot split over {jax.local_device_count()} devices",
+    _cell(nnx_run, nnx),
+    _cell(lambda: merged(clu.Average), clu),
+    _cell(lambda: merged(metrax.Average), metrax),
+    float(
+      _scan_updates(
+        pe.metrics.Mean().batch_updates(values=zeros), lambda m, x: m.update(values=x), tail
+      ).compute()
+    ),
   ]
   return reference, cells
 
 
 CASES = (
-    ("unequal final batch (accuracy, 1000 rows, batch 128)", unequal_final_batch),
-    ("NaN in padded rows (mean loss, mask given)", nan_in_padded_rows),
-    ("macro F1 over batches (10 classes)", macro_f1),
-    ("token-weighted perplexity, varying lengths", perplexity),
-    ("mean over 2**31 + 2**24 values", mean_past_2_31),
-    ("Std, mean 1e4, std 1", std_large_mean),
-    ("one-element updates past 2**24 (mean)", one_element_updates),
+  ("unequal final batch (accuracy, 1000 rows, batch 128)", unequal_final_batch),
+  ("NaN in padded rows (mean loss, mask given)", nan_in_padded_rows),
+  ("macro F1 over batches (10 classes)", macro_f1),
+  ("token-weighted perplexity, varying lengths", perplexity),
+  ("mean over 2**31 + 2**24 values", mean_past_2_31),
+  ("Std, mean 1e4, std 1", std_large_mean),
+  ("one-element updates past 2**24 (mean)", one_element_updates),
 )
 
 
@@ -384,6 +483,8 @@ def run(quick: bool, log=print) -> tuple[str, dict]:
     for column, cell in zip(COLUMNS, cells):
       values[(title, column)] = (cell, reference)
     rows.append([title, f"{reference:.6g}"] + [relative_error_cell(c, reference) for c in cells])
-  notes = (f"\nSizes: {dataclasses.asdict(sizes)}. Cells: relative error |x - ref| / |ref| "
-           "(value shown when above 1e-3).\n\n" + HOW_COLUMNS_RUN)
+  notes = (
+    f"\nSizes: {dataclasses.asdict(sizes)}. Cells: relative error |x - ref| / |ref| "
+    "(value shown when above 1e-3).\n\n" + HOW_COLUMNS_RUN
+  )
   return markdown_table(["case", "float64 reference"] + list(COLUMNS), rows) + "\n" + notes, values

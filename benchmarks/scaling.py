@@ -40,11 +40,20 @@ def run(quick: bool, log=print) -> tuple[str, dict]:
     log(f"scaling: N={n}")
     data = speed._data(SIZES, n, seed=n)  # noqa: SLF001 - shared data maker
     sharded = [shard_rows(b) for b in split_rows(data, BATCH)]
-    best = {k: min(v) for k, v in interleaved({
-        "masked": lambda: pe.masked_eval(speed._accuracy_step, params,  # noqa: SLF001
-                                         pe.pad_batches(data, BATCH)),
-        "bare": lambda: speed._bare_loop(params, sharded, True),  # noqa: SLF001
-    }, rounds=_rounds(n)).items()}
+    best = {
+      k: min(v)
+      for k, v in interleaved(
+        {
+          "masked": lambda: pe.masked_eval(
+            speed._accuracy_step,
+            params,  # noqa: SLF001
+            pe.pad_batches(data, BATCH),
+          ),
+          "bare": lambda: speed._bare_loop(params, sharded, True),  # noqa: SLF001
+        },
+        rounds=_rounds(n),
+      ).items()
+    }
     masked, bare = best["masked"], best["bare"]
     per_example["pe.masked_eval (pmap)"][n] = masked / n
     per_example["bare pmap loop"][n] = bare / n
@@ -52,25 +61,40 @@ def run(quick: bool, log=print) -> tuple[str, dict]:
   data = speed._data(SIZES, 10**5 if not quick else 10**4, seed=1)  # noqa: SLF001
   full_batch, final_batch = _padding_overhead(data, BATCH, repeats=3)
   step = per_example["step time"][ns[-1]]
-  rows = [[f"{n:,}",
-           f"{per_example['pe.masked_eval (pmap)'][n] * 1e6:.2f} us",
-           f"{per_example['bare pmap loop'][n] * 1e6:.2f} us",
-           f"{per_example['pe.masked_eval (pmap)'][n] / per_example['bare pmap loop'][n]:.2f}x"]
-          for n in ns]
-  table = markdown_table(["N", "pe.masked_eval (pmap), incl. pad_batches", "bare pmap loop",
-                          "ratio"], rows)
+  rows = [
+    [
+      f"{n:,}",
+      f"{per_example['pe.masked_eval (pmap)'][n] * 1e6:.2f} us",
+      f"{per_example['bare pmap loop'][n] * 1e6:.2f} us",
+      f"{per_example['pe.masked_eval (pmap)'][n] / per_example['bare pmap loop'][n]:.2f}x",
+    ]
+    for n in ns
+  ]
+  table = markdown_table(
+    ["N", "pe.masked_eval (pmap), incl. pad_batches", "bare pmap loop", "ratio"], rows
+  )
   padding = markdown_table(
-      ["host padding (pe.pad_batches, batch 1000, 32 features)", "per batch", "share of a step"],
-      [["full aligned batch", f"{full_batch * 1e6:.0f} us", f"{full_batch / step:.1%}"],
-       ["short final batch (501 real rows)", f"{final_batch * 1e6:.0f} us",
-        f"{final_batch / step:.1%}"]])
-  note = (f"\nMLP {SIZES.features}-{SIZES.hidden}-{SIZES.classes}, batch {BATCH}; warm timings, "
-          "best of interleaved rounds (7 up to 10**4 rows, 5 at 10**5, 3 at 10**6; one warm-up "
-          "round first). masked_eval's time includes pe.pad_batches; the bare loop gets batches "
-          "already sharded on the host. A masked_eval step takes "
-          f"{step * 1e3:.2f} ms at N={ns[-1]:,}.\n")
+    ["host padding (pe.pad_batches, batch 1000, 32 features)", "per batch", "share of a step"],
+    [
+      ["full aligned batch", f"{full_batch * 1e6:.0f} us", f"{full_batch / step:.1%}"],
+      [
+        "short final batch (501 real rows)",
+        f"{final_batch * 1e6:.0f} us",
+        f"{final_batch / step:.1%}",
+      ],
+    ],
+  )
+  note = (
+    f"\nMLP {SIZES.features}-{SIZES.hidden}-{SIZES.classes}, batch {BATCH}; warm timings, "
+    "best of interleaved rounds (7 up to 10**4 rows, 5 at 10**5, 3 at 10**6; one warm-up "
+    "round first). masked_eval's time includes pe.pad_batches; the bare loop gets batches "
+    "already sharded on the host. A masked_eval step takes "
+    f"{step * 1e3:.2f} ms at N={ns[-1]:,}.\n"
+  )
   return table + "\n\n" + padding + "\n" + note, {
-      "per_example": per_example, "padding": (full_batch, final_batch)}
+    "per_example": per_example,
+    "padding": (full_batch, final_batch),
+  }
 
 
 def plot(per_example: dict, path: str) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +18,16 @@ import numpy as np
 
 import padded_eval as pe
 from benchmarks import anchors
-from benchmarks.common import (block, describe_failure, interleaved, markdown_table, metric_class,
-                               seeded, shard_rows, split_rows)
+from benchmarks.common import (
+  block,
+  describe_failure,
+  interleaved,
+  markdown_table,
+  metric_class,
+  seeded,
+  shard_rows,
+  split_rows,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,17 +39,21 @@ class Sizes:
   classes: int = 10
   repeats: int = 10
   update_repeats: int = 20
-  seq_len: int = 128          # perplexity model: [4, seq_len] tokens -> [4, seq_len, 32000] logits
+  seq_len: int = 128  # perplexity model: [4, seq_len] tokens -> [4, seq_len, 32000] logits
 
 
 FULL = Sizes()
-QUICK = Sizes(rows=2048, batch=256, features=64, hidden=128, repeats=2, update_repeats=3, seq_len=16)
+QUICK = Sizes(
+  rows=2048, batch=256, features=64, hidden=128, repeats=2, update_repeats=3, seq_len=16
+)
 
 
 def mlp_init(seed: int, widths: tuple[int, ...]) -> list:
   rng = seeded(seed)
-  return [(jnp.asarray(rng.normal(size=(a, b)).astype(np.float32) / np.sqrt(a)), jnp.zeros((b,)))
-          for a, b in zip(widths[:-1], widths[1:])]
+  return [
+    (jnp.asarray(rng.normal(size=(a, b)).astype(np.float32) / np.sqrt(a)), jnp.zeros((b,)))
+    for a, b in zip(widths[:-1], widths[1:])
+  ]
 
 
 def mlp(params, x):
@@ -54,8 +66,10 @@ def mlp(params, x):
 def _data(sizes: Sizes, rows: int | None = None, seed: int = 0) -> dict:
   rng = seeded(seed)
   rows = sizes.rows if rows is None else rows
-  return {"x": rng.normal(size=(rows, sizes.features)).astype(np.float32),
-          "y": rng.integers(0, sizes.classes, rows).astype(np.int32)}
+  return {
+    "x": rng.normal(size=(rows, sizes.features)).astype(np.float32),
+    "y": rng.integers(0, sizes.classes, rows).astype(np.int32),
+  }
 
 
 # --- whole-dataset evaluation, per approach ---------------------------------------------------
@@ -81,8 +95,9 @@ _bare_step = jax.pmap(_bare_device_accuracy, "batch", in_axes=(None, 0))
 
 
 def _accuracy_step(params, b):
-  return pe.metrics.Accuracy().batch_updates(preds=mlp(params, b["x"]), target=b["y"],
-                                             mask=b["mask"])
+  return pe.metrics.Accuracy().batch_updates(
+    preds=mlp(params, b["x"]), target=b["y"], mask=b["mask"]
+  )
 
 
 def _pad_shard_unpad_loop(forward, params, raw: list[dict]) -> float:
@@ -112,7 +127,9 @@ def _clu_loop(step, params, sharded: list[dict]) -> float:
 def _clu_step_for(clu, collection):
   def device_step(params, b):
     return collection.gather_from_model_output(
-        logits=mlp(params, b["x"]), labels=b["y"], mask=b["mask"], axis_name="batch")
+      logits=mlp(params, b["x"]), labels=b["y"], mask=b["mask"], axis_name="batch"
+    )
+
   return jax.pmap(device_step, "batch", in_axes=(None, 0))
 
 
@@ -124,13 +141,16 @@ def eval_table(sizes: Sizes, log=print) -> tuple[str, dict]:
   padded = list(pe.pad_batches(data, sizes.batch))
   sharded = [shard_rows(b) for b in padded]
   approaches: dict[str, Callable[[], object] | str] = {
-      "bare pmap loop, wait on step t-1": lambda: _bare_loop(params, sharded, True),
-      "bare pmap loop, all steps in flight": lambda: _bare_loop(params, sharded, False)}
+    "bare pmap loop, wait on step t-1": lambda: _bare_loop(params, sharded, True),
+    "bare pmap loop, all steps in flight": lambda: _bare_loop(params, sharded, False),
+  }
   for backend in ("pmap", "shard_map", "jit"):
-    approaches[f"pe.masked_eval, backend={backend!r}"] = (
-        lambda backend=backend: pe.masked_eval(_accuracy_step, params, padded, backend=backend))
-  approaches["pe.masked_eval pmap, pe.pad_batches inside the timing"] = (
-      lambda: pe.masked_eval(_accuracy_step, params, pe.pad_batches(data, sizes.batch)))
+    approaches[f"pe.masked_eval, backend={backend!r}"] = lambda backend=backend: pe.masked_eval(
+      _accuracy_step, params, padded, backend=backend
+    )
+  approaches["pe.masked_eval pmap, pe.pad_batches inside the timing"] = lambda: pe.masked_eval(
+    _accuracy_step, params, pe.pad_batches(data, sizes.batch)
+  )
   psu, clu = anchors.pad_shard_unpad(), anchors.load("clu")
   name = "flax pad_shard_unpad(pmap(forward)) + numpy accuracy on host"
   if psu is None:
@@ -145,15 +165,28 @@ def eval_table(sizes: Sizes, log=print) -> tuple[str, dict]:
     step = _clu_step_for(clu, _clu_collection(clu))
     approaches[name] = lambda: _clu_loop(step, params, sharded)
   seconds, ratios = _rounds(approaches, sizes.repeats, log)
-  rows = [[k] + ([f"{seconds[k] * 1e3:.1f} ms", f"{ratios[k][0]:.2f}x", f"{ratios[k][1]:.2f}x"]
-                 if k in seconds else [v] * 3) for k, v in approaches.items()]
-  header = ["approach (same MLP, same data)", "best time for the dataset",
-            "best time / best bare loop", "median over rounds of time / that round's bare loop"]
-  note = (f"\n{sizes.rows} rows, batch {sizes.batch}, MLP {sizes.features}-{sizes.hidden}-"
-          f"{sizes.hidden}-{sizes.classes}, {sizes.repeats} rounds after a warm-up round; each round "
-          "runs every approach once (order rotated); the baseline is the faster bare loop. "
-          "Bare loops and clu get batches already padded and sharded on the host; masked_eval gets "
-          "pe.pad_batches output (a list, except in the 'inside the timing' row).\n")
+  rows = [
+    [k]
+    + (
+      [f"{seconds[k] * 1e3:.1f} ms", f"{ratios[k][0]:.2f}x", f"{ratios[k][1]:.2f}x"]
+      if k in seconds
+      else [v] * 3
+    )
+    for k, v in approaches.items()
+  ]
+  header = [
+    "approach (same MLP, same data)",
+    "best time for the dataset",
+    "best time / best bare loop",
+    "median over rounds of time / that round's bare loop",
+  ]
+  note = (
+    f"\n{sizes.rows} rows, batch {sizes.batch}, MLP {sizes.features}-{sizes.hidden}-"
+    f"{sizes.hidden}-{sizes.classes}, {sizes.repeats} rounds after a warm-up round; each round "
+    "runs every approach once (order rotated); the baseline is the faster bare loop. "
+    "Bare loops and clu get batches already padded and sharded on the host; masked_eval gets "
+    "pe.pad_batches output (a list, except in the 'inside the timing' row).\n"
+  )
   return markdown_table(header, rows) + "\n" + note, {"seconds": seconds, "ratios": ratios}
 
 
@@ -178,8 +211,10 @@ def _rounds(approaches: dict, rounds: int, log) -> tuple[dict, dict]:
   bare = runnable[:2]
   best_bare = min(min(times[k]) for k in bare)
   per_round_bare = [min(times[k][r] for k in bare) for r in range(rounds)]
-  ratios = {k: (min(v) / best_bare, statistics.median(t / b for t, b in zip(v, per_round_bare)))
-            for k, v in times.items()}
+  ratios = {
+    k: (min(v) / best_bare, statistics.median(t / b for t, b in zip(v, per_round_bare)))
+    for k, v in times.items()
+  }
   return {k: min(v) for k, v in times.items()}, ratios
 
 
@@ -195,6 +230,7 @@ def _token_ce(logits, targets):
 
 def _nnx_state(metric_factory, **update):
   from flax import nnx as nnx_module
+
   metric = metric_factory()
   metric.update(**update)
   return nnx_module.state(metric)
@@ -223,44 +259,90 @@ def _update_cases(sizes: Sizes):
 
   cases = {}
   accuracy = {
-      "padded_eval": lambda o, d: pe.metrics.Accuracy().batch_updates(
-          preds=o, target=d["y"], mask=d["mask"]),
-      "flax nnx metrics": None if nnx is None else lambda o, d: _nnx_state(
-          nnx.metrics.Accuracy, logits=o, labels=d["y"], mask=d["mask"]),
-      "clu.metrics": None if clu is None else lambda o, d: clu.Accuracy.from_model_output(
-          logits=o, labels=d["y"], mask=d["mask"]),
-      "metrax": None if metrax is None else lambda o, d: metrax.Accuracy.from_model_output(
-          jnp.argmax(o, -1), d["y"], sample_weights=d["mask"].astype(jnp.float32)),
+    "padded_eval": lambda o, d: pe.metrics.Accuracy().batch_updates(
+      preds=o, target=d["y"], mask=d["mask"]
+    ),
+    "flax nnx metrics": None
+    if nnx is None
+    else lambda o, d: _nnx_state(nnx.metrics.Accuracy, logits=o, labels=d["y"], mask=d["mask"]),
+    "clu.metrics": None
+    if clu is None
+    else lambda o, d: clu.Accuracy.from_model_output(logits=o, labels=d["y"], mask=d["mask"]),
+    "metrax": None
+    if metrax is None
+    else lambda o, d: metrax.Accuracy.from_model_output(
+      jnp.argmax(o, -1), d["y"], sample_weights=d["mask"].astype(jnp.float32)
+    ),
   }
   cases[f"Accuracy (C={sizes.classes})"] = (
-      mlp, mlp_init(1, widths + (sizes.classes,)), cls_batch, accuracy)
+    mlp,
+    mlp_init(1, widths + (sizes.classes,)),
+    cls_batch,
+    accuracy,
+  )
   f1_class = metric_class("F1Score")
-  cases["F1 macro (C=1000)"] = (mlp, mlp_init(2, widths + (1000,)), f1_batch, {
-      "padded_eval": None if f1_class is None else lambda o, d: f1_class(
-          task="multiclass", num_classes=1000, average="macro").batch_updates(
-              preds=o, target=d["y"], mask=d["mask"]),
+  cases["F1 macro (C=1000)"] = (
+    mlp,
+    mlp_init(2, widths + (1000,)),
+    f1_batch,
+    {
+      "padded_eval": None
+      if f1_class is None
+      else lambda o, d: f1_class(
+        task="multiclass", num_classes=1000, average="macro"
+      ).batch_updates(preds=o, target=d["y"], mask=d["mask"]),
       "flax nnx metrics": na("n/a: no F1"),
       "clu.metrics": "n/a: no F1" if clu is not None else anchors.NOT_INSTALLED,
-      "metrax": "n/a: FBetaScore is binary, no merge" if metrax else anchors.NOT_INSTALLED})
+      "metrax": "n/a: FBetaScore is binary, no merge" if metrax else anchors.NOT_INSTALLED,
+    },
+  )
   auroc_class = metric_class("AUROC")
-  cases["AUROC (binary)"] = (mlp, mlp_init(3, widths + (1,)), bin_batch, {
-      "padded_eval": None if auroc_class is None else lambda o, d: auroc_class(
-          from_logits=True).batch_updates(preds=o[:, 0], target=d["y"], mask=d["mask"]),
+  cases["AUROC (binary)"] = (
+    mlp,
+    mlp_init(3, widths + (1,)),
+    bin_batch,
+    {
+      "padded_eval": None
+      if auroc_class is None
+      else lambda o, d: auroc_class(from_logits=True).batch_updates(
+        preds=o[:, 0], target=d["y"], mask=d["mask"]
+      ),
       "flax nnx metrics": na("n/a: no AUROC"),
       "clu.metrics": "n/a: no AUROC" if clu is not None else anchors.NOT_INSTALLED,
-      "metrax": None if metrax is None else lambda o, d: metrax.AUCROC.from_model_output(
-          jax.nn.sigmoid(o[:, 0]), d["y"], sample_weights=d["mask"].astype(jnp.float32))})
+      "metrax": None
+      if metrax is None
+      else lambda o, d: metrax.AUCROC.from_model_output(
+        jax.nn.sigmoid(o[:, 0]), d["y"], sample_weights=d["mask"].astype(jnp.float32)
+      ),
+    },
+  )
   perplexity_class = metric_class("Perplexity")
   tokens_real = lambda d: jnp.broadcast_to(d["mask"][:, None], d["y"].shape)  # noqa: E731
-  cases[f"Perplexity (V=32k, 4x{sizes.seq_len} tokens)"] = (lm, lm_params, lm_batch, {
-      "padded_eval": None if perplexity_class is None else lambda o, d: perplexity_class(
-          ).batch_updates(preds=o, target=d["y"], mask=tokens_real(d)),
-      "flax nnx metrics": None if nnx is None else lambda o, d: _nnx_state(
-          lambda: nnx.metrics.Average("ce"), ce=_token_ce(o, d["y"]), mask=tokens_real(d)),
-      "clu.metrics": None if clu is None else lambda o, d: clu.Average.from_model_output(
-          _token_ce(o, d["y"]), mask=tokens_real(d)),
-      "metrax": None if metrax is None else lambda o, d: metrax.Perplexity.from_model_output(
-          o, d["y"], sample_weights=tokens_real(d).astype(jnp.float32), from_logits=True)})
+  cases[f"Perplexity (V=32k, 4x{sizes.seq_len} tokens)"] = (
+    lm,
+    lm_params,
+    lm_batch,
+    {
+      "padded_eval": None
+      if perplexity_class is None
+      else lambda o, d: perplexity_class().batch_updates(
+        preds=o, target=d["y"], mask=tokens_real(d)
+      ),
+      "flax nnx metrics": None
+      if nnx is None
+      else lambda o, d: _nnx_state(
+        lambda: nnx.metrics.Average("ce"), ce=_token_ce(o, d["y"]), mask=tokens_real(d)
+      ),
+      "clu.metrics": None
+      if clu is None
+      else lambda o, d: clu.Average.from_model_output(_token_ce(o, d["y"]), mask=tokens_real(d)),
+      "metrax": None
+      if metrax is None
+      else lambda o, d: metrax.Perplexity.from_model_output(
+        o, d["y"], sample_weights=tokens_real(d).astype(jnp.float32), from_logits=True
+      ),
+    },
+  )
   return cases
 
 
@@ -274,8 +356,9 @@ def update_cost_table(sizes: Sizes, log=print) -> tuple[str, dict]:
     for column in UPDATE_COLUMNS:
       update = updates[column]
       if update is None:
-        cells[column] = (anchors.NOT_INSTALLED if column != "padded_eval"
-                         else "not yet in padded_eval")
+        cells[column] = (
+          anchors.NOT_INSTALLED if column != "padded_eval" else "not yet in padded_eval"
+        )
       elif isinstance(update, str):
         cells[column] = update
       else:
@@ -292,10 +375,12 @@ def update_cost_table(sizes: Sizes, log=print) -> tuple[str, dict]:
         cells[column] = f"{cost * 100:+.0f}%"
     rows.append([title, f"{best['forward'] * 1e3:.2f} ms"] + [cells[c] for c in UPDATE_COLUMNS])
   header = ["metric (model)", "forward alone"] + [f"{c}: update cost" for c in UPDATE_COLUMNS]
-  note = ("\nCell: (time of jit(forward + metric update) - time of jit(forward)) / time of "
-          f"jit(forward), one device, batch {sizes.batch} (LM: 4 sequences); best of "
-          f"{sizes.update_repeats} interleaved rounds. Noise on this shared machine is a few "
-          "percent either way; small negative values mean 'not measurable'.\n")
+  note = (
+    "\nCell: (time of jit(forward + metric update) - time of jit(forward)) / time of "
+    f"jit(forward), one device, batch {sizes.batch} (LM: 4 sequences); best of "
+    f"{sizes.update_repeats} interleaved rounds. Noise on this shared machine is a few "
+    "percent either way; small negative values mean 'not measurable'.\n"
+  )
   return markdown_table(header, rows) + "\n" + note, measured
 
 
@@ -309,6 +394,7 @@ def _counted(fn):
   def counted(*args):
     counted.traces += 1
     return fn(*args)
+
   counted.traces = 0
   return counted
 
@@ -339,12 +425,16 @@ def trace_table(sizes: Sizes, log=print) -> tuple[str, dict]:
       for b in split_rows(data, batch):
         wrapped(params, b["x"], min_device_batch=min_device_batch)
       return forward.traces
+
     return run
 
   def clu_gather(data):
     collection = _clu_collection(clu)
-    counter = _counted(lambda p, b: collection.gather_from_model_output(
-        logits=mlp(p, b["x"]), labels=b["y"], axis_name="batch"))
+    counter = _counted(
+      lambda p, b: collection.gather_from_model_output(
+        logits=mlp(p, b["x"]), labels=b["y"], axis_name="batch"
+      )
+    )
     mapped = jax.pmap(counter, "batch", in_axes=(None, 0))
     block([mapped(params, shard_rows(b)) for b in split_rows(data, batch)])
     return counter.traces
@@ -354,12 +444,14 @@ def trace_table(sizes: Sizes, log=print) -> tuple[str, dict]:
       step = _counted(lambda p, b: _accuracy_step(p, b))
       pe.masked_eval(step, params, pe.pad_batches(data, batch), backend=backend)
       return step.traces
+
     return run
 
   approaches = {"bare pmap loop (raw batches)": bare}
   approaches["flax pad_shard_unpad(pmap)"] = pad_shard_unpad(None) if psu else None
   approaches["flax pad_shard_unpad(pmap), min_device_batch=16"] = (
-      pad_shard_unpad(16) if psu else None)
+    pad_shard_unpad(16) if psu else None
+  )
   approaches["clu gather_from_model_output (raw batches)"] = clu_gather if clu else None
   for backend in ("pmap", "shard_map", "jit"):
     approaches[f"pe.masked_eval, backend={backend!r}"] = masked_eval(backend)
@@ -372,8 +464,9 @@ def trace_table(sizes: Sizes, log=print) -> tuple[str, dict]:
       counts[(name, n)] = count
       row.append(str(count))
     rows.append(row)
-  header = ["approach (batch 128, 8 devices)"] + [f"N={n} (last batch {n % batch or batch})"
-                                                 for n in TRACE_ROWS]
+  header = ["approach (batch 128, 8 devices)"] + [
+    f"N={n} (last batch {n % batch or batch})" for n in TRACE_ROWS
+  ]
   return markdown_table(header, rows) + "\n", counts
 
 
@@ -382,6 +475,12 @@ def run(quick: bool, log=print) -> tuple[str, dict]:
   eval_md, seconds = eval_table(sizes, log)
   update_md, costs = update_cost_table(sizes, log)
   trace_md, traces = trace_table(sizes, log)
-  markdown = ("### Whole-dataset evaluation\n\n" + eval_md + "\n### Per-step metric update cost\n\n"
-              + update_md + "\n### Traces (compilations) of the step\n\n" + trace_md)
+  markdown = (
+    "### Whole-dataset evaluation\n\n"
+    + eval_md
+    + "\n### Per-step metric update cost\n\n"
+    + update_md
+    + "\n### Traces (compilations) of the step\n\n"
+    + trace_md
+  )
   return markdown, {"seconds": seconds, "update_costs": costs, "traces": traces}

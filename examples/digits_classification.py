@@ -47,8 +47,10 @@ def load_split(split: str) -> dict[str, np.ndarray]:
   """``{"image": float32 [N, 64] in [0, 1], "label": int32 [N]}`` of the digits split."""
   digits = skdatasets.load_digits()
   rows = digits_split_indices(split)
-  return {"image": (digits.data[rows] / 16.0).astype(np.float32),
-          "label": digits.target[rows].astype(np.int32)}
+  return {
+    "image": (digits.data[rows] / 16.0).astype(np.float32),
+    "label": digits.target[rows].astype(np.int32),
+  }
 
 
 def train(data: dict[str, np.ndarray], steps: int = 200, seed: int = 0):
@@ -61,6 +63,7 @@ def train(data: dict[str, np.ndarray], steps: int = 200, seed: int = 0):
     def loss_fn(params):
       logits = nnx.merge(graphdef, params)(data["image"])
       return optax.softmax_cross_entropy_with_integer_labels(logits, data["label"]).mean()
+
     updates, opt_state = optimizer.update(jax.grad(loss_fn)(params), opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
@@ -74,14 +77,17 @@ def evaluate(graphdef, params, test: dict[str, np.ndarray], batch_size: int, bac
   """The exact eval loop: padded batches, a masked step, ``masked_eval``."""
   per_class = {"task": "multiclass", "num_classes": NUM_CLASSES, "average": "macro"}
   metrics = pe.LossesAndMetrics(
-      metrics=pe.Metrics([
-          pe.metrics.Accuracy(),
-          pe.metrics.Precision(**per_class),
-          pe.metrics.Recall(**per_class),
-          pe.metrics.F1Score(name="f1", **per_class),
-          pe.metrics.ConfusionMatrix(num_classes=NUM_CLASSES),
-      ]),
-      losses=pe.Losses([pe.losses.Crossentropy()]))
+    metrics=pe.Metrics(
+      [
+        pe.metrics.Accuracy(),
+        pe.metrics.Precision(**per_class),
+        pe.metrics.Recall(**per_class),
+        pe.metrics.F1Score(name="f1", **per_class),
+        pe.metrics.ConfusionMatrix(num_classes=NUM_CLASSES),
+      ]
+    ),
+    losses=pe.Losses([pe.losses.Crossentropy()]),
+  )
 
   def eval_step(params, batch):  # batch["mask"] marks the real rows
     logits = nnx.merge(graphdef, params)(batch["image"])
@@ -92,19 +98,25 @@ def evaluate(graphdef, params, test: dict[str, np.ndarray], batch_size: int, bac
 
 def reference(graphdef, params, test: dict[str, np.ndarray]) -> dict[str, object]:
   """scikit-learn on the whole split, float64."""
-  logits = np.asarray(jax.jit(lambda p, x: nnx.merge(graphdef, p)(x))(params, test["image"]),
-                      np.float64)
+  logits = np.asarray(
+    jax.jit(lambda p, x: nnx.merge(graphdef, p)(x))(params, test["image"]), np.float64
+  )
   labels, predicted = test["label"], logits.argmax(-1)
   classes = list(range(NUM_CLASSES))
   precision, recall, f1, _ = skm.precision_recall_fscore_support(
-      labels, predicted, labels=classes, average="macro", zero_division=0)
+    labels, predicted, labels=classes, average="macro", zero_division=0
+  )
   shifted = logits - logits.max(-1, keepdims=True)
   probabilities = np.exp(shifted) / np.exp(shifted).sum(-1, keepdims=True)
-  return {"accuracy": skm.accuracy_score(labels, predicted), "precision": precision,
-          "recall": recall, "f1": f1,
-          "confusionmatrix": skm.confusion_matrix(labels, predicted, labels=classes),
-          "crossentropy": skm.log_loss(labels, probabilities, labels=classes),
-          "num_examples": len(labels)}
+  return {
+    "accuracy": skm.accuracy_score(labels, predicted),
+    "precision": precision,
+    "recall": recall,
+    "f1": f1,
+    "confusionmatrix": skm.confusion_matrix(labels, predicted, labels=classes),
+    "crossentropy": skm.log_loss(labels, probabilities, labels=classes),
+    "num_examples": len(labels),
+  }
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
@@ -127,8 +139,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
   np.testing.assert_allclose(results["crossentropy"], expected["crossentropy"], rtol=1e-5)
   for key in ("accuracy", "precision", "recall", "f1", "crossentropy"):
     print(f"{key:>12}: {results[key]:.6f}   scikit-learn {expected[key]:.6f}")
-  print(f"{int(results['num_examples'])} of {len(test['label'])} examples counted, "
-        f"backend={args.backend}, {jax.local_device_count()} devices: matches scikit-learn")
+  print(
+    f"{int(results['num_examples'])} of {len(test['label'])} examples counted, "
+    f"backend={args.backend}, {jax.local_device_count()} devices: matches scikit-learn"
+  )
   return results
 
 

@@ -30,7 +30,7 @@ from flax import nnx
 
 import padded_eval as pe
 
-VOCAB = 32       # token 0 is padding, 1 begins a sentence
+VOCAB = 32  # token 0 is padding, 1 begins a sentence
 MAX_LENGTH = 24  # tokens per row after padding
 
 
@@ -78,6 +78,7 @@ def train(data: dict[str, np.ndarray], steps: int = 150, seed: int = 0):
       logits = nnx.merge(graphdef, params)(data["inputs"])
       losses = optax.softmax_cross_entropy_with_integer_labels(logits, data["targets"])
       return (losses * token_weights).sum() / token_weights.sum()
+
     updates, opt_state = optimizer.update(jax.grad(loss_fn)(params), opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
@@ -105,7 +106,7 @@ def naive_perplexity(graphdef, params, corpus, batch_size: int) -> float:
   apply = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x))
   batch_losses = []
   for start in range(0, len(corpus["inputs"]), batch_size):
-    inputs, targets = (corpus[k][start:start + batch_size] for k in ("inputs", "targets"))
+    inputs, targets = (corpus[k][start : start + batch_size] for k in ("inputs", "targets"))
     losses = optax.softmax_cross_entropy_with_integer_labels(apply(params, inputs), targets)
     weights = targets > 0
     batch_losses.append(float(jnp.sum(jnp.where(weights, losses, 0)) / weights.sum()))
@@ -114,16 +115,20 @@ def naive_perplexity(graphdef, params, corpus, batch_size: int) -> float:
 
 def reference(graphdef, params, corpus) -> dict[str, float]:
   """numpy float64 over every real token of the corpus."""
-  logits = np.asarray(jax.jit(lambda p, x: nnx.merge(graphdef, p)(x))(params, corpus["inputs"]),
-                      np.float64)
+  logits = np.asarray(
+    jax.jit(lambda p, x: nnx.merge(graphdef, p)(x))(params, corpus["inputs"]), np.float64
+  )
   real = corpus["targets"] > 0
   shifted = logits - logits.max(-1, keepdims=True)
   log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
   token_log_probs = np.take_along_axis(log_probs, corpus["targets"][..., None], -1)[..., 0]
   mean_crossentropy = -token_log_probs[real].mean()
   hits = logits.argmax(-1) == corpus["targets"]
-  return {"perplexity": float(np.exp(mean_crossentropy)),
-          "token_accuracy": float(hits[real].mean()), "num_tokens": int(real.sum())}
+  return {
+    "perplexity": float(np.exp(mean_crossentropy)),
+    "token_accuracy": float(hits[real].mean()),
+    "num_tokens": int(real.sum()),
+  }
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -143,11 +148,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
   np.testing.assert_allclose(results["perplexity"], expected["perplexity"], rtol=1e-5)
   np.testing.assert_allclose(results["token_accuracy"], expected["token_accuracy"], rtol=1e-6)
   naive = naive_perplexity(graphdef, params, corpus, args.batch_size)
-  print(f"perplexity {results['perplexity']:.6f} (numpy float64 {expected['perplexity']:.6f}; "
-        f"the per-batch average of the usual loop gives {naive:.6f})")
-  print(f"token accuracy {results['token_accuracy']:.6f} over {expected['num_tokens']} real "
-        f"tokens in {int(results['num_examples'])} sentences, backend={args.backend}: "
-        "matches numpy")
+  print(
+    f"perplexity {results['perplexity']:.6f} (numpy float64 {expected['perplexity']:.6f}; "
+    f"the per-batch average of the usual loop gives {naive:.6f})"
+  )
+  print(
+    f"token accuracy {results['token_accuracy']:.6f} over {expected['num_tokens']} real "
+    f"tokens in {int(results['num_examples'])} sentences, backend={args.backend}: "
+    "matches numpy"
+  )
   return results
 
 

@@ -16,13 +16,17 @@ from padded_eval import demo
 def build_parser() -> argparse.ArgumentParser:
   """The ``python -m padded_eval`` argument parser, one sub-command per tool."""
   parser = argparse.ArgumentParser(
-      prog="python -m padded_eval",
-      description="padded_eval: exact full-dataset evaluation metrics in JAX.")
+    prog="python -m padded_eval",
+    description="padded_eval: exact full-dataset evaluation metrics in JAX.",
+  )
   commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
   demo_parser = commands.add_parser(
-      "demo", help="show, on the digits data set, why the usual eval loop is wrong and that "
-      "masked_eval matches scikit-learn",
-      description=demo.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    "demo",
+    help="show, on the digits data set, why the usual eval loop is wrong and that "
+    "masked_eval matches scikit-learn",
+    description=demo.DESCRIPTION,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   demo.add_arguments(demo_parser)
   return parser
 
@@ -35,8 +39,11 @@ def use_virtual_cpu_devices(count: int) -> None:
   """
   if count < 1:
     raise ValueError(f"--devices must be a positive int; got {count}")
-  flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
-           if not flag.startswith("--xla_force_host_platform_device_count")]
+  flags = [
+    flag
+    for flag in os.environ.get("XLA_FLAGS", "").split()
+    if not flag.startswith("--xla_force_host_platform_device_count")
+  ]
   flags.append(f"--xla_force_host_platform_device_count={count}")
   os.environ["XLA_FLAGS"] = " ".join(flags)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -46,8 +46,11 @@ def _register(cls):
     return acc
 
   jax.tree_util.register_pytree_with_keys(
-      cls, flatten_with_keys, unflatten,
-      flatten_func=lambda acc: ([getattr(acc, f) for f in cls._fields], None))
+    cls,
+    flatten_with_keys,
+    unflatten,
+    flatten_func=lambda acc: ([getattr(acc, f) for f in cls._fields], None),
+  )
   return cls
 
 
@@ -60,7 +63,7 @@ class Accumulator(abc.ABC):
     raise AttributeError(f"{type(self).__name__} is immutable")
 
   @classmethod
-  def _make(cls, *values) -> "Accumulator":
+  def _make(cls, *values) -> Accumulator:
     """An accumulator holding ``values``, one per name in ``_fields``, in order."""
     acc = object.__new__(cls)
     for name, value in zip(cls._fields, values, strict=True):
@@ -79,13 +82,14 @@ class Accumulator(abc.ABC):
   def _combine(self, total: Callable, maximum: Callable, n: int):
     """Totals ``n`` parts given a summing and a maximum function over them."""
 
-  def reduce(self, axis_name) -> "Accumulator":
+  def reduce(self, axis_name) -> Accumulator:
     """Totals across the mapped axis ``axis_name``; every device gets the total."""
     n = _axis_size(axis_name)
-    return self._combine(lambda x: jax.lax.psum(x, axis_name),
-                         lambda x: jax.lax.pmax(x, axis_name), n)
+    return self._combine(
+      lambda x: jax.lax.psum(x, axis_name), lambda x: jax.lax.pmax(x, axis_name), n
+    )
 
-  def aggregate(self) -> "Accumulator":
+  def aggregate(self) -> Accumulator:
     """Totals over a leading stacked axis (after ``all_gather`` or out of ``pmap``)."""
     n = self.shape[0]
     return self._combine(lambda x: jnp.sum(x, axis=0), lambda x: jnp.max(x, axis=0), n)
@@ -115,12 +119,12 @@ class ExactCount(Accumulator):
   _fields = ("lo", "hi")
 
   @classmethod
-  def zeros(cls, shape=()) -> "ExactCount":
+  def zeros(cls, shape=()) -> ExactCount:
     zero = jnp.zeros(shape, jnp.int32)
     return cls._make(zero, zero)
 
   @classmethod
-  def of(cls, counts: jax.typing.ArrayLike) -> "ExactCount":
+  def of(cls, counts: jax.typing.ArrayLike) -> ExactCount:
     """Wraps a batch's counts (int32, ``0 <= counts < 2**31``)."""
     counts = jnp.asarray(counts)
     if not jnp.issubdtype(counts.dtype, jnp.integer) and counts.dtype != jnp.bool_:
@@ -128,7 +132,7 @@ class ExactCount(Accumulator):
     counts = counts.astype(jnp.int32)
     return cls._make(counts & _LIMB_MASK, counts >> LIMB_BITS)
 
-  def merge(self, other: "ExactCount") -> "ExactCount":
+  def merge(self, other: ExactCount) -> ExactCount:
     lo = self.lo + other.lo  # < 2**31: cannot wrap
     return self._make(lo & _LIMB_MASK, self.hi + other.hi + (lo >> LIMB_BITS))
 
@@ -136,7 +140,7 @@ class ExactCount(Accumulator):
     del maximum
     if n >= 1 << (31 - _HALF_BITS):
       raise ValueError(f"ExactCount reduces over at most {1 << 16} devices; got {n}")
-    low = total(self.lo & _HALF_MASK)          # < n * 2**15
+    low = total(self.lo & _HALF_MASK)  # < n * 2**15
     high = total(self.lo >> _HALF_BITS) + (low >> _HALF_BITS)
     lo = (low & _HALF_MASK) | ((high & _HALF_MASK) << _HALF_BITS)
     return self._make(lo, total(self.hi) + (high >> _HALF_BITS))
@@ -177,17 +181,17 @@ class ExactSum(Accumulator):
   _fields = ("value", "error")
 
   @classmethod
-  def zeros(cls, shape=()) -> "ExactSum":
+  def zeros(cls, shape=()) -> ExactSum:
     zero = jnp.zeros(shape, jnp.float32)
     return cls._make(zero, zero)
 
   @classmethod
-  def of(cls, sums: jax.typing.ArrayLike) -> "ExactSum":
+  def of(cls, sums: jax.typing.ArrayLike) -> ExactSum:
     """Wraps a batch's sums (upcast to float32)."""
     sums = upcast(jnp.asarray(sums))
     return cls._make(sums, jnp.zeros_like(sums))
 
-  def merge(self, other: "ExactSum") -> "ExactSum":
+  def merge(self, other: ExactSum) -> ExactSum:
     value, error = two_sum(self.value, other.value)
     return self._make(*_renormalize(value, error + (self.error + other.error)))
 

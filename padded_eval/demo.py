@@ -25,7 +25,7 @@ import math
 import os
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -54,28 +54,41 @@ counted, traces of the eval step) next to scikit-learn on the whole split, and e
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   """Adds the demo's options to ``parser``."""
   parser.add_argument(
-      "--devices", type=int, default=8,
-      help="number of virtual CPU devices (sets XLA_FLAGS before JAX starts; default 8)")
+    "--devices",
+    type=int,
+    default=8,
+    help="number of virtual CPU devices (sets XLA_FLAGS before JAX starts; default 8)",
+  )
   parser.add_argument(
-      "--batch-size", type=int, default=128,
-      help="global eval batch size; must be divisible by --devices. The default 128 does not "
-      "divide the 360 test examples, so the naive loop has a short last batch (default 128). "
-      "With --devices 7 --batch-size 98 the last batch (66 rows) does not split over the "
-      "devices and the naive pmap loop crashes")
+    "--batch-size",
+    type=int,
+    default=128,
+    help="global eval batch size; must be divisible by --devices. The default 128 does not "
+    "divide the 360 test examples, so the naive loop has a short last batch (default 128). "
+    "With --devices 7 --batch-size 98 the last batch (66 rows) does not split over the "
+    "devices and the naive pmap loop crashes",
+  )
   parser.add_argument(
-      "--data-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "padded_eval", "tfds"),
-      help="where the digits tfds data set is built on the first run and read afterwards "
-      "(default ~/.cache/padded_eval/tfds)")
+    "--data-dir",
+    default=os.path.join(os.path.expanduser("~"), ".cache", "padded_eval", "tfds"),
+    help="where the digits tfds data set is built on the first run and read afterwards "
+    "(default ~/.cache/padded_eval/tfds)",
+  )
   parser.add_argument(
-      "--train-steps", type=int, default=300,
-      help="full-batch Adam steps on the train split (default 300, about a second)")
+    "--train-steps",
+    type=int,
+    default=300,
+    help="full-batch Adam steps on the train split (default 300, about a second)",
+  )
   parser.add_argument(
-      "--backends", default="pmap,shard_map,jit",
-      help="comma-separated masked_eval backends to run, of pmap, shard_map, jit "
-      "(default all three)")
+    "--backends",
+    default="pmap,shard_map,jit",
+    help="comma-separated masked_eval backends to run, of pmap, shard_map, jit (default all three)",
+  )
   parser.add_argument("--seed", type=int, default=0, help="model initialisation seed (default 0)")
-  parser.add_argument("--json", action="store_true",
-                      help="print the rows as JSON instead of the table")
+  parser.add_argument(
+    "--json", action="store_true", help="print the rows as JSON instead of the table"
+  )
 
 
 # --- data ------------------------------------------------------------------------------
@@ -120,7 +133,6 @@ def train_model(train: dict[str, np.ndarray], steps: int, seed: int):
   from flax import nnx
 
   class MLP(nnx.Module):
-
     def __init__(self, rngs: nnx.Rngs):
       self.hidden = nnx.Linear(64, 128, rngs=rngs)
       self.out = nnx.Linear(128, NUM_CLASSES, rngs=rngs)
@@ -140,6 +152,7 @@ def train_model(train: dict[str, np.ndarray], steps: int, seed: int):
     def loss_fn(params):
       logits = apply_fn(params, images)
       return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
     grads = jax.grad(loss_fn)(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
@@ -170,9 +183,11 @@ def naive_batch_metrics(logits, labels, axis_name=None):
   recall = jnp.where(num_true > 0, hits / jnp.maximum(num_true, 1), 0.0)
   f1 = jnp.where(precision + recall > 0, 2 * precision * recall / (precision + recall), 0.0)
   metrics = {
-      "accuracy": jnp.mean(jnp.argmax(logits, -1) == labels),
-      "precision": precision.mean(), "recall": recall.mean(), "f1": f1.mean(),
-      "crossentropy": optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(),
+    "accuracy": jnp.mean(jnp.argmax(logits, -1) == labels),
+    "precision": precision.mean(),
+    "recall": recall.mean(),
+    "f1": f1.mean(),
+    "crossentropy": optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(),
   }
   return jax.lax.pmean(metrics, axis_name) if axis_name else metrics
 
@@ -203,13 +218,15 @@ def naive_loop(apply_fn, params, test, batch_size: int, *, backend: str, drop_la
   per_batch, counted = [], 0
   row = {"traces": 0, "error": None}
   for start in range(0, stop, batch_size):
-    batch = {k: v[start:start + batch_size] for k, v in test.items()}
+    batch = {k: v[start : start + batch_size] for k, v in test.items()}
     try:
       inputs = shard_like_flax(batch, num_devices) if backend == "pmap" else batch
       metrics = step(params, inputs)
     except Exception as error:  # the demo shows the crash instead of dying of it
-      row["error"] = (f"batch of {len(batch['label'])} rows at example {start}: "
-                      f"{type(error).__name__}: {str(error).splitlines()[0]}")
+      row["error"] = (
+        f"batch of {len(batch['label'])} rows at example {start}: "
+        f"{type(error).__name__}: {str(error).splitlines()[0]}"
+      )
       break
     per_batch.append(jax.device_get(metrics))
     counted += len(batch["label"])
@@ -232,9 +249,16 @@ def masked_eval_row(apply_fn, params, test_dataset, batch_size: int, backend: st
 
   counted = {"task": "multiclass", "num_classes": NUM_CLASSES, "average": "macro"}
   metrics = pe.LossesAndMetrics(
-      metrics=pe.Metrics([pe.metrics.Accuracy(), Precision(**counted), Recall(**counted),
-                          F1Score(name="f1", **counted)]),
-      losses=pe.Losses([pe.losses.Crossentropy()]))
+    metrics=pe.Metrics(
+      [
+        pe.metrics.Accuracy(),
+        Precision(**counted),
+        Recall(**counted),
+        F1Score(name="f1", **counted),
+      ]
+    ),
+    losses=pe.Losses([pe.losses.Crossentropy()]),
+  )
   traces = [0]
 
   def step_fn(params, batch):
@@ -262,13 +286,20 @@ def sklearn_row(apply_fn, params, test) -> dict[str, Any]:
   predicted = logits.argmax(-1)
   classes = list(range(NUM_CLASSES))
   precision, recall, f1, _ = skm.precision_recall_fscore_support(
-      labels, predicted, labels=classes, average="macro", zero_division=0)
+    labels, predicted, labels=classes, average="macro", zero_division=0
+  )
   log_probs = logits - logits.max(-1, keepdims=True)
   log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
-  return {"accuracy": skm.accuracy_score(labels, predicted), "precision": precision,
-          "recall": recall, "f1": f1,
-          "crossentropy": skm.log_loss(labels, np.exp(log_probs), labels=classes),
-          "num_examples": len(labels), "traces": None, "error": None}
+  return {
+    "accuracy": skm.accuracy_score(labels, predicted),
+    "precision": precision,
+    "recall": recall,
+    "f1": f1,
+    "crossentropy": skm.log_loss(labels, np.exp(log_probs), labels=classes),
+    "num_examples": len(labels),
+    "traces": None,
+    "error": None,
+  }
 
 
 def max_difference(row: dict[str, Any], reference: dict[str, Any]) -> float:
@@ -280,8 +311,10 @@ def max_difference(row: dict[str, Any], reference: dict[str, Any]) -> float:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
   """The rows as an aligned text table."""
-  header = (f"{'':44} {'examples':>8} {'accuracy':>9} {'precision':>9} {'recall':>9} "
-            f"{'f1':>9} {'x-entropy':>9} {'traces':>6}  max |diff| vs sklearn")
+  header = (
+    f"{'':44} {'examples':>8} {'accuracy':>9} {'precision':>9} {'recall':>9} "
+    f"{'f1':>9} {'x-entropy':>9} {'traces':>6}  max |diff| vs sklearn"
+  )
   lines = [header, "-" * len(header)]
   for row in rows:
     traces = "" if row["traces"] is None else str(row["traces"])
@@ -301,8 +334,10 @@ def run(args: argparse.Namespace) -> int:
 
   num_devices = jax.local_device_count()
   if args.batch_size < 1 or args.batch_size % num_devices:
-    print(f"--batch-size {args.batch_size} must be a positive multiple of the {num_devices} "
-          f"devices; use {max(num_devices, args.batch_size // num_devices * num_devices)}")
+    print(
+      f"--batch-size {args.batch_size} must be a positive multiple of the {num_devices} "
+      f"devices; use {max(num_devices, args.batch_size // num_devices * num_devices)}"
+    )
     return 2
   backends = [b.strip() for b in args.backends.split(",") if b.strip()]
   unknown = sorted(set(backends) - {"pmap", "shard_map", "jit"})
@@ -315,12 +350,18 @@ def run(args: argparse.Namespace) -> int:
   apply_fn, params = train_model(train, args.train_steps, args.seed)
   reference = dict(sklearn_row(apply_fn, params, test), label="scikit-learn, whole split (float64)")
   rows = [reference]
-  naive_runs = [("(a) naive pmap loop, last batch dropped", "pmap", True),
-                ("(b) naive pmap loop, last batch kept", "pmap", False),
-                ("(b) naive jit loop, last batch kept", "jit", False)]
+  naive_runs = [
+    ("(a) naive pmap loop, last batch dropped", "pmap", True),
+    ("(b) naive pmap loop, last batch kept", "pmap", False),
+    ("(b) naive jit loop, last batch kept", "jit", False),
+  ]
   for label, backend, drop_last in naive_runs:
-    rows.append(dict(naive_loop(apply_fn, params, test, args.batch_size,
-                                backend=backend, drop_last=drop_last), label=label))
+    rows.append(
+      dict(
+        naive_loop(apply_fn, params, test, args.batch_size, backend=backend, drop_last=drop_last),
+        label=label,
+      )
+    )
   exact = True
   for backend in backends:
     try:
@@ -329,15 +370,23 @@ def run(args: argparse.Namespace) -> int:
       traceback.print_exc()
       row = {"traces": None, "error": f"{type(error).__name__}: {error}"}
     rows.append(dict(row, label=f"(c) pe.masked_eval, backend={backend!r}"))
-    exact &= (not row["error"] and row["num_examples"] == reference["num_examples"] and
-              all(abs(row[k] - reference[k]) <= TOLERANCE[k] for k in METRIC_KEYS))
+    exact &= (
+      not row["error"]
+      and row["num_examples"] == reference["num_examples"]
+      and all(abs(row[k] - reference[k]) <= TOLERANCE[k] for k in METRIC_KEYS)
+    )
   for row in rows:
     row["max_difference"] = max_difference(row, reference)
 
   summary = {
-      "devices": num_devices, "batch_size": args.batch_size, "test_examples": len(test["label"]),
-      "train_examples": len(train["label"]), "masked_eval_matches_sklearn": bool(exact),
-      "seconds": round(time.perf_counter() - started, 1), "rows": rows}
+    "devices": num_devices,
+    "batch_size": args.batch_size,
+    "test_examples": len(test["label"]),
+    "train_examples": len(train["label"]),
+    "masked_eval_matches_sklearn": bool(exact),
+    "seconds": round(time.perf_counter() - started, 1),
+    "rows": rows,
+  }
   if args.json:
     print(json.dumps(summary, indent=1, default=float))
   else:
@@ -351,29 +400,38 @@ def _report(summary: dict[str, Any]) -> str:
   last = size % batch
   rows = {row["label"][:3] + row["label"][4:14]: row for row in summary["rows"]}
   lines = [
-      f"digits test split: {size} examples = {size // batch} batches of {batch} + a last batch "
-      f"of {last}, on {devices} devices ({batch // devices} rows each); model trained on "
-      f"{summary['train_examples']} examples.", "", format_table(summary["rows"]), "",
-      "traces: how many times the eval step was traced (compiled).",
+    f"digits test split: {size} examples = {size // batch} batches of {batch} + a last batch "
+    f"of {last}, on {devices} devices ({batch // devices} rows each); model trained on "
+    f"{summary['train_examples']} examples.",
+    "",
+    format_table(summary["rows"]),
+    "",
+    "traces: how many times the eval step was traced (compiled).",
   ]
   dropped = rows.get("(a)naive pmap")
   if dropped and not dropped["error"]:
-    lines.append(f"(a) counts {dropped['num_examples']} of {size} examples, and averages "
-                 f"precision/recall/F1 over batches of {batch // devices} rows per device: "
-                 "not the dataset's values.")
+    lines.append(
+      f"(a) counts {dropped['num_examples']} of {size} examples, and averages "
+      f"precision/recall/F1 over batches of {batch // devices} rows per device: "
+      "not the dataset's values."
+    )
   kept = rows.get("(b)naive pmap")
   if kept and kept["error"]:
-    lines.append(f"(b) pmap crashes: the last batch of {last} rows does not split over "
-                 f"{devices} devices.")
+    lines.append(
+      f"(b) pmap crashes: the last batch of {last} rows does not split over {devices} devices."
+    )
   elif kept:
-    lines.append(f"(b) pmap recompiles for the last batch of {last} rows (traces "
-                 f"{kept['traces']}), and weights it like a full batch.")
+    lines.append(
+      f"(b) pmap recompiles for the last batch of {last} rows (traces "
+      f"{kept['traces']}), and weights it like a full batch."
+    )
   if last:
-    lines.append(f"(b) jit recompiles for the last batch and weights its {last} rows like "
-                 f"{batch}.")
+    lines.append(f"(b) jit recompiles for the last batch and weights its {last} rows like {batch}.")
   if summary["masked_eval_matches_sklearn"]:
-    lines.append("(c) masked_eval pads the last batch and masks the padding: every example "
-                 "counted once, one trace, equal to scikit-learn.")
+    lines.append(
+      "(c) masked_eval pads the last batch and masks the padding: every example "
+      "counted once, one trace, equal to scikit-learn."
+    )
   else:
     lines.append("MISMATCH: masked_eval does not match scikit-learn; this is a bug.")
   lines.append(f"({summary['seconds']} s)")

@@ -49,7 +49,8 @@ import collections
 import itertools
 import json
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import numpy as np
@@ -65,12 +66,15 @@ backend, CPU/gloo, jax 0.10.2) while step t waited in a collective for a stuck p
 with 1, every wait on a peer is a deadline-bounded wait on a finished dispatch."""
 
 _KEY_PREFIX = "padded_eval/masked_eval"
-_call_numbers = itertools.count()  # every process calls masked_eval in the same order: equal numbers match
+_call_numbers = (
+  itertools.count()
+)  # every process calls masked_eval in the same order: equal numbers match
 _POLL_FIRST_S, _POLL_MAX_S = 2e-5, 1e-3
 
 
-def process_slice(num_examples: int, *, process_index: int | None = None,
-                  process_count: int | None = None) -> slice:
+def process_slice(
+  num_examples: int, *, process_index: int | None = None, process_count: int | None = None
+) -> slice:
   """The rows of a dataset of `num_examples` that this process evaluates (even, contiguous shares).
 
   The split matches ``tfds.split_for_jax_process`` (``tfds.even_splits``): the first ``num_examples % count``
@@ -96,7 +100,11 @@ def process_slice(num_examples: int, *, process_index: int | None = None,
     process_index = jax.process_index()
   if process_count is None:
     process_count = jax.process_count()
-  if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)) or num_examples < 0:
+  if (
+    isinstance(num_examples, bool)
+    or not isinstance(num_examples, (int, np.integer))
+    or num_examples < 0
+  ):
     raise ValueError(f"num_examples must be an int >= 0; got {num_examples!r}")
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index must be in [0, {process_count}); got {process_index}")
@@ -111,7 +119,9 @@ def process_slice(num_examples: int, *, process_index: int | None = None,
 def describe(batch: Any) -> list[list]:
   """``[[path, shape, dtype], ...]`` of a dict batch's leaves, JSON-ready (paths are lists of keys)."""
   flat, _ = jax.tree_util.tree_flatten_with_path(batch)
-  return [[[_key_name(k) for k in path], list(np.shape(leaf)), _dtype_str(leaf)] for path, leaf in flat]
+  return [
+    [[_key_name(k) for k in path], list(np.shape(leaf)), _dtype_str(leaf)] for path, leaf in flat
+  ]
 
 
 def _key_name(key) -> str:
@@ -148,8 +158,10 @@ def _difference(description: list[list], reference: list[list]) -> str:
   for path, (shape, dtype) in by_path.items():
     ref_shape, ref_dtype = ref_by_path[path]
     if (shape, dtype) != (ref_shape, ref_dtype):
-      return (f"leaf {path!r} has shape {shape} dtype {np.dtype(dtype).name}, expected shape {ref_shape} "
-              f"dtype {np.dtype(ref_dtype).name}")
+      return (
+        f"leaf {path!r} has shape {shape} dtype {np.dtype(dtype).name}, expected shape {ref_shape} "
+        f"dtype {np.dtype(ref_dtype).name}"
+      )
   return "leaf order differs"
 
 
@@ -157,12 +169,16 @@ def _difference(description: list[list], reference: list[list]) -> str:
 
 
 def _client():
-  from jax._src import distributed as jax_distributed  # the coordination-service client (no public handle)
+  from jax._src import (
+    distributed as jax_distributed,  # the coordination-service client (no public handle)
+  )
 
   client = jax_distributed.global_state.client
   if client is None:
-    raise RuntimeError(f"masked_eval runs on {jax.process_count()} processes but jax.distributed is not "
-                       "initialized; call jax.distributed.initialize() first")
+    raise RuntimeError(
+      f"masked_eval runs on {jax.process_count()} processes but jax.distributed is not "
+      "initialized; call jax.distributed.initialize() first"
+    )
   return client
 
 
@@ -182,11 +198,14 @@ def exchange(payload: dict, name: str, timeout: float) -> list[dict]:
     try:
       values[process] = client.blocking_key_value_get(f"{prefix}/{process}", remaining_ms)
     except Exception as err:  # DEADLINE_EXCEEDED (or the coordinator is gone): name who is missing
-      missing = [p for p in range(count) if p not in values and not _published(client, f"{prefix}/{p}")]
+      missing = [
+        p for p in range(count) if p not in values and not _published(client, f"{prefix}/{p}")
+      ]
       raise TimeoutError(
-          f"masked_eval on process {me} of {count}: process(es) {missing or [process]} did not reach the "
-          f"pre-flight check within {timeout:g} s (they died, hang, or do not call masked_eval; "
-          f"coordination service: {_first_line(err)})") from None
+        f"masked_eval on process {me} of {count}: process(es) {missing or [process]} did not reach the "
+        f"pre-flight check within {timeout:g} s (they died, hang, or do not call masked_eval; "
+        f"coordination service: {_first_line(err)})"
+      ) from None
   return [json.loads(values[p]) for p in range(count)]
 
 
@@ -205,8 +224,16 @@ def _first_line(err: BaseException) -> str:
 # --- lockstep iteration ---------------------------------------------------------------------
 
 
-def lockstep(first_batch: Callable[[], Any], rest: Iterator, length: int | None, *, mask_key: str,
-             settings: dict, lookahead: int, timeout: float | None) -> "Lockstep | None":
+def lockstep(
+  first_batch: Callable[[], Any],
+  rest: Iterator,
+  length: int | None,
+  *,
+  mask_key: str,
+  settings: dict,
+  lookahead: int,
+  timeout: float | None,
+) -> Lockstep | None:
   """Agrees with the other processes on batch structure and step count; None with one process.
 
   Args:
@@ -237,15 +264,23 @@ def lockstep(first_batch: Callable[[], Any], rest: Iterator, length: int | None,
     first, failure = first_batch(), None
   except Exception as err:  # reported to the others first, then re-raised here
     first, failure = None, err
-  mine = {"batch": None if first is None else describe(first), "length": length, "settings": settings,
-          "failure": None if failure is None else f"{type(failure).__name__}: {_first_line(failure)}"}
+  mine = {
+    "batch": None if first is None else describe(first),
+    "length": length,
+    "settings": settings,
+    "failure": None if failure is None else f"{type(failure).__name__}: {_first_line(failure)}",
+  }
   everyone = exchange(mine, f"{next(_call_numbers)}/preflight", timeout)
   if failure is not None:
     raise failure
-  failed = [(process, payload["failure"]) for process, payload in enumerate(everyone) if payload["failure"]]
+  failed = [
+    (process, payload["failure"]) for process, payload in enumerate(everyone) if payload["failure"]
+  ]
   if failed:
-    raise RuntimeError(f"masked_eval on process {jax.process_index()}: process {failed[0][0]} failed before the "
-                       f"first step ({failed[0][1]}); no step was run")
+    raise RuntimeError(
+      f"masked_eval on process {jax.process_index()}: process {failed[0][0]} failed before the "
+      f"first step ({failed[0][1]}); no step was run"
+    )
   description = _agreed(everyone, mask_key)
   lengths = [p["length"] if p["batch"] is not None else 0 for p in everyone]
   num_steps = None if None in lengths else max(lengths)
@@ -255,8 +290,10 @@ def lockstep(first_batch: Callable[[], Any], rest: Iterator, length: int | None,
 def check_timeout(timeout) -> float:
   """Returns `timeout` as a float; ValueError unless a positive number of seconds."""
   if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-    raise ValueError(f"timeout must be a positive number of seconds (or None for "
-                     f"padded_eval.distributed.DEFAULT_TIMEOUT_S={DEFAULT_TIMEOUT_S:g}); got {timeout!r}")
+    raise ValueError(
+      f"timeout must be a positive number of seconds (or None for "
+      f"padded_eval.distributed.DEFAULT_TIMEOUT_S={DEFAULT_TIMEOUT_S:g}); got {timeout!r}"
+    )
   return float(timeout)
 
 
@@ -266,20 +303,25 @@ def _agreed(everyone: list[dict], mask_key: str) -> list[list]:
   for process, payload in enumerate(everyone):
     for name, value in payload["settings"].items():
       if value != settings.get(name):
-        raise ValueError(f"masked_eval got {name}={value!r} on process {process} but {name}="
-                         f"{settings.get(name)!r} on process 0; every process must pass the same")
+        raise ValueError(
+          f"masked_eval got {name}={value!r} on process {process} but {name}="
+          f"{settings.get(name)!r} on process 0; every process must pass the same"
+        )
   with_data = [p for p, payload in enumerate(everyone) if payload["batch"] is not None]
   if not with_data:
-    raise ValueError(f"batches yielded no batch on any of the {len(everyone)} processes; masked_eval needs "
-                     "at least one (an all-padding batch is fine: pe.pad_batches(..., num_batches=1))")
+    raise ValueError(
+      f"batches yielded no batch on any of the {len(everyone)} processes; masked_eval needs "
+      "at least one (an all-padding batch is fine: pe.pad_batches(..., num_batches=1))"
+    )
   reference_process = with_data[0]
   reference = everyone[reference_process]["batch"]
   for process in with_data[1:]:
     if everyone[process]["batch"] != reference:
       raise ValueError(
-          f"masked_eval: the batches of process {process} differ from those of process {reference_process}: "
-          f"{_difference(everyone[process]['batch'], reference)}. Every process must feed batches of the same "
-          f"structure, shapes and dtypes (the same batch_size and features in pe.pad_batches)")
+        f"masked_eval: the batches of process {process} differ from those of process {reference_process}: "
+        f"{_difference(everyone[process]['batch'], reference)}. Every process must feed batches of the same "
+        f"structure, shapes and dtypes (the same batch_size and features in pe.pad_batches)"
+      )
   if not any(path == [mask_key] for path, _, _ in reference):
     raise ValueError(f"the batches have no mask key {mask_key!r}; pad them with pe.pad_batches")
   return reference
@@ -301,7 +343,9 @@ class Lockstep:
   def __init__(self, first, rest, description, mask_key, num_steps, lookahead, timeout):
     self._padding = padding_batch(description, mask_key)
     self._source = iter(()) if first is None else itertools.chain([first], rest)
-    self._buffer: collections.deque = collections.deque()  # real batches read ahead, not yet yielded
+    self._buffer: collections.deque = (
+      collections.deque()
+    )  # real batches read ahead, not yet yielded
     self._exhausted = False
     self._num_steps = num_steps  # the agreed end, once known
     self._lookahead = lookahead
@@ -310,7 +354,7 @@ class Lockstep:
     self.timeout = timeout
     self.first = next(self)
 
-  def __iter__(self) -> "Lockstep":
+  def __iter__(self) -> Lockstep:
     return self
 
   def __next__(self) -> Any:
@@ -331,8 +375,10 @@ class Lockstep:
 
   def _check_drained(self) -> None:
     if self._buffer or next(self._source, None) is not None:
-      raise ValueError(f"process {jax.process_index()}: batches yielded more batches than their len() "
-                       f"said; they were cut at {self._num_steps} steps")
+      raise ValueError(
+        f"process {jax.process_index()}: batches yielded more batches than their len() "
+        f"said; they were cut at {self._num_steps} steps"
+      )
 
   def flag(self, step: int) -> int:
     """1 if this process holds a real batch for step ``step + lookahead``, else 0 (step = the one dispatched)."""
@@ -359,18 +405,20 @@ class Lockstep:
       while not all(x.is_ready() for x in arrays):
         if time.monotonic() > deadline:
           raise TimeoutError(
-              f"masked_eval step {step} on process {jax.process_index()} of {jax.process_count()} did not "
-              f"finish within {self.timeout:g} s: another process is stuck, died without closing its "
-              "connections, or is far slower (data loading, compilation). Raise timeout= if it is only slow")
+            f"masked_eval step {step} on process {jax.process_index()} of {jax.process_count()} did not "
+            f"finish within {self.timeout:g} s: another process is stuck, died without closing its "
+            "connections, or is far slower (data loading, compilation). Raise timeout= if it is only slow"
+          )
         time.sleep(pause)
         pause = min(2 * pause, _POLL_MAX_S)
       return jax.device_get(jax.tree.map(_local_part, result))
     except jax.errors.JaxRuntimeError as err:
       raise RuntimeError(
-          f"masked_eval step {step} failed on process {jax.process_index()} of {jax.process_count()}: "
-          f"{_first_line(err)}. A collective across processes broke, most likely because another process "
-          "died. jax.distributed cannot shut down cleanly after this: exit the process (jax aborts it "
-          "after heartbeat_timeout_seconds)") from err
+        f"masked_eval step {step} failed on process {jax.process_index()} of {jax.process_count()}: "
+        f"{_first_line(err)}. A collective across processes broke, most likely because another process "
+        "died. jax.distributed cannot shut down cleanly after this: exit the process (jax aborts it "
+        "after heartbeat_timeout_seconds)"
+      ) from err
 
 
 def _local_part(x):

@@ -36,7 +36,8 @@ import collections.abc as cabc
 import dataclasses
 import functools
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -130,8 +131,10 @@ def _layout(backend: str, axis_name: str, mesh: Mesh | None) -> _Layout:
   check_choice("backend", backend, BACKENDS)
   if backend == "pmap":
     if mesh is not None:
-      raise ValueError("mesh is used by the 'shard_map' and 'jit' backends; backend='pmap' runs on "
-                       f"all local devices. Got mesh={mesh!r}; pass mesh=None or another backend.")
+      raise ValueError(
+        "mesh is used by the 'shard_map' and 'jit' backends; backend='pmap' runs on "
+        f"all local devices. Got mesh={mesh!r}; pass mesh=None or another backend."
+      )
     return _Layout(backend, Mesh(np.array(jax.local_devices()), (axis_name,)), axis_name)
   if mesh is None:
     return _Layout(backend, Mesh(np.array(jax.devices()), (axis_name,)), axis_name)
@@ -139,8 +142,10 @@ def _layout(backend: str, axis_name: str, mesh: Mesh | None) -> _Layout:
     raise ValueError(f"mesh must be a jax.sharding.Mesh; got {type(mesh).__name__}")
   data_axis = mesh.axis_names[0]
   if axis_name != data_axis and axis_name in mesh.axis_names:
-    raise ValueError(f"axis_name {axis_name!r} is not the mesh's first axis {data_axis!r}; the batch is "
-                     f"split over the first axis of mesh {dict(mesh.shape)}: put {axis_name!r} first")
+    raise ValueError(
+      f"axis_name {axis_name!r} is not the mesh's first axis {data_axis!r}; the batch is "
+      f"split over the first axis of mesh {dict(mesh.shape)}: put {axis_name!r} first"
+    )
   return _Layout(backend, mesh, data_axis)
 
 
@@ -165,33 +170,48 @@ def _batch_spec(batch, mask_key: str, layout: _Layout, index: int) -> _BatchSpec
       the shards of the data axis.
   """
   if not isinstance(batch, cabc.Mapping):
-    raise ValueError(f"batch {index} is a {type(batch).__name__}; expected a dict of arrays with a "
-                     f"{mask_key!r} entry (use pe.pad_batches)")
+    raise ValueError(
+      f"batch {index} is a {type(batch).__name__}; expected a dict of arrays with a "
+      f"{mask_key!r} entry (use pe.pad_batches)"
+    )
   if mask_key not in batch:
-    raise ValueError(f"batch {index} has no mask key {mask_key!r}; got keys {sorted(map(str, batch))}. "
-                     "Pad batches with pe.pad_batches, which adds the mask of real rows.")
+    raise ValueError(
+      f"batch {index} has no mask key {mask_key!r}; got keys {sorted(map(str, batch))}. "
+      "Pad batches with pe.pad_batches, which adds the mask of real rows."
+    )
   mask_shape, mask_dtype = np.shape(batch[mask_key]), _dtype(batch[mask_key])
   if len(mask_shape) != 1 or mask_dtype != np.bool_:
-    raise ValueError(f"batch {index}: {mask_key!r} has shape {mask_shape} and dtype {mask_dtype}; "
-                     "expected a bool array [batch_size]")
+    raise ValueError(
+      f"batch {index}: {mask_key!r} has shape {mask_shape} and dtype {mask_dtype}; "
+      "expected a bool array [batch_size]"
+    )
   batch_size = mask_shape[0]
   flat, treedef = jax.tree_util.tree_flatten_with_path(batch)
   for path, leaf in flat:
     shape, dtype = np.shape(leaf), _dtype(leaf)
     if not shape or shape[0] != batch_size:
-      raise ValueError(f"batch {index}: leaf {jax.tree_util.keystr(path)} has shape {shape}; expected "
-                       f"leading size {batch_size}, the size of {mask_key!r}")
+      raise ValueError(
+        f"batch {index}: leaf {jax.tree_util.keystr(path)} has shape {shape}; expected "
+        f"leading size {batch_size}, the size of {mask_key!r}"
+      )
     if dtype.kind in "USO":
-      raise ValueError(f"batch {index}: leaf {jax.tree_util.keystr(path)} holds strings ({dtype}), which "
-                       "cannot be placed on a device; drop it from the batch")
+      raise ValueError(
+        f"batch {index}: leaf {jax.tree_util.keystr(path)} holds strings ({dtype}), which "
+        "cannot be placed on a device; drop it from the batch"
+      )
   if batch_size % layout.num_shards:
     lower = max(batch_size // layout.num_shards, 1) * layout.num_shards
-    where = (f"the {layout.num_shards} devices" if layout.mesh.devices.ndim == 1 else
-             f"the {layout.num_shards} shards of the mesh's first axis {layout.data_axis!r} "
-             f"(mesh {dict(layout.mesh.shape)})")
-    raise ValueError(f"batch size {batch_size} is not divisible by {where}; use a multiple, e.g. "
-                     f"{lower} or {lower + layout.num_shards} (pe.pad_batches(..., num_devices="
-                     f"{layout.num_shards}))")
+    where = (
+      f"the {layout.num_shards} devices"
+      if layout.mesh.devices.ndim == 1
+      else f"the {layout.num_shards} shards of the mesh's first axis {layout.data_axis!r} "
+      f"(mesh {dict(layout.mesh.shape)})"
+    )
+    raise ValueError(
+      f"batch size {batch_size} is not divisible by {where}; use a multiple, e.g. "
+      f"{lower} or {lower + layout.num_shards} (pe.pad_batches(..., num_devices="
+      f"{layout.num_shards}))"
+    )
   leaves = tuple((np.shape(leaf), _dtype(leaf)) for _, leaf in flat)
   return _BatchSpec(treedef, leaves, batch_size)
 
@@ -202,9 +222,11 @@ def _dtype(x) -> np.dtype:
 
 def _check_same_spec(spec: _BatchSpec, first: _BatchSpec, index: int) -> None:
   if spec != first:
-    raise ValueError(f"batch {index} has structure {spec.treedef} with (shape, dtype) {spec.leaves}; "
-                     f"expected the first batch's {first.treedef} with {first.leaves}. Every batch needs "
-                     "the same shapes (pad with pe.pad_batches), else the step recompiles.")
+    raise ValueError(
+      f"batch {index} has structure {spec.treedef} with (shape, dtype) {spec.leaves}; "
+      f"expected the first batch's {first.treedef} with {first.leaves}. Every batch needs "
+      "the same shapes (pad with pe.pad_batches), else the step recompiles."
+    )
 
 
 # --- multi-host seam: padded_eval.distributed ------------------------------------------
@@ -218,15 +240,33 @@ def _first_batch(host_batches, mask_key: str, layout: _Layout):
   return first
 
 
-def _multihost(first_batch, host_batches, total, layout: _Layout, mask_key: str, steps_in_flight: int,
-               timeout: float | None) -> "distributed.Lockstep | None":
+def _multihost(
+  first_batch,
+  host_batches,
+  total,
+  layout: _Layout,
+  mask_key: str,
+  steps_in_flight: int,
+  timeout: float | None,
+) -> distributed.Lockstep | None:
   """With several processes: agree on batch structure and steps (see `padded_eval.distributed`)."""
-  settings = {"backend": layout.backend, "axis_name": layout.data_axis, "mask_key": mask_key,
-              "mesh": {str(k): int(v) for k, v in layout.mesh.shape.items()},
-              "steps_in_flight": steps_in_flight}
+  settings = {
+    "backend": layout.backend,
+    "axis_name": layout.data_axis,
+    "mask_key": mask_key,
+    "mesh": {str(k): int(v) for k, v in layout.mesh.shape.items()},
+    "steps_in_flight": steps_in_flight,
+  }
   # The loop then keeps one step in flight (see distributed.MULTIHOST_STEPS_IN_FLIGHT).
-  return distributed.lockstep(first_batch, host_batches, total, mask_key=mask_key, settings=settings,
-                              lookahead=distributed.MULTIHOST_STEPS_IN_FLIGHT + 1, timeout=timeout)
+  return distributed.lockstep(
+    first_batch,
+    host_batches,
+    total,
+    mask_key=mask_key,
+    settings=settings,
+    lookahead=distributed.MULTIHOST_STEPS_IN_FLIGHT + 1,
+    timeout=timeout,
+  )
 
 
 # --- the compiled step ----------------------------------------------------------------
@@ -257,16 +297,20 @@ def _checked(step_fn: Callable) -> Callable:
   def checked_step_fn(params, batch):
     metric = step_fn(params, batch)
     if not isinstance(metric, Metric):
-      raise ValueError(f"step_fn must return a padded_eval Metric holding the batch's masked statistics "
-                       f"(e.g. pe.metrics.Accuracy().update(preds=..., target=..., mask=batch['mask'])); "
-                       f"it returned a {type(metric).__module__}.{type(metric).__qualname__}")
+      raise ValueError(
+        f"step_fn must return a padded_eval Metric holding the batch's masked statistics "
+        f"(e.g. pe.metrics.Accuracy().update(preds=..., target=..., mask=batch['mask'])); "
+        f"it returned a {type(metric).__module__}.{type(metric).__qualname__}"
+      )
     return metric
 
   return checked_step_fn
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled_step(step_fn: Callable, layout: _Layout, mask_key: str, flagged: bool = False) -> _CompiledStep:
+def _compiled_step(
+  step_fn: Callable, layout: _Layout, mask_key: str, flagged: bool = False
+) -> _CompiledStep:
   """Builds (once per key) the batch-statistics and step functions of ``layout.backend``.
 
   ``flagged`` (several processes, some with unknown lengths): the step takes one more
@@ -296,24 +340,32 @@ def _compiled_step(step_fn: Callable, layout: _Layout, mask_key: str, flagged: b
       token = jax.lax.psum(token, axis) if reduce else token
     return (metric_total.merge(metric), count_total.merge(count)), token
 
-
   if layout.backend == "pmap":
     unanchored = lambda fn: lambda anchored_params, *args: fn(anchored_params[1], *args)
     batch_stats = jax.pmap(unanchored(reduced_stats), axis, in_axes=(None, 0))
-    step = jax.pmap(unanchored(masked_eval_step), axis, in_axes=(None, 0, 0) + (0,) * flagged,
-                    donate_argnums=1)
+    step = jax.pmap(
+      unanchored(masked_eval_step), axis, in_axes=(None, 0, 0) + (0,) * flagged, donate_argnums=1
+    )
     finalize = _finalize(layout)
   elif layout.backend == "shard_map":
     spec, split = PartitionSpec(), PartitionSpec(axis)
-    batch_stats = jax.jit(jax.shard_map(reduced_stats, mesh=layout.mesh, in_specs=(spec, split),
-                                        out_specs=spec))
+    batch_stats = jax.jit(
+      jax.shard_map(reduced_stats, mesh=layout.mesh, in_specs=(spec, split), out_specs=spec)
+    )
+
     def shard_step(params, state, batch, *more):  # state: this shard's [1, ...] block
       state, token = masked_eval_step(params, _unstack(state), batch, *more)
       return _restack(state), jnp.reshape(token, (1,))
 
-    step = jax.jit(jax.shard_map(shard_step, mesh=layout.mesh,
-                                 in_specs=(spec, split, split) + (split,) * flagged,
-                                 out_specs=(split, split)), donate_argnums=1)
+    step = jax.jit(
+      jax.shard_map(
+        shard_step,
+        mesh=layout.mesh,
+        in_specs=(spec, split, split) + (split,) * flagged,
+        out_specs=(split, split),
+      ),
+      donate_argnums=1,
+    )
     finalize = _finalize(layout)
   else:
     batch_stats = jax.jit(reduced_stats)
@@ -345,8 +397,14 @@ def _finalize(layout: _Layout) -> Callable:
   if layout.backend == "pmap":
     return jax.pmap(reduce_state, axis)
   split = PartitionSpec(axis)
-  return jax.jit(jax.shard_map(lambda state: reduce_state(_unstack(state)), mesh=layout.mesh,
-                               in_specs=split, out_specs=PartitionSpec()))
+  return jax.jit(
+    jax.shard_map(
+      lambda state: reduce_state(_unstack(state)),
+      mesh=layout.mesh,
+      in_specs=split,
+      out_specs=PartitionSpec(),
+    )
+  )
 
 
 def _compiled_step_for(step_fn, layout, mask_key, flagged=False) -> _CompiledStep:
@@ -368,19 +426,30 @@ def _empty_state(compiled: _CompiledStep, params, placed_batch, layout: _Layout)
   got = [(tuple(np.shape(x)), np.dtype(x.dtype)) for x in jax.tree.leaves(empty)]
   want = [(tuple(s.shape), np.dtype(s.dtype)) for s in jax.tree.leaves(shapes)]
   if jax.tree.structure(empty) != jax.tree.structure(shapes) or got != want:
-    raise ValueError(f"{type(metric_shape).__name__}.empty() has state leaves (shape, dtype) {got} but "
-                     f"step_fn's metric has {want}; empty() must match an updated metric's structure, "
-                     "shapes and dtypes")
+    raise ValueError(
+      f"{type(metric_shape).__name__}.empty() has state leaves (shape, dtype) {got} but "
+      f"step_fn's metric has {want}; empty() must match an updated metric's structure, "
+      "shapes and dtypes"
+    )
   return layout.place_state(empty)
 
 
 # --- the driver -----------------------------------------------------------------------
 
 
-def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cabc.Iterable, *,
-                backend: str = "pmap", axis_name: str = "batch", mesh: Mesh | None = None,
-                progress: bool = False, mask_key: str = "mask",
-                steps_in_flight: int | None = None, timeout: float | None = None) -> dict[str, Any]:
+def masked_eval(
+  step_fn: Callable[[Any, Any], Metric],
+  params: Any,
+  batches: cabc.Iterable,
+  *,
+  backend: str = "pmap",
+  axis_name: str = "batch",
+  mesh: Mesh | None = None,
+  progress: bool = False,
+  mask_key: str = "mask",
+  steps_in_flight: int | None = None,
+  timeout: float | None = None,
+) -> dict[str, Any]:
   """Evaluates ``step_fn`` over every real row of ``batches``, exactly, compiling once.
 
   Args:
@@ -447,15 +516,19 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
   if timeout is not None:
     distributed.check_timeout(timeout)
   first_batch = lambda: _first_batch(host_batches, mask_key, layout)
-  lockstep = _multihost(first_batch, host_batches, total, layout, mask_key, steps_in_flight, timeout)
+  lockstep = _multihost(
+    first_batch, host_batches, total, layout, mask_key, steps_in_flight, timeout
+  )
   if lockstep is not None:  # every process now runs the same steps; a host without data pads
     first, host_batches = lockstep.first, lockstep
     steps_in_flight = distributed.MULTIHOST_STEPS_IN_FLIGHT
   else:
     first = first_batch()
   if first is None:
-    raise ValueError("batches yielded no batch; masked_eval needs at least one (an all-padding batch "
-                     "is fine: pe.pad_batches(..., num_batches=1))")
+    raise ValueError(
+      "batches yielded no batch; masked_eval needs at least one (an all-padding batch "
+      "is fine: pe.pad_batches(..., num_batches=1))"
+    )
   spec = _batch_spec(first, mask_key, layout, 0)
   flagged = lockstep is not None and lockstep.flagged
   compiled = _compiled_step_for(step_fn, layout, mask_key, flagged)
@@ -469,7 +542,11 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
   in_flight: collections.deque = collections.deque()  # tokens of the steps not yet waited for
   index = 0
   while placed is not None:
-    more = (layout.place_batch(np.full(layout.num_shards, lockstep.flag(index), np.int32)),) if flagged else ()
+    more = (
+      (layout.place_batch(np.full(layout.num_shards, lockstep.flag(index), np.int32)),)
+      if flagged
+      else ()
+    )
     state, token = compiled.step(params, state, placed, *more)  # dispatch step t
     in_flight.append((index, token))
     placed, index = None, index + 1
@@ -493,7 +570,7 @@ def masked_eval(step_fn: Callable[[Any, Any], Metric], params: Any, batches: cab
   return _results(metric, count)
 
 
-def _wait(lockstep: "distributed.Lockstep | None", index: int, token) -> None:
+def _wait(lockstep: distributed.Lockstep | None, index: int, token) -> None:
   """Waits for step ``index`` (with a deadline and the has-data count with several processes)."""
   if lockstep is None:
     token.block_until_ready()
@@ -506,7 +583,9 @@ def _wait(lockstep: "distributed.Lockstep | None", index: int, token) -> None:
 def _steps_in_flight(steps_in_flight: int | None) -> int:
   if steps_in_flight is None:
     return 2
-  if isinstance(steps_in_flight, bool) or not isinstance(steps_in_flight, int) or steps_in_flight < 1:
+  if (
+    isinstance(steps_in_flight, bool) or not isinstance(steps_in_flight, int) or steps_in_flight < 1
+  ):
     raise ValueError(f"steps_in_flight must be an int >= 1; got {steps_in_flight!r}")
   return steps_in_flight
 
@@ -514,8 +593,10 @@ def _steps_in_flight(steps_in_flight: int | None) -> int:
 def _results(metric: Metric, count: ExactCount) -> dict[str, Any]:
   logs = dict(metric.compute_logs())
   if NUM_EXAMPLES in logs:
-    raise ValueError(f"the metric logs a value named {NUM_EXAMPLES!r}, which masked_eval reserves for "
-                     "the count of real rows; rename the metric (name=...)")
+    raise ValueError(
+      f"the metric logs a value named {NUM_EXAMPLES!r}, which masked_eval reserves for "
+      "the count of real rows; rename the metric (name=...)"
+    )
   logs = jax.tree.map(_to_python, logs)
   logs[NUM_EXAMPLES] = int(count.to_numpy())
   return logs
@@ -548,8 +629,9 @@ class _ProgressBar:
   def add(self, batch) -> None:
     self._examples += int(np.count_nonzero(np.asarray(batch[self._mask_key])))
     elapsed = max(time.perf_counter() - self._start, 1e-9)
-    self._bar.set_postfix(examples=self._examples, ex_per_s=f"{self._examples / elapsed:.0f}",
-                          refresh=False)
+    self._bar.set_postfix(
+      examples=self._examples, ex_per_s=f"{self._examples / elapsed:.0f}", refresh=False
+    )
     self._bar.update(1)
 
   def close(self) -> None:

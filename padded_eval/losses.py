@@ -30,8 +30,14 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.accumulate import upcast
-from padded_eval.metrics.base import (broadcast_mask, element_weights, index_into_step,
-                                      map_arg_step, masked, route_kwargs)
+from padded_eval.metrics.base import (
+  broadcast_mask,
+  element_weights,
+  index_into_step,
+  map_arg_step,
+  masked,
+  route_kwargs,
+)
 
 EPSILON = 1e-7  # probabilities are clipped to [EPSILON, 1 - EPSILON] (Keras)
 
@@ -67,11 +73,11 @@ class Loss(abc.ABC):
   def _check_config(self) -> None:
     """Raises ValueError for a bad configuration (override to check)."""
 
-  def map_arg(self, **sources: str) -> "Loss":
+  def map_arg(self, **sources: str) -> Loss:
     """A copy reading each keyword from another: ``map_arg(preds="logits")``."""
     return dataclasses.replace(self, arg_routes=(map_arg_step(sources),) + self.arg_routes)
 
-  def index_into(self, **paths) -> "Loss":
+  def index_into(self, **paths) -> Loss:
     """A copy indexing into a keyword: ``index_into(target=("labels", 0))``."""
     return dataclasses.replace(self, arg_routes=(index_into_step(paths),) + self.arg_routes)
 
@@ -111,8 +117,10 @@ class ElementwiseLoss(Loss):
 
   def _check_shapes(self, preds: jax.Array, target: jax.Array) -> None:
     if preds.shape != target.shape:
-      raise ValueError(f"{type(self).__name__}: preds has shape {preds.shape} but target "
-                       f"has shape {target.shape}; expected equal shapes")
+      raise ValueError(
+        f"{type(self).__name__}: preds has shape {preds.shape} but target "
+        f"has shape {target.shape}; expected equal shapes"
+      )
 
   @abc.abstractmethod
   def _element_losses(self, preds: jax.Array, target: jax.Array) -> jax.Array:
@@ -175,12 +183,16 @@ class Crossentropy(ElementwiseLoss):
       super()._check_shapes(preds, target)
       return
     if preds.ndim == 0 or target.shape != preds.shape[:-1]:
-      raise ValueError(f"Crossentropy: preds has shape {preds.shape} and target {target.shape}; "
-                       "expected preds [..., C] with target [...] class ids or [..., C] "
-                       "probabilities (or binary=True for per-element sigmoid)")
+      raise ValueError(
+        f"Crossentropy: preds has shape {preds.shape} and target {target.shape}; "
+        "expected preds [..., C] with target [...] class ids or [..., C] "
+        "probabilities (or binary=True for per-element sigmoid)"
+      )
     if not jnp.issubdtype(target.dtype, jnp.integer):
-      raise ValueError(f"Crossentropy: target of shape {target.shape} (class ids) must be "
-                       f"integers; got dtype {target.dtype}")
+      raise ValueError(
+        f"Crossentropy: target of shape {target.shape} (class ids) must be "
+        f"integers; got dtype {target.dtype}"
+      )
 
   def _element_losses(self, preds, target):
     smoothing = float(self.label_smoothing)

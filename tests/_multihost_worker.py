@@ -34,17 +34,21 @@ TIMEOUT_S = 60.0  # generous for loaded CI machines; failure scenarios pass thei
 def make_data(total, seed=0):
   """The union dataset; process p holds rows [offset_p, offset_p + size_p)."""
   rng = np.random.default_rng(seed)
-  return {"x": rng.integers(-4, 5, (total, NUM_FEATURES)).astype(np.float32),
-          "label": rng.integers(0, NUM_CLASSES, total).astype(np.int32),
-          "y": rng.normal(size=total).astype(np.float32)}
+  return {
+    "x": rng.integers(-4, 5, (total, NUM_FEATURES)).astype(np.float32),
+    "label": rng.integers(0, NUM_CLASSES, total).astype(np.int32),
+    "y": rng.normal(size=total).astype(np.float32),
+  }
 
 
 def make_params(seed=1):
   """Small-integer weights with class biases k/8: float32 logits are exact and never tied."""
   rng = np.random.default_rng(seed)
-  return {"w": rng.integers(-3, 4, (NUM_FEATURES, NUM_CLASSES)).astype(np.float32),
-          "b": (np.arange(NUM_CLASSES) / 8).astype(np.float32),
-          "v": rng.normal(size=(NUM_FEATURES,)).astype(np.float32)}
+  return {
+    "w": rng.integers(-3, 4, (NUM_FEATURES, NUM_CLASSES)).astype(np.float32),
+    "b": (np.arange(NUM_CLASSES) / 8).astype(np.float32),
+    "v": rng.normal(size=(NUM_FEATURES,)).astype(np.float32),
+  }
 
 
 def parse(scenario):
@@ -55,7 +59,7 @@ def parse(scenario):
 def local_rows(sizes, process):
   data = make_data(sum(sizes))
   start = sum(sizes[:process])
-  return {k: v[start:start + sizes[process]] for k, v in data.items()}
+  return {k: v[start : start + sizes[process]] for k, v in data.items()}
 
 
 def chunks(rows, seed, hook=None):
@@ -78,20 +82,27 @@ def garbage_pad():
 def step_fn(params, batch):
   """Accuracy, macro F1 (confusion counts), MSE and Std (Chan merge) of a tiny linear model."""
   import jax.numpy as jnp
+
   import padded_eval as pe
 
   mask = batch["mask"]
   logits = batch["x"] @ params["w"] + params["b"]
   preds = batch["x"] @ params["v"]
-  metrics = {"accuracy": pe.metrics.Accuracy(),
-             "f1": pe.metrics.F1Score(task="multiclass", num_classes=NUM_CLASSES, average="macro"),
-             "mse": pe.metrics.MSE(), "std": pe.metrics.Std()}
+  metrics = {
+    "accuracy": pe.metrics.Accuracy(),
+    "f1": pe.metrics.F1Score(task="multiclass", num_classes=NUM_CLASSES, average="macro"),
+    "mse": pe.metrics.MSE(),
+    "std": pe.metrics.Std(),
+  }
   labels = jnp.where(mask, batch["label"], 0)
-  return pe.Metrics(metrics).replace_state(children={
+  return pe.Metrics(metrics).replace_state(
+    children={
       "accuracy": metrics["accuracy"].batch_updates(preds=logits, target=labels, mask=mask),
       "f1": metrics["f1"].batch_updates(preds=logits, target=labels, mask=mask),
       "mse": metrics["mse"].batch_updates(preds=preds, target=batch["y"], mask=mask),
-      "std": metrics["std"].batch_updates(values=preds, mask=mask)})
+      "std": metrics["std"].batch_updates(values=preds, mask=mask),
+    }
+  )
 
 
 def digits_features(image, index, label):
@@ -106,15 +117,21 @@ def tfds_share(process):
   """
   import tensorflow as tf
   import tensorflow_datasets as tfds
+
   from padded_eval.datasets import load_digits_tfds
 
-  data_dir = os.path.join(os.environ["MULTIHOST_TMP"], f"digits{process}")  # one build per process: no race
+  data_dir = os.path.join(
+    os.environ["MULTIHOST_TMP"], f"digits{process}"
+  )  # one build per process: no race
   dataset = load_digits_tfds(data_dir, tfds.split_for_jax_process("train"))
 
   def features(example):
     x, label, y = digits_features(example["image"], example["index"], example["label"])
-    return {"x": tf.cast(x, tf.float32), "label": tf.cast(label, tf.int32),
-            "y": tf.cast(y, tf.float32)}
+    return {
+      "x": tf.cast(x, tf.float32),
+      "label": tf.cast(label, tf.int32),
+      "y": tf.cast(y, tf.float32),
+    }
 
   return dataset.map(features), [int(e["index"]) for e in dataset.as_numpy_iterator()]
 
@@ -132,20 +149,25 @@ def run(scenario, process, count):
   if kind == "absent":
     if last:
       from padded_eval import distributed
+
       next(distributed._call_numbers)  # keep this process's call numbers aligned with the others'
       return {"skipped": True}
     timeout = 2.0
   if kind == "fail" and last:
+
     def hook(index):
       raise OSError("disk on fire")  # this process's data fails before its first batch
+
   if kind in ("kill", "stall"):
     timeout = 5.0
     if last:
+
       def hook(index):
         if index == 6:
           if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
           time.sleep(3600)
+
   if kind in ("known",) or (kind in ("mixed", "mismatch", "absent") and process == 0):
     source = rows
   else:
@@ -169,7 +191,9 @@ def bench(process, count, steps=300):
     for kind in ("known", "flagged"):
       source = rows  # a Mapping: len known, no flag
       if kind == "flagged":  # the same batches from a generator: len unknown, has-data flag
-        source = ({k: v[i:i + BATCH] for k, v in rows.items()} for i in range(0, steps * BATCH, BATCH))
+        source = (
+          {k: v[i : i + BATCH] for k, v in rows.items()} for i in range(0, steps * BATCH, BATCH)
+        )
       batches = pe.pad_batches(source, BATCH, num_devices=2)
       start = time.perf_counter()
       pe.masked_eval(step_fn, make_params(), batches, backend="pmap", timeout=TIMEOUT_S)
@@ -178,14 +202,25 @@ def bench(process, count, steps=300):
 
 
 def main():
-  port, count, process, scenarios = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
+  port, count, process, scenarios = (
+    sys.argv[1],
+    int(sys.argv[2]),
+    int(sys.argv[3]),
+    sys.argv[4].split(","),
+  )
   import jax
 
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.config.update("jax_num_cpu_devices", 2)
   jax.config.update("jax_enable_preemption_service", False)  # let SIGTERM stop a stuck worker
-  jax.distributed.initialize(f"127.0.0.1:{port}", count, process, initialization_timeout=60,
-                             heartbeat_timeout_seconds=30, shutdown_timeout_seconds=30)
+  jax.distributed.initialize(
+    f"127.0.0.1:{port}",
+    count,
+    process,
+    initialization_timeout=60,
+    heartbeat_timeout_seconds=30,
+    shutdown_timeout_seconds=30,
+  )
   for scenario in scenarios:
     start = time.monotonic()
     line = {"scenario": scenario, "process": process}

@@ -22,7 +22,7 @@ How to add a case (a new metric is one row, not a new test file):
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import scipy.special
@@ -68,12 +68,13 @@ def poison(batch: dict, rng: np.random.Generator) -> dict:
     if key == "mask":
       continue
     value = np.array(value, copy=True)
-    padded = np.broadcast_to(~mask.reshape(mask.shape + (1,) * (value.ndim - mask.ndim)),
-                             value.shape)
+    padded = np.broadcast_to(
+      ~mask.reshape(mask.shape + (1,) * (value.ndim - mask.ndim)), value.shape
+    )
     if np.issubdtype(value.dtype, np.floating):
       garbage = rng.choice(_FLOAT_GARBAGE, size=value.shape)
     elif np.issubdtype(value.dtype, np.integer):
-      garbage = rng.integers(-2**30, 2**30, size=value.shape)
+      garbage = rng.integers(-(2**30), 2**30, size=value.shape)
     else:
       garbage = rng.random(value.shape) < 0.5
     with np.errstate(over="ignore"):  # 3e38 becomes inf in float16: garbage either way
@@ -81,8 +82,14 @@ def poison(batch: dict, rng: np.random.Generator) -> dict:
   return out
 
 
-def padded_batches(rng, fields, *, token_axis: int | None = None,
-                   num_batches: int = NUM_BATCHES, batch_size: int = BATCH_SIZE) -> list[dict]:
+def padded_batches(
+  rng,
+  fields,
+  *,
+  token_axis: int | None = None,
+  num_batches: int = NUM_BATCHES,
+  batch_size: int = BATCH_SIZE,
+) -> list[dict]:
   """Batches from ``fields = {key: lambda rng, batch_size: array [batch_size, ...]}``.
 
   ``fields`` may also be one callable ``(rng, batch_size) -> {key: array}`` (for
@@ -133,8 +140,9 @@ def _positive(*tail):
 def _weighted_mean(values, weights=None):
   if weights is None:
     return np.mean(values)
-  weights = np.broadcast_to(weights.reshape(weights.shape + (1,) * (values.ndim - weights.ndim)),
-                            values.shape)
+  weights = np.broadcast_to(
+    weights.reshape(weights.shape + (1,) * (values.ndim - weights.ndim)), values.shape
+  )
   return np.sum(weights * values) / np.sum(weights)
 
 
@@ -177,92 +185,157 @@ _REGRESSION_3 = {"preds": _normal(3), "target": _normal(3, loc=0.5, scale=2.0)}
 
 def _correlated_pair(rng, batch_size, weighted=False):
   x = rng.standard_normal(batch_size)
-  fields = {"preds": (3.0 + x).astype(np.float32),
-            "target": (-1.0 + 0.6 * x + 0.8 * rng.standard_normal(batch_size)).astype(np.float32)}
+  fields = {
+    "preds": (3.0 + x).astype(np.float32),
+    "target": (-1.0 + 0.6 * x + 0.8 * rng.standard_normal(batch_size)).astype(np.float32),
+  }
   if weighted:
     fields["weights"] = _positive()(rng, batch_size)
   return fields
 
 
 CASES: list[MetricCase] = [
-    MetricCase("mean", lambda: pe.metrics.Mean(),
-               lambda rng: padded_batches(rng, {"values": _normal(loc=3.0)}),
-               lambda bs: np.mean(real(bs, "values"))),
-    MetricCase("mean_weighted_tokens", lambda: pe.metrics.Mean("loss"),
-               lambda rng: padded_batches(rng, {"loss": _normal(5), "weights": _positive(5)},
-                                          token_axis=5),
-               lambda bs: _weighted_mean(real(bs, "loss"), real(bs, "weights"))),
-    MetricCase("mean_float16", lambda: pe.metrics.Mean(),
-               lambda rng: padded_batches(rng, {"values": _normal(3, loc=3.0, dtype=np.float16)}),
-               lambda bs: np.mean(real(bs, "values"))),
-    MetricCase("accuracy", lambda: pe.metrics.Accuracy(),
-               lambda rng: padded_batches(rng, {"preds": _normal(5), "target": _ints(5)}),
-               lambda bs: sklearn.metrics.accuracy_score(
-                   real(bs, "target"), np.argmax(real(bs, "preds"), -1))),
-    MetricCase("accuracy_top3_weighted", lambda: pe.metrics.Accuracy(top_k=3),
-               lambda rng: padded_batches(
-                   rng, {"preds": _normal(7), "target": _ints(7), "weights": _positive()}),
-               lambda bs: _top_k_accuracy(bs, 3)),
-    MetricCase("mse", lambda: pe.metrics.MSE(),
-               lambda rng: padded_batches(rng, _REGRESSION_3),
-               lambda bs: sklearn.metrics.mean_squared_error(real(bs, "target"),
-                                                             real(bs, "preds"))),
-    MetricCase("mae", lambda: pe.metrics.MAE(),
-               lambda rng: padded_batches(rng, _REGRESSION),
-               lambda bs: sklearn.metrics.mean_absolute_error(real(bs, "target"),
-                                                              real(bs, "preds"))),
-    MetricCase("rmse", lambda: pe.metrics.RMSE(),
-               lambda rng: padded_batches(rng, _REGRESSION),
-               lambda bs: np.sqrt(sklearn.metrics.mean_squared_error(real(bs, "target"),
-                                                                     real(bs, "preds")))),
-    MetricCase("std", lambda: pe.metrics.Std(),
-               lambda rng: padded_batches(rng, {"values": _normal(loc=-2.0, scale=3.0)}),
-               lambda bs: np.std(real(bs, "values"))),
-    MetricCase("std_mean_1e4", lambda: pe.metrics.Std(),
-               lambda rng: padded_batches(rng, {"values": _normal(4, loc=1e4)}),
-               lambda bs: np.std(real(bs, "values")), rtol=1e-4),
-    MetricCase("std_ddof1_weighted_tokens", lambda: pe.metrics.Std(ddof=1, argname="x"),
-               lambda rng: padded_batches(rng, {"x": _normal(4, loc=7.0), "weights": _positive(4)},
-                                          token_axis=4),
-               lambda bs: _weighted_std(real(bs, "x"), real(bs, "weights"), 1)),
-    MetricCase("r2", lambda: pe.metrics.R2Score(),
-               lambda rng: padded_batches(rng, _REGRESSION),
-               lambda bs: sklearn.metrics.r2_score(real(bs, "target"), real(bs, "preds")),
-               atol=2e-5),
-    MetricCase("r2_multioutput_uniform", lambda: pe.metrics.R2Score(num_outputs=3),
-               lambda rng: padded_batches(rng, _REGRESSION_3),
-               lambda bs: sklearn.metrics.r2_score(real(bs, "target"), real(bs, "preds")),
-               atol=2e-5),
-    MetricCase("r2_raw_weighted", lambda: pe.metrics.R2Score(num_outputs=3,
-                                                             multioutput="raw_values"),
-               lambda rng: padded_batches(rng, {**_REGRESSION_3, "weights": _positive()}),
-               lambda bs: sklearn.metrics.r2_score(
-                   real(bs, "target"), real(bs, "preds"), sample_weight=real(bs, "weights"),
-                   multioutput="raw_values"), atol=2e-5),
-    MetricCase("r2_variance_weighted", lambda: pe.metrics.R2Score(
-        num_outputs=3, multioutput="variance_weighted"),
-               lambda rng: padded_batches(rng, _REGRESSION_3),
-               lambda bs: sklearn.metrics.r2_score(real(bs, "target"), real(bs, "preds"),
-                                                   multioutput="variance_weighted"), atol=2e-5),
-    MetricCase("pearson", lambda: pe.metrics.PearsonCorrelation(),
-               lambda rng: padded_batches(rng, _correlated_pair),
-               lambda bs: scipy.stats.pearsonr(real(bs, "preds"), real(bs, "target"))[0]),
-    MetricCase("pearson_weighted", lambda: pe.metrics.PearsonCorrelation(),
-               lambda rng: padded_batches(
-                   rng, lambda r, b: _correlated_pair(r, b, weighted=True)),
-               lambda bs: _weighted_pearson(real(bs, "preds"), real(bs, "target"),
-                                            real(bs, "weights"))),
-    MetricCase("pearson_two_outputs", lambda: pe.metrics.PearsonCorrelation(num_outputs=2),
-               lambda rng: padded_batches(rng, {"preds": _normal(2), "target": _normal(2)}),
-               lambda bs: np.array([scipy.stats.pearsonr(real(bs, "preds")[:, j],
-                                                         real(bs, "target")[:, j])[0]
-                                    for j in range(2)]), atol=2e-5),
-    MetricCase("perplexity_tokens", lambda: pe.metrics.Perplexity(),
-               lambda rng: padded_batches(rng, {"preds": _normal(6, 11, scale=2.0),
-                                                "target": _ints(11, 6)}, token_axis=6),
-               _perplexity),
-    MetricCase("perplexity_ignore_index_row_mask", lambda: pe.metrics.Perplexity(ignore_index=-100),
-               lambda rng: padded_batches(rng, {"preds": _normal(6, 11, scale=2.0),
-                                                "target": _ignored_tokens}),
-               lambda bs: _perplexity(bs, ignore_index=-100)),
+  MetricCase(
+    "mean",
+    lambda: pe.metrics.Mean(),
+    lambda rng: padded_batches(rng, {"values": _normal(loc=3.0)}),
+    lambda bs: np.mean(real(bs, "values")),
+  ),
+  MetricCase(
+    "mean_weighted_tokens",
+    lambda: pe.metrics.Mean("loss"),
+    lambda rng: padded_batches(rng, {"loss": _normal(5), "weights": _positive(5)}, token_axis=5),
+    lambda bs: _weighted_mean(real(bs, "loss"), real(bs, "weights")),
+  ),
+  MetricCase(
+    "mean_float16",
+    lambda: pe.metrics.Mean(),
+    lambda rng: padded_batches(rng, {"values": _normal(3, loc=3.0, dtype=np.float16)}),
+    lambda bs: np.mean(real(bs, "values")),
+  ),
+  MetricCase(
+    "accuracy",
+    lambda: pe.metrics.Accuracy(),
+    lambda rng: padded_batches(rng, {"preds": _normal(5), "target": _ints(5)}),
+    lambda bs: sklearn.metrics.accuracy_score(real(bs, "target"), np.argmax(real(bs, "preds"), -1)),
+  ),
+  MetricCase(
+    "accuracy_top3_weighted",
+    lambda: pe.metrics.Accuracy(top_k=3),
+    lambda rng: padded_batches(
+      rng, {"preds": _normal(7), "target": _ints(7), "weights": _positive()}
+    ),
+    lambda bs: _top_k_accuracy(bs, 3),
+  ),
+  MetricCase(
+    "mse",
+    lambda: pe.metrics.MSE(),
+    lambda rng: padded_batches(rng, _REGRESSION_3),
+    lambda bs: sklearn.metrics.mean_squared_error(real(bs, "target"), real(bs, "preds")),
+  ),
+  MetricCase(
+    "mae",
+    lambda: pe.metrics.MAE(),
+    lambda rng: padded_batches(rng, _REGRESSION),
+    lambda bs: sklearn.metrics.mean_absolute_error(real(bs, "target"), real(bs, "preds")),
+  ),
+  MetricCase(
+    "rmse",
+    lambda: pe.metrics.RMSE(),
+    lambda rng: padded_batches(rng, _REGRESSION),
+    lambda bs: np.sqrt(sklearn.metrics.mean_squared_error(real(bs, "target"), real(bs, "preds"))),
+  ),
+  MetricCase(
+    "std",
+    lambda: pe.metrics.Std(),
+    lambda rng: padded_batches(rng, {"values": _normal(loc=-2.0, scale=3.0)}),
+    lambda bs: np.std(real(bs, "values")),
+  ),
+  MetricCase(
+    "std_mean_1e4",
+    lambda: pe.metrics.Std(),
+    lambda rng: padded_batches(rng, {"values": _normal(4, loc=1e4)}),
+    lambda bs: np.std(real(bs, "values")),
+    rtol=1e-4,
+  ),
+  MetricCase(
+    "std_ddof1_weighted_tokens",
+    lambda: pe.metrics.Std(ddof=1, argname="x"),
+    lambda rng: padded_batches(
+      rng, {"x": _normal(4, loc=7.0), "weights": _positive(4)}, token_axis=4
+    ),
+    lambda bs: _weighted_std(real(bs, "x"), real(bs, "weights"), 1),
+  ),
+  MetricCase(
+    "r2",
+    lambda: pe.metrics.R2Score(),
+    lambda rng: padded_batches(rng, _REGRESSION),
+    lambda bs: sklearn.metrics.r2_score(real(bs, "target"), real(bs, "preds")),
+    atol=2e-5,
+  ),
+  MetricCase(
+    "r2_multioutput_uniform",
+    lambda: pe.metrics.R2Score(num_outputs=3),
+    lambda rng: padded_batches(rng, _REGRESSION_3),
+    lambda bs: sklearn.metrics.r2_score(real(bs, "target"), real(bs, "preds")),
+    atol=2e-5,
+  ),
+  MetricCase(
+    "r2_raw_weighted",
+    lambda: pe.metrics.R2Score(num_outputs=3, multioutput="raw_values"),
+    lambda rng: padded_batches(rng, {**_REGRESSION_3, "weights": _positive()}),
+    lambda bs: sklearn.metrics.r2_score(
+      real(bs, "target"),
+      real(bs, "preds"),
+      sample_weight=real(bs, "weights"),
+      multioutput="raw_values",
+    ),
+    atol=2e-5,
+  ),
+  MetricCase(
+    "r2_variance_weighted",
+    lambda: pe.metrics.R2Score(num_outputs=3, multioutput="variance_weighted"),
+    lambda rng: padded_batches(rng, _REGRESSION_3),
+    lambda bs: sklearn.metrics.r2_score(
+      real(bs, "target"), real(bs, "preds"), multioutput="variance_weighted"
+    ),
+    atol=2e-5,
+  ),
+  MetricCase(
+    "pearson",
+    lambda: pe.metrics.PearsonCorrelation(),
+    lambda rng: padded_batches(rng, _correlated_pair),
+    lambda bs: scipy.stats.pearsonr(real(bs, "preds"), real(bs, "target"))[0],
+  ),
+  MetricCase(
+    "pearson_weighted",
+    lambda: pe.metrics.PearsonCorrelation(),
+    lambda rng: padded_batches(rng, lambda r, b: _correlated_pair(r, b, weighted=True)),
+    lambda bs: _weighted_pearson(real(bs, "preds"), real(bs, "target"), real(bs, "weights")),
+  ),
+  MetricCase(
+    "pearson_two_outputs",
+    lambda: pe.metrics.PearsonCorrelation(num_outputs=2),
+    lambda rng: padded_batches(rng, {"preds": _normal(2), "target": _normal(2)}),
+    lambda bs: np.array(
+      [scipy.stats.pearsonr(real(bs, "preds")[:, j], real(bs, "target")[:, j])[0] for j in range(2)]
+    ),
+    atol=2e-5,
+  ),
+  MetricCase(
+    "perplexity_tokens",
+    lambda: pe.metrics.Perplexity(),
+    lambda rng: padded_batches(
+      rng, {"preds": _normal(6, 11, scale=2.0), "target": _ints(11, 6)}, token_axis=6
+    ),
+    _perplexity,
+  ),
+  MetricCase(
+    "perplexity_ignore_index_row_mask",
+    lambda: pe.metrics.Perplexity(ignore_index=-100),
+    lambda rng: padded_batches(
+      rng, {"preds": _normal(6, 11, scale=2.0), "target": _ignored_tokens}
+    ),
+    lambda bs: _perplexity(bs, ignore_index=-100),
+  ),
 ]

@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
-
 from metric_cases import MetricCase, poison
 
 AXIS = "devices"
@@ -29,8 +28,14 @@ def _value(metric) -> np.ndarray:
 
 
 def assert_matches_reference(case: MetricCase, metric, batches, how: str) -> None:
-  np.testing.assert_allclose(_value(metric), case.reference(batches), rtol=case.rtol,
-                             atol=case.atol, equal_nan=True, err_msg=f"{case.name}: {how}")
+  np.testing.assert_allclose(
+    _value(metric),
+    case.reference(batches),
+    rtol=case.rtol,
+    atol=case.atol,
+    equal_nan=True,
+    err_msg=f"{case.name}: {how}",
+  )
 
 
 def _eager(case, batches):
@@ -88,11 +93,13 @@ def check_merge_laws(case: MetricCase) -> None:
   """merge is commutative (bitwise) and associative (to rounding)."""
   a, b, c = (case.make().batch_updates(**batch) for batch in case.batches()[:3])
   np.testing.assert_array_equal(_value(a.merge(b)), _value(b.merge(a)))
-  np.testing.assert_allclose(_value(a.merge(b).merge(c)), _value(a.merge(b.merge(c))),
-                             rtol=1e-6, atol=1e-7, equal_nan=True)
+  np.testing.assert_allclose(
+    _value(a.merge(b).merge(c)), _value(a.merge(b.merge(c))), rtol=1e-6, atol=1e-7, equal_nan=True
+  )
   empty = case.make()
-  np.testing.assert_allclose(_value(a.merge(empty)), _value(a), rtol=1e-6, atol=1e-7,
-                             equal_nan=True)
+  np.testing.assert_allclose(
+    _value(a.merge(empty)), _value(a), rtol=1e-6, atol=1e-7, equal_nan=True
+  )
 
 
 def check_jit_traces_once(case: MetricCase) -> None:
@@ -136,8 +143,9 @@ def check_pmap_reduce(case: MetricCase) -> None:
 def check_pmap_gather_aggregate(case: MetricCase) -> None:
   """``all_gather(...).aggregate()`` in pmap, and ``aggregate()`` of pmap's output copies."""
   batches, n = case.batches(), _device_count()
-  gathered = jax.pmap(lambda b: jax.lax.all_gather(case.make().batch_updates(**b), AXIS)
-                      .aggregate(), axis_name=AXIS)
+  gathered = jax.pmap(
+    lambda b: jax.lax.all_gather(case.make().batch_updates(**b), AXIS).aggregate(), axis_name=AXIS
+  )
   copies = jax.pmap(lambda b: case.make().batch_updates(**b), axis_name=AXIS)
   via_gather, via_copies = case.make(), case.make()
   for batch in batches:
@@ -152,9 +160,14 @@ def check_shard_map(case: MetricCase) -> None:
   """``jax.shard_map`` over a 1-D mesh with ``reduce`` inside matches the reference."""
   batches = case.batches()
   mesh = jax.make_mesh((_device_count(),), (AXIS,))
-  step = jax.jit(jax.shard_map(lambda m, b: m.merge(case.make().batch_updates(**b).reduce(AXIS)),
-                               mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec(AXIS)),
-                               out_specs=PartitionSpec()))
+  step = jax.jit(
+    jax.shard_map(
+      lambda m, b: m.merge(case.make().batch_updates(**b).reduce(AXIS)),
+      mesh=mesh,
+      in_specs=(PartitionSpec(), PartitionSpec(AXIS)),
+      out_specs=PartitionSpec(),
+    )
+  )
   metric = jax.device_put(case.make(), NamedSharding(mesh, PartitionSpec()))
   for batch in batches:
     metric = step(metric, jax.device_put(batch, NamedSharding(mesh, PartitionSpec(AXIS))))
@@ -179,9 +192,12 @@ def check_bad_mask(case: MetricCase) -> None:
   """A mask of the wrong shape or dtype raises ValueError naming ``mask``."""
   batch = case.batches()[0]
   mask = np.asarray(batch["mask"])
-  bad_masks = [mask.astype(np.float32), mask.astype(np.int32),
-               np.ones((mask.shape[0] + 1,) + mask.shape[1:], bool),
-               np.ones(mask.shape + (99, 2), bool)]
+  bad_masks = [
+    mask.astype(np.float32),
+    mask.astype(np.int32),
+    np.ones((mask.shape[0] + 1,) + mask.shape[1:], bool),
+    np.ones(mask.shape + (99, 2), bool),
+  ]
   for bad in bad_masks:
     with pytest.raises(ValueError, match="mask"):
       case.make().update(**{**batch, "mask": bad})
@@ -189,9 +205,19 @@ def check_bad_mask(case: MetricCase) -> None:
       jax.jit(lambda m, b: m.update(**b))(case.make(), {**batch, "mask": bad})
 
 
-CHECKS = [check_eager, check_padding_changes_nothing, check_split_and_merge, check_merge_laws,
-          check_jit_traces_once, check_scan, check_pmap_reduce, check_pmap_gather_aggregate,
-          check_shard_map, check_empty_state, check_bad_mask]
+CHECKS = [
+  check_eager,
+  check_padding_changes_nothing,
+  check_split_and_merge,
+  check_merge_laws,
+  check_jit_traces_once,
+  check_scan,
+  check_pmap_reduce,
+  check_pmap_gather_aggregate,
+  check_shard_map,
+  check_empty_state,
+  check_bad_mask,
+]
 
 
 def check_all(case: MetricCase) -> None:

@@ -39,20 +39,23 @@ def test_count_psum_and_aggregate_on_8_devices():
   counts, exact = _counts_near_limbs(np.random.default_rng(0), (n, 5))
   reduced = jax.pmap(lambda c: c.reduce(AXIS), axis_name=AXIS)(counts)
   for device in range(n):
-    np.testing.assert_array_equal(jax.tree.map(lambda x: x[device], reduced).to_numpy(),
-                                  exact.sum(axis=0))
+    np.testing.assert_array_equal(
+      jax.tree.map(lambda x: x[device], reduced).to_numpy(), exact.sum(axis=0)
+    )
   np.testing.assert_array_equal(counts.aggregate().to_numpy(), exact.sum(axis=0))
   gathered = jax.pmap(lambda c: jax.lax.all_gather(c, AXIS).aggregate(), axis_name=AXIS)(counts)
-  np.testing.assert_array_equal(jax.tree.map(lambda x: x[0], gathered).to_numpy(),
-                                exact.sum(axis=0))
+  np.testing.assert_array_equal(
+    jax.tree.map(lambda x: x[0], gathered).to_numpy(), exact.sum(axis=0)
+  )
   assert exact.sum() > 2**31 * n
 
 
 def test_sum_matches_fsum_over_many_merges():
   rng = np.random.default_rng(0)
   values = (rng.standard_normal(20000) * 10.0 ** rng.uniform(-4, 4, 20000)).astype(np.float32)
-  scan = jax.jit(lambda xs: jax.lax.scan(lambda t, x: (t.merge(ExactSum.of(x)), None),
-                                         ExactSum.zeros(), xs)[0])
+  scan = jax.jit(
+    lambda xs: jax.lax.scan(lambda t, x: (t.merge(ExactSum.of(x)), None), ExactSum.zeros(), xs)[0]
+  )
   total = float(scan(values).to_numpy())
   exact = math.fsum(values.astype(np.float64))
   assert abs(total - exact) <= 1e-12 * np.sum(np.abs(values.astype(np.float64)))
@@ -77,8 +80,9 @@ def test_sum_psum_exact_across_devices():
   for device in range(n):
     got = jax.tree.map(lambda x: x[device], sums).to_numpy()
     assert np.all(np.abs(got - exact) <= 1e-12 * scale)
-  assert np.all(np.abs(ExactSum.of(jnp.asarray(parts)).aggregate().to_numpy() - exact)
-                <= 1e-12 * scale)
+  assert np.all(
+    np.abs(ExactSum.of(jnp.asarray(parts)).aggregate().to_numpy() - exact) <= 1e-12 * scale
+  )
 
 
 @pytest.mark.parametrize("dtype, ones", [(jnp.bfloat16, 1000), (jnp.float16, 5000)])
@@ -105,8 +109,9 @@ def test_bfloat16_logits_perplexity_and_std():
   assert float(got) == pytest.approx(reference, rel=1e-5)
   values = jnp.asarray(100 + rng.standard_normal(512), jnp.bfloat16)
   std = pe.metrics.Std().update(values=values).compute()
-  assert float(std) == pytest.approx(np.std(np.asarray(values.astype(jnp.float32), np.float64)),
-                                     rel=1e-5)
+  assert float(std) == pytest.approx(
+    np.std(np.asarray(values.astype(jnp.float32), np.float64)), rel=1e-5
+  )
 
 
 def test_two_prod_is_error_free_under_jit():
@@ -115,8 +120,9 @@ def test_two_prod_is_error_free_under_jit():
   b = (rng.standard_normal(1000) * 10.0 ** rng.uniform(-5, 5, 1000)).astype(np.float32)
   product, error = jax.jit(two_prod)(a, b)
   exact = a.astype(np.float64) * b.astype(np.float64)  # exact: 48 significant bits
-  np.testing.assert_array_equal(np.asarray(product, np.float64) + np.asarray(error, np.float64),
-                                exact)
+  np.testing.assert_array_equal(
+    np.asarray(product, np.float64) + np.asarray(error, np.float64), exact
+  )
 
 
 @pytest.mark.parametrize("magnitude", [1e-30, 1e-36, 3e-38, 1e30])
@@ -127,12 +133,14 @@ def test_sum_psum_of_tiny_values_is_not_nan(magnitude):
   exact = math.fsum(parts.astype(np.float64))
   reduced = jax.pmap(lambda x: ExactSum.of(x).reduce(AXIS), axis_name=AXIS)(parts)
   assert float(reduced.to_numpy()[0]) == pytest.approx(exact, rel=1e-6)
-  assert float(ExactSum.of(jnp.asarray(parts)).aggregate().to_numpy()) == pytest.approx(exact,
-                                                                                       rel=1e-6)
+  assert float(ExactSum.of(jnp.asarray(parts)).aggregate().to_numpy()) == pytest.approx(
+    exact, rel=1e-6
+  )
 
 
 def test_merge_refuses_differently_configured_metrics():
   import padded_eval as pe
+
   with pytest.raises(ValueError, match="top_k=1 vs 3"):
     pe.metrics.Accuracy().merge(pe.metrics.Accuracy(top_k=3))
   renamed = pe.metrics.Accuracy(name="acc").map_arg(preds="logits")

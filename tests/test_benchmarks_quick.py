@@ -16,22 +16,44 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_quick_benchmark_writes_both_tables_without_optional_anchors(tmp_path):
-  env = dict(os.environ, PADDED_EVAL_BENCH_HIDE="clu,metrax,matplotlib",
-             PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  env = dict(
+    os.environ,
+    PADDED_EVAL_BENCH_HIDE="clu,metrax,matplotlib",
+    PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+  )
   env.pop("XLA_FLAGS", None)
-  done = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)],
-                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  done = subprocess.run(
+    [sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   results = (tmp_path / "RESULTS.md").read_text()
-  for heading in ("## Machine", "## Exactness", "## Speed", "### Whole-dataset evaluation",
-                  "### Per-step metric update cost", "### Traces", "## Scaling"):
+  for heading in (
+    "## Machine",
+    "## Exactness",
+    "## Speed",
+    "### Whole-dataset evaluation",
+    "### Per-step metric update cost",
+    "### Traces",
+    "## Scaling",
+  ):
     assert heading in results
-  header = ("| case | float64 reference | naive pmean loop | flax nnx metrics | clu.metrics | "
-            "metrax | padded_eval |")
+  header = (
+    "| case | float64 reference | naive pmean loop | flax nnx metrics | clu.metrics | "
+    "metrax | padded_eval |"
+  )
   assert header in results
-  exact_rows = [line for line in results.splitlines()
-                if line.startswith("| ") and "float64 reference" not in line
-                and line.count("|") == header.count("|")]
+  exact_rows = [
+    line
+    for line in results.splitlines()
+    if line.startswith("| ")
+    and "float64 reference" not in line
+    and line.count("|") == header.count("|")
+  ]
   assert len(exact_rows) >= 7
   cells = [row.split(" | ") for row in exact_rows[:7]]
   assert all(c[4] == "not installed" and c[5] == "not installed" for c in cells)
@@ -39,4 +61,5 @@ def test_quick_benchmark_writes_both_tables_without_optional_anchors(tmp_path):
   assert "plot skipped" in results and not (tmp_path / "scaling.png").exists()
   assert "pe.masked_eval, backend='shard_map'" in results
   assert not (REPO / "benchmarks" / "RESULTS.md").exists() or (
-      (REPO / "benchmarks" / "RESULTS.md").read_text() != results)
+    (REPO / "benchmarks" / "RESULTS.md").read_text() != results
+  )

@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sklearn.metrics as skm
-
-import padded_eval as pe
 from metric_cases import MetricCase, padded_batches, real
 from metric_checks import CHECKS, check_eager
+
+import padded_eval as pe
 
 M = pe.metrics
 C = 5  # classes / labels
@@ -36,6 +36,7 @@ def _with_ignored(labels, rng, value):
 def _data(task, *, ids=False, ignore=None, classes=C, spatial=None):
   """Padded batches for ``task``; ``ignore`` marks ~15% of real targets with it."""
   tail = () if spatial is None else spatial
+
   def fields(rng, b):
     if task == "binary":
       preds = rng.random((b,) + tail).astype(np.float32)
@@ -52,6 +53,7 @@ def _data(task, *, ids=False, ignore=None, classes=C, spatial=None):
     if ignore is not None:
       target = _with_ignored(target, rng, ignore)
     return {"preds": preds, "target": target.astype(np.int32)}
+
   return lambda rng: padded_batches(rng, fields, batch_size=16)
 
 
@@ -80,19 +82,21 @@ def _elements(bs, task, *, ignore=None, top_k=1, threshold=0.5, from_logits=Fals
 
 
 SKLEARN_SCORES = {
-    "precision": lambda yt, yp, **kw: skm.precision_score(yt, yp, **kw),
-    "recall": lambda yt, yp, **kw: skm.recall_score(yt, yp, **kw),
-    "f1": lambda yt, yp, **kw: skm.f1_score(yt, yp, **kw),
-    "f0.5": lambda yt, yp, **kw: skm.fbeta_score(yt, yp, beta=0.5, **kw),
-    "jaccard": lambda yt, yp, **kw: skm.jaccard_score(yt, yp, **kw),
+  "precision": lambda yt, yp, **kw: skm.precision_score(yt, yp, **kw),
+  "recall": lambda yt, yp, **kw: skm.recall_score(yt, yp, **kw),
+  "f1": lambda yt, yp, **kw: skm.f1_score(yt, yp, **kw),
+  "f0.5": lambda yt, yp, **kw: skm.fbeta_score(yt, yp, beta=0.5, **kw),
+  "jaccard": lambda yt, yp, **kw: skm.jaccard_score(yt, yp, **kw),
 }
 
 
 def _specificity(mcm, average, included):
   """numpy on scikit-learn's per-class [[tn, fp], [fn, tp]] (sklearn has no specificity)."""
   tn, fp, fn, tp = (mcm[:, i, j].astype(np.float64) for i, j in ((0, 0), (0, 1), (1, 0), (1, 1)))
+
   def ratio(a, b):
     return np.where(b > 0, a / np.where(b > 0, b, 1), 0.0)
+
   per = ratio(tn, tn + fp)
   if average == "micro":
     return ratio(tn[included].sum(), (tn + fp)[included].sum())
@@ -110,8 +114,9 @@ def _score_reference(score, task, average, *, ignore=None, top_k=1, **kw):
     if task == "binary":
       yt, yp = _elements(bs, task, ignore=ignore, **kw)
       if score == "specificity":
-        return _specificity(skm.multilabel_confusion_matrix(yt, yp, labels=[1]), "micro",
-                            np.array([True]))
+        return _specificity(
+          skm.multilabel_confusion_matrix(yt, yp, labels=[1]), "micro", np.array([True])
+        )
       return SKLEARN_SCORES[score](yt, yp, average="binary", zero_division=0)
     if task == "multilabel":
       yt, yp, kept = _elements(bs, task, ignore=ignore, **kw)
@@ -122,15 +127,22 @@ def _score_reference(score, task, average, *, ignore=None, top_k=1, **kw):
     included = np.arange(C) != ignore
     if score == "specificity":
       if task == "multilabel":
-        mcm = np.stack([skm.multilabel_confusion_matrix(yt[kept[:, j], j], yp[kept[:, j], j],
-                                                        labels=[1])[0] for j in range(C)])
+        mcm = np.stack(
+          [
+            skm.multilabel_confusion_matrix(yt[kept[:, j], j], yp[kept[:, j], j], labels=[1])[0]
+            for j in range(C)
+          ]
+        )
       else:
         mcm = skm.multilabel_confusion_matrix(yt, yp, labels=list(range(C)))
       return _specificity(mcm, average, included)
     labels = [c for c in range(C) if included[c]]
     if average == "macro":  # classes in the target or the predictions (sklearn's default)
-      seen = (set(np.unique(yt)) | set(np.unique(yp))) if yt.ndim == 1 else set(
-          np.flatnonzero(yt.any(0) | yp.any(0)))
+      seen = (
+        (set(np.unique(yt)) | set(np.unique(yp)))
+        if yt.ndim == 1
+        else set(np.flatnonzero(yt.any(0) | yp.any(0)))
+      )
       labels = [c for c in labels if c in seen]
     value = SKLEARN_SCORES[score](yt, yp, labels=labels, average=average, zero_division=0)
     if average is None:
@@ -138,42 +150,66 @@ def _score_reference(score, task, average, *, ignore=None, top_k=1, **kw):
       full[labels] = value
       return full
     return value
+
   return reference
 
 
 METRICS = {
-    "precision": M.Precision, "recall": M.Recall, "f1": M.F1Score,
-    "f0.5": functools.partial(M.FBetaScore, 0.5), "jaccard": M.JaccardIndex,
-    "specificity": M.Specificity,
+  "precision": M.Precision,
+  "recall": M.Recall,
+  "f1": M.F1Score,
+  "f0.5": functools.partial(M.FBetaScore, 0.5),
+  "jaccard": M.JaccardIndex,
+  "specificity": M.Specificity,
 }
 
 
 def _score_case(score, task, average, *, ignore=None, top_k=1, ids=False, suffix="", **kw):
   num_classes = None if task == "binary" else C
-  make = lambda: METRICS[score](task=task, num_classes=num_classes, average=average,
-                                ignore_index=ignore, top_k=top_k, **kw)
+  make = lambda: METRICS[score](
+    task=task, num_classes=num_classes, average=average, ignore_index=ignore, top_k=top_k, **kw
+  )
   name = f"{score}_{task}_{average}{suffix}"
-  return MetricCase(name, make, _data(task, ids=ids, ignore=ignore),
-                    _score_reference(score, task, average, ignore=ignore, top_k=top_k, **kw))
+  return MetricCase(
+    name,
+    make,
+    _data(task, ids=ids, ignore=ignore),
+    _score_reference(score, task, average, ignore=ignore, top_k=top_k, **kw),
+  )
 
 
 SCORE_CASES = (
-    [_score_case(s, "binary", "macro") for s in METRICS]
-    + [_score_case(s, t, a) for s in METRICS for t in ("multiclass", "multilabel")
-       for a in ("micro", "macro", "weighted", None)]
-    + [_score_case(s, "multiclass", a, ignore=2, suffix="_ignore_class")
-       for s in METRICS for a in ("micro", "macro", "weighted", None)]
-    + [_score_case(s, "multiclass", "macro", ignore=IGNORE, ids=True, suffix="_ids_ignore")
-       for s in ("precision", "recall", "f1")]
-    + [_score_case(s, "multiclass", a, top_k=2, suffix="_top2")
-       for s in ("precision", "recall", "f1") for a in ("micro", "macro")]
-    + [_score_case("f1", "multilabel", a, ignore=IGNORE, suffix="_ignore")
-       for a in ("micro", "macro", "weighted")]
-    + [_score_case("specificity", "multilabel", "macro", ignore=IGNORE, suffix="_ignore"),
-       _score_case("f1", "binary", None, ignore=IGNORE, suffix="_ignore_threshold",
-                   threshold=0.3),
-       _score_case("recall", "binary", None, suffix="_logits", from_logits=True),
-       _score_case("precision", "multilabel", "macro", suffix="_logits", from_logits=True)]
+  [_score_case(s, "binary", "macro") for s in METRICS]
+  + [
+    _score_case(s, t, a)
+    for s in METRICS
+    for t in ("multiclass", "multilabel")
+    for a in ("micro", "macro", "weighted", None)
+  ]
+  + [
+    _score_case(s, "multiclass", a, ignore=2, suffix="_ignore_class")
+    for s in METRICS
+    for a in ("micro", "macro", "weighted", None)
+  ]
+  + [
+    _score_case(s, "multiclass", "macro", ignore=IGNORE, ids=True, suffix="_ids_ignore")
+    for s in ("precision", "recall", "f1")
+  ]
+  + [
+    _score_case(s, "multiclass", a, top_k=2, suffix="_top2")
+    for s in ("precision", "recall", "f1")
+    for a in ("micro", "macro")
+  ]
+  + [
+    _score_case("f1", "multilabel", a, ignore=IGNORE, suffix="_ignore")
+    for a in ("micro", "macro", "weighted")
+  ]
+  + [
+    _score_case("specificity", "multilabel", "macro", ignore=IGNORE, suffix="_ignore"),
+    _score_case("f1", "binary", None, ignore=IGNORE, suffix="_ignore_threshold", threshold=0.3),
+    _score_case("recall", "binary", None, suffix="_logits", from_logits=True),
+    _score_case("precision", "multilabel", "macro", suffix="_logits", from_logits=True),
+  ]
 )
 
 
@@ -183,8 +219,12 @@ def _matrix_reference(kind, task, **kw):
       yt, yp, kept = _elements(bs, task, ignore=kw.get("ignore"))
       if kind == "mcc":
         return skm.matthews_corrcoef(yt[kept], yp[kept])
-      return np.stack([skm.multilabel_confusion_matrix(yt[kept[:, j], j], yp[kept[:, j], j],
-                                                       labels=[1])[0] for j in range(C)])
+      return np.stack(
+        [
+          skm.multilabel_confusion_matrix(yt[kept[:, j], j], yp[kept[:, j], j], labels=[1])[0]
+          for j in range(C)
+        ]
+      )
     yt, yp = _elements(bs, task, ignore=kw.get("ignore"))
     labels = [0, 1] if task == "binary" else list(range(C))
     if kind == "mcc":
@@ -192,6 +232,7 @@ def _matrix_reference(kind, task, **kw):
     if kind == "kappa":
       return skm.cohen_kappa_score(yt, yp, labels=labels, weights=kw.get("weights"))
     return skm.confusion_matrix(yt, yp, labels=labels, normalize=kw.get("normalize"))
+
   return reference
 
 
@@ -199,35 +240,47 @@ def _matrix_case(kind, task, *, ignore=None, ids=False, suffix="", **kw):
   num_classes = None if task == "binary" else C
   cls = {"mcc": M.MatthewsCorrCoef, "kappa": M.CohenKappa, "confmat": M.ConfusionMatrix}[kind]
   make = lambda: cls(num_classes=num_classes, task=task, ignore_index=ignore, **kw)
-  return MetricCase(f"{kind}_{task}{suffix}", make, _data(task, ids=ids, ignore=ignore),
-                    _matrix_reference(kind, task, ignore=ignore, **kw))
+  return MetricCase(
+    f"{kind}_{task}{suffix}",
+    make,
+    _data(task, ids=ids, ignore=ignore),
+    _matrix_reference(kind, task, ignore=ignore, **kw),
+  )
 
 
 MATRIX_CASES = [
-    _matrix_case("mcc", "binary"), _matrix_case("mcc", "multiclass"),
-    _matrix_case("mcc", "multiclass", ignore=0, ids=True, suffix="_ids_ignore_class"),
-    _matrix_case("mcc", "multilabel", ignore=IGNORE, suffix="_ignore"),
-    _matrix_case("kappa", "binary"), _matrix_case("kappa", "multiclass"),
-    _matrix_case("kappa", "multiclass", suffix="_linear", weights="linear"),
-    _matrix_case("kappa", "multiclass", ignore=IGNORE, suffix="_quadratic_ignore",
-                 weights="quadratic"),
-    _matrix_case("confmat", "binary"), _matrix_case("confmat", "multiclass"),
-    _matrix_case("confmat", "multiclass", ids=True, ignore=3, suffix="_ids_ignore_class"),
-    _matrix_case("confmat", "multiclass", suffix="_normalize_true", normalize="true"),
-    _matrix_case("confmat", "multiclass", suffix="_normalize_pred", normalize="pred"),
-    _matrix_case("confmat", "multiclass", suffix="_normalize_all", normalize="all"),
-    _matrix_case("confmat", "multilabel", ignore=IGNORE, suffix="_ignore"),
+  _matrix_case("mcc", "binary"),
+  _matrix_case("mcc", "multiclass"),
+  _matrix_case("mcc", "multiclass", ignore=0, ids=True, suffix="_ids_ignore_class"),
+  _matrix_case("mcc", "multilabel", ignore=IGNORE, suffix="_ignore"),
+  _matrix_case("kappa", "binary"),
+  _matrix_case("kappa", "multiclass"),
+  _matrix_case("kappa", "multiclass", suffix="_linear", weights="linear"),
+  _matrix_case(
+    "kappa", "multiclass", ignore=IGNORE, suffix="_quadratic_ignore", weights="quadratic"
+  ),
+  _matrix_case("confmat", "binary"),
+  _matrix_case("confmat", "multiclass"),
+  _matrix_case("confmat", "multiclass", ids=True, ignore=3, suffix="_ids_ignore_class"),
+  _matrix_case("confmat", "multiclass", suffix="_normalize_true", normalize="true"),
+  _matrix_case("confmat", "multiclass", suffix="_normalize_pred", normalize="pred"),
+  _matrix_case("confmat", "multiclass", suffix="_normalize_all", normalize="all"),
+  _matrix_case("confmat", "multilabel", ignore=IGNORE, suffix="_ignore"),
 ]
 
 CASES = SCORE_CASES + MATRIX_CASES
 _OTHER_CHECKS = {c.__name__.removeprefix("check_"): c for c in CHECKS if c is not check_eager}
 # Every generic check (jit, scan, pmap, shard_map, ...) on one row per state layout
 # (per-class counts from class ids, the [C, C] matrix); fewer on the label layout.
-PROTOCOL = ([("f1_multiclass_macro_ignore_class", c) for c in _OTHER_CHECKS]
-            + [("confmat_multiclass", c) for c in ("jit_traces_once", "scan", "pmap_reduce",
-                                                   "shard_map", "empty_state", "merge_laws")]
-            + [("specificity_multilabel_weighted", c) for c in ("scan", "pmap_reduce")]
-            + [("kappa_binary", "jit_traces_once")])
+PROTOCOL = (
+  [("f1_multiclass_macro_ignore_class", c) for c in _OTHER_CHECKS]
+  + [
+    ("confmat_multiclass", c)
+    for c in ("jit_traces_once", "scan", "pmap_reduce", "shard_map", "empty_state", "merge_laws")
+  ]
+  + [("specificity_multilabel_weighted", c) for c in ("scan", "pmap_reduce")]
+  + [("kappa_binary", "jit_traces_once")]
+)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
@@ -249,12 +302,16 @@ def test_ignored_class_is_left_out_of_macro_averages():
   for cls in (M.Precision, M.Recall, M.F1Score, M.JaccardIndex):
     metric = cls(task="multiclass", num_classes=3, average="macro", ignore_index=0)
     assert float(metric.update(preds=target, target=target).compute()) == 1.0
-  per_class = M.Recall(num_classes=3, average=None, ignore_index=0).update(
-      preds=target, target=target).compute()
+  per_class = (
+    M.Recall(num_classes=3, average=None, ignore_index=0)
+    .update(preds=target, target=target)
+    .compute()
+  )
   np.testing.assert_array_equal(np.asarray(per_class), [np.nan, 1.0, 1.0])
   # torchmetrics #2441: class 0 ignored, one of two class-1 rows right -> recall 0.5.
   recall = M.Recall(num_classes=2, average="macro", ignore_index=0).update(
-      preds=jnp.array([0, 0, 0, 1]), target=jnp.array([0, 0, 1, 1]))
+    preds=jnp.array([0, 0, 0, 1]), target=jnp.array([0, 0, 1, 1])
+  )
   assert float(recall.compute()) == 0.5
 
 
@@ -277,8 +334,12 @@ def _segmentation_batches(rng, pixel_mask):
 def test_segmentation_miou(pixel_mask):
   """Dataset-level IoU / mIoU of [B, H, W] maps (scores and ids) with ignore_index 255."""
   batches = _segmentation_batches(np.random.default_rng(3), pixel_mask)
-  full = [np.broadcast_to(b["mask"].reshape(b["mask"].shape + (1,) * (3 - b["mask"].ndim)),
-                          b["target"].shape) for b in batches]
+  full = [
+    np.broadcast_to(
+      b["mask"].reshape(b["mask"].shape + (1,) * (3 - b["mask"].ndim)), b["target"].shape
+    )
+    for b in batches
+  ]
   yt = np.concatenate([b["target"][f] for b, f in zip(batches, full)])
   yp = np.concatenate([np.argmax(b["preds"][f], -1) for b, f in zip(batches, full)])
   keep = yt != 255
@@ -287,10 +348,14 @@ def test_segmentation_miou(pixel_mask):
     ids = metric
     for b in batches:
       metric = metric.update(**b)
-      ids = ids.update(preds=np.argmax(np.nan_to_num(b["preds"]), -1).astype(np.int32),
-                       target=b["target"], mask=b["mask"])
-    want = skm.jaccard_score(yt[keep], yp[keep], labels=list(range(C)), average=average,
-                             zero_division=0)
+      ids = ids.update(
+        preds=np.argmax(np.nan_to_num(b["preds"]), -1).astype(np.int32),
+        target=b["target"],
+        mask=b["mask"],
+      )
+    want = skm.jaccard_score(
+      yt[keep], yp[keep], labels=list(range(C)), average=average, zero_division=0
+    )
     np.testing.assert_allclose(np.asarray(metric.compute()), want, rtol=2e-6)
     np.testing.assert_allclose(np.asarray(ids.compute()), want, rtol=2e-6)
 
@@ -307,37 +372,41 @@ def test_counts_are_exact_past_2_to_31():
   f1 = M.F1Score(num_classes=3).update(**batch)
   big = functools.reduce(lambda m, _: m.merge(m), range(34), f1)
   assert float(big.compute()) == pytest.approx(float(f1.compute()), rel=1e-6)
-  binary = M.ConfusionMatrix(None, task="binary").update(preds=jnp.array([0.9, 0.2, 0.7]),
-                                                         target=jnp.array([1, 1, 0]))
+  binary = M.ConfusionMatrix(None, task="binary").update(
+    preds=jnp.array([0.9, 0.2, 0.7]), target=jnp.array([1, 1, 0])
+  )
   np.testing.assert_array_equal(binary.counts(), [[0, 1], [1, 1]])
 
 
 def test_scatter_and_matmul_counts_agree():
   from padded_eval.metrics import classification_inputs as ci
+
   rng = np.random.default_rng(0)
   labels = jnp.asarray(rng.integers(0, 7, 64), jnp.int32)
   predicted = jnp.asarray(rng.integers(0, 7, (64, 1)), jnp.int32)
   valid = jnp.asarray(rng.random(64) < 0.7)
-  np.testing.assert_array_equal(ci.matrix_counts(labels, predicted, valid, 7, "scatter"),
-                                ci.matrix_counts(labels, predicted, valid, 7, "matmul"))
+  np.testing.assert_array_equal(
+    ci.matrix_counts(labels, predicted, valid, 7, "scatter"),
+    ci.matrix_counts(labels, predicted, valid, 7, "matmul"),
+  )
 
 
 BAD_CONFIGS = [
-    (lambda: M.Precision(task="binary", num_classes=3), "num_classes"),
-    (lambda: M.Precision(task="multiclass"), "num_classes"),
-    (lambda: M.Precision(task="multi-class", num_classes=3), "task"),
-    (lambda: M.Recall(num_classes=3, average="macro "), "average"),
-    (lambda: M.F1Score(num_classes=3, average="samples"), "average"),
-    (lambda: M.F1Score(task="binary", threshold=1.5), "threshold"),
-    (lambda: M.FBetaScore(0.0, num_classes=3), "beta"),
-    (lambda: M.Precision(num_classes=3, top_k=4), "top_k"),
-    (lambda: M.Precision(task="multilabel", num_classes=3, top_k=2), "top_k"),
-    (lambda: M.MatthewsCorrCoef(num_classes=3, top_k=2), "top_k"),
-    (lambda: M.CohenKappa(task="multilabel", num_classes=3), "task"),
-    (lambda: M.CohenKappa(num_classes=3, weights="squared"), "weights"),
-    (lambda: M.ConfusionMatrix(3, normalize="rows"), "normalize"),
-    (lambda: M.JaccardIndex(num_classes=3, ignore_index=0.5), "ignore_index"),
-    (lambda: M.Precision(num_classes=3, from_logits=1), "from_logits"),
+  (lambda: M.Precision(task="binary", num_classes=3), "num_classes"),
+  (lambda: M.Precision(task="multiclass"), "num_classes"),
+  (lambda: M.Precision(task="multi-class", num_classes=3), "task"),
+  (lambda: M.Recall(num_classes=3, average="macro "), "average"),
+  (lambda: M.F1Score(num_classes=3, average="samples"), "average"),
+  (lambda: M.F1Score(task="binary", threshold=1.5), "threshold"),
+  (lambda: M.FBetaScore(0.0, num_classes=3), "beta"),
+  (lambda: M.Precision(num_classes=3, top_k=4), "top_k"),
+  (lambda: M.Precision(task="multilabel", num_classes=3, top_k=2), "top_k"),
+  (lambda: M.MatthewsCorrCoef(num_classes=3, top_k=2), "top_k"),
+  (lambda: M.CohenKappa(task="multilabel", num_classes=3), "task"),
+  (lambda: M.CohenKappa(num_classes=3, weights="squared"), "weights"),
+  (lambda: M.ConfusionMatrix(3, normalize="rows"), "normalize"),
+  (lambda: M.JaccardIndex(num_classes=3, ignore_index=0.5), "ignore_index"),
+  (lambda: M.Precision(num_classes=3, from_logits=1), "from_logits"),
 ]
 
 
@@ -349,12 +418,14 @@ def test_bad_config_names_the_argument(make, argname):
 
 def test_bad_inputs_raise():
   with pytest.raises(ValueError, match="weights"):
-    M.F1Score(num_classes=3).update(preds=jnp.array([0, 1]), target=jnp.array([0, 1]),
-                                    weights=jnp.ones(2))
+    M.F1Score(num_classes=3).update(
+      preds=jnp.array([0, 1]), target=jnp.array([0, 1]), weights=jnp.ones(2)
+    )
   with pytest.raises(ValueError, match="preds"):
     M.F1Score(num_classes=3).update(preds=jnp.ones((2, 4)), target=jnp.array([0, 1]))
   with pytest.raises(ValueError, match="class ids"):
     M.F1Score(num_classes=3).update(preds=jnp.array([0.2, 0.9]), target=jnp.array([0, 1]))
   with pytest.raises(ValueError, match="multilabel"):
-    M.F1Score(task="multilabel", num_classes=3).update(preds=jnp.ones((2, 4)),
-                                                       target=jnp.ones((2, 4), jnp.int32))
+    M.F1Score(task="multilabel", num_classes=3).update(
+      preds=jnp.ones((2, 4)), target=jnp.ones((2, 4), jnp.int32)
+    )

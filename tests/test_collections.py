@@ -1,21 +1,22 @@
 """pe.Metrics, pe.Losses, pe.LossesAndMetrics: names, exact weighting, the Metric protocol."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from _loss_reference import categorical_xent, with_garbage
 
 import padded_eval as pe
-from _loss_reference import categorical_xent, with_garbage
 
 C = 4
 
 
 def _dataset(n=37, seed=0):
   rng = np.random.default_rng(seed)
-  return dict(preds=rng.normal(size=(n, C)).astype(np.float32),
-              target=rng.integers(0, C, size=n),
-              values=rng.normal(3.0, 2.0, size=n).astype(np.float32))
+  return dict(
+    preds=rng.normal(size=(n, C)).astype(np.float32),
+    target=rng.integers(0, C, size=n),
+    values=rng.normal(3.0, 2.0, size=n).astype(np.float32),
+  )
 
 
 def _padded_batches(data, batch_size, seed=1):
@@ -28,7 +29,7 @@ def _padded_batches(data, batch_size, seed=1):
     batch = {}
     for key, value in data.items():
       chunk = np.zeros((batch_size,) + value.shape[1:], value.dtype)
-      chunk[:real] = value[start:start + real]
+      chunk[:real] = value[start : start + real]
       batch[key] = with_garbage(chunk, mask, rng)
     yield dict(batch, mask=mask)
 
@@ -36,15 +37,22 @@ def _padded_batches(data, batch_size, seed=1):
 def _reference(data):
   preds, target = data["preds"].astype(np.float64), data["target"]
   top2 = np.argsort(-preds, axis=-1, kind="stable")[:, :2]
-  return {"acc": np.mean(preds.argmax(-1) == target),
-          "top2": np.mean((top2 == target[:, None]).any(-1)),
-          "mean_values": np.mean(data["values"].astype(np.float64)),
-          "crossentropy": np.mean(categorical_xent(preds, target))}
+  return {
+    "acc": np.mean(preds.argmax(-1) == target),
+    "top2": np.mean((top2 == target[:, None]).any(-1)),
+    "mean_values": np.mean(data["values"].astype(np.float64)),
+    "crossentropy": np.mean(categorical_xent(preds, target)),
+  }
 
 
 def _metrics():
-  return pe.Metrics({"acc": pe.metrics.Accuracy(), "top2": pe.metrics.Accuracy(top_k=2),
-                     "mean_values": pe.metrics.Mean()})
+  return pe.Metrics(
+    {
+      "acc": pe.metrics.Accuracy(),
+      "top2": pe.metrics.Accuracy(top_k=2),
+      "mean_values": pe.metrics.Mean(),
+    }
+  )
 
 
 def _assert_logs(got, expected, rtol=2e-6):
@@ -66,28 +74,45 @@ def test_list_names_get_numeric_suffixes_like_jax_metrics():
 
 def test_dict_keys_and_nested_groups_join_with_slash():
   acc = pe.metrics.Accuracy
-  metrics = pe.Metrics({"train": [acc(), acc()], "val": {"acc": acc(), "deep": [acc()]},
-                        "plain": acc()})
-  assert metrics.names == ("train/accuracy", "train/accuracy2", "val/acc",
-                           "val/deep/accuracy", "plain")
+  metrics = pe.Metrics(
+    {"train": [acc(), acc()], "val": {"acc": acc(), "deep": [acc()]}, "plain": acc()}
+  )
+  assert metrics.names == (
+    "train/accuracy",
+    "train/accuracy2",
+    "val/acc",
+    "val/deep/accuracy",
+    "plain",
+  )
   inner = pe.Metrics([acc(), pe.metrics.Mean()])
   outer = pe.Metrics([inner, {"g": inner}])
-  batch = dict(preds=np.eye(C, dtype=np.float32)[[1]], target=np.array([1]),
-               values=np.array([2.0]))
+  batch = dict(preds=np.eye(C, dtype=np.float32)[[1]], target=np.array([1]), values=np.array([2.0]))
   assert list(outer.update(**batch).compute()) == [
-      "metrics/accuracy", "metrics/mean", "g/accuracy", "g/mean"]
+    "metrics/accuracy",
+    "metrics/mean",
+    "g/accuracy",
+    "g/mean",
+  ]
 
 
 def test_losses_and_metrics_keep_colliding_names_unique():
   lam = pe.LossesAndMetrics(
-      metrics=[pe.metrics.Mean(name="loss"), pe.metrics.Mean(name="crossentropy")],
-      losses=[pe.losses.Crossentropy()])
+    metrics=[pe.metrics.Mean(name="loss"), pe.metrics.Mean(name="crossentropy")],
+    losses=[pe.losses.Crossentropy()],
+  )
   data = _dataset(9)
   got = lam.update(**data).compute()
   assert list(got) == ["loss", "crossentropy", "loss2", "crossentropy2"]
   ref = _reference(data)
-  _assert_logs(got, {"loss": ref["crossentropy"], "crossentropy": ref["crossentropy"],
-                     "loss2": ref["mean_values"], "crossentropy2": ref["mean_values"]})
+  _assert_logs(
+    got,
+    {
+      "loss": ref["crossentropy"],
+      "crossentropy": ref["crossentropy"],
+      "loss2": ref["mean_values"],
+      "crossentropy2": ref["mean_values"],
+    },
+  )
 
 
 # --- exact weighting ----------------------------------------------------------------------------
@@ -126,11 +151,13 @@ def test_losses_weight_batches_by_real_examples_not_equally():
 def test_all_padding_batch_adds_nothing_and_has_zero_batch_loss():
   data = _dataset(n=6)
   params = {"w": np.ones(3, np.float32)}
-  lam = pe.LossesAndMetrics(metrics=[pe.metrics.Accuracy()],
-                            losses=[pe.losses.Crossentropy(), pe.regularizers.L1(0.1)])
+  lam = pe.LossesAndMetrics(
+    metrics=[pe.metrics.Accuracy()], losses=[pe.losses.Crossentropy(), pe.regularizers.L1(0.1)]
+  )
   lam = lam.update(**data, parameters=params)
-  empty_batch = {k: np.full_like(v[:4], np.nan if v.dtype.kind == "f" else 99)
-                 for k, v in data.items()}
+  empty_batch = {
+    k: np.full_like(v[:4], np.nan if v.dtype.kind == "f" else 99) for k, v in data.items()
+  }
   loss, after = lam.loss_and_update(**empty_batch, mask=np.zeros(4, bool), parameters=params)
   assert float(loss) == 0.0
   _assert_logs(after.compute(), {k: float(v) for k, v in lam.compute().items()}, rtol=0)
@@ -141,9 +168,11 @@ def test_all_padding_batch_adds_nothing_and_has_zero_batch_loss():
 
 
 def _collections():
-  return [_metrics(),
-          pe.Losses({"xent": pe.losses.Crossentropy(), "l_two": pe.regularizers.L2(1e-3)}),
-          pe.LossesAndMetrics(metrics=_metrics(), losses=[pe.losses.Crossentropy()])]
+  return [
+    _metrics(),
+    pe.Losses({"xent": pe.losses.Crossentropy(), "l_two": pe.regularizers.L2(1e-3)}),
+    pe.LossesAndMetrics(metrics=_metrics(), losses=[pe.losses.Crossentropy()]),
+  ]
 
 
 @pytest.mark.parametrize("index", range(3), ids=["metrics", "losses", "losses_and_metrics"])
@@ -162,8 +191,9 @@ def test_empty_has_the_updated_structure_and_scan_jit_agree(index):
   for batch in batches:
     eager = eager.update(**batch, parameters=params)
   stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
-  scanned, _ = jax.lax.scan(lambda m, b: (m.update(**b, parameters=params), None),
-                            collection, stacked)
+  scanned, _ = jax.lax.scan(
+    lambda m, b: (m.update(**b, parameters=params), None), collection, stacked
+  )
   jitted = jax.jit(lambda m, b: m.update(**b, parameters=params))
   for batch in batches:
     collection = jitted(collection, batch)
@@ -212,17 +242,26 @@ def test_pmap_reduce_and_all_gather_aggregate_equal_the_whole_dataset():
 
 def test_each_child_reads_its_own_keywords():
   data = _dataset(n=20)
-  metrics = pe.Metrics([pe.metrics.Accuracy().map_arg(preds="logits"),
-                        pe.metrics.Mean("loss"),
-                        pe.metrics.Accuracy(name="nested").index_into(preds=("out", "scores"))])
+  metrics = pe.Metrics(
+    [
+      pe.metrics.Accuracy().map_arg(preds="logits"),
+      pe.metrics.Mean("loss"),
+      pe.metrics.Accuracy(name="nested").index_into(preds=("out", "scores")),
+    ]
+  )
   batches = list(_padded_batches(data, 8))
   for batch in batches:
-    metrics = metrics.update(logits=batch["preds"], loss=batch["values"],
-                             preds={"out": {"scores": batch["preds"]}}, target=batch["target"],
-                             mask=batch["mask"])
+    metrics = metrics.update(
+      logits=batch["preds"],
+      loss=batch["values"],
+      preds={"out": {"scores": batch["preds"]}},
+      target=batch["target"],
+      mask=batch["mask"],
+    )
   ref = _reference(data)
-  _assert_logs(metrics.compute(), {"accuracy": ref["acc"], "mean": ref["mean_values"],
-                                   "nested": ref["acc"]})
+  _assert_logs(
+    metrics.compute(), {"accuracy": ref["acc"], "mean": ref["mean_values"], "nested": ref["acc"]}
+  )
   # routing on the collection itself, composed with the children's
   routed = pe.Metrics([pe.metrics.Accuracy()]).map_arg(preds="y_pred", target="y_true")
   for batch in batches:
@@ -240,16 +279,21 @@ def test_a_loss_in_metrics_reports_its_mean():
   _assert_logs(metrics.compute(), {"crossentropy": ref["crossentropy"], "accuracy": ref["acc"]})
 
 
-@pytest.mark.parametrize("make, match", [
+@pytest.mark.parametrize(
+  "make, match",
+  [
     (lambda: pe.Metrics([pe.metrics.Accuracy(), 3]), "Metrics takes Metric instances"),
     (lambda: pe.Metrics({1: pe.metrics.Accuracy()}), "dict keys"),
     (lambda: pe.Metrics([]), "at least one"),
     (lambda: pe.Losses([pe.metrics.Accuracy()]), "Losses takes"),
     (lambda: pe.LossesAndMetrics(), "got neither"),
-    (lambda: pe.Metrics([pe.metrics.Mean()]).merge(pe.Losses([pe.losses.Crossentropy()])),
-     "cannot merge"),
+    (
+      lambda: pe.Metrics([pe.metrics.Mean()]).merge(pe.Losses([pe.losses.Crossentropy()])),
+      "cannot merge",
+    ),
     (lambda: pe.Metrics([pe.metrics.Mean("loss")]).update(values=np.ones(2)), "'loss'"),
-])
+  ],
+)
 def test_bad_input_raises_value_error(make, match):
   with pytest.raises(ValueError, match=match):
     make()

@@ -14,11 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sklearn.metrics as skm
+from metric_cases import MetricCase, padded_batches, real
+from metric_checks import CHECKS, check_eager
 from sklearn.preprocessing import label_binarize
 
 import padded_eval as pe
-from metric_cases import MetricCase, padded_batches, real
-from metric_checks import CHECKS, check_eager
 
 M = pe.metrics
 C = 4
@@ -42,11 +42,13 @@ def _data(task, *, logits=False, ignore=None):
     if ignore is not None:
       target = np.where(rng.random(target.shape) < 0.15, ignore, target)
     return {"preds": preds, "target": target.astype(np.int32)}
+
   return lambda rng: padded_batches(rng, fields, batch_size=16, num_batches=4)
 
 
 def _curve_reference(kind, task, average, ignore=None):
   score = skm.roc_auc_score if kind == "auroc" else skm.average_precision_score
+
   def reference(bs):
     preds, target = real(bs, "preds"), real(bs, "target")
     if task == "binary":
@@ -65,34 +67,55 @@ def _curve_reference(kind, task, average, ignore=None):
     if average == "micro":
       keep = (target == 0) | (target == 1)
       return score(target[keep], preds[keep])
-    per_label = np.array([score(target[target[:, j] >= 0, j], preds[target[:, j] >= 0, j])
-                          for j in range(C)])
+    per_label = np.array(
+      [score(target[target[:, j] >= 0, j], preds[target[:, j] >= 0, j]) for j in range(C)]
+    )
     if average is None:
       return per_label
     weight = np.ones(C) if average == "macro" else (target == 1).sum(0)
     return np.sum(weight * per_label) / np.sum(weight)
+
   return reference
 
 
 def _curve_case(kind, task, average="macro", *, logits=False, ignore=None, suffix=""):
   cls = M.AUROC if kind == "auroc" else M.AUPRC
   grid = {"num_thresholds": 1025} if logits else {"num_thresholds": 1001, "binning": "linear"}
-  make = lambda: cls(task=task, num_classes=None if task == "binary" else C, average=average,
-                     from_logits=logits, ignore_index=ignore, **grid)
-  return MetricCase(f"{kind}_{task}_{average}{suffix}", make,
-                    _data(task, logits=logits, ignore=ignore),
-                    _curve_reference(kind, task, average, ignore), rtol=1e-5, atol=1e-6)
+  make = lambda: cls(
+    task=task,
+    num_classes=None if task == "binary" else C,
+    average=average,
+    from_logits=logits,
+    ignore_index=ignore,
+    **grid,
+  )
+  return MetricCase(
+    f"{kind}_{task}_{average}{suffix}",
+    make,
+    _data(task, logits=logits, ignore=ignore),
+    _curve_reference(kind, task, average, ignore),
+    rtol=1e-5,
+    atol=1e-6,
+  )
 
 
 CURVE_CASES = [
-    case for kind in ("auroc", "auprc") for case in (
-        [_curve_case(kind, "binary"), _curve_case(kind, "binary", logits=True, suffix="_logits"),
-         _curve_case(kind, "binary", ignore=-1, suffix="_ignore"),
-         _curve_case(kind, "multiclass", "macro", ignore=2, suffix="_ignore_class")]
-        + [_curve_case(kind, t, a) for t in ("multilabel", "multiclass")
-           for a in ("macro", "weighted", "micro", None)]
-        + [_curve_case(kind, "multilabel", "macro", ignore=-1, logits=True,
-                       suffix="_logits_ignore")])
+  case
+  for kind in ("auroc", "auprc")
+  for case in (
+    [
+      _curve_case(kind, "binary"),
+      _curve_case(kind, "binary", logits=True, suffix="_logits"),
+      _curve_case(kind, "binary", ignore=-1, suffix="_ignore"),
+      _curve_case(kind, "multiclass", "macro", ignore=2, suffix="_ignore_class"),
+    ]
+    + [
+      _curve_case(kind, t, a)
+      for t in ("multilabel", "multiclass")
+      for a in ("macro", "weighted", "micro", None)
+    ]
+    + [_curve_case(kind, "multilabel", "macro", ignore=-1, logits=True, suffix="_logits_ignore")]
+  )
 ]
 
 
@@ -117,8 +140,12 @@ def _ece_reference(task, n_bins, norm, from_logits=False, ignore=None):
       gaps.append(abs(hit[inside].mean() - conf[inside].mean()))
       shares.append(inside.mean())
     gaps, shares = np.array(gaps), np.array(shares)
-    return {"l1": np.sum(shares * gaps), "l2": np.sqrt(np.sum(shares * gaps**2)),
-            "max": np.max(gaps)}[norm]
+    return {
+      "l1": np.sum(shares * gaps),
+      "l2": np.sqrt(np.sum(shares * gaps**2)),
+      "max": np.max(gaps),
+    }[norm]
+
   return reference
 
 
@@ -135,25 +162,38 @@ def _ece_case(task, norm, n_bins=10, from_logits=False, ignore=None, suffix=""):
     if ignore is not None:
       target = np.where(rng.random(b) < 0.15, ignore, target)
     return {"preds": preds.astype(np.float32), "target": target.astype(np.int32)}
-  make = lambda: M.CalibrationError(n_bins, task=task, num_classes=None if task == "binary" else C,
-                                    norm=norm, from_logits=from_logits, ignore_index=ignore)
-  return MetricCase(f"ece_{task}_{norm}{suffix}", make,
-                    lambda rng: padded_batches(rng, fields, batch_size=16, num_batches=4),
-                    _ece_reference(task, n_bins, norm, from_logits, ignore))
+
+  make = lambda: M.CalibrationError(
+    n_bins,
+    task=task,
+    num_classes=None if task == "binary" else C,
+    norm=norm,
+    from_logits=from_logits,
+    ignore_index=ignore,
+  )
+  return MetricCase(
+    f"ece_{task}_{norm}{suffix}",
+    make,
+    lambda rng: padded_batches(rng, fields, batch_size=16, num_batches=4),
+    _ece_reference(task, n_bins, norm, from_logits, ignore),
+  )
 
 
-ECE_CASES = ([_ece_case("binary", n) for n in ("l1", "l2", "max")]
-             + [_ece_case("multiclass", n) for n in ("l1", "l2", "max")]
-             + [_ece_case("binary", "l1", from_logits=True, ignore=-1, suffix="_logits_ignore"),
-                _ece_case("multiclass", "l1", n_bins=15, from_logits=True, ignore=1,
-                          suffix="_logits_ignore")])
+ECE_CASES = (
+  [_ece_case("binary", n) for n in ("l1", "l2", "max")]
+  + [_ece_case("multiclass", n) for n in ("l1", "l2", "max")]
+  + [
+    _ece_case("binary", "l1", from_logits=True, ignore=-1, suffix="_logits_ignore"),
+    _ece_case("multiclass", "l1", n_bins=15, from_logits=True, ignore=1, suffix="_logits_ignore"),
+  ]
+)
 
 CASES = CURVE_CASES + ECE_CASES
 _OTHER_CHECKS = {c.__name__.removeprefix("check_"): c for c in CHECKS if c is not check_eager}
 # Every generic check on one curve row; the main ones on one calibration row.
-PROTOCOL = ([("auroc_binary_macro_logits", c) for c in _OTHER_CHECKS]
-            + [("ece_multiclass_l1_logits_ignore", c) for c in ("scan", "pmap_reduce",
-                                                                 "empty_state")])
+PROTOCOL = [("auroc_binary_macro_logits", c) for c in _OTHER_CHECKS] + [
+  ("ece_multiclass_l1_logits_ignore", c) for c in ("scan", "pmap_reduce", "empty_state")
+]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
@@ -212,23 +252,32 @@ def test_undefined_areas_are_nan():
   # A label without positives is left out of the macro mean.
   preds = jnp.array([[0.9, 0.1], [0.2, 0.3], [0.6, 0.8]])
   target = jnp.array([[1, 0], [0, 0], [1, 0]])
-  per_label = M.AUROC(11, binning="linear", task="multilabel", num_classes=2, average=None).update(
-      preds=preds, target=target).compute()
+  per_label = (
+    M.AUROC(11, binning="linear", task="multilabel", num_classes=2, average=None)
+    .update(preds=preds, target=target)
+    .compute()
+  )
   assert float(per_label[0]) == 1.0 and np.isnan(float(per_label[1]))
-  assert float(M.AUROC(11, binning="linear", task="multilabel", num_classes=2).update(
-      preds=preds, target=target).compute()) == 1.0
+  assert (
+    float(
+      M.AUROC(11, binning="linear", task="multilabel", num_classes=2)
+      .update(preds=preds, target=target)
+      .compute()
+    )
+    == 1.0
+  )
 
 
 BAD_CONFIGS = [
-    (lambda: M.AUROC(1), "num_thresholds"),
-    (lambda: M.AUROC(2**22), "num_thresholds"),
-    (lambda: M.AUPRC(binning="log"), "binning"),
-    (lambda: M.AUROC(task="multiclass"), "num_classes"),
-    (lambda: M.AUROC(task="binary", num_classes=4), "num_classes"),
-    (lambda: M.AUPRC(task="multilabel", num_classes=3, average="samples"), "average"),
-    (lambda: M.CalibrationError(0), "n_bins"),
-    (lambda: M.CalibrationError(norm="L1"), "norm"),
-    (lambda: M.CalibrationError(task="multilabel", num_classes=3), "task"),
+  (lambda: M.AUROC(1), "num_thresholds"),
+  (lambda: M.AUROC(2**22), "num_thresholds"),
+  (lambda: M.AUPRC(binning="log"), "binning"),
+  (lambda: M.AUROC(task="multiclass"), "num_classes"),
+  (lambda: M.AUROC(task="binary", num_classes=4), "num_classes"),
+  (lambda: M.AUPRC(task="multilabel", num_classes=3, average="samples"), "average"),
+  (lambda: M.CalibrationError(0), "n_bins"),
+  (lambda: M.CalibrationError(norm="L1"), "norm"),
+  (lambda: M.CalibrationError(task="multilabel", num_classes=3), "task"),
 ]
 
 

@@ -1,4 +1,5 @@
 """`python -m padded_eval demo`: the naive loop's errors show, masked_eval matches sklearn."""
+
 import json
 import os
 import subprocess
@@ -11,18 +12,32 @@ METRICS = ("accuracy", "precision", "recall", "f1", "crossentropy")
 
 def _run_demo(*args, timeout=300):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the demo sets its own devices
-  return subprocess.run([sys.executable, "-m", "padded_eval", "demo", *args],
-                        capture_output=True, text=True, env=env, timeout=timeout)
+  return subprocess.run(
+    [sys.executable, "-m", "padded_eval", "demo", *args],
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=timeout,
+  )
 
 
 @pytest.fixture(scope="module")
 def demo_json(tmp_path_factory):
   # 7 devices, batch 98: 360 = 3 * 98 + 66 and 66 rows do not split over 7 devices, so the
   # naive loop that keeps the last batch crashes, and the one that drops it loses 66 rows.
-  done = _run_demo("--devices", "7", "--batch-size", "98", "--train-steps", "60", "--json",
-                   "--data-dir", str(tmp_path_factory.mktemp("tfds")))
+  done = _run_demo(
+    "--devices",
+    "7",
+    "--batch-size",
+    "98",
+    "--train-steps",
+    "60",
+    "--json",
+    "--data-dir",
+    str(tmp_path_factory.mktemp("tfds")),
+  )
   assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-  return json.loads(done.stdout[done.stdout.index("{"):])
+  return json.loads(done.stdout[done.stdout.index("{") :])
 
 
 def _row(summary, prefix):
@@ -58,6 +73,7 @@ def test_naive_loops_show_the_four_failures(demo_json):
 
 def test_table_shows_every_row(demo_json):
   from padded_eval import demo
+
   table = demo.format_table(demo_json["rows"])
   for row in demo_json["rows"]:
     assert row["label"] in table

@@ -29,8 +29,10 @@ class AccuracyAndMSE(Metric):
   mse: pe.metrics.MSE = state(lambda self: pe.metrics.MSE())
 
   def _batch_state(self, *, logits, labels, preds, target, mask=None, **_):
-    return {"accuracy": self.accuracy.batch_updates(preds=logits, target=labels, mask=mask),
-            "mse": self.mse.batch_updates(preds=preds, target=target, mask=mask)}
+    return {
+      "accuracy": self.accuracy.batch_updates(preds=logits, target=labels, mask=mask),
+      "mse": self.mse.batch_updates(preds=preds, target=target, mask=mask),
+    }
 
   def compute(self):
     return {"accuracy": self.accuracy.compute(), "mse": self.mse.compute()}
@@ -42,16 +44,20 @@ class AccuracyAndMSE(Metric):
 def make_params(seed=0):
   """Small-integer weights with class biases k/8: float32 logits are exact, never tied."""
   rng = np.random.default_rng(seed)
-  return {"w_cls": rng.integers(-3, 4, (NUM_FEATURES, NUM_CLASSES)).astype(np.float32),
-          "b_cls": (np.arange(NUM_CLASSES) / 8).astype(np.float32),
-          "w_reg": rng.normal(size=(NUM_FEATURES,)).astype(np.float32)}
+  return {
+    "w_cls": rng.integers(-3, 4, (NUM_FEATURES, NUM_CLASSES)).astype(np.float32),
+    "b_cls": (np.arange(NUM_CLASSES) / 8).astype(np.float32),
+    "w_reg": rng.normal(size=(NUM_FEATURES,)).astype(np.float32),
+  }
 
 
 def make_data(n, seed=1):
   rng = np.random.default_rng(seed)
-  return {"x": rng.integers(-4, 5, (n, NUM_FEATURES)).astype(np.float32),
-          "label": rng.integers(0, NUM_CLASSES, n).astype(np.int32),
-          "y": rng.normal(size=n).astype(np.float32)}
+  return {
+    "x": rng.integers(-4, 5, (n, NUM_FEATURES)).astype(np.float32),
+    "label": rng.integers(0, NUM_CLASSES, n).astype(np.int32),
+    "y": rng.normal(size=n).astype(np.float32),
+  }
 
 
 def reference(params, data):
@@ -59,9 +65,11 @@ def reference(params, data):
   x = data["x"].astype(np.float64)
   logits = x @ params["w_cls"].astype(np.float64) + params["b_cls"].astype(np.float64)
   preds = x @ params["w_reg"].astype(np.float64)
-  return {"accuracy": accuracy_score(data["label"], logits.argmax(-1)),
-          "mse": np.mean((preds - data["y"].astype(np.float64)) ** 2),
-          "num_examples": len(data["y"])}
+  return {
+    "accuracy": accuracy_score(data["label"], logits.argmax(-1)),
+    "mse": np.mean((preds - data["y"].astype(np.float64)) ** 2),
+    "num_examples": len(data["y"]),
+  }
 
 
 def garbage_batches(data, batch_size=BATCH, seed=2):
@@ -72,14 +80,23 @@ def garbage_batches(data, batch_size=BATCH, seed=2):
   for start in range(0, max(n, 1), batch_size):
     real = min(batch_size, n - start)
     pad = batch_size - real
-    batches.append({
-        "x": np.concatenate([data["x"][start:start + real],
-                             rng.choice([np.nan, np.inf, -1e30], (pad, NUM_FEATURES))]).astype(np.float32),
-        "label": np.concatenate([data["label"][start:start + real],
-                                 rng.integers(-99, 99, pad)]).astype(np.int32),
-        "y": np.concatenate([data["y"][start:start + real], np.full(pad, np.nan)]).astype(np.float32),
+    batches.append(
+      {
+        "x": np.concatenate(
+          [
+            data["x"][start : start + real],
+            rng.choice([np.nan, np.inf, -1e30], (pad, NUM_FEATURES)),
+          ]
+        ).astype(np.float32),
+        "label": np.concatenate(
+          [data["label"][start : start + real], rng.integers(-99, 99, pad)]
+        ).astype(np.int32),
+        "y": np.concatenate([data["y"][start : start + real], np.full(pad, np.nan)]).astype(
+          np.float32
+        ),
         "mask": np.arange(batch_size) < real,
-    })
+      }
+    )
   return batches
 
 
@@ -92,8 +109,9 @@ def make_step(traces, expected_rows=None):
       assert batch["x"].shape[0] == expected_rows, batch["x"].shape
     logits = batch["x"] @ params["w_cls"] + params["b_cls"]
     preds = batch["x"] @ params["w_reg"]
-    return AccuracyAndMSE().batch_updates(logits=logits, labels=batch["label"], preds=preds,
-                                          target=batch["y"], mask=batch["mask"])
+    return AccuracyAndMSE().batch_updates(
+      logits=logits, labels=batch["label"], preds=preds, target=batch["y"], mask=batch["mask"]
+    )
 
   return step_fn
 
@@ -134,8 +152,13 @@ def test_exact_and_traced_once(backend, n):
 @pytest.mark.parametrize("steps_in_flight", (1, 2, 3))
 def test_steps_in_flight_do_not_change_results(steps_in_flight):
   params, data = make_params(), make_data(300)
-  result = pe.masked_eval(make_step([]), params, garbage_batches(data, batch_size=16), backend="pmap",
-                          steps_in_flight=steps_in_flight)
+  result = pe.masked_eval(
+    make_step([]),
+    params,
+    garbage_batches(data, batch_size=16),
+    backend="pmap",
+    steps_in_flight=steps_in_flight,
+  )
   assert_matches(result, reference(params, data))
 
 
@@ -164,8 +187,9 @@ def test_two_dimensional_mesh_splits_rows_over_first_axis(backend):
   params, data = make_params(), make_data(203)
   traces = []
   rows = BATCH if backend == "jit" else BATCH // 4
-  result = pe.masked_eval(make_step(traces, rows), params, garbage_batches(data), backend=backend,
-                          mesh=mesh)
+  result = pe.masked_eval(
+    make_step(traces, rows), params, garbage_batches(data), backend=backend, mesh=mesh
+  )
   assert_matches(result, reference(params, data))
   assert len(traces) == 1
 
@@ -179,9 +203,13 @@ def test_jit_step_sees_global_array_sharded_over_mesh():
     return pe.metrics.Mean().batch_updates(values=batch["x"][:, 0] * params, mask=batch["mask"])
 
   data = make_data(70)
-  result = pe.masked_eval(step_fn, 2.0, garbage_batches(data, batch_size=16), backend="jit", mesh=mesh)
+  result = pe.masked_eval(
+    step_fn, 2.0, garbage_batches(data, batch_size=16), backend="jit", mesh=mesh
+  )
   assert seen == [(16, NUM_FEATURES)]
-  np.testing.assert_allclose(result["mean"], 2 * data["x"][:, 0].astype(np.float64).mean(), rtol=1e-6)
+  np.testing.assert_allclose(
+    result["mean"], 2 * data["x"][:, 0].astype(np.float64).mean(), rtol=1e-6
+  )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -198,8 +226,9 @@ def test_tf_data_source_through_pad_batches(backend):
 
 def test_progress_bar_counts_batches(capsys):
   data = make_data(130)
-  result = pe.masked_eval(make_step([]), make_params(), garbage_batches(data), backend="jit",
-                          progress=True)
+  result = pe.masked_eval(
+    make_step([]), make_params(), garbage_batches(data), backend="jit", progress=True
+  )
   assert result["num_examples"] == 130
   err = capsys.readouterr().err
   assert "3/3" in err and "ex_per_s" in err
@@ -217,8 +246,12 @@ def test_array_metric_comes_back_as_numpy():
       return self.counts.value()
 
   data = make_data(99)
-  result = pe.masked_eval(lambda p, b: Histogram().batch_updates(target=b["label"], mask=b["mask"]),
-                          None, garbage_batches(data), backend="pmap")
+  result = pe.masked_eval(
+    lambda p, b: Histogram().batch_updates(target=b["label"], mask=b["mask"]),
+    None,
+    garbage_batches(data),
+    backend="pmap",
+  )
   assert isinstance(result["histogram"], np.ndarray)
   np.testing.assert_array_equal(result["histogram"], np.bincount(data["label"], minlength=5)[:3])
 
@@ -269,7 +302,9 @@ def test_mesh_first_axis_does_not_divide_batch(backend):
 
 
 def test_unknown_backend():
-  with pytest.raises(ValueError, match="backend must be one of 'pmap', 'shard_map', 'jit'; got 'vmap'"):
+  with pytest.raises(
+    ValueError, match="backend must be one of 'pmap', 'shard_map', 'jit'; got 'vmap'"
+  ):
     pe.masked_eval(_step_mean, None, _batches(), backend="vmap")
 
 
@@ -296,5 +331,7 @@ def test_bad_steps_in_flight(steps_in_flight):
 
 
 def test_mask_must_be_bool_rows():
-  with pytest.raises(ValueError, match="'mask' has shape \\(16,\\) and dtype int64; expected a bool"):
+  with pytest.raises(
+    ValueError, match="'mask' has shape \\(16,\\) and dtype int64; expected a bool"
+  ):
     pe.masked_eval(_step_mean, None, [{"x": np.ones((16, 2)), "mask": np.ones(16, np.int64)}])

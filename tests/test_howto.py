@@ -2,6 +2,7 @@
 
 Later blocks build on earlier ones; they check themselves against numpy / scikit-learn float64.
 """
+
 import pathlib
 import re
 
@@ -11,14 +12,29 @@ BLOCK = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 
 def python_blocks(text):
   """``[(line number, code)]`` of the fenced python blocks of a Markdown text."""
-  return [(text.count("\n", 0, match.start()) + 1, match.group(1))
-          for match in BLOCK.finditer(text)]
+  return [
+    (text.count("\n", 0, match.start()) + 1, match.group(1)) for match in BLOCK.finditer(text)
+  ]
 
 
 def test_howto_has_the_promised_sections():
   text = HOWTO.read_text()
-  for topic in ("mnist", "imagenet", "lm1b", "wmt", "seq2seq", "nlp_seq", "sst2", "vae", "pixelcnn",
-                "graph", "ppo", "MultiMetric", "Multi-host", "shard_map"):
+  for topic in (
+    "mnist",
+    "imagenet",
+    "lm1b",
+    "wmt",
+    "seq2seq",
+    "nlp_seq",
+    "sst2",
+    "vae",
+    "pixelcnn",
+    "graph",
+    "ppo",
+    "MultiMetric",
+    "Multi-host",
+    "shard_map",
+  ):
     assert topic in text, topic
   assert len(python_blocks(text)) >= 10
 
@@ -30,8 +46,9 @@ def test_every_python_block_runs(capsys):
     try:
       exec(compile(code, f"HOWTO.md:{line}", "exec"), namespace)
     except Exception as error:
-      raise AssertionError(f"the ```python block at HOWTO.md line {line} failed: "
-                           f"{type(error).__name__}: {error}") from error
+      raise AssertionError(
+        f"the ```python block at HOWTO.md line {line} failed: {type(error).__name__}: {error}"
+      ) from error
 
 
 README = HOWTO.parent / "README.md"
@@ -54,4 +71,4 @@ def test_readme_quick_start_is_two_commands_agreeing_with_ci():
   ci = CI_RUN.read_text()
   extras = re.search(r"pip install (?:--quiet )*-e (\S+)", ci).group(1)
   assert f"pip install -e {extras}" in tests, (extras, tests)
-  assert '-m pytest' in ci
+  assert "-m pytest" in ci

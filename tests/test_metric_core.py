@@ -5,7 +5,6 @@ Add metrics as rows of ``metric_cases.CASES``; add promises as ``check_*`` funct
 """
 
 import pytest
-
 from metric_cases import CASES
 from metric_checks import CHECKS
 

@@ -15,11 +15,11 @@ import subprocess
 import sys
 import time
 
+import _multihost_worker as worker
 import numpy as np
 import pytest
 from sklearn.metrics import f1_score
 
-import _multihost_worker as worker
 from padded_eval.distributed import process_slice
 
 pytestmark = pytest.mark.multihost
@@ -28,11 +28,26 @@ WORKER = os.path.join(os.path.dirname(__file__), "_multihost_worker.py")
 RUN_DEADLINE_S = 300  # a run that has not finished by then is a hang: its processes are killed
 GRACE_S = 10  # after one worker exits, the others must follow within this (the stuck one is killed)
 
-TWO_HOSTS = ["known:pmap:600-437", "known:jit:40-0", "known:pmap:33-33", "gen:pmap:130-37", "gen:jit:0-90",
-             "mixed:pmap:23-41", "tfds:jit:1437", "fail:pmap:30-30", "mismatch:pmap:20-20",
-             "kill:pmap:200-200"]
-THREE_HOSTS = ["known:shard_map:167-166-166", "gen:pmap:50-0-17", "mixed:jit:20-31-0", "absent:pmap:10-10-10",
-               "known:pmap:5-9-0", "stall:jit:200-200-200"]
+TWO_HOSTS = [
+  "known:pmap:600-437",
+  "known:jit:40-0",
+  "known:pmap:33-33",
+  "gen:pmap:130-37",
+  "gen:jit:0-90",
+  "mixed:pmap:23-41",
+  "tfds:jit:1437",
+  "fail:pmap:30-30",
+  "mismatch:pmap:20-20",
+  "kill:pmap:200-200",
+]
+THREE_HOSTS = [
+  "known:shard_map:167-166-166",
+  "gen:pmap:50-0-17",
+  "mixed:jit:20-31-0",
+  "absent:pmap:10-10-10",
+  "known:pmap:5-9-0",
+  "stall:jit:200-200-200",
+]
 
 
 def _free_port() -> int:
@@ -48,13 +63,26 @@ def _run(count: int, scenarios: list[str], tmp_dir) -> dict:
   on purpose, or a real hang) or after RUN_DEADLINE_S is killed with SIGKILL (jax catches SIGTERM) and its exit
   code is recorded as None.
   """
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # not conftest's 8 devices: 2 per process
-  env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", MULTIHOST_TMP=str(tmp_dir))
+  env = {
+    k: v for k, v in os.environ.items() if k != "XLA_FLAGS"
+  }  # not conftest's 8 devices: 2 per process
+  env.update(
+    JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", MULTIHOST_TMP=str(tmp_dir)
+  )
   port, start = _free_port(), time.monotonic()
-  files = [(open(tmp_dir / f"out{p}.txt", "w+"), open(tmp_dir / f"err{p}.txt", "w+")) for p in range(count)]
-  procs = [subprocess.Popen([sys.executable, WORKER, str(port), str(count), str(p), ",".join(scenarios)],
-                            stdout=out, stderr=err, text=True, env=env)
-           for p, (out, err) in enumerate(files)]
+  files = [
+    (open(tmp_dir / f"out{p}.txt", "w+"), open(tmp_dir / f"err{p}.txt", "w+")) for p in range(count)
+  ]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, WORKER, str(port), str(count), str(p), ",".join(scenarios)],
+      stdout=out,
+      stderr=err,
+      text=True,
+      env=env,
+    )
+    for p, (out, err) in enumerate(files)
+  ]
   exits, first_exit = {}, None
   while len(exits) < count:
     now = time.monotonic()
@@ -98,11 +126,14 @@ def _runs(request, count):
 def digits_train():
   """The digits "train" split as the tfds scenario's features, from scikit-learn (no TensorFlow)."""
   from sklearn.datasets import load_digits
+
   from padded_eval.datasets import digits_split_indices
 
   rows = digits_split_indices("train")
   digits = load_digits()
-  x, label, y = worker.digits_features(digits.images[rows].astype(np.float32), rows, digits.target[rows])
+  x, label, y = worker.digits_features(
+    digits.images[rows].astype(np.float32), rows, digits.target[rows]
+  )
   return {"x": x, "label": label, "y": y.astype(np.float32)}
 
 
@@ -114,24 +145,34 @@ def reference(sizes, data=None) -> dict:
   logits = x @ params["w"].astype(np.float64) + params["b"].astype(np.float64)
   predicted = np.argmax(logits, axis=-1)
   preds = x @ params["v"].astype(np.float64)
-  return {"accuracy": np.mean(predicted == data["label"]),
-          "f1": f1_score(data["label"], predicted, average="macro", labels=range(worker.NUM_CLASSES),
-                         zero_division=0),
-          "mse": np.mean((preds - data["y"]) ** 2), "std": np.std(preds), "num_examples": len(data["x"])}
+  return {
+    "accuracy": np.mean(predicted == data["label"]),
+    "f1": f1_score(
+      data["label"], predicted, average="macro", labels=range(worker.NUM_CLASSES), zero_division=0
+    ),
+    "mse": np.mean((preds - data["y"]) ** 2),
+    "std": np.std(preds),
+    "num_examples": len(data["x"]),
+  }
 
 
 def _line(run, process, scenario):
   line = run["lines"][process].get(scenario)
-  assert line is not None, (f"process {process} printed no result for {scenario}; exit {run['exits'][process]}; "
-                            f"stderr: {run['stderr'][process]}")
+  assert line is not None, (
+    f"process {process} printed no result for {scenario}; exit {run['exits'][process]}; "
+    f"stderr: {run['stderr'][process]}"
+  )
   return line
 
 
 EXACT = ("known", "gen", "mixed", "tfds")
 
 
-@pytest.mark.parametrize("count,scenario", [(2, s) for s in TWO_HOSTS if s.split(":")[0] in EXACT]
-                         + [(3, s) for s in THREE_HOSTS if s.split(":")[0] in EXACT])
+@pytest.mark.parametrize(
+  "count,scenario",
+  [(2, s) for s in TWO_HOSTS if s.split(":")[0] in EXACT]
+  + [(3, s) for s in THREE_HOSTS if s.split(":")[0] in EXACT],
+)
 def test_exact_union_result_identical_on_every_process(request, count, scenario):
   run = _runs(request, count)
   results = [_line(run, p, scenario) for p in range(count)]
@@ -162,7 +203,9 @@ def test_structure_mismatch_is_a_clear_error_on_every_process(two_hosts):
     line = _line(two_hosts, process, "mismatch:pmap:20-20")
     assert line["error"] == "ValueError"
     assert "process 1 differ from those of process 0" in line["message"]
-    assert "'x' has shape (16, 4)" in line["message"] and "expected shape (16, 3)" in line["message"]
+    assert (
+      "'x' has shape (16, 4)" in line["message"] and "expected shape (16, 3)" in line["message"]
+    )
 
 
 def test_failure_before_the_first_step_is_reported_to_every_process(two_hosts):
@@ -183,7 +226,10 @@ def test_process_that_never_arrives_times_out_the_preflight(three_hosts):
   # The session survives: the next call on all three processes is exact.
   expected = reference([5, 9, 0])
   for process in range(3):
-    assert _line(three_hosts, process, "known:pmap:5-9-0")["result"]["num_examples"] == expected["num_examples"]
+    assert (
+      _line(three_hosts, process, "known:pmap:5-9-0")["result"]["num_examples"]
+      == expected["num_examples"]
+    )
 
 
 def test_killed_process_makes_the_other_raise_and_exit(two_hosts):
@@ -193,7 +239,9 @@ def test_killed_process_makes_the_other_raise_and_exit(two_hosts):
   assert line["error"] in ("RuntimeError", "TimeoutError"), line
   assert "masked_eval step" in line["message"] and "another process" in line["message"]
   assert line["elapsed"] < 30  # generous for a loaded machine
-  assert two_hosts["exits"][0] == 0  # exited by itself (os._exit after the error), not killed by this test's deadline
+  assert (
+    two_hosts["exits"][0] == 0
+  )  # exited by itself (os._exit after the error), not killed by this test's deadline
   assert two_hosts["exits"][1] == -signal.SIGKILL
   assert "kill:pmap:200-200" not in two_hosts["lines"][1]
 

@@ -52,13 +52,16 @@ def test_mean_and_count_over_2_31_values_are_exact():
       values, mask = _batch_values(step)
       count = count.merge(ExactCount.of(jnp.sum(mask, dtype=jnp.int32)))
       return mean.update(values=values, mask=mask), count
+
     return jax.lax.fori_loop(0, steps, body, (pe.metrics.Mean(), ExactCount.zeros()))
 
   mean, count = run()
   lengths = [BATCH - step % 3 for step in range(steps)]
   exact_count = sum(lengths)
-  exact_total = sum(Fraction(length) + Fraction(_residue_sum(step * BATCH, length), 1024)
-                    for step, length in enumerate(lengths))
+  exact_total = sum(
+    Fraction(length) + Fraction(_residue_sum(step * BATCH, length), 1024)
+    for step, length in enumerate(lengths)
+  )
   assert exact_count > 2**31
   assert int(count.to_numpy()) == exact_count
   assert float(mean.weight.to_numpy()) == exact_count
@@ -77,6 +80,7 @@ def test_2_25_one_element_updates_do_not_saturate():
       value = jnp.reshape(0.5 + (step % 2).astype(jnp.float32), (1,))  # 0.5, 1.5, 0.5, ...
       hit = jnp.reshape(step % 4 != 0, (1,)).astype(jnp.int32)  # 3 of every 4
       return mean.update(values=value), accuracy.update(preds=hit, target=jnp.ones(1, jnp.int32))
+
     return jax.lax.fori_loop(0, steps, body, (pe.metrics.Mean(), pe.metrics.Accuracy()))
 
   mean, accuracy = run()
@@ -98,7 +102,8 @@ def _normal_batch(key, index, size):
 def _host_std(indices, size):
   key = jax.random.key(0)
   values, mask = jax.jit(lambda i: jax.lax.map(lambda j: _normal_batch(key, j, size), i))(
-      jnp.asarray(indices))
+    jnp.asarray(indices)
+  )
   values, mask = np.asarray(values), np.asarray(mask)
   return np.std(values[mask].astype(np.float64))
 
@@ -109,9 +114,11 @@ def test_std_mean_1e4_many_steps_single_device():
   @jax.jit
   def run():
     key = jax.random.key(0)
+
     def body(step, std):
       values, mask = _normal_batch(key, step, size)
       return std.update(values=values, mask=mask)
+
     return jax.lax.fori_loop(0, steps, body, pe.metrics.Std())
 
   reference = _host_std(np.arange(steps), size)
@@ -124,9 +131,11 @@ def test_std_mean_1e4_many_steps_across_8_devices():
 
   def per_device(device):
     key = jax.random.key(0)
+
     def body(step, std):
       values, mask = _normal_batch(key, device * steps + step, size)
       return std.update(values=values, mask=mask)
+
     local = jax.lax.fori_loop(0, steps, body, pe.metrics.Std())
     return local.reduce(AXIS), local
 

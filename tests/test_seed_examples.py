@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _loss_reference import categorical_xent, log_softmax, with_garbage
 from sklearn.metrics import f1_score
 
 import padded_eval as pe
-from _loss_reference import categorical_xent, log_softmax, with_garbage
 
 N, D, C = 29, 3, 4
 LR = 0.5
@@ -23,8 +23,10 @@ def data():
   rng = np.random.default_rng(0)
   x = rng.normal(size=(N, D)).astype(np.float32)
   y = rng.integers(0, C, size=N)
-  params = {"w": rng.normal(size=(D, C)).astype(np.float32) * 0.5,
-            "b": rng.normal(size=C).astype(np.float32) * 0.1}
+  params = {
+    "w": rng.normal(size=(D, C)).astype(np.float32) * 0.5,
+    "b": rng.normal(size=C).astype(np.float32) * 0.1,
+  }
   return x, y, params
 
 
@@ -36,7 +38,7 @@ def _batches(x, y, batch_size, seed=1):
     mask = np.arange(batch_size) < real
     xb = np.zeros((batch_size, D), np.float32)
     yb = np.zeros(batch_size, np.int64)
-    xb[:real], yb[:real] = x[start:start + real], y[start:start + real]
+    xb[:real], yb[:real] = x[start : start + real], y[start : start + real]
     yield with_garbage(xb, mask, rng, value=1e3), with_garbage(yb, mask, rng), mask
 
 
@@ -81,8 +83,10 @@ def _numpy_train(params, batches, factor=0.0):
     logits = _logits(params, xr)
     hits, seen = hits + np.sum(logits.argmax(-1) == yr), seen + len(yr)
     dlogits = (np.exp(log_softmax(logits)) - np.eye(C)[yr]) / len(yr)
-    grads = {"w": xr.T @ dlogits + 2 * factor * params["w"],
-             "b": dlogits.sum(0) + 2 * factor * params["b"]}
+    grads = {
+      "w": xr.T @ dlogits + 2 * factor * params["w"],
+      "b": dlogits.sum(0) + 2 * factor * params["b"],
+    }
     params = {k: params[k] - LR * grads[k] for k in params}
   return params, hits / seen
 
@@ -118,8 +122,7 @@ def test_training_setup_jit_and_grad_has_aux(data):
   expected_params, expected_acc = _numpy_train(params, batches)
   np.testing.assert_allclose(float(metric.compute()), expected_acc, rtol=1e-7)
   for key in params:
-    np.testing.assert_allclose(np.asarray(trained[key]), expected_params[key], rtol=2e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(np.asarray(trained[key]), expected_params[key], rtol=2e-5, atol=1e-6)
 
 
 # --- "Distributed Training": batch_updates, all_gather(...).aggregate(), merge ----------------
@@ -175,8 +178,12 @@ def _update_all(collection, x, y, params, batch_size=8):
 
 def _expected(x, y, params):
   logits = _logits(params, x)
-  return {"accuracy": np.mean(logits.argmax(-1) == y), "f1": _f1(logits, y),
-          "crossentropy": np.mean(categorical_xent(logits, y)), "l2": _l2(params, 1e-4)}
+  return {
+    "accuracy": np.mean(logits.argmax(-1) == y),
+    "f1": _f1(logits, y),
+    "crossentropy": np.mean(categorical_xent(logits, y)),
+    "l2": _l2(params, 1e-4),
+  }
 
 
 def _check(got, expected, rtol=2e-6):
@@ -211,14 +218,14 @@ def test_losses_combinator(data, as_dict):
   expected = dict(zip(keys, [ref["crossentropy"], ref["l2"]]))
   _check(losses.compute(), expected)
   _check(losses.compute_logs(), expected)
-  np.testing.assert_allclose(float(losses.total_loss()), ref["crossentropy"] + ref["l2"],
-                             rtol=2e-6)
+  np.testing.assert_allclose(float(losses.total_loss()), ref["crossentropy"] + ref["l2"], rtol=2e-6)
 
 
 def _losses_and_metrics():
   return pe.LossesAndMetrics(
-      metrics=[pe.metrics.Accuracy(), pe.metrics.F1Score(num_classes=C, name="f1")],
-      losses=[pe.losses.Crossentropy(), pe.regularizers.L2(1e-4)])
+    metrics=[pe.metrics.Accuracy(), pe.metrics.F1Score(num_classes=C, name="f1")],
+    losses=[pe.losses.Crossentropy(), pe.regularizers.L2(1e-4)],
+  )
 
 
 def test_losses_and_metrics_combinator(data):
@@ -226,8 +233,13 @@ def test_losses_and_metrics_combinator(data):
   lam = _losses_and_metrics().reset()
   lam = _update_all(lam, x, y, params)
   ref = _expected(x, y, params)
-  expected = {"loss": ref["crossentropy"] + ref["l2"], "crossentropy": ref["crossentropy"],
-              "l2": ref["l2"], "accuracy": ref["accuracy"], "f1": ref["f1"]}
+  expected = {
+    "loss": ref["crossentropy"] + ref["l2"],
+    "crossentropy": ref["crossentropy"],
+    "l2": ref["l2"],
+    "accuracy": ref["accuracy"],
+    "f1": ref["f1"],
+  }
   _check(lam.compute(), expected)
   _check(lam.compute_logs(), expected)
   np.testing.assert_allclose(float(lam.total_loss()), expected["loss"], rtol=2e-6)
@@ -249,11 +261,16 @@ def _loss_fn_loss_and_update(params, collection, x, y, mask):
   return collection.loss_and_update(target=y, preds=logits, parameters=params, mask=mask)
 
 
-@pytest.mark.parametrize("loss_fn", [_loss_fn_batch_updates, _loss_fn_loss_and_update],
-                         ids=["batch_updates", "loss_and_update"])
-@pytest.mark.parametrize("make", [
-    lambda: pe.Losses([pe.losses.Crossentropy(), pe.regularizers.L2(1e-4)]),
-    _losses_and_metrics], ids=["losses", "losses_and_metrics"])
+@pytest.mark.parametrize(
+  "loss_fn",
+  [_loss_fn_batch_updates, _loss_fn_loss_and_update],
+  ids=["batch_updates", "loss_and_update"],
+)
+@pytest.mark.parametrize(
+  "make",
+  [lambda: pe.Losses([pe.losses.Crossentropy(), pe.regularizers.L2(1e-4)]), _losses_and_metrics],
+  ids=["losses", "losses_and_metrics"],
+)
 def test_loss_fn_patterns_train_under_jit_grad(data, loss_fn, make):
   x, y, params = data
 
@@ -269,8 +286,7 @@ def test_loss_fn_patterns_train_under_jit_grad(data, loss_fn, make):
     trained, collection = train_step(trained, collection, xb, yb, mask)
   expected_params, expected_acc = _numpy_train(params, batches, factor=1e-4)
   for key in params:
-    np.testing.assert_allclose(np.asarray(trained[key]), expected_params[key], rtol=2e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(np.asarray(trained[key]), expected_params[key], rtol=2e-5, atol=1e-6)
   if isinstance(collection, pe.LossesAndMetrics):
     np.testing.assert_allclose(float(collection.compute()["accuracy"]), expected_acc, rtol=1e-7)
 
@@ -307,8 +323,7 @@ def test_distributed_losses_and_metrics_exact_gradient(data):
     trained, lam = jax.tree.map(lambda a: a[0], out)
   expected_params, expected_acc = _numpy_train(params, batches, factor=1e-4)
   for key in params:
-    np.testing.assert_allclose(np.asarray(trained[key]), expected_params[key], rtol=2e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(np.asarray(trained[key]), expected_params[key], rtol=2e-5, atol=1e-6)
   np.testing.assert_allclose(float(lam.compute()["accuracy"]), expected_acc, rtol=1e-7)
 
 
@@ -364,7 +379,7 @@ def test_nnx_multimetric_exercise():
   metrics = pe.Metrics({"mse": pe.metrics.Mean("mse"), "mae": pe.metrics.Mean("mae")})
   exact = pe.Metrics([pe.metrics.MSE(), pe.metrics.MAE()])
   for start in range(0, n, batch_size):
-    out, target = model(x[start:start + batch_size]), y[start:start + batch_size]
+    out, target = model(x[start : start + batch_size]), y[start : start + batch_size]
     metrics = metrics.update(mse=jnp.mean((out - target) ** 2), mae=jnp.mean(jnp.abs(out - target)))
     exact = exact.update(preds=out, target=target)
   result = metrics.compute()
@@ -375,7 +390,7 @@ def test_nnx_multimetric_exercise():
     err = np.asarray(x, np.float64) @ w + b - y
     w, b = w - lr * 2 * x.T @ err / err.size, b - lr * 2 * err.sum(0) / err.size
   err = (np.asarray(x, np.float64) @ w + b - y).reshape(n // batch_size, batch_size, d_out)
-  expected = [np.mean((err ** 2).mean(axis=(1, 2))), np.mean(np.abs(err).mean(axis=(1, 2)))]
+  expected = [np.mean((err**2).mean(axis=(1, 2))), np.mean(np.abs(err).mean(axis=(1, 2)))]
   assert got.shape == (2,)
   np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5)
   # equal batches: the per-element metrics agree with the batch means

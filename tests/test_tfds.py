@@ -2,153 +2,187 @@
 
 import numpy as np
 import pytest
-
-import padded_eval as pe
 from _padding_reference import assert_batches_equal, expected_batches
 
-tf = pytest.importorskip("tensorflow", reason="the tf extra is not installed: pip install -e '.[tf,test]'")
+import padded_eval as pe
+
+tf = pytest.importorskip(
+  "tensorflow", reason="the tf extra is not installed: pip install -e '.[tf,test]'"
+)
 tfds = pytest.importorskip("tensorflow_datasets", reason="the tf extra is not installed")
 
 
 def dataset(n, seed=0):
-    rng = np.random.default_rng(seed)
-    return {"x": rng.normal(size=(n, 2)).astype(np.float32), "label": rng.integers(0, 10, n).astype(np.int64)}
+  rng = np.random.default_rng(seed)
+  return {
+    "x": rng.normal(size=(n, 2)).astype(np.float32),
+    "label": rng.integers(0, 10, n).astype(np.int64),
+  }
 
 
 def slices(data):
-    return tf.data.Dataset.from_tensor_slices(data)
+  return tf.data.Dataset.from_tensor_slices(data)
 
 
 @pytest.mark.parametrize("n, batch_size", [(0, 8), (3, 8), (8, 8), (21, 8)])
 def test_unbatched(n, batch_size):
-    data = dataset(n)
-    got = pe.pad_batches(slices(data), batch_size, pad_value={"x": np.nan, "label": -1})
-    assert len(got) == -(-n // batch_size)
-    assert_batches_equal(got, expected_batches(data, batch_size, pad={"x": np.nan, "label": -1}))
+  data = dataset(n)
+  got = pe.pad_batches(slices(data), batch_size, pad_value={"x": np.nan, "label": -1})
+  assert len(got) == -(-n // batch_size)
+  assert_batches_equal(got, expected_batches(data, batch_size, pad={"x": np.nan, "label": -1}))
 
 
-@pytest.mark.parametrize("input_batch, drop_remainder", [(3, False), (8, False), (5, True), (16, True)])
+@pytest.mark.parametrize(
+  "input_batch, drop_remainder", [(3, False), (8, False), (5, True), (16, True)]
+)
 def test_batched_is_rebatched(input_batch, drop_remainder):
-    data = dataset(37)
-    source = slices(data).batch(input_batch, drop_remainder=drop_remainder)
-    kept = 37 // input_batch * input_batch if drop_remainder else 37
-    got = pe.pad_batches(source, 8)
-    want = expected_batches({k: v[:kept] for k, v in data.items()}, 8)
-    assert_batches_equal(got, want)
-    if drop_remainder:  # static input batch size and known cardinality: the length is known
-        assert len(got) == len(want)
-    else:
-        with pytest.raises(TypeError, match="unknown"):
-            len(got)
+  data = dataset(37)
+  source = slices(data).batch(input_batch, drop_remainder=drop_remainder)
+  kept = 37 // input_batch * input_batch if drop_remainder else 37
+  got = pe.pad_batches(source, 8)
+  want = expected_batches({k: v[:kept] for k, v in data.items()}, 8)
+  assert_batches_equal(got, want)
+  if drop_remainder:  # static input batch size and known cardinality: the length is known
+    assert len(got) == len(want)
+  else:
+    with pytest.raises(TypeError, match="unknown"):
+      len(got)
 
 
 def test_filtered_unknown_cardinality():
-    data = dataset(30)
-    source = slices(data).filter(lambda e: e["label"] % 2 == 0)
-    keep = data["label"] % 2 == 0
-    got = pe.pad_batches(source, 8)
-    with pytest.raises(TypeError, match="unknown"):
-        len(got)
-    assert_batches_equal(got, expected_batches({k: v[keep] for k, v in data.items()}, 8))
-    assert_batches_equal(got, expected_batches({k: v[keep] for k, v in data.items()}, 8))  # re-iteration
-    with pytest.raises(ValueError, match="more than num_batches=1"):
-        list(pe.pad_batches(source.batch(3), 8, num_batches=1))
+  data = dataset(30)
+  source = slices(data).filter(lambda e: e["label"] % 2 == 0)
+  keep = data["label"] % 2 == 0
+  got = pe.pad_batches(source, 8)
+  with pytest.raises(TypeError, match="unknown"):
+    len(got)
+  assert_batches_equal(got, expected_batches({k: v[keep] for k, v in data.items()}, 8))
+  assert_batches_equal(
+    got, expected_batches({k: v[keep] for k, v in data.items()}, 8)
+  )  # re-iteration
+  with pytest.raises(ValueError, match="more than num_batches=1"):
+    list(pe.pad_batches(source.batch(3), 8, num_batches=1))
 
 
 def test_nested_dicts_and_strings():
-    data = {"a": {"x": np.arange(5.0), "s": np.array([b"p", b"q", b"r", b"s", b"t"])}, "y": np.arange(5)}
-    got = list(pe.pad_batches(slices(data).batch(2), 8, pad_value=7))
-    assert len(got) == 1 and sorted(got[0]) == ["a", "mask", "y"]
-    assert got[0]["a"]["s"].tolist() == [b"p", b"q", b"r", b"s", b"t", b"", b"", b""]
-    assert got[0]["a"]["x"].tolist() == [0, 1, 2, 3, 4, 7, 7, 7]
-    assert got[0]["mask"].tolist() == [True] * 5 + [False] * 3
+  data = {
+    "a": {"x": np.arange(5.0), "s": np.array([b"p", b"q", b"r", b"s", b"t"])},
+    "y": np.arange(5),
+  }
+  got = list(pe.pad_batches(slices(data).batch(2), 8, pad_value=7))
+  assert len(got) == 1 and sorted(got[0]) == ["a", "mask", "y"]
+  assert got[0]["a"]["s"].tolist() == [b"p", b"q", b"r", b"s", b"t", b"", b"", b""]
+  assert got[0]["a"]["x"].tolist() == [0, 1, 2, 3, 4, 7, 7, 7]
+  assert got[0]["mask"].tolist() == [True] * 5 + [False] * 3
 
 
 def test_num_batches():
-    data = dataset(10)
-    got = pe.pad_batches(slices(data), 8, num_batches=3, pad_value=-1)
-    assert len(got) == 3
-    assert_batches_equal(got, expected_batches(data, 8, pad=-1, num_batches=3))
-    with pytest.raises(ValueError, match="num_batches=1 but the source holds 2 batches"):
-        pe.pad_batches(slices(data), 8, num_batches=1)
-    empty = slices(dataset(0))
-    assert list(pe.pad_batches(empty, 8)) == []
-    assert_batches_equal(pe.pad_batches(empty, 8, num_batches=2), expected_batches(dataset(0), 8, num_batches=2))
-    unknown = slices(dataset(0)).batch(4)  # empty, and its rows' shapes are known from the spec
-    assert [b["x"].shape for b in pe.pad_batches(unknown, 8, num_batches=1)] == [(8, 2)]
+  data = dataset(10)
+  got = pe.pad_batches(slices(data), 8, num_batches=3, pad_value=-1)
+  assert len(got) == 3
+  assert_batches_equal(got, expected_batches(data, 8, pad=-1, num_batches=3))
+  with pytest.raises(ValueError, match="num_batches=1 but the source holds 2 batches"):
+    pe.pad_batches(slices(data), 8, num_batches=1)
+  empty = slices(dataset(0))
+  assert list(pe.pad_batches(empty, 8)) == []
+  assert_batches_equal(
+    pe.pad_batches(empty, 8, num_batches=2), expected_batches(dataset(0), 8, num_batches=2)
+  )
+  unknown = slices(dataset(0)).batch(4)  # empty, and its rows' shapes are known from the spec
+  assert [b["x"].shape for b in pe.pad_batches(unknown, 8, num_batches=1)] == [(8, 2)]
 
 
 def test_batched_inference_and_override():
-    vectors = slices({"v": np.arange(24).reshape(8, 3)})  # unbatched, no scalar leaf, static leading size
-    assert [b["v"].shape for b in pe.pad_batches(vectors, 8)] == [(8, 3)]
-    static = vectors.batch(4, drop_remainder=True).map(lambda e: e)  # batch op found behind the map
-    assert [b["v"].shape for b in pe.pad_batches(static, 8)] == [(8, 3)]
-    as_rows = pe.pad_batches(vectors, 8, batched=True)  # each element is a batch of 3 scalars
-    assert [b["v"].shape for b in as_rows] == [(8,)] * 3
+  vectors = slices(
+    {"v": np.arange(24).reshape(8, 3)}
+  )  # unbatched, no scalar leaf, static leading size
+  assert [b["v"].shape for b in pe.pad_batches(vectors, 8)] == [(8, 3)]
+  static = vectors.batch(4, drop_remainder=True).map(lambda e: e)  # batch op found behind the map
+  assert [b["v"].shape for b in pe.pad_batches(static, 8)] == [(8, 3)]
+  as_rows = pe.pad_batches(vectors, 8, batched=True)  # each element is a batch of 3 scalars
+  assert [b["v"].shape for b in as_rows] == [(8,)] * 3
 
 
 def test_bad_datasets():
-    with pytest.raises(ValueError, match=r"expected a tf.data.Dataset of dicts, got elements of type tuple"):
-        pe.pad_batches(tf.data.Dataset.from_tensor_slices((np.zeros(4), np.zeros(4))), 8)
-    with pytest.raises(ValueError, match=r"the dataset has a key 'mask' equal to mask_key"):
-        pe.pad_batches(slices({"mask": np.zeros(4)}), 8)
-    with pytest.raises(ValueError, match=r"pad_value nan for key 'label' does not fit dtype int64"):
-        list(pe.pad_batches(slices(dataset(3)), 8, pad_value=np.nan))
-    with pytest.raises(ValueError, match="batch_size 12 is not divisible by 8 devices; use 8 or 16"):
-        pe.pad_batches(slices(dataset(3)), 12)
+  with pytest.raises(
+    ValueError, match=r"expected a tf.data.Dataset of dicts, got elements of type tuple"
+  ):
+    pe.pad_batches(tf.data.Dataset.from_tensor_slices((np.zeros(4), np.zeros(4))), 8)
+  with pytest.raises(ValueError, match=r"the dataset has a key 'mask' equal to mask_key"):
+    pe.pad_batches(slices({"mask": np.zeros(4)}), 8)
+  with pytest.raises(ValueError, match=r"pad_value nan for key 'label' does not fit dtype int64"):
+    list(pe.pad_batches(slices(dataset(3)), 8, pad_value=np.nan))
+  with pytest.raises(ValueError, match="batch_size 12 is not divisible by 8 devices; use 8 or 16"):
+    pe.pad_batches(slices(dataset(3)), 12)
 
-    def disagreeing():
-        yield {"x": np.zeros(3), "g": {"yy": np.zeros(2)}}
+  def disagreeing():
+    yield {"x": np.zeros(3), "g": {"yy": np.zeros(2)}}
 
-    signature = {"x": tf.TensorSpec([None], tf.float64), "g": {"yy": tf.TensorSpec([None], tf.float64)}}
-    source = tf.data.Dataset.from_generator(disagreeing, output_signature=signature)
-    with pytest.raises(ValueError, match=r"leading sizes disagree within a batch: key 'g/yy' has 2 rows, key 'x' has 3"):
-        list(pe.pad_batches(source, 8))
-    static = tf.data.Dataset.from_tensors({"x": np.zeros(3), "y": np.zeros(2)})
-    with pytest.raises(ValueError, match=r"leading sizes disagree in the dataset's batches \('x' has 3, 'y' has 2\)"):
-        pe.pad_batches(static, 8, batched=True)
+  signature = {
+    "x": tf.TensorSpec([None], tf.float64),
+    "g": {"yy": tf.TensorSpec([None], tf.float64)},
+  }
+  source = tf.data.Dataset.from_generator(disagreeing, output_signature=signature)
+  with pytest.raises(
+    ValueError, match=r"leading sizes disagree within a batch: key 'g/yy' has 2 rows, key 'x' has 3"
+  ):
+    list(pe.pad_batches(source, 8))
+  static = tf.data.Dataset.from_tensors({"x": np.zeros(3), "y": np.zeros(2)})
+  with pytest.raises(
+    ValueError, match=r"leading sizes disagree in the dataset's batches \('x' has 3, 'y' has 2\)"
+  ):
+    pe.pad_batches(static, 8, batched=True)
 
 
 # ---- a real tfds dataset ---------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def digits_dir(tmp_path_factory):
-    from padded_eval.datasets import load_digits_tfds
+  from padded_eval.datasets import load_digits_tfds
 
-    data_dir = str(tmp_path_factory.mktemp("tfds"))
-    load_digits_tfds(data_dir, "test")  # builds both splits once
-    return data_dir
+  data_dir = str(tmp_path_factory.mktemp("tfds"))
+  load_digits_tfds(data_dir, "test")  # builds both splits once
+  return data_dir
 
 
 def digits_expectation(split):
-    from sklearn.datasets import load_digits
+  from sklearn.datasets import load_digits
 
-    from padded_eval.datasets import digits_split_indices
+  from padded_eval.datasets import digits_split_indices
 
-    digits = load_digits()
-    rows = digits_split_indices(split)
-    return {"image": digits.images[rows].astype(np.uint8), "index": rows.astype(np.int64),
-            "label": digits.target[rows].astype(np.int64)}
+  digits = load_digits()
+  rows = digits_split_indices(split)
+  return {
+    "image": digits.images[rows].astype(np.uint8),
+    "index": rows.astype(np.int64),
+    "label": digits.target[rows].astype(np.int64),
+  }
 
 
 @pytest.mark.parametrize("as_dataset_kwargs", [{}, {"batch_size": 50}])
 def test_tfds_digits_test_split(digits_dir, as_dataset_kwargs):
-    from padded_eval.datasets import DigitsBuilder, load_digits_tfds
+  from padded_eval.datasets import DigitsBuilder, load_digits_tfds
 
-    source = load_digits_tfds(digits_dir, "test", **as_dataset_kwargs)
-    builder = DigitsBuilder(data_dir=digits_dir)
-    assert builder.info.splits["test"].num_examples == 360 and builder.info.splits["train"].num_examples == 1437
-    got = pe.pad_batches(source, 64, pad_value={"label": -1})
-    want = expected_batches(digits_expectation("test"), 64, pad={"image": 0, "index": 0, "label": -1})
-    assert len(want) == 6 and want[-1]["mask"].sum() == 360 - 5 * 64
-    assert_batches_equal(got, want)
-    if not as_dataset_kwargs:
-        assert len(got) == 6
+  source = load_digits_tfds(digits_dir, "test", **as_dataset_kwargs)
+  builder = DigitsBuilder(data_dir=digits_dir)
+  assert (
+    builder.info.splits["test"].num_examples == 360
+    and builder.info.splits["train"].num_examples == 1437
+  )
+  got = pe.pad_batches(source, 64, pad_value={"label": -1})
+  want = expected_batches(digits_expectation("test"), 64, pad={"image": 0, "index": 0, "label": -1})
+  assert len(want) == 6 and want[-1]["mask"].sum() == 360 - 5 * 64
+  assert_batches_equal(got, want)
+  if not as_dataset_kwargs:
+    assert len(got) == 6
 
 
 def test_tfds_train_split_with_num_batches(digits_dir):
-    from padded_eval.datasets import load_digits_tfds
+  from padded_eval.datasets import load_digits_tfds
 
-    source = tfds.as_numpy(load_digits_tfds(digits_dir, "train", batch_size=100))  # a plain iterable of numpy
-    got = pe.pad_batches(source, 512, num_batches=4)
-    assert_batches_equal(got, expected_batches(digits_expectation("train"), 512, num_batches=4))
+  source = tfds.as_numpy(
+    load_digits_tfds(digits_dir, "train", batch_size=100)
+  )  # a plain iterable of numpy
+  got = pe.pad_batches(source, 512, num_batches=4)
+  assert_batches_equal(got, expected_batches(digits_expectation("train"), 512, num_batches=4))

@@ -33,16 +33,19 @@ class Accuracy(Metric):
     preds, target = jnp.asarray(preds), jnp.asarray(target)
     if preds.shape == target.shape:
       if self.top_k != 1:
-        raise ValueError(f"top_k={self.top_k} needs score preds [..., C]; got class ids of "
-                         f"shape {preds.shape}")
+        raise ValueError(
+          f"top_k={self.top_k} needs score preds [..., C]; got class ids of shape {preds.shape}"
+        )
       hits = preds == target
     elif preds.shape[:-1] == target.shape:
       if self.top_k > preds.shape[-1]:
         raise ValueError(f"top_k={self.top_k} exceeds the {preds.shape[-1]} classes of preds")
       hits = _in_top_k(preds, target, self.top_k)
     else:
-      raise ValueError(f"preds has shape {preds.shape} and target {target.shape}; expected "
-                       "preds of target's shape (class ids) or target's shape + [C] (scores)")
+      raise ValueError(
+        f"preds has shape {preds.shape} and target {target.shape}; expected "
+        "preds of target's shape (class ids) or target's shape + [C] (scores)"
+      )
     correct, weight = weighted_totals(hits.astype(jnp.float32), mask, weights, "target")
     return {"correct": correct, "weight": weight}
 

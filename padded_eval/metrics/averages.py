@@ -67,16 +67,19 @@ class Mean(_WeightedMean):
 
   def _values(self, **kwargs):
     if self.argname not in kwargs:
-      raise ValueError(f"Mean(argname={self.argname!r}) needs the keyword {self.argname!r} in "
-                       f"update(); got keywords {sorted(kwargs)}")
+      raise ValueError(
+        f"Mean(argname={self.argname!r}) needs the keyword {self.argname!r} in "
+        f"update(); got keywords {sorted(kwargs)}"
+      )
     return kwargs[self.argname], self.argname
 
 
 def _error(preds, target) -> jax.Array:
   preds, target = upcast(jnp.asarray(preds)), upcast(jnp.asarray(target))
   if preds.shape != target.shape:
-    raise ValueError(f"preds has shape {preds.shape} but target has shape {target.shape}; "
-                     "expected equal shapes")
+    raise ValueError(
+      f"preds has shape {preds.shape} but target has shape {target.shape}; expected equal shapes"
+    )
   return preds - target
 
 

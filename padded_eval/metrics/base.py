@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,8 +39,7 @@ _STATE = "padded_eval_state"
 
 def state(factory: Callable[[Any], Any]):
   """Declares a state field; ``factory(metric)`` builds its empty value from the config."""
-  return dataclasses.field(init=False, repr=False, compare=False,
-                           metadata={_STATE: factory})
+  return dataclasses.field(init=False, repr=False, compare=False, metadata={_STATE: factory})
 
 
 def _is_state(field: dataclasses.Field) -> bool:
@@ -69,7 +69,8 @@ class Metric(abc.ABC):
     cls._state_fields = tuple(f.name for f in fields if _is_state(f))
     cls._config_fields = tuple(f.name for f in fields if not _is_state(f))
     jax.tree_util.register_pytree_with_keys(
-        cls, _flatten_with_keys, _unflatten_for(cls), flatten_func=_flatten)
+      cls, _flatten_with_keys, _unflatten_for(cls), flatten_func=_flatten
+    )
 
   def __post_init__(self):
     if self.name is None:
@@ -87,7 +88,7 @@ class Metric(abc.ABC):
   def _state(self) -> dict[str, Any]:
     return {f: getattr(self, f) for f in self._state_fields}
 
-  def replace_state(self, **new_state) -> "Metric":
+  def replace_state(self, **new_state) -> Metric:
     """A copy with the given state fields replaced (configuration kept)."""
     metric = object.__new__(type(self))
     for f in self._config_fields:
@@ -96,18 +97,19 @@ class Metric(abc.ABC):
       object.__setattr__(metric, f, new_state.get(f, getattr(self, f)))
     return metric
 
-  def _map_state(self, fn: Callable, *others: "Metric") -> "Metric":
+  def _map_state(self, fn: Callable, *others: Metric) -> Metric:
     mapped = jax.tree.map(fn, self._state(), *(o._state() for o in others), is_leaf=_is_node)
     return self.replace_state(**mapped)
 
   # --- the protocol -----------------------------------------------------------------
 
-  def empty(self) -> "Metric":
+  def empty(self) -> Metric:
     """A metric with the empty state (same structure, shapes and dtypes as updated)."""
-    return self.replace_state(**{
-        f.name: f.metadata[_STATE](self) for f in dataclasses.fields(self) if _is_state(f)})
+    return self.replace_state(
+      **{f.name: f.metadata[_STATE](self) for f in dataclasses.fields(self) if _is_state(f)}
+    )
 
-  def reset(self) -> "Metric":
+  def reset(self) -> Metric:
     """An empty copy (alias of :meth:`empty`)."""
     return self.empty()
 
@@ -115,11 +117,11 @@ class Metric(abc.ABC):
   def _batch_state(self, **kwargs) -> Mapping[str, Any]:
     """The state of one batch: ``{state_field: accumulator}``."""
 
-  def batch_updates(self, **kwargs) -> "Metric":
+  def batch_updates(self, **kwargs) -> Metric:
     """A new metric holding only this batch's statistics. Keyword-only."""
     return self.replace_state(**self._batch_state(**route_kwargs(self.arg_routes, kwargs)))
 
-  def map_arg(self, **sources: str) -> "Metric":
+  def map_arg(self, **sources: str) -> Metric:
     """A copy that reads each keyword from another one: ``map_arg(preds="logits")``.
 
     The copy behaves the same (same state, merge, reduce) but ``update(logits=...)``
@@ -130,7 +132,7 @@ class Metric(abc.ABC):
     """
     return self._with_route(map_arg_step(sources))
 
-  def index_into(self, **paths) -> "Metric":
+  def index_into(self, **paths) -> Metric:
     """A copy that indexes into a keyword: ``index_into(preds=("out", "logits"))``.
 
     ``update(preds={"out": {"logits": x}})`` then feeds ``x`` as ``preds``. A path is a
@@ -138,35 +140,37 @@ class Metric(abc.ABC):
     """
     return self._with_route(index_into_step(paths))
 
-  def _with_route(self, step) -> "Metric":
+  def _with_route(self, step) -> Metric:
     metric = self.replace_state()
     object.__setattr__(metric, "arg_routes", (step,) + tuple(self.arg_routes))
     return metric
 
-  def update(self, **kwargs) -> "Metric":
+  def update(self, **kwargs) -> Metric:
     """A new metric: this batch's statistics merged in. Keyword-only."""
     return self.merge(self.batch_updates(**kwargs))
 
-  def merge(self, other: "Metric") -> "Metric":
+  def merge(self, other: Metric) -> Metric:
     """Both metrics' statistics combined; associative and commutative."""
     if type(other) is not type(self):
       raise ValueError(f"cannot merge {type(self).__name__} with {type(other).__name__}")
     mine, theirs = self._statistics_config(), other._statistics_config()
     if mine != theirs:
       diff = {k: (v, theirs[k]) for k, v in mine.items() if theirs[k] != v}
-      raise ValueError(f"cannot merge {type(self).__name__} metrics configured differently: "
-                       + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in diff.items()))
+      raise ValueError(
+        f"cannot merge {type(self).__name__} metrics configured differently: "
+        + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in diff.items())
+      )
     return self._map_state(lambda a, b: a.merge(b), other)
 
   def _statistics_config(self) -> dict[str, Any]:
     """The configuration that shapes the statistics (all but ``name`` and arg routes)."""
     return {f: getattr(self, f) for f in self._config_fields if f not in ("name", "arg_routes")}
 
-  def reduce(self, axis_name) -> "Metric":
+  def reduce(self, axis_name) -> Metric:
     """Combined across the mapped axis ``axis_name`` (inside pmap / shard_map)."""
     return self._map_state(lambda a: a.reduce(axis_name))
 
-  def aggregate(self) -> "Metric":
+  def aggregate(self) -> Metric:
     """Combined over a leading stacked axis (after ``lax.all_gather``, or out of pmap)."""
     return self._map_state(lambda a: a.aggregate())
 
@@ -185,8 +189,10 @@ def _flatten_with_keys(metric):
 
 
 def _flatten(metric):
-  return ([getattr(metric, f) for f in metric._state_fields],
-          tuple(getattr(metric, f) for f in metric._config_fields))
+  return (
+    [getattr(metric, f) for f in metric._state_fields],
+    tuple(getattr(metric, f) for f in metric._config_fields),
+  )
 
 
 def _unflatten_for(cls):
@@ -197,6 +203,7 @@ def _unflatten_for(cls):
     for name, value in zip(cls._state_fields, children):
       object.__setattr__(metric, name, value)
     return metric
+
   return unflatten
 
 
@@ -212,8 +219,9 @@ def map_arg_step(sources: Mapping[str, str]) -> tuple:
   """The route step of ``map_arg(argname=source, ...)``."""
   for argname, source in sources.items():
     if not isinstance(source, str):
-      raise ValueError(f"map_arg({argname}=...) takes the name of the keyword to read, a "
-                       f"str; got {source!r}")
+      raise ValueError(
+        f"map_arg({argname}=...) takes the name of the keyword to read, a str; got {source!r}"
+      )
   return tuple((argname, source, ()) for argname, source in sources.items())
 
 
@@ -223,8 +231,10 @@ def index_into_step(paths: Mapping[str, Any]) -> tuple:
   for argname, path in paths.items():
     path = tuple(path) if isinstance(path, (tuple, list)) else (path,)
     if not path or not all(isinstance(k, (str, int)) for k in path):
-      raise ValueError(f"index_into({argname}=...) takes a key or a tuple of keys (str or "
-                       f"int); got {paths[argname]!r}")
+      raise ValueError(
+        f"index_into({argname}=...) takes a key or a tuple of keys (str or "
+        f"int); got {paths[argname]!r}"
+      )
     step.append((argname, argname, path))
   return tuple(step)
 
@@ -240,15 +250,18 @@ def route_kwargs(routes: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     routed = dict(kwargs)
     for argname, source, path in step:
       if source not in kwargs:
-        raise ValueError(f"{argname!r} is read from the keyword {source!r} (map_arg/index_into)"
-                         f", but got keywords {sorted(kwargs)}")
+        raise ValueError(
+          f"{argname!r} is read from the keyword {source!r} (map_arg/index_into)"
+          f", but got keywords {sorted(kwargs)}"
+        )
       value = kwargs[source]
       for depth, key in enumerate(path):
         try:
           value = value[key]
         except (KeyError, IndexError, TypeError) as e:
-          raise ValueError(f"index_into({argname}={path!r}): {source}{_index_str(path[:depth])} "
-                           f"has no key {key!r}") from e
+          raise ValueError(
+            f"index_into({argname}={path!r}): {source}{_index_str(path[:depth])} has no key {key!r}"
+          ) from e
       routed[argname] = value
     kwargs = routed
   return kwargs
@@ -263,11 +276,12 @@ def _index_str(path) -> str:
 
 def _prefix_to(x: jax.Array, shape: tuple[int, ...], argname: str, ref: str) -> jax.Array:
   """Broadcasts ``x`` of a prefix shape of ``shape`` to ``shape`` (trailing axes added)."""
-  if x.ndim > len(shape) or tuple(x.shape) != tuple(shape[:x.ndim]):
+  if x.ndim > len(shape) or tuple(x.shape) != tuple(shape[: x.ndim]):
     expected = " or ".join(str(tuple(shape[:k])) for k in range(1, len(shape) + 1)) or "()"
     raise ValueError(
-        f"{argname} has shape {tuple(x.shape)}, which does not fit {ref} of shape "
-        f"{tuple(shape)}; expected {expected} (a prefix of {ref}'s shape)")
+      f"{argname} has shape {tuple(x.shape)}, which does not fit {ref} of shape "
+      f"{tuple(shape)}; expected {expected} (a prefix of {ref}'s shape)"
+    )
   return jnp.broadcast_to(x.reshape(x.shape + (1,) * (len(shape) - x.ndim)), shape)
 
 
@@ -288,8 +302,10 @@ def broadcast_mask(mask, shape, ref: str = "preds") -> jax.Array:
     return jnp.ones(shape, bool)
   mask = jnp.asarray(mask)
   if mask.dtype != jnp.bool_:
-    raise ValueError(f"mask must be a bool array; got dtype {mask.dtype}. "
-                     "Pass mask.astype(bool) (True marks real elements).")
+    raise ValueError(
+      f"mask must be a bool array; got dtype {mask.dtype}. "
+      "Pass mask.astype(bool) (True marks real elements)."
+    )
   return _prefix_to(mask, shape, "mask", ref)
 
 

@@ -33,8 +33,13 @@ import jax.numpy as jnp
 from padded_eval.accumulate import ExactCount, ExactSum
 from padded_eval.metrics.base import Metric, broadcast_mask, check_choice, state
 from padded_eval.metrics.classification_inputs import (
-    check_flag, check_ignore_index, check_no_weights, check_same_shape, check_task,
-    probabilities)
+  check_flag,
+  check_ignore_index,
+  check_no_weights,
+  check_same_shape,
+  check_task,
+  probabilities,
+)
 
 NORMS = ("l1", "l2", "max")
 
@@ -93,8 +98,10 @@ class CalibrationError(Metric):
     else:
       c = self.num_classes
       if preds.shape != target.shape + (c,):
-        raise ValueError(f"task='multiclass' needs preds {target.shape + (c,)} (probabilities "
-                         f"for num_classes={c}) for target {target.shape}; got {preds.shape}")
+        raise ValueError(
+          f"task='multiclass' needs preds {target.shape + (c,)} (probabilities "
+          f"for num_classes={c}) for target {target.shape}; got {preds.shape}"
+        )
       probs = probabilities(preds, self.from_logits, axis=-1)
       confidence = jnp.max(probs, axis=-1)
       hit = jnp.argmax(probs, axis=-1) == target
@@ -109,12 +116,14 @@ class CalibrationError(Metric):
     confidence = jnp.clip(jnp.where(valid, confidence, 0.0), 0.0, 1.0).reshape(-1)
     bins = jnp.minimum(jnp.floor(confidence * self.n_bins), self.n_bins - 1).astype(jnp.int32)
     bins = jnp.where(valid.reshape(-1), bins, self.n_bins)  # out of range: dropped
+
     def per_bin(values, dtype):
       return jnp.zeros((self.n_bins,), dtype).at[bins].add(values, mode="drop")
+
     return {
-        "count": ExactCount.of(per_bin(jnp.ones_like(bins), jnp.int32)),
-        "hits": ExactCount.of(per_bin(hit.reshape(-1).astype(jnp.int32), jnp.int32)),
-        "confidence": ExactSum.of(per_bin(confidence, jnp.float32)),
+      "count": ExactCount.of(per_bin(jnp.ones_like(bins), jnp.int32)),
+      "hits": ExactCount.of(per_bin(hit.reshape(-1).astype(jnp.int32), jnp.int32)),
+      "confidence": ExactSum.of(per_bin(confidence, jnp.float32)),
     }
 
   def compute(self) -> jax.Array:

@@ -28,10 +28,16 @@ def check_task(task, num_classes, *, tasks=TASKS) -> None:
   check_choice("task", task, tasks)
   if task == "binary":
     if num_classes not in (None, 2):
-      raise ValueError(f"task='binary' has 2 classes; got num_classes={num_classes!r}. Use "
-                       "num_classes=None (or 2), or task='multiclass' / 'multilabel'")
-  elif isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1 or (
-      task == "multiclass" and num_classes < 2):
+      raise ValueError(
+        f"task='binary' has 2 classes; got num_classes={num_classes!r}. Use "
+        "num_classes=None (or 2), or task='multiclass' / 'multilabel'"
+      )
+  elif (
+    isinstance(num_classes, bool)
+    or not isinstance(num_classes, int)
+    or num_classes < 1
+    or (task == "multiclass" and num_classes < 2)
+  ):
     least = 2 if task == "multiclass" else 1
     raise ValueError(f"task={task!r} needs num_classes, an int >= {least}; got {num_classes!r}")
 
@@ -42,15 +48,18 @@ def check_flag(argname: str, value) -> None:
 
 
 def check_ignore_index(ignore_index) -> None:
-  if ignore_index is not None and (isinstance(ignore_index, bool)
-                                   or not isinstance(ignore_index, int)):
+  if ignore_index is not None and (
+    isinstance(ignore_index, bool) or not isinstance(ignore_index, int)
+  ):
     raise ValueError(f"ignore_index must be None or an int; got {ignore_index!r}")
 
 
 def check_no_weights(weights, metric) -> None:
   if weights is not None:
-    raise ValueError(f"{type(metric).__name__} counts elements and does not take sample "
-                     "weights; got weights. Drop the keyword, or mask elements out instead")
+    raise ValueError(
+      f"{type(metric).__name__} counts elements and does not take sample "
+      "weights; got weights. Drop the keyword, or mask elements out instead"
+    )
 
 
 def num_columns(task: str, num_classes) -> int:
@@ -71,12 +80,13 @@ def probabilities(preds, from_logits: bool, axis=None) -> jax.Array:
 
 def check_same_shape(preds, target, task) -> None:
   if preds.shape != target.shape:
-    raise ValueError(f"task={task!r}: preds has shape {preds.shape} but target has shape "
-                     f"{target.shape}; expected equal shapes")
+    raise ValueError(
+      f"task={task!r}: preds has shape {preds.shape} but target has shape "
+      f"{target.shape}; expected equal shapes"
+    )
 
 
-def label_inputs(preds, target, mask, *, task, num_classes, threshold, from_logits,
-                 ignore_index):
+def label_inputs(preds, target, mask, *, task, num_classes, threshold, from_logits, ignore_index):
   """Binary / multilabel elements: ``(truth, guess, valid)``, bool ``[..., L]``.
 
   Binary inputs get a trailing axis of size 1. ``valid``: real, target 0 or 1, and not
@@ -85,8 +95,10 @@ def label_inputs(preds, target, mask, *, task, num_classes, threshold, from_logi
   preds, target = jnp.asarray(preds), jnp.asarray(target)
   check_same_shape(preds, target, task)
   if task == "multilabel" and (target.ndim == 0 or target.shape[-1] != num_classes):
-    raise ValueError(f"task='multilabel' needs target [..., {num_classes}] (num_classes "
-                     f"labels last); got shape {target.shape}")
+    raise ValueError(
+      f"task='multilabel' needs target [..., {num_classes}] (num_classes "
+      f"labels last); got shape {target.shape}"
+    )
   valid = broadcast_mask(mask, target.shape, "target")
   valid &= (target == 0) | (target == 1)
   if ignore_index is not None:
@@ -114,12 +126,15 @@ def class_inputs(preds, target, mask, *, num_classes, top_k, ignore_index):
     valid &= target != ignore_index
   if preds.shape == target.shape:
     if not jnp.issubdtype(preds.dtype, jnp.integer):
-      raise ValueError(f"task='multiclass' preds of target's shape must be int class ids; got "
-                       f"dtype {preds.dtype}. Pass scores [..., {num_classes}], or use "
-                       "task='binary' for probabilities of one class")
+      raise ValueError(
+        f"task='multiclass' preds of target's shape must be int class ids; got "
+        f"dtype {preds.dtype}. Pass scores [..., {num_classes}], or use "
+        "task='binary' for probabilities of one class"
+      )
     if top_k != 1:
-      raise ValueError(f"top_k={top_k} needs score preds [..., C]; got class ids of shape "
-                       f"{preds.shape}")
+      raise ValueError(
+        f"top_k={top_k} needs score preds [..., C]; got class ids of shape {preds.shape}"
+      )
     predicted = preds.astype(jnp.int32)[..., None]
     valid &= (predicted[..., 0] >= 0) & (predicted[..., 0] < num_classes)
   elif preds.shape == target.shape + (num_classes,):
@@ -129,9 +144,11 @@ def class_inputs(preds, target, mask, *, num_classes, top_k, ignore_index):
     else:
       predicted = jax.lax.top_k(scores, top_k)[1].astype(jnp.int32)
   else:
-    raise ValueError(f"task='multiclass': preds has shape {preds.shape} and target "
-                     f"{target.shape}; expected preds {target.shape} (class ids) or "
-                     f"{target.shape + (num_classes,)} (scores for num_classes={num_classes})")
+    raise ValueError(
+      f"task='multiclass': preds has shape {preds.shape} and target "
+      f"{target.shape}; expected preds {target.shape} (class ids) or "
+      f"{target.shape + (num_classes,)} (scores for num_classes={num_classes})"
+    )
   return labels, predicted, valid
 
 
@@ -141,10 +158,13 @@ def class_inputs(preds, target, mask, *, num_classes, top_k, ignore_index):
 def label_counts(truth, guess, valid) -> jax.Array:
   """int32 ``[4, L]``: tp, fp, fn, tn per label over all leading axes."""
   axes = tuple(range(truth.ndim - 1))
+
   def count(selected):
     return jnp.sum(valid & selected, axis=axes, dtype=jnp.int32)
-  return jnp.stack([count(truth & guess), count(~truth & guess),
-                    count(truth & ~guess), count(~truth & ~guess)])
+
+  return jnp.stack(
+    [count(truth & guess), count(~truth & guess), count(truth & ~guess), count(~truth & ~guess)]
+  )
 
 
 def scatter_count(indices, valid, size: int) -> jax.Array:
@@ -162,10 +182,12 @@ def class_counts(labels, predicted, valid, num_classes: int) -> jax.Array:
   c = num_classes
   hit = jnp.any(predicted == labels[..., None], axis=-1)
   k = predicted.shape[-1]
-  indices = jnp.concatenate([labels.reshape(-1), c + predicted.reshape(-1),
-                             2 * c + labels.reshape(-1)])
-  selected = jnp.concatenate([(valid & hit).reshape(-1),
-                              jnp.repeat(valid.reshape(-1), k), valid.reshape(-1)])
+  indices = jnp.concatenate(
+    [labels.reshape(-1), c + predicted.reshape(-1), 2 * c + labels.reshape(-1)]
+  )
+  selected = jnp.concatenate(
+    [(valid & hit).reshape(-1), jnp.repeat(valid.reshape(-1), k), valid.reshape(-1)]
+  )
   tp, predicted_count, true_count = scatter_count(indices, selected, 3 * c).reshape(3, c)
   fp, fn = predicted_count - tp, true_count - tp
   total = jnp.sum(valid, dtype=jnp.int32)

@@ -36,9 +36,9 @@ Example:
 from __future__ import annotations
 
 import abc
-
 import dataclasses
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +46,6 @@ import jax.numpy as jnp
 from padded_eval.accumulate import ExactSum
 from padded_eval.losses import Loss, safe_mean
 from padded_eval.metrics.base import Metric, _is_state, state
-
 
 # --- names -------------------------------------------------------------------------------
 
@@ -67,8 +66,10 @@ def _flatten_named(structure, leaf_fn: Callable, path: tuple = ()) -> Iterator[t
   if isinstance(structure, Mapping):
     for key, value in structure.items():
       if not isinstance(key, str) or not key:
-        raise ValueError(f"dict keys name metrics and groups and must be non-empty str; got "
-                         f"{key!r} at {'/'.join(path) or 'the top level'}")
+        raise ValueError(
+          f"dict keys name metrics and groups and must be non-empty str; got "
+          f"{key!r} at {'/'.join(path) or 'the top level'}"
+        )
       if isinstance(value, (Mapping, list, tuple)):
         yield from _flatten_named(value, leaf_fn, path + (key,))
       else:
@@ -176,8 +177,9 @@ class _Collection(Metric):
       children[unique_name(key, children)] = leaf.empty()
     if not children:
       raise ValueError(f"{type(self).__name__} needs at least one child; got {structure!r}")
-    _set_fields(self, name=name or type(self).__name__.lower(), names=tuple(children),
-                children=children)
+    _set_fields(
+      self, name=name or type(self).__name__.lower(), names=tuple(children), children=children
+    )
 
   @staticmethod
   @abc.abstractmethod
@@ -185,8 +187,9 @@ class _Collection(Metric):
     """The child metric for ``value`` found at ``path`` (raises ValueError if none)."""
 
   def _batch_state(self, **kwargs):
-    return {"children": {key: child.batch_updates(**kwargs)
-                         for key, child in self.children.items()}}
+    return {
+      "children": {key: child.batch_updates(**kwargs) for key, child in self.children.items()}
+    }
 
   def compute(self) -> dict[str, Any]:
     """``{key: value}``, flat (nested results joined with "/"); see the module docstring."""
@@ -225,8 +228,10 @@ class Metrics(_Collection):
     if isinstance(value, Loss):
       return LossAverage(loss=value)
     if not isinstance(value, Metric):
-      raise ValueError(f"Metrics takes Metric instances (e.g. pe.metrics.Accuracy()); got "
-                       f"{value!r} at {'/'.join(path) or 'the top level'}")
+      raise ValueError(
+        f"Metrics takes Metric instances (e.g. pe.metrics.Accuracy()); got "
+        f"{value!r} at {'/'.join(path) or 'the top level'}"
+      )
     return value
 
 
@@ -251,9 +256,11 @@ class Losses(_Collection):
     if isinstance(value, LossAverage):
       return value
     if not isinstance(value, Loss):
-      raise ValueError(f"Losses takes padded_eval.losses.Loss instances (e.g. "
-                       f"pe.losses.Crossentropy(), pe.regularizers.L2(1e-4)); got {value!r} "
-                       f"at {'/'.join(path) or 'the top level'}")
+      raise ValueError(
+        f"Losses takes padded_eval.losses.Loss instances (e.g. "
+        f"pe.losses.Crossentropy(), pe.regularizers.L2(1e-4)); got {value!r} "
+        f"at {'/'.join(path) or 'the top level'}"
+      )
     return LossAverage(loss=value)
 
   def total_loss(self) -> jax.Array:
@@ -270,10 +277,9 @@ class Losses(_Collection):
         per-device gradients is the exact gradient of the global batch, however the
         padding falls on devices (``pmean`` of per-device means is not).
     """
-    return sum((self.children[key].batch_mean(axis_name) for key in self.names),
-               jnp.float32(0.0))
+    return sum((self.children[key].batch_mean(axis_name) for key in self.names), jnp.float32(0.0))
 
-  def loss_and_update(self, *, axis_name=None, **kwargs) -> tuple[jax.Array, "Losses"]:
+  def loss_and_update(self, *, axis_name=None, **kwargs) -> tuple[jax.Array, Losses]:
     """``(batch loss, updated)``: this batch's total loss, and ``self`` with it merged in.
 
     The batch loss is the sum over losses of each one's mean over the batch's real
@@ -288,6 +294,7 @@ def _empty_or_none(field_name):
   def factory(collection):
     child = getattr(collection, field_name)
     return None if child is None else child.empty()
+
   return factory
 
 
@@ -318,13 +325,18 @@ class LossesAndMetrics(Metric):
       losses = Losses(losses)
     if metrics is not None and not isinstance(metrics, Metrics):
       metrics = Metrics(metrics)
-    _set_fields(self, name=name or "lossesandmetrics",
-                losses=None if losses is None else losses.empty(),
-                metrics=None if metrics is None else metrics.empty())
+    _set_fields(
+      self,
+      name=name or "lossesandmetrics",
+      losses=None if losses is None else losses.empty(),
+      metrics=None if metrics is None else metrics.empty(),
+    )
 
   def _batch_state(self, **kwargs):
-    return {"losses": None if self.losses is None else self.losses.batch_updates(**kwargs),
-            "metrics": None if self.metrics is None else self.metrics.batch_updates(**kwargs)}
+    return {
+      "losses": None if self.losses is None else self.losses.batch_updates(**kwargs),
+      "metrics": None if self.metrics is None else self.metrics.batch_updates(**kwargs),
+    }
 
   def total_loss(self) -> jax.Array:
     """The sum of the losses' means (0.0 without losses; NaN if nothing was seen)."""
@@ -334,7 +346,7 @@ class LossesAndMetrics(Metric):
     """The batch loss for gradients; see :meth:`Losses.batch_loss`."""
     return jnp.float32(0.0) if self.losses is None else self.losses.batch_loss(axis_name)
 
-  def loss_and_update(self, *, axis_name=None, **kwargs) -> tuple[jax.Array, "LossesAndMetrics"]:
+  def loss_and_update(self, *, axis_name=None, **kwargs) -> tuple[jax.Array, LossesAndMetrics]:
     """``(batch loss, updated)``; see :meth:`Losses.loss_and_update`."""
     batch = self.batch_updates(**kwargs)
     return batch.batch_loss(axis_name), self.merge(batch)

@@ -56,9 +56,20 @@ import numpy as np
 from padded_eval.accumulate import ExactCount
 from padded_eval.metrics.base import Metric, check_choice, state
 from padded_eval.metrics.classification_inputs import (
-    AVERAGES, MAX_MATRIX_CLASSES, check_flag, check_ignore_index, check_no_weights, check_task,
-    class_counts, class_inputs, divide, label_counts, label_inputs, matrix_counts, num_columns)
-
+  AVERAGES,
+  MAX_MATRIX_CLASSES,
+  check_flag,
+  check_ignore_index,
+  check_no_weights,
+  check_task,
+  class_counts,
+  class_inputs,
+  divide,
+  label_counts,
+  label_inputs,
+  matrix_counts,
+  num_columns,
+)
 
 # --- the shared state ------------------------------------------------------------------
 
@@ -101,14 +112,18 @@ class ConfusionState(Metric):
     if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
       raise ValueError(f"top_k must be a positive int; got {self.top_k!r}")
     if self.top_k > 1 and (self.task != "multiclass" or self._full_matrix):
-      raise ValueError(f"top_k={self.top_k} is for task='multiclass' Precision, Recall, "
-                       f"F-scores, Specificity and JaccardIndex; {type(self).__name__} with "
-                       f"task={self.task!r} takes top_k=1")
+      raise ValueError(
+        f"top_k={self.top_k} is for task='multiclass' Precision, Recall, "
+        f"F-scores, Specificity and JaccardIndex; {type(self).__name__} with "
+        f"task={self.task!r} takes top_k=1"
+      )
     if self.task == "multiclass" and self.top_k > self.num_classes:
       raise ValueError(f"top_k={self.top_k} exceeds num_classes={self.num_classes}")
     if self._uses_matrix() and self.num_classes > MAX_MATRIX_CLASSES:
-      raise ValueError(f"num_classes={self.num_classes} is too many for a [C, C] matrix; "
-                       f"expected at most {MAX_MATRIX_CLASSES}")
+      raise ValueError(
+        f"num_classes={self.num_classes} is too many for a [C, C] matrix; "
+        f"expected at most {MAX_MATRIX_CLASSES}"
+      )
     check_ignore_index(self.ignore_index)
     check_flag("from_logits", self.from_logits)
 
@@ -116,11 +131,24 @@ class ConfusionState(Metric):
     check_no_weights(weights, self)
     if self.task != "multiclass":
       truth, guess, valid = label_inputs(
-          preds, target, mask, task=self.task, num_classes=self.num_classes,
-          threshold=self.threshold, from_logits=self.from_logits, ignore_index=self.ignore_index)
+        preds,
+        target,
+        mask,
+        task=self.task,
+        num_classes=self.num_classes,
+        threshold=self.threshold,
+        from_logits=self.from_logits,
+        ignore_index=self.ignore_index,
+      )
       return {"confusion": ExactCount.of(label_counts(truth, guess, valid))}
-    labels, predicted, valid = class_inputs(preds, target, mask, num_classes=self.num_classes,
-                                            top_k=self.top_k, ignore_index=self.ignore_index)
+    labels, predicted, valid = class_inputs(
+      preds,
+      target,
+      mask,
+      num_classes=self.num_classes,
+      top_k=self.top_k,
+      ignore_index=self.ignore_index,
+    )
     if self._uses_matrix():
       counts = matrix_counts(labels, predicted, valid, self.num_classes)
     else:
@@ -151,8 +179,11 @@ class ConfusionState(Metric):
     """bool ``[L]``: False only for a multiclass ``ignore_index`` that is a class id."""
     columns = num_columns(self.task, self.num_classes)
     included = np.ones(columns, bool)
-    if self.task == "multiclass" and self.ignore_index is not None and (
-        0 <= self.ignore_index < columns):
+    if (
+      self.task == "multiclass"
+      and self.ignore_index is not None
+      and (0 <= self.ignore_index < columns)
+    ):
       included[self.ignore_index] = False
     return jnp.asarray(included)
 
@@ -373,7 +404,7 @@ class CohenKappa(ConfusionState):
     if self.weights is None:
       disagreement = (distance > 0).astype(np.float32)
     else:
-      disagreement = distance if self.weights == "linear" else distance ** 2
+      disagreement = distance if self.weights == "linear" else distance**2
     observed = jnp.sum(disagreement * table)
     chance = jnp.sum(disagreement * expected)
     value = jnp.where(chance > 0, 1.0 - divide(observed, chance), 0.0)

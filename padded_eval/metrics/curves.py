@@ -55,8 +55,16 @@ import numpy as np
 from padded_eval.accumulate import ExactCount
 from padded_eval.metrics.base import Metric, broadcast_mask, check_choice, state
 from padded_eval.metrics.classification_inputs import (
-    AVERAGES, check_flag, check_ignore_index, check_no_weights, check_same_shape, check_task,
-    divide, num_columns, probabilities)
+  AVERAGES,
+  check_flag,
+  check_ignore_index,
+  check_no_weights,
+  check_same_shape,
+  check_task,
+  divide,
+  num_columns,
+  probabilities,
+)
 
 DEFAULT_NUM_THRESHOLDS = 65_537
 BINNINGS = ("logit", "linear")
@@ -83,8 +91,10 @@ def score_inputs(metric, preds, target, mask):
   c = metric.num_classes
   if metric.task == "multiclass":
     if preds.shape != target.shape + (c,):
-      raise ValueError(f"task='multiclass' needs preds {target.shape + (c,)} (scores for "
-                       f"num_classes={c}) for target {target.shape}; got {preds.shape}")
+      raise ValueError(
+        f"task='multiclass' needs preds {target.shape + (c,)} (scores for "
+        f"num_classes={c}) for target {target.shape}; got {preds.shape}"
+      )
     scores = probabilities(preds, metric.from_logits, axis=-1)
     valid = broadcast_mask(mask, target.shape, "target") & (target >= 0) & (target < c)
     if metric.ignore_index is not None:
@@ -94,8 +104,10 @@ def score_inputs(metric, preds, target, mask):
   else:
     check_same_shape(preds, target, metric.task)
     if metric.task == "multilabel" and (target.ndim == 0 or target.shape[-1] != c):
-      raise ValueError(f"task='multilabel' needs target [..., {c}] (num_classes labels "
-                       f"last); got shape {target.shape}")
+      raise ValueError(
+        f"task='multilabel' needs target [..., {c}] (num_classes labels "
+        f"last); got shape {target.shape}"
+      )
     scores = probabilities(preds, from_logits=False)
     valid = broadcast_mask(mask, target.shape, "target") & ((target == 0) | (target == 1))
     if metric.ignore_index is not None:
@@ -113,8 +125,12 @@ def suffix_sums(count: ExactCount, inclusive: bool = True) -> jax.Array:
   the only rounding is the final conversion to float32.
   """
   mask = (1 << _PIECE_BITS) - 1
-  pieces = [count.lo & mask, (count.lo >> _PIECE_BITS) & mask, count.lo >> 2 * _PIECE_BITS,
-            count.hi]
+  pieces = [
+    count.lo & mask,
+    (count.lo >> _PIECE_BITS) & mask,
+    count.lo >> 2 * _PIECE_BITS,
+    count.hi,
+  ]
   total = jnp.zeros(count.shape, jnp.float32)
   for piece, scale in zip(pieces, (1, 1 << 10, 1 << 20, 1 << 30)):
     sums = jnp.flip(jnp.cumsum(jnp.flip(piece, -1), axis=-1), -1)
@@ -176,8 +192,11 @@ class _ScoreHistogram(Metric):
 
   def _included(self) -> np.ndarray:
     included = np.ones(self.positives.shape[0], bool)
-    if self.task == "multiclass" and self.ignore_index is not None and (
-        0 <= self.ignore_index < self.num_classes):
+    if (
+      self.task == "multiclass"
+      and self.ignore_index is not None
+      and (0 <= self.ignore_index < self.num_classes)
+    ):
       included[self.ignore_index] = False
     return included
 
@@ -193,9 +212,11 @@ class _ScoreHistogram(Metric):
       return per_column(positives, negatives)[0]
     if self.average == "micro":
       keep = jnp.asarray(included)[:, None]
+
       def summed(count):  # exact total over the kept columns, as one column
         total = jax.tree.map(lambda limb: jnp.where(keep, limb, 0), count).aggregate()
         return jax.tree.map(lambda limb: limb[None], total)
+
       return per_column(summed(positives), summed(negatives))[0]
     values = per_column(positives, negatives)
     usable = jnp.asarray(included) & ~jnp.isnan(values)

@@ -61,13 +61,16 @@ class Moments(Accumulator):
   _fields = ("count", "total", "comoment")
 
   @classmethod
-  def zeros(cls, shape=(), num_vars: int = 1) -> "Moments":
+  def zeros(cls, shape=(), num_vars: int = 1) -> Moments:
     shape = tuple(shape)
-    return cls._make(ExactSum.zeros(shape), ExactSum.zeros(shape + (num_vars,)),
-                     ExactSum.zeros(shape + (num_vars, num_vars)))
+    return cls._make(
+      ExactSum.zeros(shape),
+      ExactSum.zeros(shape + (num_vars,)),
+      ExactSum.zeros(shape + (num_vars, num_vars)),
+    )
 
   @classmethod
-  def of(cls, values: jax.Array, real: jax.Array, w: jax.Array, axes: tuple[int, ...]) -> "Moments":
+  def of(cls, values: jax.Array, real: jax.Array, w: jax.Array, axes: tuple[int, ...]) -> Moments:
     """The moments of one batch.
 
     Args:
@@ -97,10 +100,10 @@ class Moments(Accumulator):
     weight = self.count.value_f32()[..., None, None]
     return ExactSum.of(jnp.where(weight > 0, weight * _outer(difference, difference), 0.0))
 
-  def merge(self, other: "Moments") -> "Moments":
+  def merge(self, other: Moments) -> Moments:
     return _merge_moments(self, other)
 
-  def _merge(self, other: "Moments") -> "Moments":
+  def _merge(self, other: Moments) -> Moments:
     count = self.count.merge(other.count)
     total = self.total.merge(other.total)
     mean_hi, mean_lo = _mean_parts(total, count)
@@ -108,7 +111,7 @@ class Moments(Accumulator):
     theirs = other.comoment.merge(other._spread(mean_hi, mean_lo))
     return self._make(count, total, mine.merge(theirs))
 
-  def aggregate(self) -> "Moments":
+  def aggregate(self) -> Moments:
     return _aggregate_moments(self)
 
   def _combine(self, total, maximum, n):
@@ -147,7 +150,6 @@ def _batch_moments(values, real, w, axes) -> Moments:
   return Moments._make(ExactSum.of(squeeze(count)), exact_total, ExactSum.of(squeeze(comoment)))
 
 
-
 def _mean_parts(total: ExactSum, count: ExactSum):
   """``total / count`` as an unevaluated float32 pair ``hi + lo`` (~45 bits)."""
   count_hi, count_lo = count.value[..., None], count.error[..., None]
@@ -159,8 +161,9 @@ def _mean_parts(total: ExactSum, count: ExactSum):
 
 def _values_of(kwargs, argname: str, owner: str) -> jax.Array:
   if argname not in kwargs:
-    raise ValueError(f"{owner} needs the keyword {argname!r} in update(); "
-                     f"got keywords {sorted(kwargs)}")
+    raise ValueError(
+      f"{owner} needs the keyword {argname!r} in update(); got keywords {sorted(kwargs)}"
+    )
   return upcast(jnp.asarray(kwargs[argname]))
 
 
@@ -177,11 +180,14 @@ def _pair(preds, target, num_outputs: int, mask, weights):
   """
   preds, target = upcast(jnp.asarray(preds)), upcast(jnp.asarray(target))
   if preds.shape != target.shape:
-    raise ValueError(f"preds has shape {preds.shape} but target has shape {target.shape}; "
-                     "expected equal shapes")
+    raise ValueError(
+      f"preds has shape {preds.shape} but target has shape {target.shape}; expected equal shapes"
+    )
   if num_outputs > 1 and (preds.ndim < 2 or preds.shape[-1] != num_outputs):
-    raise ValueError(f"num_outputs={num_outputs} expects preds and target of shape "
-                     f"[batch, ..., {num_outputs}]; got {preds.shape}")
+    raise ValueError(
+      f"num_outputs={num_outputs} expects preds and target of shape "
+      f"[batch, ..., {num_outputs}]; got {preds.shape}"
+    )
   real, w = element_weights(mask, weights, preds.shape, "preds")
   axes = tuple(range(preds.ndim - (num_outputs > 1)))
   return preds, target, real, w, axes
@@ -260,14 +266,17 @@ class R2Score(Metric):
 
   def _check_config(self):
     _check_num_outputs(self.num_outputs)
-    check_choice("multioutput", self.multioutput,
-                 ("uniform_average", "variance_weighted", "raw_values"))
+    check_choice(
+      "multioutput", self.multioutput, ("uniform_average", "variance_weighted", "raw_values")
+    )
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     preds, target, real, w, axes = _pair(preds, target, self.num_outputs, mask, weights)
     squared_error = jnp.where(real, jnp.square(preds - target), 0.0)
-    return {"target_moments": Moments.of(target[..., None], real, w, axes),
-            "residual": ExactSum.of(jnp.sum(w * squared_error, axes))}
+    return {
+      "target_moments": Moments.of(target[..., None], real, w, axes),
+      "residual": ExactSum.of(jnp.sum(w * squared_error, axes)),
+    }
 
   def compute(self) -> jax.Array:
     """The score: a float32 scalar, or ``[D]`` with ``multioutput="raw_values"``."""
@@ -301,8 +310,9 @@ class PearsonCorrelation(Metric):
   """
 
   num_outputs: int = 1
-  moments: Moments = state(lambda self: Moments.zeros(
-      () if self.num_outputs == 1 else (self.num_outputs,), 2))
+  moments: Moments = state(
+    lambda self: Moments.zeros(() if self.num_outputs == 1 else (self.num_outputs,), 2)
+  )
 
   def _check_config(self):
     _check_num_outputs(self.num_outputs)

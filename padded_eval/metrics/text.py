@@ -22,8 +22,9 @@ def token_cross_entropy(logits: jax.Array, target: jax.Array) -> jax.Array:
   """
   logits = upcast(logits)
   log_normalizer = jax.nn.logsumexp(logits, axis=-1)
-  picked = jnp.take_along_axis(logits, target[..., None], axis=-1, mode="fill",
-                               fill_value=jnp.nan)[..., 0]
+  picked = jnp.take_along_axis(logits, target[..., None], axis=-1, mode="fill", fill_value=jnp.nan)[
+    ..., 0
+  ]
   return log_normalizer - picked
 
 
@@ -53,7 +54,8 @@ class Perplexity(Metric):
 
   def _check_config(self):
     if self.ignore_index is not None and (
-        isinstance(self.ignore_index, bool) or not isinstance(self.ignore_index, int)):
+      isinstance(self.ignore_index, bool) or not isinstance(self.ignore_index, int)
+    ):
       raise ValueError(f"ignore_index must be None or an int; got {self.ignore_index!r}")
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
@@ -63,8 +65,10 @@ class Perplexity(Metric):
     if not jnp.issubdtype(logits.dtype, jnp.floating):
       raise ValueError(f"preds must be float logits; got dtype {logits.dtype}")
     if logits.ndim != target.ndim + 1 or logits.shape[:-1] != target.shape:
-      raise ValueError(f"preds has shape {logits.shape} and target {target.shape}; expected "
-                       "preds [B, T, V] logits for target [B, T] (target's shape + [V])")
+      raise ValueError(
+        f"preds has shape {logits.shape} and target {target.shape}; expected "
+        "preds [B, T, V] logits for target [B, T] (target's shape + [V])"
+      )
     real = broadcast_mask(mask, target.shape, "target")
     if self.ignore_index is not None:
       real = real & (target != self.ignore_index)
