@@ -65,6 +65,9 @@ class Mean(_WeightedMean):
 
   argname: str = "values"
 
+  def required_inputs(self) -> tuple[str, ...]:
+    return (self.argname,)
+
   def _values(self, **kwargs):
     if self.argname not in kwargs:
       raise ValueError(

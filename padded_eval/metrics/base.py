@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
-from padded_eval.accumulate import Accumulator, upcast
+from padded_eval import validation
+from padded_eval.accumulate import Accumulator, ExactCount, upcast
 
 _STATE = "padded_eval_state"
 
@@ -68,6 +70,19 @@ class Metric(abc.ABC):
     fields = dataclasses.fields(cls)
     cls._state_fields = tuple(f.name for f in fields if _is_state(f))
     cls._config_fields = tuple(f.name for f in fields if not _is_state(f))
+    # The update keywords: keyword-only parameters of _batch_state (and of _values, where
+    # a base class's _batch_state forwards **kwargs to it).
+    readers = [cls._batch_state] + ([cls._values] if hasattr(cls, "_values") else [])
+    keywords = [
+      p
+      for reader in readers
+      for p in inspect.signature(reader).parameters.values()
+      if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    cls._required_inputs = tuple(p.name for p in keywords if p.default is inspect.Parameter.empty)
+    cls._optional_inputs = tuple(
+      p.name for p in keywords if p.default is not inspect.Parameter.empty
+    )
     jax.tree_util.register_pytree_with_keys(
       cls, _flatten_with_keys, _unflatten_for(cls), flatten_func=_flatten
     )
@@ -118,8 +133,99 @@ class Metric(abc.ABC):
     """The state of one batch: ``{state_field: accumulator}``."""
 
   def batch_updates(self, **kwargs) -> Metric:
-    """A new metric holding only this batch's statistics. Keyword-only."""
-    return self.replace_state(**self._batch_state(**route_kwargs(self.arg_routes, kwargs)))
+    """A new metric holding only this batch's statistics. Keyword-only.
+
+    Raises:
+      ValueError: a keyword the metric needs is missing, or an input is ``None``, a
+        string, a ragged list, complex, or float64 outside float32's range (see
+        :mod:`padded_eval.validation`).
+    """
+    kwargs = self._checked_inputs(route_kwargs(self.arg_routes, kwargs))
+    return self.replace_state(**self._batch_state(**kwargs))
+
+  # --- inputs ---------------------------------------------------------------------------
+
+  _required_inputs: ClassVar[tuple[str, ...]] = ()
+  _optional_inputs: ClassVar[tuple[str, ...]] = ()
+
+  def required_inputs(self) -> tuple[str, ...]:
+    """The update keywords this metric needs (by default, ``_batch_state``'s keyword-only
+    parameters without a default; metrics reading a configurable keyword override it)."""
+    return self._required_inputs
+
+  def optional_inputs(self) -> tuple[str, ...]:
+    """The update keywords this metric reads when given (``mask``, ``weights``, ...)."""
+    return self._optional_inputs
+
+  def _checked_inputs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with this metric's inputs checked and converted (validation.as_input)."""
+    owner = f"{type(self).__name__}.update"
+    missing = [k for k in self.required_inputs() if k not in kwargs]
+    if missing:
+      raise ValueError(
+        f"{owner} needs the keyword(s) {', '.join(map(repr, missing))}; got keywords "
+        f"{sorted(kwargs)}. Pass them by name (map_arg renames another keyword)."
+      )
+    checked = dict(kwargs)
+    for key in self.required_inputs():
+      checked[key] = validation.as_input(key, kwargs[key], owner=owner)
+    for key in self.optional_inputs():
+      if kwargs.get(key) is not None:
+        checked[key] = validation.as_input(key, kwargs[key], owner=owner)
+    return checked
+
+  # --- invalid values (counted, since nothing can raise inside jit) ---------------------
+
+  #: The kinds of invalid real elements this metric counts (e.g. ``"target out of
+  #: range"``). A metric with kinds declares ``invalid = state(invalid_state)`` and fills
+  #: it in ``_batch_state`` with :meth:`count_invalid`.
+  invalid_kinds: ClassVar[tuple[str, ...]] = ()
+
+  def count_invalid(self, **bad: jax.Array) -> ExactCount:
+    """The batch's invalid counts, in ``invalid_kinds`` order.
+
+    Args:
+      **bad: ``{kind: bool array}`` marking the invalid *real* elements of each kind
+        (already masked); kinds not given count 0.
+
+    Raises:
+      ValueError: a kind not in ``invalid_kinds``.
+    """
+    unknown = sorted(set(bad) - set(self.invalid_kinds))
+    if unknown:
+      raise ValueError(f"{type(self).__name__} does not declare invalid kinds {unknown}")
+    counts = [
+      jnp.sum(bad[kind], dtype=jnp.int32) if kind in bad else jnp.zeros((), jnp.int32)
+      for kind in self.invalid_kinds
+    ]
+    return ExactCount.of(jnp.stack(counts))
+
+  def invalid_counts(self) -> dict[str, int]:
+    """``{kind: count}`` of the invalid real elements seen (exact; reads the state on the host).
+
+    Empty for a metric that declares no kinds. See :meth:`invalid_report` for a
+    collection's members.
+    """
+    if not self.invalid_kinds:
+      return {}
+    counts = self.invalid.to_numpy()
+    return {kind: int(count) for kind, count in zip(self.invalid_kinds, counts)}
+
+  def invalid_report(self) -> list[tuple[str, str, int]]:
+    """``(metric name, kind, count)`` for every nonzero invalid count, members included.
+
+    Members of a collection are named by their key in it (``"train/accuracy"``).
+    """
+    report = [(self.name, kind, n) for kind, n in self.invalid_counts().items() if n]
+    for value in self._state().values():
+      children = value.items() if isinstance(value, Mapping) else [(None, value)]
+      for key, child in children:
+        if isinstance(child, Metric):
+          for name, kind, n in child.invalid_report():
+            if key is not None:
+              name = key if name == child.name else f"{key}/{name}"
+            report.append((name, kind, n))
+    return report
 
   def map_arg(self, **sources: str) -> Metric:
     """A copy that reads each keyword from another one: ``map_arg(preds="logits")``.
@@ -328,7 +434,9 @@ def masked(values: jax.Array, real: jax.Array, fill=0) -> jax.Array:
   return jnp.where(real, values, jnp.asarray(fill, values.dtype))
 
 
-def check_choice(argname: str, value, allowed) -> None:
-  """Raises ValueError naming ``argname`` if ``value`` is not one of ``allowed``."""
-  if value not in allowed:
-    raise ValueError(f"{argname} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+def invalid_state(metric: Metric) -> ExactCount:
+  """The empty invalid counts of ``metric``: ``invalid = state(invalid_state)``."""
+  return ExactCount.zeros((len(metric.invalid_kinds),))
+
+
+check_choice = validation.check_choice

@@ -218,6 +218,9 @@ class Std(Metric):
   argname: str = "values"
   moments: Moments = state(lambda self: Moments.zeros((), 1))
 
+  def required_inputs(self) -> tuple[str, ...]:
+    return (self.argname,)
+
   def _check_config(self):
     if isinstance(self.ddof, bool) or not isinstance(self.ddof, (int, float)) or self.ddof < 0:
       raise ValueError(f"ddof must be a non-negative number; got {self.ddof!r}")
