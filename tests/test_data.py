@@ -166,7 +166,33 @@ def test_reiteration_rereads_the_source():
     assert_batches_equal(list(padded), expected_batches(data, 4))
     assert_batches_equal(list(padded), expected_batches(data, 4))
   once = pe.pad_batches(iter(split(data, [10])), 4, num_devices=2)
-  assert len(list(once)) == 3 and list(once) == []
+  assert_batches_equal(list(once), expected_batches(data, 4))
+
+
+def test_reiterating_a_one_shot_source_raises():  # issue 12: it used to yield nothing, silently
+  data = dataset(10)
+
+  def generator():
+    yield from split(data, [3, 7])
+
+  for one_shot, num_batches in ((generator(), 3), (iter(split(data, [3, 7])), 3), (iter([]), 0)):
+    padded = pe.pad_batches(one_shot, 4, num_devices=2, num_batches=num_batches)
+    assert len(list(padded)) == num_batches
+    with pytest.raises(
+      ValueError,
+      match=r"^source is a one-shot iterator \((generator|list_iterator)\).*a list of batches",
+    ):
+      list(padded)
+  partly = pe.pad_batches(
+    generator(), 4, num_devices=2
+  )  # a second read after a partial one also raises
+  next(iter(partly))
+  with pytest.raises(ValueError, match="one-shot iterator"):
+    iter(partly).__next__()
+  source = split(data, [3, 7])  # re-iterable sources are read again
+  padded = pe.pad_batches(source, 4, num_devices=2)
+  assert_batches_equal(list(padded), expected_batches(data, 4))
+  assert_batches_equal(list(padded), expected_batches(data, 4))
 
 
 # ---- re-chunking and no-copy passthrough -----------------------------------------------------------------------

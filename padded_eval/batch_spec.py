@@ -1,0 +1,430 @@
+"""The structure, per-row shapes and dtypes of batches: one spec for data, driver and multi-host code.
+
+A batch is a dict (nested dicts allowed) of arrays with a leading row axis. Flat views key each leaf by its path,
+``{("features", "image"): leaf}``. A `BatchSpec` records, for every leaf path, the shape of one row and the dtype;
+the spec of a padded batch also records its size ``B`` and the key of its bool ``[B]`` mask. It checks batches
+against the first one with the contract's ValueErrors, travels as JSON between processes, and builds all-padding
+batches. See docs/architecture.md for where it sits in the data flow.
+"""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+  "BatchSpec",
+  "FlatBatch",
+  "LeafSpec",
+  "Path",
+  "flatten",
+  "flatten_rows",
+  "path_name",
+  "unflatten",
+]
+
+Path = tuple[Any, ...]
+FlatBatch = dict[Path, Any]
+STRING_KINDS = "USO"  # unicode, bytes, object (tf.data yields bytes as object arrays)
+_RECOMPILES = (
+  "Every batch needs the same shapes (pad with pe.pad_batches), else the step recompiles."
+)
+
+
+# --- flat views of nested dict batches --------------------------------------------------------------------------
+
+
+def flatten(tree: cabc.Mapping, convert: bool = True, prefix: Path = ()) -> FlatBatch:
+  """Flattens nested Mappings into ``{path: leaf}`` in key order; leaves become numpy arrays if `convert`."""
+  flat: FlatBatch = {}
+  for key, value in tree.items():
+    path = prefix + (key,)
+    if type(value) is np.ndarray:  # the common case, without the slower Mapping check
+      flat[path] = value
+    elif isinstance(value, cabc.Mapping):
+      flat.update(flatten(value, convert, path))
+    else:
+      flat[path] = np.asarray(value) if convert else value
+  return flat
+
+
+def unflatten(flat: FlatBatch) -> dict:
+  """Inverse of `flatten`: nested plain dicts."""
+  tree: dict = {}
+  for path, leaf in flat.items():
+    node = tree
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = leaf
+  return tree
+
+
+def path_name(path: Path) -> str:
+  """A key path as users write it in messages: ``'image'`` or ``'features/image'``."""
+  return repr("/".join(map(str, path)))
+
+
+def _names(paths: cabc.Iterable[Path]) -> str:
+  return "[" + ", ".join(path_name(p) for p in paths) + "]"
+
+
+def _dtype(leaf: Any) -> np.dtype:
+  return np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+
+
+def flatten_rows(
+  batch: Any, mask_key: str, where: str, convert: bool = True
+) -> tuple[FlatBatch, int]:
+  """Checks one batch of a source (any number of rows, no mask yet) and flattens it.
+
+  Args:
+    batch: a Mapping (nested dicts allowed) of arrays ``[rows, ...]``.
+    mask_key: the key the mask will take; the batch may not have it.
+    where: how messages name the batch, e.g. ``"batch 3"`` or ``"the source"``.
+    convert: turn leaves into numpy arrays (else only their shapes are read).
+
+  Returns:
+    ``(flat, rows)``: the flat batch and its leading size.
+
+  Raises:
+    ValueError: not a Mapping, a key equal to `mask_key`, no arrays, a scalar leaf, or leading sizes that
+      disagree (every key named with its size).
+  """
+  if type(batch) is not dict and not isinstance(batch, cabc.Mapping):
+    raise ValueError(f"{where}: expected a Mapping of arrays, got {type(batch).__name__}")
+  if mask_key in batch:
+    raise ValueError(
+      f"{where} has a key {mask_key!r} equal to mask_key; rename it or pass another mask_key="
+    )
+  flat = flatten(batch, convert=convert)
+  if not flat:
+    raise ValueError(f"{where}: expected a Mapping with at least one array, got no arrays")
+  sizes = {}
+  for path, leaf in flat.items():
+    shape = np.shape(leaf)
+    if not shape:
+      raise ValueError(
+        f"{where}: key {path_name(path)} is a scalar; expected an array with a leading row dimension"
+      )
+    sizes[path] = shape[0]
+  if len(set(sizes.values())) > 1:
+    listed = ", ".join(f"{path_name(p)} has {s}" for p, s in sizes.items())
+    raise ValueError(
+      f"{where}: leading sizes disagree ({listed}); expected every key to have the same rows"
+    )
+  return flat, next(iter(sizes.values()))
+
+
+# --- the spec ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafSpec:
+  """One leaf: the shape of one row (None where unknown) and the dtype."""
+
+  shape: tuple[int | None, ...]
+  dtype: np.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSpec:
+  """Leaf paths with per-row shapes and dtypes; for a padded batch also its size and mask key.
+
+  Attributes:
+    leaves: ``{path: LeafSpec}`` of every leaf but the mask (compared without regard to order).
+    batch_size: rows per batch ``B``; None for the spec of a source's rows (any number of rows).
+    mask_key: top-level key of the bool ``[B]`` mask; None for the spec of a source's rows.
+  """
+
+  leaves: dict[Path, LeafSpec]
+  batch_size: int | None = None
+  mask_key: str | None = None
+
+  @classmethod
+  def of_rows(cls, flat: FlatBatch, unknown_rows: bool = False) -> BatchSpec:
+    """The spec of a flat source batch (checked by `flatten_rows`); `batch_size` is its row count.
+
+    Args:
+      flat: ``{path: array [rows, ...]}``.
+      unknown_rows: leave `batch_size` None (a spec for any number of rows).
+    """
+    leaves = {
+      path: LeafSpec(tuple(np.shape(leaf)[1:]), _dtype(leaf)) for path, leaf in flat.items()
+    }
+    rows = None if unknown_rows or not flat else np.shape(next(iter(flat.values())))[0]
+    return cls(leaves, rows)
+
+  @classmethod
+  def from_batch(
+    cls, batch: Any, mask_key: str = "mask", index: int = 0, allow_strings: bool = False
+  ) -> BatchSpec:
+    """Checks a padded batch (the input contract of `masked_eval`) and returns its spec.
+
+    Args:
+      batch: a dict (any pytree below it) of arrays ``[B, ...]`` with ``batch[mask_key]``: bool ``[B]``.
+      mask_key: top-level key of the mask.
+      index: the batch's position, for messages.
+      allow_strings: accept string/bytes leaves (they cannot go to a device).
+
+    Returns:
+      The spec, with ``batch_size = B`` and `mask_key`.
+
+    Raises:
+      ValueError: not a Mapping, no `mask_key`, a mask that is not bool ``[B]``, a leaf whose leading size is
+        not ``B``, or (unless `allow_strings`) a string leaf.
+    """
+    import jax  # deferred: the data layer is usable without touching JAX
+
+    if not isinstance(batch, cabc.Mapping):
+      raise ValueError(
+        f"batch {index} is a {type(batch).__name__}; expected a dict of arrays with a "
+        f"{mask_key!r} entry (use pe.pad_batches)"
+      )
+    if mask_key not in batch:
+      raise ValueError(
+        f"batch {index} has no mask key {mask_key!r}; got keys {sorted(map(str, batch))}. "
+        "Pad batches with pe.pad_batches, which adds the mask of real rows."
+      )
+    mask_shape, mask_dtype = np.shape(batch[mask_key]), _dtype(batch[mask_key])
+    if len(mask_shape) != 1 or mask_dtype != np.bool_:
+      raise ValueError(
+        f"batch {index}: {mask_key!r} has shape {mask_shape} and dtype {mask_dtype}; "
+        "expected a bool array [batch_size]"
+      )
+    batch_size = mask_shape[0]
+    leaves = {}
+    for key_path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]:
+      path = tuple(getattr(key, "key", key) for key in key_path)  # dict keys as they are
+      shape, dtype = np.shape(leaf), _dtype(leaf)
+      if not shape or shape[0] != batch_size:
+        raise ValueError(
+          f"batch {index}: key {path_name(path)} has shape {shape}; expected "
+          f"leading size {batch_size}, the size of {mask_key!r}"
+        )
+      if dtype.kind in STRING_KINDS and not allow_strings:
+        raise ValueError(
+          f"batch {index}: key {path_name(path)} holds strings ({dtype}), which "
+          "cannot be placed on a device; drop it from the batch"
+        )
+      if path != (mask_key,):
+        leaves[path] = LeafSpec(shape[1:], dtype)
+    return cls(leaves, batch_size, mask_key)
+
+  # --- comparing batches --------------------------------------------------------------------------------------
+
+  def check(self, batch: Any, index: int) -> BatchSpec:
+    """Checks padded batch `index` against this spec (the first batch's); returns the batch's spec.
+
+    Raises:
+      ValueError: any `from_batch` error, or a batch size, key, shape or dtype that differs (see `check_same`).
+    """
+    spec = BatchSpec.from_batch(batch, self.mask_key or "mask", index)
+    self.check_same(spec, index)
+    return spec
+
+  def check_same(self, other: BatchSpec, index: int) -> None:
+    """Raises unless `other` (the spec of batch `index`) has this spec's keys, row shapes and dtypes.
+
+    Row counts are compared only when this is a padded batch's spec (`mask_key` set). String dtypes of one kind
+    may differ in length.
+
+    Raises:
+      ValueError: naming the batch, the key, what came and what was expected.
+    """
+    if self.mask_key is not None and other.batch_size != self.batch_size:
+      raise ValueError(
+        f"batch {index} has batch size {other.batch_size} (keys {_shapes(other)}); expected the first "
+        f"batch's {self.batch_size} rows ({_shapes(self)}). {_RECOMPILES}"
+      )
+    if other.leaves.keys() != self.leaves.keys():
+      missing = _names(p for p in self.leaves if p not in other.leaves)
+      extra = _names(p for p in other.leaves if p not in self.leaves)
+      raise ValueError(
+        f"batch {index}: keys changed: missing {missing}, unexpected {extra}; "
+        f"expected the keys of batch 0: {_names(self.leaves)}{self._hint()}"
+      )
+    for path, want in self.leaves.items():
+      got = other.leaves[path]
+      if got.shape != want.shape:
+        rows = "rows" if self.mask_key is None else str(self.batch_size)
+        raise ValueError(
+          f"batch {index}: key {path_name(path)} has shape {other._full_shape(path)}; expected "
+          f"[{', '.join(map(str, (rows, *want.shape)))}] like batch 0{self._hint()}"
+        )
+      if got.dtype != want.dtype and not (
+        got.dtype.kind in "US" and got.dtype.kind == want.dtype.kind
+      ):
+        raise ValueError(
+          f"batch {index}: key {path_name(path)} has dtype {got.dtype}; expected {want.dtype} "
+          f"like batch 0{self._hint()}"
+        )
+
+  def _hint(self) -> str:
+    return "" if self.mask_key is None else ". " + _RECOMPILES
+
+  def _full_shape(self, path: Path) -> tuple:
+    return (self.batch_size, *self.leaves[path].shape)
+
+  def check_divisible(self, num_shards: int, where: str | None = None) -> None:
+    """Raises unless the batch size splits evenly into `num_shards` parts.
+
+    Args:
+      num_shards: how many parts the rows are split into (devices, or shards of a mesh axis).
+      where: how the message names them; default ``"the {num_shards} devices"``.
+
+    Raises:
+      ValueError: ``batch size B is not divisible by ...``, with the nearest multiples and the
+        ``pe.pad_batches`` call that gives one.
+    """
+    if self.batch_size % num_shards:
+      lower = max(self.batch_size // num_shards, 1) * num_shards
+      where = f"the {num_shards} devices" if where is None else where
+      raise ValueError(
+        f"batch size {self.batch_size} is not divisible by {where}; use a multiple, e.g. "
+        f"{lower} or {lower + num_shards} (pe.pad_batches(..., num_devices={num_shards}))"
+      )
+
+  def padded_to(self, batch_size: int, mask_key: str) -> BatchSpec:
+    """The spec of batches of `batch_size` of these rows with a mask at `mask_key`."""
+    return dataclasses.replace(self, batch_size=batch_size, mask_key=mask_key)
+
+  @property
+  def has_unknown_sizes(self) -> bool:
+    """Whether some row shape is not fully known (a tf.data static spec)."""
+    return any(None in leaf.shape for leaf in self.leaves.values())
+
+  # --- JSON, for the multi-host pre-flight ---------------------------------------------------------------------
+
+  def to_json(self) -> dict:
+    """A JSON-ready dict (key paths as lists of strings, sorted; dtypes as ``np.dtype.str``)."""
+    leaves = [
+      [[str(key) for key in path], list(leaf.shape), leaf.dtype.str]
+      for path, leaf in self.leaves.items()
+    ]
+    leaves.sort(key=lambda item: item[0])
+    return {"batch_size": self.batch_size, "mask_key": self.mask_key, "leaves": leaves}
+
+  @classmethod
+  def from_json(cls, data: dict) -> BatchSpec:
+    """Inverse of `to_json` (dict keys come back as strings)."""
+    leaves = {
+      tuple(path): LeafSpec(tuple(shape), np.dtype(dtype)) for path, shape, dtype in data["leaves"]
+    }
+    return cls(leaves, data["batch_size"], data["mask_key"])
+
+  def difference(self, reference: BatchSpec) -> str | None:
+    """The first difference from `reference` in words, or None if there is none."""
+    if self.mask_key != reference.mask_key:
+      return f"mask key {self.mask_key!r}, expected {reference.mask_key!r}"
+    missing = sorted(map(_plain, reference.leaves.keys() - self.leaves.keys()))
+    extra = sorted(map(_plain, self.leaves.keys() - reference.leaves.keys()))
+    if missing or extra:
+      return f"keys differ: missing {missing}, unexpected {extra}"
+    for path in self.leaves:
+      got, want = self.leaves[path], reference.leaves[path]
+      shape, ref_shape = self._full_shape(path), reference._full_shape(path)
+      if (shape, got.dtype) != (ref_shape, want.dtype):
+        return (
+          f"leaf {_plain(path)!r} has shape {shape} dtype {got.dtype.name}, expected shape "
+          f"{ref_shape} dtype {want.dtype.name}"
+        )
+    return None
+
+  # --- padding ------------------------------------------------------------------------------------------------
+
+  def check_pad_keys(self, pad_value: Any) -> None:
+    """Rejects a per-key `pad_value` dict naming a key (or group of keys) this spec does not have.
+
+    Raises:
+      ValueError: naming the unknown key and the known ones.
+    """
+    if not isinstance(pad_value, cabc.Mapping):
+      return
+    known = set()
+    for path in self.leaves:
+      known.update(path[:i] for i in range(1, len(path) + 1))
+    for path in flatten(pad_value, convert=False):
+      if path not in known:
+        raise ValueError(
+          f"pad_value has key {path_name(path)}, which the source does not have; "
+          f"expected keys among {_names(sorted(known, key=str))}"
+        )
+
+  def fills(self, pad_value: Any = 0) -> dict[Path, Any]:
+    """The scalar each leaf's padded rows hold, checked to fit the leaf's dtype.
+
+    Args:
+      pad_value: a scalar for every leaf, or a dict nested like the batch of per-key scalars (a key names a leaf
+        or a group; missing keys pad with 0). String/bytes leaves pad with empty strings unless given a string.
+
+    Returns:
+      ``{path: numpy scalar (or str/bytes)}``.
+
+    Raises:
+      ValueError: an unknown key, a dict where a scalar belongs, a string for a number, or a value that does not
+        fit (or is not exactly representable in) the leaf's dtype.
+    """
+    self.check_pad_keys(pad_value)
+    return {path: _fill_value(pad_value, path, leaf.dtype) for path, leaf in self.leaves.items()}
+
+  def padding_batch(self, pad_value: Any = 0, batch_size: int | None = None) -> dict:
+    """An all-padding batch: every leaf ``[B, *row shape]`` filled per `fills`, and the mask all False.
+
+    Args:
+      pad_value: as in `fills`.
+      batch_size: ``B``; default this spec's.
+
+    Returns:
+      A nested dict batch with ``batch[mask_key]`` (``"mask"`` when this spec has none) bool ``[B]`` all False.
+
+    Raises:
+      ValueError: no batch size, a row shape not fully known, or a bad `pad_value` (see `fills`).
+    """
+    size = self.batch_size if batch_size is None else batch_size
+    if size is None or self.has_unknown_sizes:
+      raise ValueError(
+        f"an all-padding batch needs known sizes; got batch size {size} and row shapes {_shapes(self)}"
+      )
+    fills = self.fills(pad_value)
+    flat = {
+      path: np.full((size, *leaf.shape), fills[path], dtype=leaf.dtype)
+      for path, leaf in self.leaves.items()
+    }
+    flat[(self.mask_key or "mask",)] = np.zeros(size, dtype=bool)
+    return unflatten(flat)
+
+
+def _plain(path: Path) -> str:
+  return "/".join(map(str, path))
+
+
+def _shapes(spec: BatchSpec) -> str:
+  return ", ".join(f"{path_name(p)}: {spec._full_shape(p)}" for p in spec.leaves)
+
+
+def _fill_value(pad_value: Any, path: Path, dtype: np.dtype) -> Any:
+  """The scalar that pads leaf `path` of `dtype`, checked to fit the dtype."""
+  value = pad_value
+  for key in path:
+    if not isinstance(value, cabc.Mapping):
+      break
+    value = value.get(key, 0)
+  if isinstance(value, cabc.Mapping):
+    raise ValueError(f"pad_value for key {path_name(path)} is a dict; expected a scalar")
+  if dtype.kind in STRING_KINDS:
+    if isinstance(value, (str, bytes)):
+      return value
+    return "" if dtype.kind == "U" else b""
+  where = f"pad_value {value!r} for key {path_name(path)}"
+  if isinstance(value, (str, bytes)):
+    raise ValueError(f"{where} is a string; expected a number for dtype {dtype}")
+  try:
+    fill = np.array(value, dtype=dtype)
+  except (ValueError, OverflowError, TypeError) as err:
+    raise ValueError(f"{where} does not fit dtype {dtype} ({err}); pass a per-key dict") from None
+  if dtype.kind in "biu" and fill != value:
+    raise ValueError(f"{where} is not exactly representable in dtype {dtype}; pass a per-key dict")
+  return fill[()]

@@ -1,0 +1,17 @@
+"""Data sources of `pad_batches`: one module per kind, each registered here with one line.
+
+A kind is a `Source` subclass (see `base.py`); kinds registered later are tried first. To add one, write a module
+with the subclass and add its `register(...)` line below (docs/architecture.md, "Adding a source").
+"""
+
+from padded_eval.sources import iterable, mapping, tf_data
+from padded_eval.sources.base import Chunk as Chunk
+from padded_eval.sources.base import Source as Source
+from padded_eval.sources.registry import kinds as kinds
+from padded_eval.sources.registry import open_source as open_source
+from padded_eval.sources.registry import register as register
+from padded_eval.sources.registry import unregister as unregister
+
+register(mapping.MappingSource)
+register(iterable.IterableSource)
+register(tf_data.TfDataSource)

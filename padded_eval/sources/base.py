@@ -1,0 +1,134 @@
+"""The `Source` protocol of `pad_batches`, and the numpy re-chunking and padding every source shares.
+
+A source describes one row (a row `BatchSpec`: key paths, per-row shapes, dtypes), says how many rows it holds
+when it knows, and yields flat column chunks ``({path: array [rows, ...]}, rows)`` of any sizes, in order. The
+default `Source.padded` re-chunks those into ``batch_size`` rows and pads the last one in numpy; a source that can
+pad faster in its own pipeline (tf.data) overrides it. See docs/architecture.md, "Adding a source".
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+from collections.abc import Generator, Iterator
+from typing import Any
+
+import numpy as np
+
+from padded_eval.batch_spec import BatchSpec, FlatBatch
+
+__all__ = ["Chunk", "Source", "pad", "rechunk"]
+
+Chunk = tuple[FlatBatch, int]  # ({path: array [rows, ...]}, rows)
+
+
+class Source(abc.ABC):
+  """One kind of data source, wrapped for `pad_batches`.
+
+  A subclass implements `accepts` (decided without importing the source's library), `__init__` (check the object
+  and reject a key equal to `mask_key`), `spec`, `num_rows` and `chunks`, and is registered with
+  `padded_eval.sources.register`.
+
+  Attributes:
+    description: how error messages name the kind, e.g. ``"a Mapping of arrays"``.
+  """
+
+  description: str = "a data source"
+
+  @classmethod
+  @abc.abstractmethod
+  def accepts(cls, obj: Any) -> bool:
+    """Whether `obj` is a source of this kind."""
+
+  @abc.abstractmethod
+  def __init__(self, obj: Any, *, mask_key: str, batched: bool | None = None):
+    """Wraps `obj`.
+
+    Args:
+      obj: the user's source.
+      mask_key: the key the mask will take; a source key equal to it raises ValueError.
+      batched: tf.data only: whether elements are batches (None: inferred). Other kinds ignore it.
+    """
+
+  @property
+  @abc.abstractmethod
+  def spec(self) -> BatchSpec | None:
+    """The spec of one row (``batch_size`` None; None for sizes still unknown), or None before reading."""
+
+  @abc.abstractmethod
+  def num_rows(self) -> int | None:
+    """The number of rows, or None when unknown without reading the data."""
+
+  @abc.abstractmethod
+  def chunks(self) -> Iterator[Chunk]:
+    """Reads the source once more: flat column chunks of any sizes, in order, each checked against the first.
+
+    Raises:
+      ValueError: a chunk that breaks the contract (see `flatten_rows`, `BatchSpec.check_same`), or a one-shot
+        source read a second time.
+    """
+
+  def padded(
+    self, batch_size: int, mask_key: str, pad_value: Any
+  ) -> Generator[FlatBatch, None, BatchSpec | None]:
+    """Flat batches of exactly `batch_size` rows plus ``(mask_key,)``: bool ``[batch_size]``, real rows first.
+
+    Args:
+      batch_size: rows per batch.
+      mask_key: top-level key of the mask.
+      pad_value: what padded rows hold (see `BatchSpec.fills`).
+
+    Yields:
+      ``{path: array [batch_size, ...]}`` with the mask; a full batch aligned with a chunk is not copied.
+
+    Returns:
+      (as the generator's return value) the row spec of what was read (the first chunk's, even one of 0 rows),
+      else `spec`: what all-padding batches look like.
+
+    Raises:
+      ValueError: as `chunks`, or a `pad_value` that does not fit (see `BatchSpec.fills`).
+    """
+    chunks = self.chunks()
+    first = next(chunks, None)
+    if first is None:
+      return self.spec
+    row_spec = BatchSpec.of_rows(first[0], unknown_rows=True)
+    fills = row_spec.fills(pad_value)
+    for flat, rows in rechunk(itertools.chain([first], chunks), batch_size):
+      yield pad(flat, rows, batch_size, mask_key, fills)
+    return row_spec
+
+
+def pad(flat: FlatBatch, rows: int, batch_size: int, mask_key: str, fills: dict) -> FlatBatch:
+  """Appends ``batch_size - rows`` rows of `fills` to every leaf and adds the mask (a full batch is not copied)."""
+  out = dict(flat)
+  if rows < batch_size:
+    for path, leaf in flat.items():
+      padding = np.full((batch_size - rows, *leaf.shape[1:]), fills[path], dtype=leaf.dtype)
+      out[path] = np.concatenate([leaf, padding])
+  out[(mask_key,)] = np.arange(batch_size) < rows
+  return out
+
+
+def rechunk(chunks: Iterator[Chunk], size: int) -> Iterator[Chunk]:
+  """Re-chunks into `size` rows, order kept; only the last may be short. Aligned full slices are views."""
+  pending: list[FlatBatch] = []
+  pending_rows = 0
+  for flat, rows in chunks:
+    start = 0
+    if pending_rows and pending_rows + rows >= size:
+      start = size - pending_rows
+      pending.append({p: leaf[:start] for p, leaf in flat.items()})
+      yield {p: np.concatenate([part[p] for part in pending]) for p in flat}, size
+      pending, pending_rows = [], 0
+    if start == 0 and rows == size:
+      yield flat, size  # passthrough: the caller's arrays, not copied
+      continue
+    while rows - start >= size:
+      yield {p: leaf[start : start + size] for p, leaf in flat.items()}, size
+      start += size
+    if start < rows:  # copied: a source may reuse its buffers once the next chunk is requested
+      pending.append({p: np.array(leaf[start:]) for p, leaf in flat.items()})
+      pending_rows += rows - start
+  if pending_rows:
+    yield {p: np.concatenate([part[p] for part in pending]) for p in pending[0]}, pending_rows
