@@ -319,6 +319,8 @@ class BatchSpec:
     """The first difference from `reference` in words, or None if there is none."""
     if self.mask_key != reference.mask_key:
       return f"mask key {self.mask_key!r}, expected {reference.mask_key!r}"
+    if self.batch_size != reference.batch_size:
+      return f"batch size {self.batch_size}, expected {reference.batch_size}"
     missing = sorted(map(_plain, reference.leaves.keys() - self.leaves.keys()))
     extra = sorted(map(_plain, self.leaves.keys() - reference.leaves.keys()))
     if missing or extra:

@@ -1,0 +1,277 @@
+"""BatchSpec: the one spec of a batch's structure, shapes and dtypes (data, driver and multi-host code)."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from padded_eval.batch_spec import BatchSpec, LeafSpec, flatten, flatten_rows, unflatten
+
+
+def padded(batch_size=8, features=3, label_dtype=np.int32, **extra):
+  rng = np.random.default_rng(batch_size)
+  batch = {
+    "x": rng.normal(size=(batch_size, features)).astype(np.float32),
+    "meta": {"label": np.arange(batch_size, dtype=label_dtype)},
+    "mask": np.arange(batch_size) < batch_size - 1,
+  }
+  batch.update(extra)
+  return batch
+
+
+# ---- building from a padded batch -------------------------------------------------------------------------------
+
+
+def test_from_batch_records_rows_shapes_and_dtypes_without_the_mask():
+  spec = BatchSpec.from_batch(padded())
+  assert spec.batch_size == 8 and spec.mask_key == "mask"
+  assert spec.leaves == {
+    ("x",): LeafSpec((3,), np.dtype(np.float32)),
+    ("meta", "label"): LeafSpec((), np.dtype(np.int32)),
+  }
+  tupled = {"pair": (np.zeros((4, 2)), np.ones(4, bool)), "valid": np.ones(4, bool)}
+  spec = BatchSpec.from_batch(tupled, mask_key="valid")  # any pytree below the dict
+  assert sorted(map(str, spec.leaves)) == [
+    "('pair', SequenceKey(idx=0))",
+    "('pair', SequenceKey(idx=1))",
+  ]
+  assert BatchSpec.from_batch(jax.tree.map(jax.numpy.asarray, padded())) == BatchSpec.from_batch(
+    padded()
+  )
+
+
+@pytest.mark.parametrize(
+  "batch, match",
+  [
+    ([np.zeros(8)], r"^batch 0 is a list; expected a dict of arrays with a 'mask' entry"),
+    ({"x": np.zeros(8)}, r"^batch 0 has no mask key 'mask'; got keys \['x'\]"),
+    (
+      {"x": np.zeros(8), "mask": np.ones(8, np.int64)},
+      r"^batch 0: 'mask' has shape \(8,\) and dtype int64; expected a bool array \[batch_size\]",
+    ),
+    (
+      {"x": np.zeros(8), "mask": np.ones((8, 1), bool)},
+      r"'mask' has shape \(8, 1\) and dtype bool; expected a bool array",
+    ),
+    (
+      {"a": {"x": np.zeros(6)}, "mask": np.ones(8, bool)},
+      r"^batch 0: key 'a/x' has shape \(6,\); expected leading size 8, the size of 'mask'",
+    ),
+    (
+      {"s": np.array(["a"] * 8), "mask": np.ones(8, bool)},
+      r"^batch 0: key 's' holds strings \(<U1\), which cannot be placed on a device",
+    ),
+  ],
+)
+def test_from_batch_refuses_what_cannot_be_evaluated(batch, match):
+  with pytest.raises(ValueError, match=match):
+    BatchSpec.from_batch(batch)
+
+
+def test_strings_allowed_on_request():
+  batch = {"s": np.array([b"a"] * 4, dtype=object), "mask": np.ones(4, bool)}
+  assert BatchSpec.from_batch(batch, allow_strings=True).leaves[("s",)].dtype == np.dtype(object)
+
+
+# ---- checking later batches against the first -------------------------------------------------------------------
+
+
+def test_check_accepts_an_equal_batch_whatever_its_key_order():
+  first = BatchSpec.from_batch(padded())
+  reordered = dict(reversed(list(padded().items())))
+  assert first.check(reordered, 5) == first
+
+
+@pytest.mark.parametrize(
+  "later, match",
+  [
+    (
+      padded(
+        batch_size=24
+      ),  # the driver's existing test: batch 1 has ... (24, 3) ... the first batch's
+      r"^batch 1 has batch size 24 \(keys 'meta/label': \(24,\), 'x': \(24, 3\)\); expected the first "
+      r"batch's 8 rows \('meta/label': \(8,\), 'x': \(8, 3\)\)\. Every batch needs the same shapes",
+    ),
+    (
+      {k: v for k, v in padded().items() if k != "meta"} | {"y": np.zeros(8)},
+      r"^batch 1: keys changed: missing \['meta/label'\], unexpected \['y'\]; expected the keys of batch "
+      r"0: \['meta/label', 'x'\]\. Every batch needs",
+    ),
+    (
+      padded(features=4),
+      r"^batch 1: key 'x' has shape \(8, 4\); expected \[8, 3\] like batch 0\. Every batch needs",
+    ),
+    (
+      padded(label_dtype=np.int64),
+      r"^batch 1: key 'meta/label' has dtype int64; expected int32 like batch 0\. Every batch needs",
+    ),
+  ],
+)
+def test_check_names_what_changed(later, match):
+  with pytest.raises(ValueError, match=match):
+    BatchSpec.from_batch(padded()).check(later, 1)
+
+
+def test_rows_specs_compare_without_row_counts():
+  first = BatchSpec.of_rows(flatten({"x": np.zeros((2, 3)), "s": np.array(["ab", "c"])}))
+  first.check_same(
+    BatchSpec.of_rows(flatten({"x": np.zeros((5, 3)), "s": np.array(["abcd"] * 5)})), 1
+  )
+  with pytest.raises(
+    ValueError, match=r"^batch 2: key 'x' has shape \(5, 2\); expected \[rows, 3\] like batch 0$"
+  ):
+    first.check_same(
+      BatchSpec.of_rows(flatten({"x": np.zeros((5, 2)), "s": np.array(["a"] * 5)})), 2
+    )
+
+
+@pytest.mark.parametrize(
+  "batch_size, num_shards, where, message",
+  [
+    (
+      12,
+      8,
+      None,
+      "batch size 12 is not divisible by the 8 devices; use a multiple, e.g. 8 or 16 "
+      "(pe.pad_batches(..., num_devices=8))",
+    ),
+    (
+      6,
+      4,
+      "the 4 shards of the mesh's first axis 'data' (mesh {'data': 4, 'model': 2})",
+      "batch size 6 is not divisible by the 4 shards of the mesh's first axis 'data' (mesh {'data': 4, "
+      "'model': 2}); use a multiple, e.g. 4 or 8 (pe.pad_batches(..., num_devices=4))",
+    ),
+    (
+      3,
+      8,
+      None,
+      "batch size 3 is not divisible by the 8 devices; use a multiple, e.g. 8 or 16 "
+      "(pe.pad_batches(..., num_devices=8))",
+    ),
+  ],
+)
+def test_check_divisible(batch_size, num_shards, where, message):
+  spec = BatchSpec.from_batch(padded(batch_size))
+  with pytest.raises(ValueError) as raised:
+    spec.check_divisible(num_shards, where)
+  assert str(raised.value) == message
+  BatchSpec.from_batch(padded(16)).check_divisible(8)  # divisible: nothing happens
+
+
+# ---- JSON and the first difference ------------------------------------------------------------------------------
+
+
+def test_json_round_trip_is_plain_data_and_order_free():
+  spec = BatchSpec.from_batch(padded())
+  data = json.loads(json.dumps(spec.to_json()))
+  assert data == {
+    "batch_size": 8,
+    "mask_key": "mask",
+    "leaves": [[["meta", "label"], [], "<i4"], [["x"], [3], "<f4"]],
+  }
+  assert BatchSpec.from_json(data) == spec
+  assert BatchSpec.from_json(data).difference(spec) is None
+  reordered = BatchSpec.from_batch(dict(reversed(list(padded().items()))))
+  assert reordered.to_json() == spec.to_json()
+
+
+@pytest.mark.parametrize(
+  "other, message",
+  [
+    (
+      padded(batch_size=16),
+      "batch size 16, expected 8",
+    ),
+    (
+      padded(features=2),
+      "leaf 'x' has shape (8, 2) dtype float32, expected shape (8, 3) dtype float32",
+    ),
+    (
+      padded(label_dtype=np.int8),
+      "leaf 'meta/label' has shape (8,) dtype int8, expected shape (8,) dtype int32",
+    ),
+    (padded(z=np.zeros(8)), "keys differ: missing [], unexpected ['z']"),
+  ],
+)
+def test_difference_names_the_first_difference(other, message):
+  reference = BatchSpec.from_json(json.loads(json.dumps(BatchSpec.from_batch(padded()).to_json())))
+  got = BatchSpec.from_json(json.loads(json.dumps(BatchSpec.from_batch(other).to_json())))
+  assert got.difference(reference) == message
+  renamed = BatchSpec.from_batch({"x": np.zeros(8), "valid": np.ones(8, bool)}, mask_key="valid")
+  assert renamed.difference(BatchSpec.from_batch({"x": np.zeros(8), "mask": np.ones(8, bool)})) == (
+    "mask key 'valid', expected 'mask'"
+  )
+
+
+# ---- all-padding batches ----------------------------------------------------------------------------------------
+
+
+def test_padding_batch_honours_pad_value():
+  batch = padded()
+  batch["text"] = np.array(["ab"] * 8)
+  batch["raw"] = np.array([b"ab"] * 8, dtype=object)
+  spec = BatchSpec.from_batch(batch, allow_strings=True)
+  for source in (spec, BatchSpec.from_json(json.loads(json.dumps(spec.to_json())))):
+    empty = source.padding_batch({"x": np.nan, "meta": -1})
+    assert sorted(empty) == ["mask", "meta", "raw", "text", "x"]
+    assert (
+      empty["mask"].dtype == np.bool_ and empty["mask"].shape == (8,) and not empty["mask"].any()
+    )
+    assert (
+      empty["x"].shape == (8, 3) and empty["x"].dtype == np.float32 and np.isnan(empty["x"]).all()
+    )
+    assert empty["meta"]["label"].dtype == np.int32 and (empty["meta"]["label"] == -1).all()
+    assert empty["text"].tolist() == [""] * 8 and empty["raw"].tolist() == [b""] * 8
+  zeros = spec.padding_batch()
+  assert (zeros["x"] == 0).all() and (zeros["meta"]["label"] == 0).all()
+  assert spec.padding_batch(7, batch_size=2)["x"].tolist() == [[7.0] * 3] * 2
+
+
+def test_padding_batch_refuses_unknown_sizes_and_bad_pad_values():
+  rows = BatchSpec({("x",): LeafSpec((None,), np.dtype(np.float32))})
+  with pytest.raises(ValueError, match=r"an all-padding batch needs known sizes; got batch size 4"):
+    rows.padding_batch(batch_size=4)
+  with pytest.raises(ValueError, match=r"needs known sizes; got batch size None"):
+    BatchSpec.from_batch(padded()).padded_to(None, "mask").padding_batch()
+  with pytest.raises(
+    ValueError, match=r"pad_value nan for key 'meta/label' does not fit dtype int32"
+  ):
+    BatchSpec.from_batch(padded()).padding_batch(np.nan)
+  with pytest.raises(ValueError, match=r"pad_value has key 'y', which the source does not have"):
+    BatchSpec.from_batch(padded()).padding_batch({"y": 1})
+
+
+# ---- source batches (rows, no mask yet) -------------------------------------------------------------------------
+
+
+def test_flatten_rows_and_of_rows():
+  batch = {"a": {"x": [[1, 2], [3, 4]]}, "y": np.array([True, False])}
+  flat, rows = flatten_rows(batch, "mask", "batch 0")
+  assert rows == 2 and all(isinstance(leaf, np.ndarray) for leaf in flat.values())
+  assert unflatten(flat)["a"]["x"].tolist() == [[1, 2], [3, 4]]
+  spec = BatchSpec.of_rows(flat)
+  assert spec.batch_size == 2 and spec.mask_key is None
+  assert spec.leaves[("a", "x")] == LeafSpec((2,), np.asarray([[1]]).dtype)
+  assert BatchSpec.of_rows(flat, unknown_rows=True).batch_size is None
+  padded_spec = spec.padded_to(8, "valid")
+  assert padded_spec.padding_batch()["valid"].shape == (8,) and padded_spec.padding_batch()["a"][
+    "x"
+  ].shape == (8, 2)
+
+
+def test_messages_keep_the_drivers_tested_wording():
+  """The patterns tests/test_evaluate.py matches today, so masked_eval can switch to BatchSpec unchanged."""
+  rows16 = {"x": np.ones((16, 2)), "mask": np.ones(16, bool)}
+  rows24 = {"x": np.ones((24, 2)), "mask": np.ones(24, bool)}
+  with pytest.raises(ValueError, match="batch 1 has .*\\(24, 2\\).*expected the first batch's"):
+    BatchSpec.from_batch(rows16).check(rows24, 1)
+  with pytest.raises(ValueError, match="no mask key 'mask'.*\\['x'\\]"):
+    BatchSpec.from_batch({"x": np.ones((16, 2))})
+  with pytest.raises(
+    ValueError, match="'mask' has shape \\(16,\\) and dtype int64; expected a bool"
+  ):
+    BatchSpec.from_batch({"x": np.ones((16, 2)), "mask": np.ones(16, np.int64)})
+  with pytest.raises(ValueError, match="batch size 12 is not divisible by the 8 devices"):
+    BatchSpec.from_batch({"x": np.ones((12, 2)), "mask": np.ones(12, bool)}).check_divisible(8)

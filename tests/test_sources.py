@@ -1,0 +1,240 @@
+"""The source kinds of pad_batches (padded_eval.sources), one by one, and registering a new kind."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from _padding_reference import assert_batches_equal, expected_batches
+
+import padded_eval as pe
+from padded_eval import sources
+from padded_eval.batch_spec import BatchSpec, LeafSpec, flatten, unflatten
+from padded_eval.sources.base import pad, rechunk
+from padded_eval.sources.iterable import IterableSource
+from padded_eval.sources.mapping import MappingSource
+
+
+def dataset(n, seed=0):
+  rng = np.random.default_rng(seed)
+  return {
+    "x": rng.normal(size=(n, 2)).astype(np.float32),
+    "y": {"id": np.arange(n, dtype=np.int64)},
+  }
+
+
+def split(data, sizes):
+  bounds = np.cumsum([0, *sizes])
+  return [
+    {"x": data["x"][a:b], "y": {"id": data["y"]["id"][a:b]}}
+    for a, b in zip(bounds[:-1], bounds[1:])
+  ]
+
+
+def concatenated(chunks):
+  """The rows of flat chunks, concatenated per path, checking each chunk's row count."""
+  chunks = list(chunks)
+  for flat, rows in chunks:
+    assert all(len(leaf) == rows for leaf in flat.values())
+  return {path: np.concatenate([flat[path] for flat, _ in chunks]) for path in chunks[0][0]}
+
+
+def assert_same_rows(got, data):
+  want = flatten(data)
+  assert got.keys() == want.keys()
+  for path in want:
+    np.testing.assert_array_equal(got[path], want[path])
+
+
+# ---- whole-dataset Mapping --------------------------------------------------------------------------------------
+
+
+def test_mapping_source():
+  data = dataset(7)
+  source = MappingSource(data, mask_key="mask")
+  assert MappingSource.accepts(data) and not MappingSource.accepts([data])
+  assert source.num_rows() == 7
+  assert source.spec == BatchSpec(
+    {
+      ("x",): LeafSpec((2,), np.dtype(np.float32)),
+      ("y", "id"): LeafSpec((), np.dtype(np.int64)),
+    }
+  )
+  assert_same_rows(concatenated(source.chunks()), data)
+  assert_same_rows(concatenated(source.chunks()), data)  # re-read
+  with pytest.raises(ValueError, match=r"^the source has a key 'mask' equal to mask_key"):
+    MappingSource({"mask": np.zeros(3)}, mask_key="mask")
+
+
+# ---- iterable of batches ----------------------------------------------------------------------------------------
+
+
+def test_iterable_source_keeps_order_and_rereads_lists():
+  data = dataset(11)
+  batches = split(data, [3, 0, 8])
+  source = IterableSource(batches, mask_key="mask")
+  assert IterableSource.accepts(batches) and not IterableSource.accepts(data)
+  assert not IterableSource.accepts("abc")
+  assert source.spec is None and source.num_rows() == 11
+  assert [rows for _, rows in source.chunks()] == [3, 0, 8]
+  assert_same_rows(concatenated(source.chunks()), data)
+  assert IterableSource(iter(batches), mask_key="mask").num_rows() is None
+
+
+def test_iterable_source_one_shot_is_read_once():
+  data = dataset(5)
+  source = IterableSource((b for b in split(data, [2, 3])), mask_key="mask")
+  assert_same_rows(concatenated(source.chunks()), data)
+  with pytest.raises(
+    ValueError, match=r"^source is a one-shot iterator \(generator\) and was already read"
+  ):
+    source.chunks()
+
+
+def test_iterable_source_checks_each_batch_against_the_first():
+  batches = [{"x": np.zeros((2, 3))}, {"x": np.zeros((2, 3))}, {"x": np.zeros((1, 4))}]
+  chunks = IterableSource(batches, mask_key="mask").chunks()
+  next(chunks), next(chunks)
+  with pytest.raises(
+    ValueError, match=r"^batch 2: key 'x' has shape \(1, 4\); expected \[rows, 3\] like batch 0$"
+  ):
+    next(chunks)
+
+
+# ---- the shared numpy re-chunking and padding -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sizes", [[5], [1, 2, 3, 4], [4, 4], [0, 9, 0]])
+def test_rechunk_and_pad_against_index_arithmetic(sizes):
+  data = {"x": np.arange(sum(sizes), dtype=np.float32), "label": np.arange(sum(sizes)) % 3}
+  chunks = [(flatten(b), len(b["x"])) for b in split_flat(data, sizes)]
+  fills = {("x",): np.float32(np.nan), ("label",): -1}
+  got = [unflatten(pad(flat, rows, 4, "mask", fills)) for flat, rows in rechunk(iter(chunks), 4)]
+  assert_batches_equal(got, expected_batches(data, 4, pad={"x": np.nan, "label": -1}))
+
+
+def split_flat(data, sizes):
+  bounds = np.cumsum([0, *sizes])
+  return [{k: v[a:b] for k, v in data.items()} for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+# ---- tf.data ----------------------------------------------------------------------------------------------------
+
+
+def test_tf_data_source():
+  tf = pytest.importorskip("tensorflow", reason="the tf extra is not installed")
+  from padded_eval.sources.tf_data import TfDataSource, is_tf_dataset
+
+  data = dataset(10)
+  unbatched = tf.data.Dataset.from_tensor_slices(data)
+  assert (
+    is_tf_dataset(unbatched) and not is_tf_dataset(data) and not is_tf_dataset(split(data, [10]))
+  )
+  for dataset_, rows, chunk_rows in (
+    (unbatched, 10, [10]),
+    (unbatched.batch(4, drop_remainder=True), 8, [4, 4]),
+    (unbatched.batch(3), None, [3, 3, 3, 1]),
+  ):
+    source = TfDataSource(dataset_, mask_key="mask")
+    assert source.num_rows() == rows
+    chunks = list(source.chunks())
+    assert [n for _, n in chunks] == chunk_rows
+    kept = sum(chunk_rows)
+    assert_same_rows(
+      concatenated(chunks), {"x": data["x"][:kept], "y": {"id": data["y"]["id"][:kept]}}
+    )
+    assert source.spec.leaves[("x",)] == LeafSpec((2,), np.dtype(np.float32))
+  ragged = TfDataSource(
+    unbatched.padded_batch(4, padded_shapes={"x": [None], "y": {"id": []}}), mask_key="m"
+  )
+  assert ragged.spec.leaves[("x",)].shape == (None,) and ragged.spec.has_unknown_sizes
+
+
+def test_tf_data_source_pads_in_the_graph_and_returns_the_real_spec():
+  tf = pytest.importorskip("tensorflow", reason="the tf extra is not installed")
+  from padded_eval.sources.tf_data import TfDataSource
+
+  data = dataset(6)
+  source = TfDataSource(
+    tf.data.Dataset.from_tensor_slices(data).padded_batch(4, {"x": [None], "y": {"id": []}}),
+    mask_key="mask",
+  )
+  padded = source.padded(4, "mask", -1)
+  got = []
+  while True:
+    try:
+      got.append(next(padded))
+    except StopIteration as end:
+      row_spec = end.value
+      break
+  assert [b[("mask",)].tolist() for b in got] == [[True] * 4, [True, True, False, False]]
+  assert got[1][("y", "id")].tolist() == [4, 5, -1, -1]
+  assert row_spec.leaves[("x",)] == LeafSpec(
+    (2,), np.dtype(np.float32)
+  )  # the static spec said (None,)
+
+
+def test_tensorflow_is_imported_only_for_tf_sources():
+  code = (
+    "import sys, numpy as np, padded_eval as pe\n"
+    "batches = list(pe.pad_batches({'x': np.arange(5)}, 4, num_devices=1))\n"
+    "batches += list(pe.pad_batches([{'x': np.arange(5)}], 4, num_devices=1))\n"
+    "assert len(batches) == 4 and 'tensorflow' not in sys.modules, sorted(sys.modules)\n"
+  )
+  subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- registering a new kind -------------------------------------------------------------------------------------
+
+
+class Columns:
+  """A toy container: named columns, none of the built-in kinds (not a Mapping, not iterable)."""
+
+  def __init__(self, **columns):
+    self.columns = columns
+
+
+class ColumnsSource(sources.Source):  # the whole of a new kind: five short members
+  description = "a Columns"
+
+  @classmethod
+  def accepts(cls, obj):
+    return isinstance(obj, Columns)
+
+  def __init__(self, obj, *, mask_key, batched=None):
+    self._flat = flatten(obj.columns)
+
+  @property
+  def spec(self):
+    return BatchSpec.of_rows(self._flat, unknown_rows=True)
+
+  def num_rows(self):
+    return len(next(iter(self._flat.values())))
+
+  def chunks(self):
+    return iter([(self._flat, self.num_rows())])
+
+
+@pytest.fixture
+def columns_registered():
+  sources.register(ColumnsSource)  # the one registration line
+  yield
+  sources.unregister(ColumnsSource)
+
+
+def test_a_new_kind_is_one_class_and_one_registration(columns_registered):
+  data = {"x": np.arange(6.0), "label": np.arange(6) % 2}
+  got = pe.pad_batches(Columns(**data), 4, num_devices=2, pad_value={"x": np.nan}, num_batches=3)
+  assert len(got) == 3
+  assert_batches_equal(got, expected_batches(data, 4, pad={"x": np.nan, "label": 0}, num_batches=3))
+  assert ColumnsSource in sources.kinds()
+
+
+def test_unregistered_kind_is_refused_with_the_list_of_kinds():
+  with pytest.raises(
+    TypeError,
+    match=r"^source must be a Mapping of arrays, an iterable of Mappings or a tf.data.Dataset; got Columns$",
+  ):
+    pe.pad_batches(Columns(x=np.arange(3)), 4, num_devices=1)
+  with pytest.raises(TypeError, match="subclass of padded_eval.sources.Source"):
+    sources.register(Columns)
