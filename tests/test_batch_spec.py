@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from padded_eval.batch_spec import BatchSpec, LeafSpec, flatten, flatten_rows, unflatten
+from padded_eval.batch_spec import BatchSpec, LeafSpec, flatten, unflatten
+from padded_eval.sources.base import flatten_rows
 
 
 def padded(batch_size=8, features=3, label_dtype=np.int32, **extra):
@@ -275,3 +276,25 @@ def test_messages_keep_the_drivers_tested_wording():
     BatchSpec.from_batch({"x": np.ones((16, 2)), "mask": np.ones(16, np.int64)})
   with pytest.raises(ValueError, match="batch size 12 is not divisible by the 8 devices"):
     BatchSpec.from_batch({"x": np.ones((12, 2)), "mask": np.ones(12, bool)}).check_divisible(8)
+
+
+def test_check_rows_is_check_same_on_flat_batches():
+  first = BatchSpec.of_rows(flatten({"x": np.zeros((2, 3)), "s": np.array(["ab", "c"])}))
+  first.check_rows(
+    flatten({"s": np.array(["abcd"] * 5), "x": np.ones((5, 3))}), 1
+  )  # longer strings: fine
+  changed = [
+    (
+      {"x": np.zeros((5, 3), np.float32), "s": np.array(["a"] * 5)},
+      r"key 'x' has dtype float32; expected float64",
+    ),
+    ({"x": np.zeros((5, 3))}, r"keys changed: missing \['s'\], unexpected \[\]"),
+    ({"x": np.zeros((5, 3)), "s": np.array(["a"] * 5), "t": np.zeros(5)}, r"unexpected \['t'\]"),
+    (
+      {"x": np.zeros(5), "s": np.array(["a"] * 5)},
+      r"key 'x' has shape \(5,\); expected \[rows, 3\]",
+    ),
+  ]
+  for batch, match in changed:
+    with pytest.raises(ValueError, match="^batch 4: " + match):
+      first.check_rows(flatten(batch), 4)

@@ -9,15 +9,16 @@ pad faster in its own pipeline (tf.data) overrides it. See docs/architecture.md,
 from __future__ import annotations
 
 import abc
+import collections.abc as cabc
 import itertools
 from collections.abc import Generator, Iterator
 from typing import Any
 
 import numpy as np
 
-from padded_eval.batch_spec import BatchSpec, FlatBatch
+from padded_eval.batch_spec import BatchSpec, FlatBatch, flatten, path_name
 
-__all__ = ["Chunk", "Source", "pad", "rechunk"]
+__all__ = ["Chunk", "Source", "flatten_rows", "pad", "rechunk"]
 
 Chunk = tuple[FlatBatch, int]  # ({path: array [rows, ...]}, rows)
 
@@ -97,6 +98,49 @@ class Source(abc.ABC):
     for flat, rows in rechunk(itertools.chain([first], chunks), batch_size):
       yield pad(flat, rows, batch_size, mask_key, fills)
     return row_spec
+
+
+def flatten_rows(
+  batch: Any, mask_key: str, where: str, convert: bool = True
+) -> tuple[FlatBatch, int]:
+  """Checks one batch of a source (any number of rows, no mask yet) and flattens it.
+
+  Args:
+    batch: a Mapping (nested dicts allowed) of arrays ``[rows, ...]``.
+    mask_key: the key the mask will take; the batch may not have it.
+    where: how messages name the batch, e.g. ``"batch 3"`` or ``"the source"``.
+    convert: turn leaves into numpy arrays (else only their shapes are read).
+
+  Returns:
+    ``(flat, rows)``: the flat batch and its leading size.
+
+  Raises:
+    ValueError: not a Mapping, a key equal to `mask_key`, no arrays, a scalar leaf, or leading sizes that
+      disagree (every key named with its size).
+  """
+  if type(batch) is not dict and not isinstance(batch, cabc.Mapping):
+    raise ValueError(f"{where}: expected a Mapping of arrays, got {type(batch).__name__}")
+  if mask_key in batch:
+    raise ValueError(
+      f"{where} has a key {mask_key!r} equal to mask_key; rename it or pass another mask_key="
+    )
+  flat = flatten(batch, convert=convert)
+  if not flat:
+    raise ValueError(f"{where}: expected a Mapping with at least one array, got no arrays")
+  sizes = {}
+  for path, leaf in flat.items():
+    shape = np.shape(leaf)
+    if not shape:
+      raise ValueError(
+        f"{where}: key {path_name(path)} is a scalar; expected an array with a leading row dimension"
+      )
+    sizes[path] = shape[0]
+  if len(set(sizes.values())) > 1:
+    listed = ", ".join(f"{path_name(p)} has {s}" for p, s in sizes.items())
+    raise ValueError(
+      f"{where}: leading sizes disagree ({listed}); expected every key to have the same rows"
+    )
+  return flat, next(iter(sizes.values()))
 
 
 def pad(flat: FlatBatch, rows: int, batch_size: int, mask_key: str, fills: dict) -> FlatBatch:

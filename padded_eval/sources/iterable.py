@@ -6,8 +6,8 @@ import collections.abc as cabc
 from collections.abc import Iterator
 from typing import Any
 
-from padded_eval.batch_spec import BatchSpec, flatten_rows
-from padded_eval.sources.base import Chunk, Source
+from padded_eval.batch_spec import BatchSpec
+from padded_eval.sources.base import Chunk, Source, flatten_rows
 
 __all__ = ["IterableSource"]
 
@@ -67,9 +67,8 @@ class IterableSource(Source):
     first = None
     for index, batch in enumerate(batches):
       flat, rows = flatten_rows(batch, self._mask_key, f"batch {index}")
-      spec = BatchSpec.of_rows(flat)
       if first is None:
-        first = spec
+        first = BatchSpec.of_rows(flat)
       else:
-        first.check_same(spec, index)
+        first.check_rows(flat, index)
       yield flat, rows

@@ -6,8 +6,8 @@ import collections.abc as cabc
 from collections.abc import Iterator
 from typing import Any
 
-from padded_eval.batch_spec import BatchSpec, flatten_rows
-from padded_eval.sources.base import Chunk, Source
+from padded_eval.batch_spec import BatchSpec
+from padded_eval.sources.base import Chunk, Source, flatten_rows
 
 __all__ = ["MappingSource"]
 
