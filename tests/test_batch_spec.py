@@ -289,7 +289,10 @@ def test_check_rows_is_check_same_on_flat_batches():
       r"key 'x' has dtype float32; expected float64",
     ),
     ({"x": np.zeros((5, 3))}, r"keys changed: missing \['s'\], unexpected \[\]"),
-    ({"x": np.zeros((5, 3)), "s": np.array(["a"] * 5), "t": np.zeros(5)}, r"unexpected \['t'\]"),
+    (
+      {"x": np.zeros((5, 3)), "s": np.array(["a"] * 5), "t": np.zeros(5)},
+      r"keys changed: missing \[\], unexpected \['t'\]",
+    ),
     (
       {"x": np.zeros(5), "s": np.array(["a"] * 5)},
       r"key 'x' has shape \(5,\); expected \[rows, 3\]",
