@@ -51,7 +51,7 @@ def pad_batches(
       batch op).
 
   Returns:
-    A re-iterable `PaddedBatches`. Each batch is a dict with the source's structure whose array leaves are numpy
+    A `PaddedBatches`, re-iterable when the source is. Each batch is a dict with the source's structure whose array leaves are numpy
     ``[batch_size, ...]``, plus ``batch[mask_key]``: bool ``[batch_size]``, True for real rows (real rows first).
     ``len()`` works when the number of batches is known (a Mapping, a list of batches, a tf.data.Dataset of known
     cardinality, or `num_batches` given), else it raises TypeError like a generator.
@@ -61,8 +61,9 @@ def pad_batches(
       key equal to `mask_key`; keys, trailing shapes or dtypes that change between batches; a `pad_value` that does
       not fit a leaf's dtype or names an unknown key; a source holding more than `num_batches` batches (raised as
       soon as it is seen: at the call when the length is known, else during iteration); `num_batches` with an
-      empty source whose fields are unknown.
-    TypeError: `source` is none of the above.
+      empty source whose fields are unknown; iterating a second time over a one-shot iterator or generator
+      source (pass a re-iterable: a list of batches, a dataset, or an object whose ``__iter__`` starts over).
+    TypeError: `source` is none of the above (nor a kind added with `padded_eval.sources.register`).
 
   Example:
     >>> import numpy as np
@@ -88,7 +89,7 @@ def pad_batches(
 
 
 class PaddedBatches(cabc.Iterable):
-  """The iterable returned by `pad_batches`; each ``iter()`` re-reads the source.
+  """The iterable returned by `pad_batches`; each ``iter()`` re-reads the source (a one-shot one raises).
 
   Attributes:
     batch_size: rows per batch.
