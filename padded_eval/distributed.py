@@ -17,8 +17,9 @@ so that none of this can happen:
    all processes (one small psum: the only collective of a pmap/shard_map step with several processes). The sum
    is read back with the step's token (which `masked_eval` waits for anyway, one step late), and the first step
    whose sum is 0 fixes the end for everyone. Processes out of data feed all-padding batches until then; with
-   the lookahead the last step is the last real one. All of this lives in `Lockstep`, a wrapper around the
-   batch iterator and the wait: the driver's loop is the same for one process (`OneProcess`) and several.
+   the lookahead the last step is the last real one (but at least `Lockstep.LOOKAHEAD` steps run). All of this
+   lives in `Lockstep`, a wrapper around the batch iterator and the wait: the driver's loop is the same for one
+   process (`OneProcess`) and several.
 4. **Deadlines.** Waiting on a step's result polls ``is_ready()`` with a deadline instead of blocking, so a step
    stuck in a collective because a peer hangs raises `TimeoutError` after `timeout` seconds; a collective broken
    because a peer died (gloo reports the closed connection at once) raises `RuntimeError` naming the step. So
