@@ -63,94 +63,106 @@ class InvalidValuesWarning(RuntimeWarning):
 
 @dataclasses.dataclass(frozen=True)
 class _BatchSpec:
-  """The structure, shapes and dtypes every batch must have (the first batch's)."""
+  """The structure, shapes and dtypes every batch must have (the first batch's).
+
+  Same methods as `padded_eval.batch_spec.BatchSpec` (``from_batch``, ``check``,
+  ``check_divisible``), which replaces it in `_checked_batches`.
+  """
 
   treedef: Any
   leaves: tuple[tuple[tuple[int, ...], np.dtype], ...]
   batch_size: int
+  mask_key: str
 
+  @classmethod
+  def from_batch(cls, batch, mask_key: str, index: int) -> _BatchSpec:
+    """Checks one host batch and returns its spec.
 
-def _batch_spec(batch, mask_key: str, backend: backends.Backend, index: int) -> _BatchSpec:
-  """Checks one host batch and returns its spec.
-
-  Raises:
-    ValueError: not a Mapping, no ``mask_key``, a mask that is not bool ``[B]``, a
-      leaf whose leading size is not ``B``, a string leaf, or ``B`` not divisible by
-      the shards of the data axis.
-  """
-  if not isinstance(batch, cabc.Mapping):
-    raise ValueError(
-      f"batch {index} is a {type(batch).__name__}; expected a dict of arrays with a "
-      f"{mask_key!r} entry (use pe.pad_batches)"
-    )
-  if mask_key not in batch:
-    raise ValueError(
-      f"batch {index} has no mask key {mask_key!r}; got keys {sorted(map(str, batch))}. "
-      "Pad batches with pe.pad_batches, which adds the mask of real rows."
-    )
-  mask_shape, mask_dtype = np.shape(batch[mask_key]), _dtype(batch[mask_key])
-  if len(mask_shape) != 1 or mask_dtype != np.bool_:
-    raise ValueError(
-      f"batch {index}: {mask_key!r} has shape {mask_shape} and dtype {mask_dtype}; "
-      "expected a bool array [batch_size]"
-    )
-  batch_size = mask_shape[0]
-  flat, treedef = jax.tree_util.tree_flatten_with_path(batch)
-  for path, leaf in flat:
-    shape, dtype = np.shape(leaf), _dtype(leaf)
-    if not shape or shape[0] != batch_size:
+    Raises:
+      ValueError: not a Mapping, no ``mask_key``, a mask that is not bool ``[B]``, a
+        leaf whose leading size is not ``B``, or a string leaf.
+    """
+    if not isinstance(batch, cabc.Mapping):
       raise ValueError(
-        f"batch {index}: leaf {jax.tree_util.keystr(path)} has shape {shape}; expected "
-        f"leading size {batch_size}, the size of {mask_key!r}"
+        f"batch {index} is a {type(batch).__name__}; expected a dict of arrays with a "
+        f"{mask_key!r} entry (use pe.pad_batches)"
       )
-    if dtype.kind in "USO":
+    if mask_key not in batch:
       raise ValueError(
-        f"batch {index}: leaf {jax.tree_util.keystr(path)} holds strings ({dtype}), which "
-        "cannot be placed on a device; drop it from the batch"
+        f"batch {index} has no mask key {mask_key!r}; got keys {sorted(map(str, batch))}. "
+        "Pad batches with pe.pad_batches, which adds the mask of real rows."
       )
-  if batch_size % backend.num_shards:
-    lower = max(batch_size // backend.num_shards, 1) * backend.num_shards
-    where = (
-      f"the {backend.num_shards} devices"
-      if backend.mesh.devices.ndim == 1
-      else f"the {backend.num_shards} shards of the mesh's first axis {backend.data_axis!r} "
-      f"(mesh {dict(backend.mesh.shape)})"
-    )
-    raise ValueError(
-      f"batch size {batch_size} is not divisible by {where}; use a multiple, e.g. "
-      f"{lower} or {lower + backend.num_shards} (pe.pad_batches(..., num_devices="
-      f"{backend.num_shards}))"
-    )
-  leaves = tuple((np.shape(leaf), _dtype(leaf)) for _, leaf in flat)
-  return _BatchSpec(treedef, leaves, batch_size)
+    mask_shape, mask_dtype = np.shape(batch[mask_key]), _dtype(batch[mask_key])
+    if len(mask_shape) != 1 or mask_dtype != np.bool_:
+      raise ValueError(
+        f"batch {index}: {mask_key!r} has shape {mask_shape} and dtype {mask_dtype}; "
+        "expected a bool array [batch_size]"
+      )
+    batch_size = mask_shape[0]
+    flat, treedef = jax.tree_util.tree_flatten_with_path(batch)
+    for path, leaf in flat:
+      shape, dtype = np.shape(leaf), _dtype(leaf)
+      if not shape or shape[0] != batch_size:
+        raise ValueError(
+          f"batch {index}: leaf {jax.tree_util.keystr(path)} has shape {shape}; expected "
+          f"leading size {batch_size}, the size of {mask_key!r}"
+        )
+      if dtype.kind in "USO":
+        raise ValueError(
+          f"batch {index}: leaf {jax.tree_util.keystr(path)} holds strings ({dtype}), which "
+          "cannot be placed on a device; drop it from the batch"
+        )
+    leaves = tuple((np.shape(leaf), _dtype(leaf)) for _, leaf in flat)
+    return cls(treedef, leaves, batch_size, mask_key)
+
+  def check(self, batch, index: int) -> _BatchSpec:
+    """Checks batch ``index`` against this spec; ValueError naming what differs."""
+    spec = self.from_batch(batch, self.mask_key, index)
+    if spec != self:
+      raise ValueError(
+        f"batch {index} has structure {spec.treedef} with (shape, dtype) {spec.leaves}; "
+        f"expected the first batch's {self.treedef} with {self.leaves}. Every batch needs "
+        "the same shapes (pad with pe.pad_batches), else the step recompiles."
+      )
+    return spec
+
+  def check_divisible(self, num_shards: int, where: str) -> None:
+    """ValueError unless the batch size splits into ``num_shards`` (named by ``where``)."""
+    if self.batch_size % num_shards:
+      lower = max(self.batch_size // num_shards, 1) * num_shards
+      raise ValueError(
+        f"batch size {self.batch_size} is not divisible by {where}; use a multiple, e.g. "
+        f"{lower} or {lower + num_shards} (pe.pad_batches(..., num_devices={num_shards}))"
+      )
 
 
 def _dtype(x) -> np.dtype:
   return np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
 
 
-def _check_same_spec(spec: _BatchSpec, first: _BatchSpec, index: int) -> None:
-  if spec != first:
-    raise ValueError(
-      f"batch {index} has structure {spec.treedef} with (shape, dtype) {spec.leaves}; "
-      f"expected the first batch's {first.treedef} with {first.leaves}. Every batch needs "
-      "the same shapes (pad with pe.pad_batches), else the step recompiles."
-    )
-
-
 def _checked_batches(batches: cabc.Iterator, mask_key: str, backend: backends.Backend):
   """Yields ``batches``, each checked; the first fixes the spec every later one must match.
 
-  The one place where batches are checked (the seam for a shared batch spec): a batch
-  that fails raises ValueError when it is read.
+  The one place where batches are checked: a batch that fails raises ValueError when it
+  is read (batch 0 inside the multi-host pre-flight, which reports it to every process).
   """
-  first = None
+  spec = None
   for index, batch in enumerate(batches):
-    spec = _batch_spec(batch, mask_key, backend, index)
-    if first is None:
-      first = spec
-    _check_same_spec(spec, first, index)
+    if spec is None:
+      spec = _BatchSpec.from_batch(batch, mask_key, index)
+      spec.check_divisible(backend.num_shards, _shards(backend))
+    spec.check(batch, index)
     yield batch
+
+
+def _shards(backend: backends.Backend) -> str:
+  """The shards of the data axis, in words, for messages."""
+  if backend.mesh.devices.ndim == 1:
+    return f"the {backend.num_shards} devices"
+  return (
+    f"the {backend.num_shards} shards of the mesh's first axis {backend.data_axis!r} "
+    f"(mesh {dict(backend.mesh.shape)})"
+  )
 
 
 # --- the compiled step, cached --------------------------------------------------------
@@ -269,28 +281,14 @@ def masked_eval(
   """
   runner = backends.make_backend(backend, axis_name, mesh)
   check_choice("on_invalid", on_invalid, ON_INVALID)
-  if timeout is not None:
-    distributed.check_timeout(timeout)
-  feed = distributed.step_feed(
-    _checked_batches(iter(batches), mask_key, runner),
-    _length(batches),
-    mask_key=mask_key,
-    settings=_settings(backend, runner, mask_key, steps_in_flight),
-    num_shards=runner.num_shards,
-    steps_in_flight=_steps_in_flight(steps_in_flight),
-    timeout=timeout,
-  )
+  total = _length(batches)  # before iterating
+  feed = _step_feed(iter(batches), total, runner, backend, mask_key, steps_in_flight, timeout)
   inputs = iter(feed)
-  first = next(inputs, None)
-  if first is None:
-    raise ValueError(
-      "batches yielded no batch; masked_eval needs at least one (an all-padding batch "
-      "is fine: pe.pad_batches(..., num_batches=1))"
-    )
+  first = _first_input(inputs)
   compiled = _compiled_step_for(step_fn, runner, mask_key)
   params, placed = runner.place_params(params), runner.place_batch(first)
   state = runner.place_state(_empty_state(compiled.state_shapes(params, placed.batch)))
-  bar = _ProgressBar(_length(batches), mask_key) if progress else _NoProgressBar()
+  bar = _ProgressBar(total, mask_key) if progress else _NoProgressBar()
   bar.add(first.batch)
   state = _run_steps(compiled.step, params, state, placed, inputs, feed, runner, bar)
   state = runner.finalize(state)  # the one reduction across devices (and processes)
@@ -322,15 +320,38 @@ def _run_steps(step, params, state, placed, inputs, feed, runner, bar):
       return state
 
 
-def _settings(name: str, runner: backends.Backend, mask_key: str, steps_in_flight) -> dict:
-  """The call's settings, which must be equal on every process."""
-  return {
+def _step_feed(batches, length, runner, name, mask_key, steps_in_flight, timeout):
+  """The checked ``batches`` (an iterator, ``length`` of them if known) as step inputs, with
+  the wait: one process, or several in lockstep."""
+  settings = {  # must be equal on every process
     "backend": name,
     "axis_name": runner.data_axis,
     "mask_key": mask_key,
     "mesh": {str(k): int(v) for k, v in runner.mesh.shape.items()},
     "steps_in_flight": steps_in_flight,
   }
+  steps_in_flight = _steps_in_flight(steps_in_flight)
+  if timeout is not None:
+    distributed.check_timeout(timeout)
+  return distributed.step_feed(
+    _checked_batches(batches, mask_key, runner),
+    length,
+    mask_key=mask_key,
+    settings=settings,
+    num_shards=runner.num_shards,
+    steps_in_flight=steps_in_flight,
+    timeout=timeout,
+  )
+
+
+def _first_input(inputs: cabc.Iterator) -> backends.StepInput:
+  first = next(inputs, None)
+  if first is None:
+    raise ValueError(
+      "batches yielded no batch; masked_eval needs at least one (an all-padding batch "
+      "is fine: pe.pad_batches(..., num_batches=1))"
+    )
+  return first
 
 
 def _report_invalid(metric: Metric, on_invalid: str) -> None:
