@@ -241,21 +241,10 @@ def step_feed(
 ) -> OneProcess | Lockstep:
   """The inputs of `masked_eval`'s steps and the wait on them: a `OneProcess`, or a `Lockstep`.
 
-  Both are iterables of `StepInput` (step 0's first) with ``wait(step, token)`` (after
-  dispatching step ``t`` and fetching input ``t + 1``, the driver waits on step
-  ``t + 1 - steps_in_flight``), ``wait_final(state)`` and ``steps_in_flight``.
-
-  Args:
-    batches: an iterator over this process's checked batches.
-    length: their number if known (``len(batches)``), else None.
-    mask_key: the batch key of the mask.
-    settings: JSON-able call settings that must be equal on every process (backend, ...).
-    num_shards: this process's shards of the data axis (the size of the has-data flag).
-    steps_in_flight: the caller's bound on steps in flight (one process only).
-    timeout: seconds to wait for the other processes; default `DEFAULT_TIMEOUT_S`.
-
-  Raises:
-    As `lockstep`, with several processes.
+  Both are iterables of `StepInput` (step 0's first) with ``wait(step, token)``,
+  ``wait_final(state)`` and ``steps_in_flight``: after dispatching step ``t`` and fetching
+  input ``t + 1``, the driver waits on steps until fewer than ``steps_in_flight`` are in
+  flight. Arguments as `lockstep`; ``steps_in_flight`` is the caller's bound with one process.
   """
   if jax.process_count() == 1:
     return OneProcess(batches, steps_in_flight)

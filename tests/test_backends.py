@@ -163,3 +163,24 @@ def test_one_process_feed_yields_every_batch_without_sync():
   assert all(isinstance(s, StepInput) and s.sync == () for s in inputs)
   assert [int(s.batch["x"][0]) for s in inputs] == [0, 1, 2]
   feed.wait(0, (jnp.float32(0), ()))
+
+
+# --- the compiled step: collectives -----------------------------------------------------------
+
+
+def _lowered_step(name, sync):
+  backend = backends.make_backend(name, "batch", None)
+  step_fn = lambda p, b: pe.metrics.Mean().batch_updates(values=b["x"] * p, mask=b["mask"])
+  compiled = backend.compile_step(step_fn, "mask")
+  batch = {"x": np.ones(16, np.float32), "mask": np.ones(16, bool)}
+  flags = (np.ones(backend.num_shards, np.int32),) if sync else ()
+  params, placed = backend.place_params(np.float32(2)), backend.place_batch(StepInput(batch, flags))
+  shapes = compiled.state_shapes(params, placed.batch)
+  empty = (shapes[0].empty(), pe.accumulate.ExactCount.zeros(shapes[1].shape))
+  return compiled.step.lower(params, backend.place_state(empty), placed).as_text()
+
+
+@pytest.mark.parametrize("name", ["pmap", "shard_map"])
+def test_mapped_steps_merge_locally_and_sum_only_the_sync_flags(name):
+  assert "all_reduce" not in _lowered_step(name, sync=False)  # no collective per step
+  assert _lowered_step(name, sync=True).count("all_reduce") == 1  # the has-data flag's psum
