@@ -35,7 +35,7 @@ from padded_eval.accumulate import ExactCount
 from padded_eval.metrics.base import Metric
 from padded_eval.validation import check_choice
 
-__all__ = ["BACKENDS", "Backend", "CompiledStep", "StepInput", "make_backend"]
+__all__ = ["BACKENDS", "Backend", "CompiledStep", "StepInput", "checked_step_fn", "make_backend"]
 
 
 class StepInput(NamedTuple):
