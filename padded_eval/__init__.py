@@ -12,6 +12,7 @@ from padded_eval import regularizers as regularizers
 from padded_eval.data import PaddedBatches as PaddedBatches
 from padded_eval.data import pad_batches as pad_batches
 from padded_eval.distributed import process_slice as process_slice
+from padded_eval.evaluate import InvalidValuesWarning as InvalidValuesWarning
 from padded_eval.evaluate import masked_eval as masked_eval
 from padded_eval.metrics.base import Metric as Metric
 from padded_eval.metrics.collections import Losses as Losses

@@ -12,13 +12,14 @@ so that none of this can happen:
    without any batch learns the batch structure here and feeds all-padding batches.
 2. **Known lengths** (every process's batches have a ``len()``): every process runs ``max(len)`` steps, padding with
    all-padding batches (mask all False). No per-step cost.
-3. **Unknown lengths** (a generator, a filtered ``tf.data`` pipeline): each step also reduces a per-process flag,
-   "I hold a real batch `lookahead` steps after this one", with the step's own collectives. The count of such
-   processes is read back with the step's result (which `masked_eval` waits for anyway, one step late), and the
-   first step whose count is 0 fixes the end for everyone. Processes out of data feed all-padding batches until
-   then. No extra synchronisation per step (XLA combines the flag's psum with the step's other integer
-   all-reduce: the step's count of all-reduce ops does not change); with the lookahead the last step is the last
-   real one.
+3. **Unknown lengths** (a generator, a filtered ``tf.data`` pipeline): each step's input also carries a
+   per-process flag, "I hold a real batch `Lockstep.LOOKAHEAD` steps after this one", which the step sums over
+   all processes (one small psum: the only collective of a pmap/shard_map step with several processes). The sum
+   is read back with the step's token (which `masked_eval` waits for anyway, one step late), and the first step
+   whose sum is 0 fixes the end for everyone. Processes out of data feed all-padding batches until then; with
+   the lookahead the last step is the last real one (but at least `Lockstep.LOOKAHEAD` steps run). All of this
+   lives in `Lockstep`, a wrapper around the batch iterator and the wait: the driver's loop is the same for one
+   process (`OneProcess`) and several.
 4. **Deadlines.** Waiting on a step's result polls ``is_ready()`` with a deadline instead of blocking, so a step
    stuck in a collective because a peer hangs raises `TimeoutError` after `timeout` seconds; a collective broken
    because a peer died (gloo reports the closed connection at once) raises `RuntimeError` naming the step. So
@@ -49,13 +50,15 @@ import collections
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import numpy as np
 
-__all__ = ["DEFAULT_TIMEOUT_S", "Lockstep", "lockstep", "process_slice"]
+from padded_eval.backends import StepInput
+
+__all__ = ["DEFAULT_TIMEOUT_S", "Lockstep", "OneProcess", "lockstep", "process_slice", "step_feed"]
 
 DEFAULT_TIMEOUT_S = 300.0
 """Seconds a process waits for the others (pre-flight, or one step) when `masked_eval` gets ``timeout=None``."""
@@ -169,9 +172,11 @@ def _difference(description: list[list], reference: list[list]) -> str:
 
 
 def _client():
-  from jax._src import (
-    distributed as jax_distributed,  # the coordination-service client (no public handle)
-  )
+  """The coordination-service client: the one use of JAX's private API in this package.
+
+  JAX has no public handle on the key-value store that `jax.distributed.initialize` set up.
+  """
+  from jax._src import distributed as jax_distributed
 
   client = jax_distributed.global_state.client
   if client is None:
@@ -221,35 +226,81 @@ def _first_line(err: BaseException) -> str:
   return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
 
 
-# --- lockstep iteration ---------------------------------------------------------------------
+# --- step feeds: the batch iterator and the wait, per process count -------------------------
 
 
-def lockstep(
-  first_batch: Callable[[], Any],
-  rest: Iterator,
+def step_feed(
+  batches: Iterator,
   length: int | None,
   *,
   mask_key: str,
   settings: dict,
-  lookahead: int,
+  num_shards: int,
+  steps_in_flight: int,
   timeout: float | None,
-) -> Lockstep | None:
-  """Agrees with the other processes on batch structure and step count; None with one process.
+) -> OneProcess | Lockstep:
+  """The inputs of `masked_eval`'s steps and the wait on them: a `OneProcess`, or a `Lockstep`.
+
+  Both are iterables of `StepInput` (step 0's first) with ``wait(step, token)``,
+  ``wait_final(state)`` and ``steps_in_flight``: after dispatching step ``t`` and fetching
+  input ``t + 1``, the driver waits on steps until fewer than ``steps_in_flight`` are in
+  flight. Arguments as `lockstep`; ``steps_in_flight`` is the caller's bound with one process.
+  """
+  if jax.process_count() == 1:
+    return OneProcess(batches, steps_in_flight)
+  return lockstep(
+    batches, length, mask_key=mask_key, settings=settings, num_shards=num_shards, timeout=timeout
+  )
+
+
+class OneProcess:
+  """One process: every batch is a step; waiting is blocking on the step's token.
+
+  Attributes:
+    steps_in_flight: the bound the driver keeps on dispatched, unfinished steps.
+  """
+
+  def __init__(self, batches: Iterator, steps_in_flight: int):
+    self._batches = batches
+    self.steps_in_flight = steps_in_flight
+
+  def __iter__(self) -> Iterator[StepInput]:
+    return (StepInput(batch) for batch in self._batches)
+
+  def wait(self, step: int, token: Any) -> None:
+    """Blocks until step ``step`` (whose token is ``token``) has finished."""
+    del step
+    jax.block_until_ready(token)
+
+  def wait_final(self, state: Any) -> None:
+    """Nothing: fetching the final state blocks anyway."""
+    del state
+
+
+def lockstep(
+  batches: Iterator,
+  length: int | None,
+  *,
+  mask_key: str,
+  settings: dict,
+  num_shards: int,
+  timeout: float | None,
+) -> Lockstep:
+  """Agrees with the other processes on batch structure and step count (several processes).
 
   Args:
-    first_batch: returns this process's first batch (checked), or None if it has none. If it raises, the
-      failure is published in the pre-flight exchange, so the other processes raise at once instead of waiting.
-    rest: an iterator over its other batches.
+    batches: an iterator over this process's checked batches. If reading the first one
+      raises, the failure is published in the pre-flight exchange, so the other processes
+      raise at once instead of waiting.
     length: its number of batches if known (``len(batches)``), else None.
     mask_key: the batch key of the mask.
     settings: JSON-able call settings that must be equal on every process (backend, ...).
-    lookahead: steps between dispatching a step and the decision to dispatch the next one (steps in flight
-      + 1); the run-time flag of a step says whether this process holds a real batch that many steps later.
+    num_shards: this process's shards of the data axis (the size of the has-data flag).
     timeout: seconds to wait for the other processes; default `DEFAULT_TIMEOUT_S`.
 
   Returns:
-    None with one process. Else a `Lockstep`: ``.first`` is the batch of step 0 (an all-padding one on a process
-    without data) and iterating yields the batches of steps 1, 2, ... until the agreed end.
+    A `Lockstep`: iterating yields the `StepInput` of steps 0, 1, ... until the agreed end
+    (all-padding batches on a process out of data).
 
   Raises:
     ValueError: the processes' batches or settings differ (the same message on every process), or no process
@@ -257,11 +308,9 @@ def lockstep(
     RuntimeError: another process failed before its first step (this one re-raises its own failure).
     TimeoutError: a process did not arrive within `timeout` seconds.
   """
-  if jax.process_count() == 1:
-    return None
   timeout = DEFAULT_TIMEOUT_S if timeout is None else check_timeout(timeout)
   try:
-    first, failure = first_batch(), None
+    first, failure = next(batches, None), None
   except Exception as err:  # reported to the others first, then re-raised here
     first, failure = None, err
   mine = {
@@ -284,7 +333,9 @@ def lockstep(
   description = _agreed(everyone, mask_key)
   lengths = [p["length"] if p["batch"] is not None else 0 for p in everyone]
   num_steps = None if None in lengths else max(lengths)
-  return Lockstep(first, rest, description, mask_key, num_steps, lookahead, timeout)
+  source = iter(()) if first is None else itertools.chain([first], batches)
+  padding = padding_batch(description, mask_key)
+  return Lockstep(source, padding, num_steps, num_shards, timeout)
 
 
 def check_timeout(timeout) -> float:
@@ -328,42 +379,55 @@ def _agreed(everyone: list[dict], mask_key: str) -> list[list]:
 
 
 class Lockstep:
-  """This process's batches, cut or padded so that every process runs the same steps.
+  """This process's step inputs, cut or padded so that every process runs the same steps.
 
-  Iterating yields the batches of steps 1, 2, ... (step 0's is `first`). With known lengths it stops after the
-  agreed number of steps. Otherwise (`flagged`), the step of index ``t`` must also reduce ``flag(t)``, and
-  `masked_eval` passes that reduced count to `observe`: the first step whose count is 0 fixes the end.
+  With known lengths it yields the agreed number of steps. Otherwise each `StepInput`
+  carries a has-data flag in ``sync``, "this process holds a real batch `LOOKAHEAD` steps
+  after this one", which the step sums over all processes; `wait` reads the sum back, and
+  the first step whose sum is 0 fixes the end for every process. Processes out of data
+  yield all-padding batches until then.
 
   Attributes:
-    first: the batch of step 0.
-    flagged: whether the steps must carry the has-data flag (some process's length is unknown).
+    steps_in_flight: `MULTIHOST_STEPS_IN_FLIGHT`: the driver waits on step ``t`` right
+      after fetching input ``t + 1``.
+    LOOKAHEAD: steps between a step and the one its flag speaks for. When the driver reads
+      step ``t``'s sum it has fetched ``steps_in_flight`` inputs past ``t``; the next
+      fetch, input ``t + LOOKAHEAD``, is the first it may refuse.
     timeout: seconds any wait on the other processes may take.
   """
 
-  def __init__(self, first, rest, description, mask_key, num_steps, lookahead, timeout):
-    self._padding = padding_batch(description, mask_key)
-    self._source = iter(()) if first is None else itertools.chain([first], rest)
-    self._buffer: collections.deque = (
-      collections.deque()
-    )  # real batches read ahead, not yet yielded
+  steps_in_flight = MULTIHOST_STEPS_IN_FLIGHT
+  LOOKAHEAD = MULTIHOST_STEPS_IN_FLIGHT + 1
+
+  def __init__(
+    self, source: Iterator, padding: Any, num_steps: int | None, num_shards: int, timeout: float
+  ):
+    """See `lockstep`; ``num_steps`` is the agreed end when known, else None (flagged)."""
+    self._source = source
+    self._padding = padding
+    self._buffer: collections.deque = collections.deque()  # real batches read ahead
     self._exhausted = False
-    self._num_steps = num_steps  # the agreed end, once known
-    self._lookahead = lookahead
+    self._num_steps = num_steps
+    self._flagged = num_steps is None
+    self._num_shards = num_shards
     self._yielded = 0
-    self.flagged = num_steps is None
     self.timeout = timeout
-    self.first = next(self)
 
   def __iter__(self) -> Lockstep:
     return self
 
-  def __next__(self) -> Any:
+  def __next__(self) -> StepInput:
     if self._num_steps is not None and self._yielded >= self._num_steps:
       self._check_drained()
       raise StopIteration
     self._yielded += 1
-    self._read_until(1)
-    return self._buffer.popleft() if self._buffer else self._padding
+    if not self._flagged:
+      self._read_until(1)
+      return StepInput(self._buffer.popleft() if self._buffer else self._padding)
+    self._read_until(1 + self.LOOKAHEAD)
+    batch = self._buffer.popleft() if self._buffer else self._padding
+    has_data = int(len(self._buffer) >= self.LOOKAHEAD)  # a real batch LOOKAHEAD steps on
+    return StepInput(batch, (np.full(self._num_shards, has_data, np.int32),))
 
   def _read_until(self, count: int) -> None:
     while len(self._buffer) < count and not self._exhausted:
@@ -380,24 +444,28 @@ class Lockstep:
         f"said; they were cut at {self._num_steps} steps"
       )
 
-  def flag(self, step: int) -> int:
-    """1 if this process holds a real batch for step ``step + lookahead``, else 0 (step = the one dispatched)."""
-    ahead = step + self._lookahead - (self._yielded - 1)  # batches after the last one yielded
-    self._read_until(ahead)
-    return int(len(self._buffer) >= ahead)
+  def wait(self, step: int, token: Any) -> None:
+    """Waits for step ``step`` with a deadline; with a flag, reads its sum and maybe fixes the end.
 
-  def observe(self, step: int, live: int) -> None:
-    """Records the reduced flag of step ``step``: 0 means no process has a batch from ``step + lookahead``."""
-    if self.flagged and live == 0 and self._num_steps is None:
-      self._num_steps = step + self._lookahead
-
-  def wait(self, step: int, result: Any) -> Any:
-    """Waits for a step's result with a deadline; returns it as numpy.
+    Args:
+      step: the step's index.
+      token: the step's ``(rows_so_far, sync_totals)`` (see `padded_eval.backends.CompiledStep`).
 
     Raises:
       TimeoutError: not ready after `timeout` seconds (a peer hangs, or is much slower).
       RuntimeError: the step failed, e.g. a collective broke because a peer process died.
     """
+    self._wait_ready(step, token)
+    if self._flagged and self._num_steps is None:
+      _, (live,) = token
+      if int(np.ravel(jax.device_get(_local_part(live)))[0]) == 0:
+        self._num_steps = step + self.LOOKAHEAD
+
+  def wait_final(self, state: Any) -> None:
+    """Waits, with the same deadline, for the final reduce of ``state`` across processes."""
+    self._wait_ready(self._yielded, state)
+
+  def _wait_ready(self, step: int, result: Any) -> None:
     deadline = time.monotonic() + self.timeout
     arrays = [x for x in jax.tree.leaves(result) if isinstance(x, jax.Array)]
     pause = _POLL_FIRST_S
@@ -411,7 +479,7 @@ class Lockstep:
           )
         time.sleep(pause)
         pause = min(2 * pause, _POLL_MAX_S)
-      return jax.device_get(jax.tree.map(_local_part, result))
+      jax.block_until_ready(result)  # raises a failed step's error
     except jax.errors.JaxRuntimeError as err:
       raise RuntimeError(
         f"masked_eval step {step} failed on process {jax.process_index()} of {jax.process_count()}: "

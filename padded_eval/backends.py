@@ -1,0 +1,360 @@
+"""Where `masked_eval`'s work runs: one `Backend` class per backend, chosen by name in `BACKENDS`.
+
+A backend places the params, each step's input and the empty state on the devices,
+compiles the step ``(params, state, StepInput) -> (state, token)``, reduces the
+per-device partial states once at the end (`Backend.finalize`) and fetches the state
+to the host. The driver (`padded_eval.evaluate`) never tests the backend's name: it
+calls these methods. Adding a backend is one class here plus one line in `BACKENDS`.
+
+* `PmapBackend` (``"pmap"``): ``jax.pmap`` over the local devices; ``step_fn`` sees one
+  device's rows ``[B // devices, ...]``.
+* `ShardMapBackend` (``"shard_map"``): ``jax.shard_map`` over a mesh; rows are split over
+  the mesh's first axis and replicated over the others; ``step_fn`` sees one shard.
+* `JitBackend` (``"jit"``): ``jax.jit``; ``step_fn`` sees the global batch, a
+  ``jax.Array`` sharded over the mesh's first axis; XLA inserts the reductions.
+
+Under pmap and shard_map every shard of the data axis carries its own partial state
+(stacked on a leading axis): a step merges locally and runs no collective; `finalize`
+reduces the partial states exactly (``Metric.reduce``), the one collective of a call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from padded_eval import sharding as sharding_lib
+from padded_eval.accumulate import ExactCount
+from padded_eval.metrics.base import Metric
+from padded_eval.validation import check_choice
+
+__all__ = ["BACKENDS", "Backend", "CompiledStep", "StepInput", "checked_step_fn", "make_backend"]
+
+
+class StepInput(NamedTuple):
+  """What one compiled step consumes, besides params and state (a pytree, placed as one).
+
+  Attributes:
+    batch: the padded batch, a dict of arrays ``[B, ...]`` with a bool mask ``[B]``.
+    sync: small int32 arrays ``[shards]`` that the step sums over every shard of every
+      process, returned in its token (the multi-host has-data flag); ``()`` for none,
+      which adds no collective.
+  """
+
+  batch: Any
+  sync: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledStep:
+  """The compiled functions of one ``(step_fn, backend, mask_key)``.
+
+  Attributes:
+    state_shapes: ``(placed params, placed batch) -> (metric, ExactCount)`` of
+      ``jax.ShapeDtypeStruct``: one shard's carried state, from ``jax.eval_shape`` of the
+      step's statistics (which traces ``step_fn`` into the jit cache the step reuses).
+    step: ``(placed params, state, placed StepInput) -> (state, token)``; ``state`` is
+      donated. ``token`` is ``(rows_so_far, sync_totals)``: a small array that is ready
+      when the step has finished, and each ``sync`` array summed over all shards.
+  """
+
+  state_shapes: Callable
+  step: Callable
+
+
+@runtime_checkable
+class Backend(Protocol):
+  """How the work of `masked_eval` is laid out on the devices.
+
+  Attributes:
+    mesh: the device mesh (for pmap: the local devices on one axis).
+    data_axis: the mesh axis the rows are split over (the one reduced across).
+    num_shards: how many parts this process's batch is split into along its rows.
+  """
+
+  mesh: Mesh
+  data_axis: str
+
+  @property
+  def num_shards(self) -> int: ...
+
+  @classmethod
+  def create(cls, axis_name: str, mesh: Mesh | None) -> Backend:
+    """The backend for ``masked_eval(axis_name=..., mesh=...)``; ValueError on a bad mesh."""
+    ...
+
+  def place_params(self, params: Any) -> Any:
+    """``params`` on the devices, replicated, as the compiled step takes them."""
+    ...
+
+  def place_batch(self, inputs: StepInput) -> Any:
+    """A checked host `StepInput` -> device arrays in the layout the compiled step takes."""
+    ...
+
+  def place_state(self, state: Any) -> Any:
+    """The empty host state (one shard's) -> the carried device state."""
+    ...
+
+  def compile_step(self, step_fn: Callable, mask_key: str) -> CompiledStep:
+    """The (not yet cached) compiled functions for ``step_fn``."""
+    ...
+
+  def finalize(self, state: Any) -> Any:
+    """The carried state -> the global state: the one exact reduce across shards."""
+    ...
+
+  def to_host(self, state: Any) -> Any:
+    """One copy of the finalized (replicated) state, as numpy, in one transfer."""
+    ...
+
+
+# --- the step, written once for every backend -----------------------------------------
+
+
+def checked_step_fn(step_fn: Callable) -> Callable:
+  """``step_fn`` that raises ValueError, at trace time, unless it returns a Metric."""
+
+  @functools.wraps(step_fn)
+  def checked(params, batch):
+    metric = step_fn(params, batch)
+    if not isinstance(metric, Metric):
+      raise ValueError(
+        f"step_fn must return a padded_eval Metric holding the batch's masked statistics "
+        f"(e.g. pe.metrics.Accuracy().update(preds=..., target=..., mask=batch['mask'])); "
+        f"it returned a {type(metric).__module__}.{type(metric).__qualname__}"
+      )
+    return metric
+
+  return checked
+
+
+def _row_count(batch, mask_key: str) -> ExactCount:
+  return ExactCount.of(jnp.sum(batch[mask_key], dtype=jnp.int32))
+
+
+def _statistics(inner: Callable, mask_key: str, axis: str | None) -> Callable:
+  """``(params, batch) -> (metric, row count)`` of one batch, reduced over ``axis`` if given."""
+
+  def statistics(params, batch):
+    metric, count = inner(params, batch), _row_count(batch, mask_key)
+    if axis is not None:
+      metric, count = metric.reduce(axis), count.reduce(axis)
+    return metric, count
+
+  return statistics
+
+
+def _merge_step(inner: Callable, mask_key: str, sync_total: Callable) -> Callable:
+  """``(params, state, inputs) -> (state, token)``: merges one batch into ``state`` locally."""
+
+  def masked_eval_step(params, state, inputs: StepInput):
+    metric_total, count_total = state
+    metric = inner(params, inputs.batch)
+    count_total = count_total.merge(_row_count(inputs.batch, mask_key))
+    token = (count_total.value(), tuple(sync_total(flag) for flag in inputs.sync))
+    return (metric_total.merge(metric), count_total), token
+
+  return masked_eval_step
+
+
+def _reduce_state(axis: str) -> Callable:
+  return lambda state: (state[0].reduce(axis), state[1].reduce(axis))
+
+
+def _unstack(tree):
+  return jax.tree.map(lambda x: x[0], tree)
+
+
+def _restack(tree):
+  return jax.tree.map(lambda x: x[None], tree)
+
+
+def _stacked(state, copies: int):
+  # np.array copies: every leaf gets its own buffers, so none is donated twice.
+  return jax.tree.map(lambda x: np.stack([np.array(x)] * copies), state)
+
+
+@functools.lru_cache(maxsize=64)
+def _finalize_program(backend: Backend) -> Callable:
+  """The compiled finalize of ``backend``, shared by every step function on it."""
+  return backend.finalize_program()
+
+
+# --- the backends -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _OnMesh:
+  """What every backend shares: a mesh and the axis the rows are split over."""
+
+  mesh: Mesh
+  data_axis: str
+
+  @property
+  def num_shards(self) -> int:
+    # This process's part of the data axis: each process splits its own rows.
+    return self.mesh.local_mesh.shape[self.data_axis]
+
+  @property
+  def replicated(self) -> NamedSharding:
+    return NamedSharding(self.mesh, PartitionSpec())
+
+  @property
+  def split(self) -> NamedSharding:
+    return NamedSharding(self.mesh, PartitionSpec(self.data_axis))
+
+  @classmethod
+  def create(cls, axis_name: str, mesh: Mesh | None):
+    if mesh is None:
+      return cls(Mesh(np.array(jax.devices()), (axis_name,)), axis_name)
+    if not isinstance(mesh, Mesh):
+      raise ValueError(f"mesh must be a jax.sharding.Mesh; got {type(mesh).__name__}")
+    data_axis = mesh.axis_names[0]
+    if axis_name != data_axis and axis_name in mesh.axis_names:
+      raise ValueError(
+        f"axis_name {axis_name!r} is not the mesh's first axis {data_axis!r}; the batch is "
+        f"split over the first axis of mesh {dict(mesh.shape)}: put {axis_name!r} first"
+      )
+    return cls(mesh, data_axis)
+
+  def place_params(self, params):
+    return jax.device_put(params, self.replicated)
+
+  def place_batch(self, inputs):
+    return sharding_lib.global_batch(inputs, self.mesh, self.data_axis)
+
+  def finalize(self, state):
+    return _finalize_program(self)(state)
+
+  def finalize_program(self) -> Callable:
+    """The uncached compiled reduce of the carried state; `finalize` caches it per backend."""
+    raise NotImplementedError(f"{type(self).__name__} defines no finalize_program")
+
+  def to_host(self, state):
+    return jax.device_get(jax.tree.map(lambda x: x.addressable_shards[0].data, state))
+
+
+class PmapBackend(_OnMesh):
+  """``jax.pmap`` over the local devices; one partial state per device."""
+
+  @classmethod
+  def create(cls, axis_name, mesh):
+    if mesh is not None:
+      raise ValueError(
+        "mesh is used by the 'shard_map' and 'jit' backends; backend='pmap' runs on "
+        f"all local devices. Got mesh={mesh!r}; pass mesh=None or another backend."
+      )
+    return cls(Mesh(np.array(jax.local_devices()), (axis_name,)), axis_name)
+
+  def place_params(self, params):
+    # jax.pmap misaligns in_axes=None for an argument without leaves (None, {}): anchor it.
+    return jax.device_put((np.zeros((), np.int32), params), self.replicated)
+
+  def place_batch(self, inputs):
+    return jax.device_put(sharding_lib.shard(inputs, self.num_shards), self.split)
+
+  def place_state(self, state):
+    return jax.device_put(_stacked(state, self.num_shards), self.split)
+
+  def compile_step(self, step_fn, mask_key):
+    inner, axis = jax.jit(checked_step_fn(step_fn)), self.data_axis  # one trace cache
+    sync_total = lambda flag: jax.lax.psum(jnp.sum(flag), axis)
+    unanchored = lambda fn: lambda anchored, *args: fn(anchored[1], *args)
+    statistics = jax.pmap(unanchored(_statistics(inner, mask_key, axis)), axis, in_axes=(None, 0))
+    step = _merge_step(inner, mask_key, sync_total)
+    step = jax.pmap(unanchored(step), axis, in_axes=(None, 0, 0), donate_argnums=1)
+
+    def state_shapes(params, batch):  # per-device copies: drop the leading device axis
+      shapes = jax.eval_shape(statistics, params, batch)
+      return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), shapes)
+
+    return CompiledStep(state_shapes, step)
+
+  def finalize_program(self):
+    return jax.pmap(_reduce_state(self.data_axis), self.data_axis)
+
+  def to_host(self, state):
+    return jax.device_get(jax.tree.map(lambda x: x.addressable_shards[0].data[0], state))
+
+
+class ShardMapBackend(_OnMesh):
+  """``jax.shard_map`` over the mesh; one partial state per shard of the data axis."""
+
+  def place_state(self, state):
+    stacked = _stacked(state, self.num_shards)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.split, x), stacked)
+
+  def compile_step(self, step_fn, mask_key):
+    inner, axis = jax.jit(checked_step_fn(step_fn)), self.data_axis
+    replicated, split = PartitionSpec(), PartitionSpec(axis)
+    statistics = jax.shard_map(
+      _statistics(inner, mask_key, axis),
+      mesh=self.mesh,
+      in_specs=(replicated, split),
+      out_specs=replicated,
+    )
+    merge = _merge_step(inner, mask_key, lambda flag: jax.lax.psum(jnp.sum(flag), axis))
+
+    def shard_step(params, state, inputs):  # state: this shard's [1, ...] block
+      state, token = merge(params, _unstack(state), inputs)
+      return _restack(state), jax.tree.map(lambda x: jnp.reshape(x, (1,)), token)
+
+    step = jax.shard_map(
+      shard_step, mesh=self.mesh, in_specs=(replicated, split, split), out_specs=(split, split)
+    )
+    state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
+    return CompiledStep(state_shapes, jax.jit(step, donate_argnums=1))
+
+  def finalize_program(self):
+    return jax.jit(
+      jax.shard_map(
+        lambda state: _reduce_state(self.data_axis)(_unstack(state)),
+        mesh=self.mesh,
+        in_specs=PartitionSpec(self.data_axis),
+        out_specs=PartitionSpec(),
+      )
+    )
+
+
+class JitBackend(_OnMesh):
+  """``jax.jit`` of the global batch; one replicated state whose sums XLA makes global."""
+
+  def place_state(self, state):
+    return jax.device_put(jax.tree.map(np.array, state), self.replicated)
+
+  def compile_step(self, step_fn, mask_key):
+    inner = jax.jit(checked_step_fn(step_fn))
+    statistics = jax.jit(_statistics(inner, mask_key, None))
+    step = jax.jit(
+      _merge_step(inner, mask_key, jnp.sum), donate_argnums=1, out_shardings=self.replicated
+    )
+    return CompiledStep(lambda params, batch: jax.eval_shape(statistics, params, batch), step)
+
+  def finalize(self, state):
+    return state  # already global: XLA reduced every step's sums across the mesh
+
+
+BACKENDS: dict[str, type[Backend]] = {
+  "pmap": PmapBackend,
+  "shard_map": ShardMapBackend,
+  "jit": JitBackend,
+}
+"""The backends by name: the only place where a backend's name is looked at."""
+
+
+def make_backend(name: str, axis_name: str, mesh: Mesh | None) -> Backend:
+  """The backend called ``name``, for ``masked_eval(backend=name, axis_name=..., mesh=...)``.
+
+  Raises:
+    ValueError: ``name`` is not in `BACKENDS`; a mesh with ``"pmap"``; a mesh that is not
+      a ``jax.sharding.Mesh``; ``axis_name`` a mesh axis other than the first.
+  """
+  check_choice("backend", name, tuple(BACKENDS))
+  return BACKENDS[name].create(axis_name, mesh)

@@ -1,0 +1,146 @@
+"""masked_eval(..., on_invalid=...): invalid values counted in real rows are raised, warned or ignored.
+
+A tiny metric defined here sums its values and counts negative and NaN real values as
+invalid. Padded rows hold negative values and NaN on purpose: they must never count.
+References are numpy float64 sums and counts over the real rows.
+"""
+
+import warnings
+from typing import ClassVar
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import padded_eval as pe
+from padded_eval.accumulate import ExactCount, ExactSum
+from padded_eval.evaluate import InvalidValuesWarning
+from padded_eval.metrics.base import Metric, invalid_state, masked, state
+
+BACKENDS = ("pmap", "shard_map", "jit")
+BATCH = 32
+
+
+class SumOfNonNegatives(Metric):
+  """The sum of the real values; negative and NaN real values are counted as invalid."""
+
+  invalid_kinds: ClassVar[tuple[str, ...]] = ("negative", "nan")
+  total: ExactSum = state(lambda self: ExactSum.zeros())
+  invalid: ExactCount = state(invalid_state)
+
+  def _batch_state(self, *, values, mask):
+    valid = mask & (values >= 0)
+    return {
+      "total": ExactSum.of(jnp.sum(masked(values, valid))),
+      "invalid": self.count_invalid(negative=mask & (values < 0), nan=mask & jnp.isnan(values)),
+    }
+
+  def compute(self):
+    return self.total.value_f32()
+
+
+def step_fn(params, batch):
+  del params
+  return SumOfNonNegatives(name="sum").batch_updates(values=batch["v"], mask=batch["mask"])
+
+
+def make_batches(real_values, seed=0):
+  """Batches of BATCH rows; padded rows hold negatives and NaN (never to be counted)."""
+  rng = np.random.default_rng(seed)
+  batches = []
+  for start in range(0, len(real_values), BATCH):
+    real = real_values[start : start + BATCH]
+    pad = rng.choice([-5.0, -1e30, np.nan], BATCH - len(real))
+    batches.append(
+      {
+        "v": np.concatenate([real, pad]).astype(np.float32),
+        "mask": np.arange(BATCH) < len(real),
+      }
+    )
+  return batches
+
+
+def clean_values(n=203, seed=1):
+  return np.random.default_rng(seed).integers(0, 100, n).astype(np.float32)
+
+
+def dirty_values(seed=2):
+  """Real rows with some negative and some NaN values; returns (values, negatives, nans)."""
+  rng = np.random.default_rng(seed)
+  values = clean_values()
+  negative = rng.random(len(values)) < 0.1
+  nan = ~negative & (rng.random(len(values)) < 0.05)
+  values[negative] = -rng.integers(1, 50, negative.sum())
+  values[nan] = np.nan
+  return values, int(negative.sum()), int(nan.sum())
+
+
+def reference_sum(values):
+  real = values.astype(np.float64)
+  return real[real >= 0].sum()  # NaN >= 0 is False: excluded like the negatives
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_invalid_values_in_padded_rows_never_count(backend):
+  values = clean_values()
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # not even a warning
+    result = pe.masked_eval(step_fn, None, make_batches(values), backend=backend)
+  assert result["num_examples"] == len(values)
+  np.testing.assert_allclose(result["sum"], reference_sum(values), rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_invalid_values_in_real_rows_raise_by_default(backend):
+  values, negatives, nans = dirty_values()
+  assert negatives > 0 and nans > 0
+  with pytest.raises(ValueError) as info:
+    pe.masked_eval(step_fn, None, make_batches(values), backend=backend)
+  message = str(info.value)
+  assert f"'sum': {negatives} x 'negative'" in message
+  assert f"'sum': {nans} x 'nan'" in message
+  assert "on_invalid='warn'" in message
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_warn_returns_the_results_with_the_counts(backend):
+  values, negatives, nans = dirty_values()
+  with pytest.warns(InvalidValuesWarning) as record:
+    result = pe.masked_eval(step_fn, None, make_batches(values), backend=backend, on_invalid="warn")
+  assert len(record) == 1
+  message = str(record[0].message)
+  assert f"'sum': {negatives} x 'negative'" in message and f"'sum': {nans} x 'nan'" in message
+  assert record[0].filename == __file__  # points at the caller of masked_eval
+  assert result["num_examples"] == len(values)
+  np.testing.assert_allclose(result["sum"], reference_sum(values), rtol=1e-6)
+
+
+def test_ignore_returns_the_results_silently():
+  values, _, _ = dirty_values()
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    result = pe.masked_eval(step_fn, None, make_batches(values), backend="jit", on_invalid="ignore")
+  np.testing.assert_allclose(result["sum"], reference_sum(values), rtol=1e-6)
+
+
+def test_collection_member_is_named_by_its_key():
+  values, negatives, _ = dirty_values()
+
+  def collection_step(params, batch):
+    del params
+    metrics = pe.Metrics({"clean": SumOfNonNegatives()})
+    return metrics.batch_updates(values=batch["v"], mask=batch["mask"])
+
+  with pytest.raises(ValueError, match=f"'clean': {negatives} x 'negative'"):
+    pe.masked_eval(collection_step, None, make_batches(values), backend="pmap")
+
+
+def test_invalid_values_warning_is_a_runtime_warning():
+  assert issubclass(InvalidValuesWarning, RuntimeWarning)
+
+
+def test_bad_on_invalid():
+  with pytest.raises(
+    ValueError, match="on_invalid must be one of 'raise', 'warn', 'ignore'; got 'loud'"
+  ):
+    pe.masked_eval(step_fn, None, make_batches(clean_values()), on_invalid="loud")
