@@ -47,7 +47,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from padded_eval import distributed
 from padded_eval import sharding as sharding_lib
 from padded_eval.accumulate import ExactCount
-from padded_eval.metrics.base import Metric, check_choice
+from padded_eval.metrics.base import Metric
+from padded_eval.validation import check_choice
 
 __all__ = ["masked_eval"]
 
