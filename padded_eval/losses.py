@@ -24,66 +24,53 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
 from padded_eval.accumulate import upcast
-from padded_eval.metrics.base import (
-  broadcast_mask,
-  element_weights,
-  index_into_step,
-  map_arg_step,
-  masked,
-  route_kwargs,
-)
+from padded_eval.masking import broadcast_mask, element_weights, masked
+from padded_eval.routing import KeywordReader
 
 EPSILON = 1e-7  # probabilities are clipped to [EPSILON, 1 - EPSILON] (Keras)
 
 
 @dataclasses.dataclass(frozen=True)
-class Loss(abc.ABC):
+class Loss(KeywordReader, abc.ABC):
   """Base of every loss: hashable configuration, ``loss(**kw)`` -> scalar mean.
 
   Subclasses implement ``_batch_terms(**kw) -> (total, weight)`` (float32 scalars; the
   weighted per-element loss summed over real elements, and the summed weights) and
-  must accept and ignore unknown keywords. :class:`ElementwiseLoss` does this for
-  losses of ``preds`` and ``target``.
+  must accept and ignore unknown keywords. Its keyword-only parameters without a
+  default are the keywords the loss needs: a missing one raises ``ValueError``.
+  :class:`ElementwiseLoss` does this for losses of ``preds`` and ``target``.
+
+  ``name``, ``arg_routes``, :meth:`map_arg`, :meth:`index_into` and the configuration
+  hook ``_check_config`` come from :class:`padded_eval.routing.KeywordReader`, shared
+  with metrics.
 
   Attributes:
     name: the key in logs; the lowercase class name unless given.
     arg_routes: keyword routing set by :meth:`map_arg` / :meth:`index_into`.
   """
 
-  name: str | None = dataclasses.field(default=None, kw_only=True)
-  arg_routes: tuple = dataclasses.field(default=(), kw_only=True, repr=False)
+  input_readers: ClassVar[tuple[str, ...]] = ("_batch_terms",)
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
     dataclasses.dataclass(frozen=True)(cls)
 
-  def __post_init__(self):
-    if self.name is None:
-      object.__setattr__(self, "name", type(self).__name__.lower())
-    if not isinstance(self.name, str) or not self.name:
-      raise ValueError(f"name must be a non-empty str; got {self.name!r}")
-    self._check_config()
-
-  def _check_config(self) -> None:
-    """Raises ValueError for a bad configuration (override to check)."""
-
-  def map_arg(self, **sources: str) -> Loss:
-    """A copy reading each keyword from another: ``map_arg(preds="logits")``."""
-    return dataclasses.replace(self, arg_routes=(map_arg_step(sources),) + self.arg_routes)
-
-  def index_into(self, **paths) -> Loss:
-    """A copy indexing into a keyword: ``index_into(target=("labels", 0))``."""
-    return dataclasses.replace(self, arg_routes=(index_into_step(paths),) + self.arg_routes)
-
   def batch_terms(self, **kwargs) -> tuple[jax.Array, jax.Array]:
-    """``(total, weight)`` of one batch: float32 scalars, ``total / weight`` is the mean."""
-    return self._batch_terms(**route_kwargs(self.arg_routes, kwargs))
+    """``(total, weight)`` of one batch: float32 scalars, ``total / weight`` is the mean.
+
+    Raises:
+      ValueError: a keyword the loss needs is missing (after routing), or an input does
+        not fit (shapes, mask).
+    """
+    kwargs = self.routed(kwargs)
+    self.check_inputs_present(kwargs, type(self).__name__)
+    return self._batch_terms(**kwargs)
 
   @abc.abstractmethod
   def _batch_terms(self, **kwargs) -> tuple[jax.Array, jax.Array]:

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.losses import Loss, parameter_leaves
-from padded_eval.metrics.base import broadcast_mask
+from padded_eval.masking import broadcast_mask
 
 
 def real_example_count(mask=None, target=None, preds=None) -> jax.Array:

@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.accumulate import ExactSum, upcast
-from padded_eval.metrics.base import Metric, element_weights, masked, state
+from padded_eval.masking import element_weights, masked
+from padded_eval.metrics.base import Metric, state
 
 
 def _zero_sum(_):

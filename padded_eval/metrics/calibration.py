@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.accumulate import ExactCount, ExactSum
-from padded_eval.metrics.base import Metric, broadcast_mask, check_choice, state
+from padded_eval.masking import broadcast_mask
+from padded_eval.metrics.base import Metric, state
 from padded_eval.metrics.classification_inputs import (
   check_flag,
   check_ignore_index,
@@ -40,6 +41,7 @@ from padded_eval.metrics.classification_inputs import (
   check_task,
   probabilities,
 )
+from padded_eval.validation import check_choice
 
 NORMS = ("l1", "l2", "max")
 

@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.accumulate import upcast
-from padded_eval.metrics.base import broadcast_mask, check_choice
+from padded_eval.masking import broadcast_mask
+from padded_eval.validation import check_choice
 
 TASKS = ("binary", "multiclass", "multilabel")
 AVERAGES = ("micro", "macro", "weighted", None)

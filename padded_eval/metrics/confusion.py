@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval.accumulate import ExactCount
-from padded_eval.metrics.base import Metric, check_choice, state
+from padded_eval.metrics.base import Metric, state
 from padded_eval.metrics.classification_inputs import (
   AVERAGES,
   MAX_MATRIX_CLASSES,
@@ -70,6 +70,7 @@ from padded_eval.metrics.classification_inputs import (
   matrix_counts,
   num_columns,
 )
+from padded_eval.validation import check_choice
 
 # --- the shared state ------------------------------------------------------------------
 

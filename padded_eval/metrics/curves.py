@@ -53,7 +53,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval.accumulate import ExactCount
-from padded_eval.metrics.base import Metric, broadcast_mask, check_choice, state
+from padded_eval.masking import broadcast_mask
+from padded_eval.metrics.base import Metric, state
 from padded_eval.metrics.classification_inputs import (
   AVERAGES,
   check_flag,
@@ -65,6 +66,7 @@ from padded_eval.metrics.classification_inputs import (
   num_columns,
   probabilities,
 )
+from padded_eval.validation import check_choice
 
 DEFAULT_NUM_THRESHOLDS = 65_537
 BINNINGS = ("logit", "linear")

@@ -23,7 +23,9 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.accumulate import Accumulator, ExactSum, _register, upcast
-from padded_eval.metrics.base import Metric, check_choice, element_weights, state
+from padded_eval.masking import element_weights
+from padded_eval.metrics.base import Metric, state
+from padded_eval.validation import check_choice
 
 
 def _split(a):

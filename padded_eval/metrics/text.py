@@ -6,8 +6,9 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.accumulate import ExactSum, upcast
+from padded_eval.masking import broadcast_mask
 from padded_eval.metrics.averages import _zero_sum, weighted_totals
-from padded_eval.metrics.base import Metric, broadcast_mask, state
+from padded_eval.metrics.base import Metric, state
 
 
 def token_cross_entropy(logits: jax.Array, target: jax.Array) -> jax.Array:
