@@ -5,8 +5,8 @@ holds collectives (`psum`) that wait for all processes. A process that runs one 
 shape, dies, or never arrives leaves the others waiting in that collective forever. `masked_eval` calls this module
 so that none of this can happen:
 
-1. **Pre-flight.** Before any collective, every process publishes, in the coordination service's key-value store,
-   the structure, shapes and dtypes of its first batch, its number of batches when known, and the call's settings
+1. **Pre-flight.** Before any collective, every process publishes (`padded_eval.coordination.exchange`) the
+   `BatchSpec` of its first batch, its number of batches when known, and the call's settings
    (backend, mask key, ...). All processes read all of them (waiting at most `timeout` seconds) and check that they
    agree; a difference raises the same `ValueError`, naming the process and the leaf, on every process. A process
    without any batch learns the batch structure here and feeds all-padding batches.
@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -58,6 +57,7 @@ import numpy as np
 
 from padded_eval.backends import StepInput
 from padded_eval.batch_spec import BatchSpec
+from padded_eval.coordination import exchange, first_line
 
 __all__ = [
   "DEFAULT_TIMEOUT_S",
@@ -77,7 +77,6 @@ MULTIHOST_STEPS_IN_FLIGHT = 1
 backend, CPU/gloo, jax 0.10.2) while step t waited in a collective for a stuck peer, out of reach of any deadline;
 with 1, every wait on a peer is a deadline-bounded wait on a finished dispatch."""
 
-_KEY_PREFIX = "padded_eval/masked_eval"
 _call_numbers = itertools.count()
 _POLL_FIRST_S, _POLL_MAX_S = 2e-5, 1e-3
 
@@ -121,64 +120,6 @@ def process_slice(
   share, extra = divmod(int(num_examples), process_count)
   start = process_index * share + min(process_index, extra)
   return slice(start, start + share + (process_index < extra))
-
-
-# --- the coordination service ---------------------------------------------------------------
-
-
-def _client():
-  """The coordination-service client: the one use of JAX's private API in this package.
-
-  JAX has no public handle on the key-value store that `jax.distributed.initialize` set up.
-  """
-  from jax._src import distributed as jax_distributed
-
-  client = jax_distributed.global_state.client
-  if client is None:
-    raise RuntimeError(
-      f"masked_eval runs on {jax.process_count()} processes but jax.distributed is not "
-      "initialized; call jax.distributed.initialize() first"
-    )
-  return client
-
-
-def exchange(payload: dict, name: str, timeout: float) -> list[dict]:
-  """All-gathers a small JSON payload over the key-value store: ``result[p]`` is process ``p``'s payload.
-
-  Raises:
-    TimeoutError: some process did not publish within `timeout` seconds (named in the message).
-  """
-  client, me, count = _client(), jax.process_index(), jax.process_count()
-  prefix = f"{_KEY_PREFIX}/{name}"
-  client.key_value_set(f"{prefix}/{me}", json.dumps(payload))
-  deadline = time.monotonic() + timeout
-  values: dict[int, str] = {}
-  for process in range(count):
-    remaining_ms = max(int((deadline - time.monotonic()) * 1000), 1)
-    try:
-      values[process] = client.blocking_key_value_get(f"{prefix}/{process}", remaining_ms)
-    except Exception as err:  # DEADLINE_EXCEEDED (or the coordinator is gone): name who is missing
-      missing = [
-        p for p in range(count) if p not in values and not _published(client, f"{prefix}/{p}")
-      ]
-      raise TimeoutError(
-        f"masked_eval on process {me} of {count}: process(es) {missing or [process]} did not reach the "
-        f"pre-flight check within {timeout:g} s (they died, hang, or do not call masked_eval; "
-        f"coordination service: {_first_line(err)})"
-      ) from None
-  return [json.loads(values[p]) for p in range(count)]
-
-
-def _published(client, key: str) -> bool:
-  try:
-    client.key_value_try_get(key)
-    return True
-  except Exception:  # NOT_FOUND, or the service is unreachable
-    return False
-
-
-def _first_line(err: BaseException) -> str:
-  return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
 
 
 # --- step feeds: the batch iterator and the wait, per process count -------------------------
@@ -272,7 +213,7 @@ def lockstep(
     "batch": None if first is None else BatchSpec.from_batch(first, mask_key).to_json(),
     "length": length,
     "settings": settings,
-    "failure": None if failure is None else f"{type(failure).__name__}: {_first_line(failure)}",
+    "failure": None if failure is None else f"{type(failure).__name__}: {first_line(failure)}",
   }
   everyone = exchange(mine, f"{next_call_number()}/preflight", timeout)
   if failure is not None:
@@ -447,7 +388,7 @@ class Lockstep:
     except jax.errors.JaxRuntimeError as err:
       raise RuntimeError(
         f"masked_eval step {step} failed on process {jax.process_index()} of {jax.process_count()}: "
-        f"{_first_line(err)}. A collective across processes broke, most likely because another process "
+        f"{first_line(err)}. A collective across processes broke, most likely because another process "
         "died. jax.distributed cannot shut down cleanly after this: exit the process (jax aborts it "
         "after heartbeat_timeout_seconds)"
       ) from err
