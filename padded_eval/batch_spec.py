@@ -93,11 +93,13 @@ class BatchSpec:
     leaves: ``{path: LeafSpec}`` of every leaf but the mask (compared without regard to order).
     batch_size: rows per batch ``B``; None for the spec of a source's rows (any number of rows).
     mask_key: top-level key of the bool ``[B]`` mask; None for the spec of a source's rows.
+    structure: the pytree structure (containers) of a padded batch from `from_batch`, else None; not compared.
   """
 
   leaves: dict[Path, LeafSpec]
   batch_size: int | None = None
   mask_key: str | None = None
+  structure: Any = dataclasses.field(default=None, compare=False, repr=False)
 
   @classmethod
   def of_rows(cls, flat: FlatBatch, unknown_rows: bool = False) -> BatchSpec:
@@ -152,7 +154,8 @@ class BatchSpec:
       )
     batch_size = mask_shape[0]
     leaves = {}
-    for key_path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]:
+    flat, structure = jax.tree_util.tree_flatten_with_path(batch)
+    for key_path, leaf in flat:
       path = tuple(getattr(key, "key", key) for key in key_path)  # dict keys as they are
       shape, dtype = np.shape(leaf), _dtype(leaf)
       if not shape or shape[0] != batch_size:
@@ -167,7 +170,7 @@ class BatchSpec:
         )
       if path != (mask_key,):
         leaves[path] = LeafSpec(shape[1:], dtype)
-    return cls(leaves, batch_size, mask_key)
+    return cls(leaves, batch_size, mask_key, structure)
 
   # --- comparing batches --------------------------------------------------------------------------------------
 
@@ -184,8 +187,8 @@ class BatchSpec:
   def check_same(self, other: BatchSpec, index: int) -> None:
     """Raises unless `other` (the spec of batch `index`) has this spec's keys, row shapes and dtypes.
 
-    Row counts are compared only when this is a padded batch's spec (`mask_key` set). String dtypes of one kind
-    may differ in length.
+    Row counts are compared only when this is a padded batch's spec (`mask_key` set), containers only when both
+    specs know their `structure`. String dtypes of one kind may differ in length.
 
     Raises:
       ValueError: naming the batch, the key, what came and what was expected.
@@ -217,6 +220,12 @@ class BatchSpec:
           f"batch {index}: key {path_name(path)} has dtype {got.dtype}; expected {want.dtype} "
           f"like batch 0{self._hint()}"
         )
+    known = self.structure is not None and other.structure is not None
+    if known and other.structure != self.structure:
+      raise ValueError(
+        f"batch {index} has structure {other.structure}; expected the first batch's "
+        f"{self.structure}{self._hint()}"
+      )
 
   def check_rows(self, flat: FlatBatch, index: int) -> None:
     """`check_same` for flat source batch `index` (numpy leaves ``[rows, ...]``), fast when nothing changed.

@@ -5,8 +5,8 @@ holds collectives (`psum`) that wait for all processes. A process that runs one 
 shape, dies, or never arrives leaves the others waiting in that collective forever. `masked_eval` calls this module
 so that none of this can happen:
 
-1. **Pre-flight.** Before any collective, every process publishes, in the coordination service's key-value store,
-   the structure, shapes and dtypes of its first batch, its number of batches when known, and the call's settings
+1. **Pre-flight.** Before any collective, every process publishes (`padded_eval.coordination.exchange`) the
+   `BatchSpec` of its first batch, its number of batches when known, and the call's settings
    (backend, mask key, ...). All processes read all of them (waiting at most `timeout` seconds) and check that they
    agree; a difference raises the same `ValueError`, naming the process and the leaf, on every process. A process
    without any batch learns the batch structure here and feeds all-padding batches.
@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -57,8 +56,18 @@ import jax
 import numpy as np
 
 from padded_eval.backends import StepInput
+from padded_eval.batch_spec import BatchSpec
+from padded_eval.coordination import exchange, first_line
 
-__all__ = ["DEFAULT_TIMEOUT_S", "Lockstep", "OneProcess", "lockstep", "process_slice", "step_feed"]
+__all__ = [
+  "DEFAULT_TIMEOUT_S",
+  "Lockstep",
+  "OneProcess",
+  "lockstep",
+  "next_call_number",
+  "process_slice",
+  "step_feed",
+]
 
 DEFAULT_TIMEOUT_S = 300.0
 """Seconds a process waits for the others (pre-flight, or one step) when `masked_eval` gets ``timeout=None``."""
@@ -68,10 +77,7 @@ MULTIHOST_STEPS_IN_FLIGHT = 1
 backend, CPU/gloo, jax 0.10.2) while step t waited in a collective for a stuck peer, out of reach of any deadline;
 with 1, every wait on a peer is a deadline-bounded wait on a finished dispatch."""
 
-_KEY_PREFIX = "padded_eval/masked_eval"
-_call_numbers = (
-  itertools.count()
-)  # every process calls masked_eval in the same order: equal numbers match
+_call_numbers = itertools.count()
 _POLL_FIRST_S, _POLL_MAX_S = 2e-5, 1e-3
 
 
@@ -114,116 +120,6 @@ def process_slice(
   share, extra = divmod(int(num_examples), process_count)
   start = process_index * share + min(process_index, extra)
   return slice(start, start + share + (process_index < extra))
-
-
-# --- batch structure as plain data (exchanged between processes) -------------------------
-
-
-def describe(batch: Any) -> list[list]:
-  """``[[path, shape, dtype], ...]`` of a dict batch's leaves, JSON-ready (paths are lists of keys)."""
-  flat, _ = jax.tree_util.tree_flatten_with_path(batch)
-  return [
-    [[_key_name(k) for k in path], list(np.shape(leaf)), _dtype_str(leaf)] for path, leaf in flat
-  ]
-
-
-def _key_name(key) -> str:
-  if isinstance(key, jax.tree_util.DictKey):
-    return str(key.key)
-  return jax.tree_util.keystr((key,))
-
-
-def _dtype_str(leaf) -> str:
-  dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
-  return np.dtype(dtype).str
-
-
-def padding_batch(description: list[list], mask_key: str) -> dict:
-  """An all-padding batch (zeros, mask all False) with the described structure, shapes and dtypes."""
-  batch: dict = {}
-  for path, shape, dtype in description:
-    node = batch
-    for key in path[:-1]:
-      node = node.setdefault(key, {})
-    node[path[-1]] = np.zeros(shape, np.dtype(dtype))
-  batch[mask_key] = np.zeros_like(batch[mask_key], dtype=bool)
-  return batch
-
-
-def _difference(description: list[list], reference: list[list]) -> str:
-  """The first difference between two batch descriptions, in words."""
-  by_path = {"/".join(path): (tuple(shape), dtype) for path, shape, dtype in description}
-  ref_by_path = {"/".join(path): (tuple(shape), dtype) for path, shape, dtype in reference}
-  missing = sorted(set(ref_by_path) - set(by_path))
-  extra = sorted(set(by_path) - set(ref_by_path))
-  if missing or extra:
-    return f"keys differ: missing {missing}, unexpected {extra}"
-  for path, (shape, dtype) in by_path.items():
-    ref_shape, ref_dtype = ref_by_path[path]
-    if (shape, dtype) != (ref_shape, ref_dtype):
-      return (
-        f"leaf {path!r} has shape {shape} dtype {np.dtype(dtype).name}, expected shape {ref_shape} "
-        f"dtype {np.dtype(ref_dtype).name}"
-      )
-  return "leaf order differs"
-
-
-# --- the coordination service ---------------------------------------------------------------
-
-
-def _client():
-  """The coordination-service client: the one use of JAX's private API in this package.
-
-  JAX has no public handle on the key-value store that `jax.distributed.initialize` set up.
-  """
-  from jax._src import distributed as jax_distributed
-
-  client = jax_distributed.global_state.client
-  if client is None:
-    raise RuntimeError(
-      f"masked_eval runs on {jax.process_count()} processes but jax.distributed is not "
-      "initialized; call jax.distributed.initialize() first"
-    )
-  return client
-
-
-def exchange(payload: dict, name: str, timeout: float) -> list[dict]:
-  """All-gathers a small JSON payload over the key-value store: ``result[p]`` is process ``p``'s payload.
-
-  Raises:
-    TimeoutError: some process did not publish within `timeout` seconds (named in the message).
-  """
-  client, me, count = _client(), jax.process_index(), jax.process_count()
-  prefix = f"{_KEY_PREFIX}/{name}"
-  client.key_value_set(f"{prefix}/{me}", json.dumps(payload))
-  deadline = time.monotonic() + timeout
-  values: dict[int, str] = {}
-  for process in range(count):
-    remaining_ms = max(int((deadline - time.monotonic()) * 1000), 1)
-    try:
-      values[process] = client.blocking_key_value_get(f"{prefix}/{process}", remaining_ms)
-    except Exception as err:  # DEADLINE_EXCEEDED (or the coordinator is gone): name who is missing
-      missing = [
-        p for p in range(count) if p not in values and not _published(client, f"{prefix}/{p}")
-      ]
-      raise TimeoutError(
-        f"masked_eval on process {me} of {count}: process(es) {missing or [process]} did not reach the "
-        f"pre-flight check within {timeout:g} s (they died, hang, or do not call masked_eval; "
-        f"coordination service: {_first_line(err)})"
-      ) from None
-  return [json.loads(values[p]) for p in range(count)]
-
-
-def _published(client, key: str) -> bool:
-  try:
-    client.key_value_try_get(key)
-    return True
-  except Exception:  # NOT_FOUND, or the service is unreachable
-    return False
-
-
-def _first_line(err: BaseException) -> str:
-  return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
 
 
 # --- step feeds: the batch iterator and the wait, per process count -------------------------
@@ -314,12 +210,12 @@ def lockstep(
   except Exception as err:  # reported to the others first, then re-raised here
     first, failure = None, err
   mine = {
-    "batch": None if first is None else describe(first),
+    "batch": None if first is None else BatchSpec.from_batch(first, mask_key).to_json(),
     "length": length,
     "settings": settings,
-    "failure": None if failure is None else f"{type(failure).__name__}: {_first_line(failure)}",
+    "failure": None if failure is None else f"{type(failure).__name__}: {first_line(failure)}",
   }
-  everyone = exchange(mine, f"{next(_call_numbers)}/preflight", timeout)
+  everyone = exchange(mine, f"{next_call_number()}/preflight", timeout)
   if failure is not None:
     raise failure
   failed = [
@@ -330,12 +226,11 @@ def lockstep(
       f"masked_eval on process {jax.process_index()}: process {failed[0][0]} failed before the "
       f"first step ({failed[0][1]}); no step was run"
     )
-  description = _agreed(everyone, mask_key)
+  spec = _agreed(everyone, mask_key)
   lengths = [p["length"] if p["batch"] is not None else 0 for p in everyone]
   num_steps = None if None in lengths else max(lengths)
   source = iter(()) if first is None else itertools.chain([first], batches)
-  padding = padding_batch(description, mask_key)
-  return Lockstep(source, padding, num_steps, num_shards, timeout)
+  return Lockstep(source, spec.padding_batch(), num_steps, num_shards, timeout)
 
 
 def check_timeout(timeout) -> float:
@@ -348,8 +243,17 @@ def check_timeout(timeout) -> float:
   return float(timeout)
 
 
-def _agreed(everyone: list[dict], mask_key: str) -> list[list]:
-  """The common batch description; ValueError (the same on every process) on any disagreement."""
+def next_call_number() -> int:
+  """Numbers this process's multi-process `masked_eval` calls 0, 1, ... (the pre-flight's key).
+
+  Every process calls `masked_eval` in the same order, so equal numbers match across processes. A process that
+  skips a call (a test of a process that never arrives) takes one number to stay aligned with the others.
+  """
+  return next(_call_numbers)
+
+
+def _agreed(everyone: list[dict], mask_key: str) -> BatchSpec:
+  """The common batch spec; ValueError (the same on every process) on any disagreement."""
   settings = everyone[0]["settings"]
   for process, payload in enumerate(everyone):
     for name, value in payload["settings"].items():
@@ -365,15 +269,16 @@ def _agreed(everyone: list[dict], mask_key: str) -> list[list]:
       "at least one (an all-padding batch is fine: pe.pad_batches(..., num_batches=1))"
     )
   reference_process = with_data[0]
-  reference = everyone[reference_process]["batch"]
+  reference = BatchSpec.from_json(everyone[reference_process]["batch"])
   for process in with_data[1:]:
-    if everyone[process]["batch"] != reference:
+    difference = BatchSpec.from_json(everyone[process]["batch"]).difference(reference)
+    if difference is not None:
       raise ValueError(
-        f"masked_eval: the batches of process {process} differ from those of process {reference_process}: "
-        f"{_difference(everyone[process]['batch'], reference)}. Every process must feed batches of the same "
-        f"structure, shapes and dtypes (the same batch_size and features in pe.pad_batches)"
+        f"masked_eval: the batches of process {process} differ from those of process "
+        f"{reference_process}: {difference}. Every process must feed batches of the same "
+        "structure, shapes and dtypes (the same batch_size and features in pe.pad_batches)"
       )
-  if not any(path == [mask_key] for path, _, _ in reference):
+  if reference.mask_key != mask_key:
     raise ValueError(f"the batches have no mask key {mask_key!r}; pad them with pe.pad_batches")
   return reference
 
@@ -483,7 +388,7 @@ class Lockstep:
     except jax.errors.JaxRuntimeError as err:
       raise RuntimeError(
         f"masked_eval step {step} failed on process {jax.process_index()} of {jax.process_count()}: "
-        f"{_first_line(err)}. A collective across processes broke, most likely because another process "
+        f"{first_line(err)}. A collective across processes broke, most likely because another process "
         "died. jax.distributed cannot shut down cleanly after this: exit the process (jax aborts it "
         "after heartbeat_timeout_seconds)"
       ) from err

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import collections.abc as cabc
-import dataclasses
 import functools
 import itertools
 import time
@@ -45,6 +44,7 @@ from jax.sharding import Mesh
 
 from padded_eval import backends, distributed
 from padded_eval.accumulate import ExactCount
+from padded_eval.batch_spec import BatchSpec
 from padded_eval.metrics.base import Metric
 from padded_eval.validation import check_choice
 
@@ -61,87 +61,8 @@ class InvalidValuesWarning(RuntimeWarning):
 # --- host-side batch checks (each batch must match the first: no recompilation) -------
 
 
-@dataclasses.dataclass(frozen=True)
-class _BatchSpec:
-  """The structure, shapes and dtypes every batch must have (the first batch's).
-
-  Same methods as `padded_eval.batch_spec.BatchSpec` (``from_batch``, ``check``,
-  ``check_divisible``), which replaces it in `_checked_batches`.
-  """
-
-  treedef: Any
-  leaves: tuple[tuple[tuple[int, ...], np.dtype], ...]
-  batch_size: int
-  mask_key: str
-
-  @classmethod
-  def from_batch(cls, batch, mask_key: str, index: int) -> _BatchSpec:
-    """Checks one host batch and returns its spec.
-
-    Raises:
-      ValueError: not a Mapping, no ``mask_key``, a mask that is not bool ``[B]``, a
-        leaf whose leading size is not ``B``, or a string leaf.
-    """
-    if not isinstance(batch, cabc.Mapping):
-      raise ValueError(
-        f"batch {index} is a {type(batch).__name__}; expected a dict of arrays with a "
-        f"{mask_key!r} entry (use pe.pad_batches)"
-      )
-    if mask_key not in batch:
-      raise ValueError(
-        f"batch {index} has no mask key {mask_key!r}; got keys {sorted(map(str, batch))}. "
-        "Pad batches with pe.pad_batches, which adds the mask of real rows."
-      )
-    mask_shape, mask_dtype = np.shape(batch[mask_key]), _dtype(batch[mask_key])
-    if len(mask_shape) != 1 or mask_dtype != np.bool_:
-      raise ValueError(
-        f"batch {index}: {mask_key!r} has shape {mask_shape} and dtype {mask_dtype}; "
-        "expected a bool array [batch_size]"
-      )
-    batch_size = mask_shape[0]
-    flat, treedef = jax.tree_util.tree_flatten_with_path(batch)
-    for path, leaf in flat:
-      shape, dtype = np.shape(leaf), _dtype(leaf)
-      if not shape or shape[0] != batch_size:
-        raise ValueError(
-          f"batch {index}: leaf {jax.tree_util.keystr(path)} has shape {shape}; expected "
-          f"leading size {batch_size}, the size of {mask_key!r}"
-        )
-      if dtype.kind in "USO":
-        raise ValueError(
-          f"batch {index}: leaf {jax.tree_util.keystr(path)} holds strings ({dtype}), which "
-          "cannot be placed on a device; drop it from the batch"
-        )
-    leaves = tuple((np.shape(leaf), _dtype(leaf)) for _, leaf in flat)
-    return cls(treedef, leaves, batch_size, mask_key)
-
-  def check(self, batch, index: int) -> _BatchSpec:
-    """Checks batch ``index`` against this spec; ValueError naming what differs."""
-    spec = self.from_batch(batch, self.mask_key, index)
-    if spec != self:
-      raise ValueError(
-        f"batch {index} has structure {spec.treedef} with (shape, dtype) {spec.leaves}; "
-        f"expected the first batch's {self.treedef} with {self.leaves}. Every batch needs "
-        "the same shapes (pad with pe.pad_batches), else the step recompiles."
-      )
-    return spec
-
-  def check_divisible(self, num_shards: int, where: str) -> None:
-    """ValueError unless the batch size splits into ``num_shards`` (named by ``where``)."""
-    if self.batch_size % num_shards:
-      lower = max(self.batch_size // num_shards, 1) * num_shards
-      raise ValueError(
-        f"batch size {self.batch_size} is not divisible by {where}; use a multiple, e.g. "
-        f"{lower} or {lower + num_shards} (pe.pad_batches(..., num_devices={num_shards}))"
-      )
-
-
-def _dtype(x) -> np.dtype:
-  return np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
-
-
 def _checked_batches(batches: cabc.Iterator, mask_key: str, backend: backends.Backend):
-  """Yields ``batches``, each checked; the first fixes the spec every later one must match.
+  """Yields ``batches``, each checked; the first fixes the `BatchSpec` every later one must match.
 
   The one place where batches are checked: a batch that fails raises ValueError when it
   is read (batch 0 inside the multi-host pre-flight, which reports it to every process).
@@ -149,16 +70,17 @@ def _checked_batches(batches: cabc.Iterator, mask_key: str, backend: backends.Ba
   spec = None
   for index, batch in enumerate(batches):
     if spec is None:
-      spec = _BatchSpec.from_batch(batch, mask_key, index)
+      spec = BatchSpec.from_batch(batch, mask_key, index)
       spec.check_divisible(backend.num_shards, _shards(backend))
-    spec.check(batch, index)
+    else:
+      spec.check(batch, index)
     yield batch
 
 
-def _shards(backend: backends.Backend) -> str:
-  """The shards of the data axis, in words, for messages."""
+def _shards(backend: backends.Backend) -> str | None:
+  """The shards of the data axis, in words, for messages; None: "the {n} devices"."""
   if backend.mesh.devices.ndim == 1:
-    return f"the {backend.num_shards} devices"
+    return None
   return (
     f"the {backend.num_shards} shards of the mesh's first axis {backend.data_axis!r} "
     f"(mesh {dict(backend.mesh.shape)})"

@@ -1,5 +1,6 @@
 """BatchSpec: the one spec of a batch's structure, shapes and dtypes (data, driver and multi-host code)."""
 
+import collections
 import json
 
 import jax
@@ -276,6 +277,18 @@ def test_messages_keep_the_drivers_tested_wording():
     BatchSpec.from_batch({"x": np.ones((16, 2)), "mask": np.ones(16, np.int64)})
   with pytest.raises(ValueError, match="batch size 12 is not divisible by the 8 devices"):
     BatchSpec.from_batch({"x": np.ones((12, 2)), "mask": np.ones(12, bool)}).check_divisible(8)
+
+
+def test_check_refuses_other_containers_with_the_same_leaves():
+  first = padded()
+  spec = BatchSpec.from_batch(first)
+  spec.check(dict(reversed(list(first.items()))), 1)  # key order is not structure
+  with pytest.raises(
+    ValueError, match="batch 1 has structure .*'meta'.*expected the first batch's"
+  ):
+    spec.check({**first, "meta": collections.OrderedDict(first["meta"])}, 1)
+  assert BatchSpec.from_json(spec.to_json()).structure is None  # JSON specs compare leaves only
+  assert BatchSpec.from_json(spec.to_json()) == spec
 
 
 def test_check_rows_is_check_same_on_flat_batches():

@@ -5,6 +5,7 @@ right on them proves the mask is applied before any arithmetic. Traces are count
 with a Python counter inside ``step_fn``; compilations with JAX's compile events.
 """
 
+import collections
 import itertools
 
 import jax
@@ -317,6 +318,16 @@ def test_batch_whose_shape_changes():
   batches = _batches(16, 1) + _batches(24, 1)
   with pytest.raises(ValueError, match="batch 1 has .*\\(24, 2\\).*expected the first batch's"):
     pe.masked_eval(_step_mean, None, batches, backend="jit")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_whose_containers_change(backend):
+  """Same keys, shapes and dtypes in an OrderedDict: the step would retrace, so it is refused."""
+  first, second = _batches(16, 2)
+  with pytest.raises(
+    ValueError, match="batch 1 has structure .*OrderedDict.*expected the first batch's"
+  ):
+    pe.masked_eval(_step_mean, None, [first, collections.OrderedDict(second)], backend=backend)
 
 
 def test_no_batches():
