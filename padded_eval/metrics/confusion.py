@@ -369,19 +369,7 @@ class MatthewsCorrCoef(ConfusionState):
   _full_matrix: ClassVar[bool] = True
 
   def compute(self) -> jax.Array:
-    cells = exact_products.digits(self.table())  # [K, K, D]
-    true_count = exact_products.total(cells, axis=1)  # [K, D]
-    pred_count = exact_products.total(cells, axis=0)
-    n = exact_products.total(true_count, axis=0)
-    correct = exact_products.total(jnp.moveaxis(jnp.diagonal(cells, 0, 0, 1), -1, 0), axis=0)
-    times, total = exact_products.times, exact_products.total
-    n_squared = times(n, n)
-    cov_true_pred = exact_products.difference(
-      times(correct, n), total(times(true_count, pred_count), axis=0)
-    )
-    cov_true = exact_products.difference(n_squared, total(times(true_count, true_count), axis=0))
-    cov_pred = exact_products.difference(n_squared, total(times(pred_count, pred_count), axis=0))
-    value = divide(cov_true_pred, jnp.sqrt(cov_true) * jnp.sqrt(cov_pred))
+    value = exact_products.matthews_corrcoef(self.table())
     return jnp.where(self.seen(), value, jnp.nan)
 
 

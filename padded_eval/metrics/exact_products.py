@@ -45,26 +45,38 @@ def digits(count: ExactCount) -> jax.Array:
 
 def normalize(values: jax.Array) -> jax.Array:
   """Carries propagated: every digit in ``[0, 2**12)`` but the top one, which keeps the
-  sign and any excess (digits may be negative on entry, ``|digit| < 2**30``)."""
-  out, carry = [], jnp.zeros(values.shape[:-1], jnp.int32)
-  for m in range(NUM_DIGITS):
-    value = values[..., m] + carry
-    if m == NUM_DIGITS - 1:
-      out.append(value)
-    else:
-      out.append(value & _DIGIT_MASK)
-      carry = value >> DIGIT_BITS  # arithmetic shift: floor division, also below 0
-  return jnp.stack(out, axis=-1)
+  sign and any excess (digits may be negative on entry, ``|digit| < 2**30``).
+
+  One ``lax.scan`` over the digits (the carry ripples lowest first), so a program
+  holds one small loop instead of a chain of ``NUM_DIGITS`` steps.
+  """
+  by_digit = jnp.moveaxis(values, -1, 0)
+
+  def step(carry, digit):
+    value = digit + carry
+    return value >> DIGIT_BITS, value & _DIGIT_MASK  # arithmetic shift: floor, also below 0
+
+  carry, low = jax.lax.scan(step, jnp.zeros(values.shape[:-1], jnp.int32), by_digit[:-1])
+  return jnp.moveaxis(jnp.concatenate([low, (by_digit[-1] + carry)[None]]), 0, -1)
+
+
+_COUNT_DIGITS = 6  # nonzero digits of a count below 2**72
+# _PLACE[i * 6 + j, m] = 1 where i + j = m: digit products to their column of the product.
+_PLACE = np.zeros((_COUNT_DIGITS * _COUNT_DIGITS, NUM_DIGITS), np.int32)
+for _i in range(_COUNT_DIGITS):
+  for _j in range(_COUNT_DIGITS):
+    _PLACE[_i * _COUNT_DIGITS + _j, _i + _j] = 1
 
 
 def times(a: jax.Array, b: jax.Array) -> jax.Array:
-  """Digits of ``a * b`` (normalized digits in, normalized digits out; exact)."""
-  width = 6  # nonzero digits of a count; products of wider sums are never needed
-  columns = jnp.zeros(a.shape[:-1] + (NUM_DIGITS,), jnp.int32)
-  for i in range(width):
-    term = a[..., i : i + 1] * b[..., :width]  # < 2**24 each; <= 6 per column
-    columns = columns + jnp.pad(term, [(0, 0)] * (term.ndim - 1) + [(i, NUM_DIGITS - width - i)])
-  return normalize(columns)
+  """Digits of ``a * b`` for two arrays of count digits (values below ``2**61``; exact).
+
+  Every digit product is below ``2**24`` and a column sums at most 6 of them.
+  """
+  a, b = a[..., :_COUNT_DIGITS], b[..., :_COUNT_DIGITS]
+  products = a[..., :, None] * b[..., None, :]
+  flat = products.reshape(products.shape[:-2] + (_COUNT_DIGITS * _COUNT_DIGITS,))
+  return normalize(jnp.matmul(flat, jnp.asarray(_PLACE)))
 
 
 def total(values: jax.Array, axis: int = 0) -> jax.Array:
@@ -74,8 +86,37 @@ def total(values: jax.Array, axis: int = 0) -> jax.Array:
 
 def difference(a: jax.Array, b: jax.Array) -> jax.Array:
   """float32 ``a - b`` of two normalized digit arrays, rounded only at the end."""
-  forward, backward = normalize(a - b), normalize(b - a)
-  negative = forward[..., -1] < 0
-  magnitude = jnp.where(negative[..., None], backward, forward)
+  both = normalize(jnp.stack([a - b, b - a]))
+  negative = both[0, ..., -1] < 0
+  magnitude = jnp.where(negative[..., None], both[1], both[0])
   value = jnp.sum(magnitude.astype(jnp.float32) * _SCALES, axis=-1)
   return jnp.where(negative, -value, value)
+
+
+@jax.jit  # compiled once per table shape, also for eager compute()
+def matthews_corrcoef(table: ExactCount) -> jax.Array:
+  """float32 Matthews correlation of an exact square table ``[K, K]`` (0 where undefined).
+
+  ``(c n - sum t_k p_k) / sqrt((n^2 - sum t_k^2) (n^2 - sum p_k^2))`` with ``n`` the
+  total, ``c`` the trace, ``t`` / ``p`` the row / column sums; the three differences are
+  exact (formed on digits) and rounded once each.
+  """
+  cells = digits(table)  # [K, K, D]
+  k = cells.shape[0]
+  marginals = normalize(jnp.stack([jnp.sum(cells, 1), jnp.sum(cells, 0)]))
+  true_count, pred_count = marginals[0], marginals[1]  # [K, D]
+  diagonal = jnp.moveaxis(jnp.diagonal(cells, 0, 0, 1), -1, 0)
+  n, correct = normalize(jnp.stack([jnp.sum(true_count, 0), jnp.sum(diagonal, 0)]))
+  products = times(  # one batch: c n, n n, t p, t t, p p
+    jnp.concatenate([correct[None], n[None], true_count, true_count, pred_count]),
+    jnp.concatenate([n[None], n[None], pred_count, true_count, pred_count]),
+  )
+  sums = [jnp.sum(products[2 + i * k : 2 + (i + 1) * k], 0) for i in range(3)]
+  terms = normalize(jnp.stack([products[0], products[1]] + sums))
+  cov_true_pred, cov_true, cov_pred = difference(  # c n - sum t p, n^2 - sum t^2, ...
+    jnp.stack([terms[0], terms[1], terms[1]]), terms[2:]
+  )
+  denominator = jnp.sqrt(cov_true) * jnp.sqrt(cov_pred)
+  return jnp.where(
+    denominator > 0, cov_true_pred / jnp.where(denominator > 0, denominator, 1.0), 0.0
+  )
