@@ -138,7 +138,10 @@ def _score_reference(score, task, average, *, ignore=None, top_k=1, **kw):
       return _specificity(mcm, average, included, multilabel=task == "multilabel")
     labels = [c for c in range(C) if included[c]]
     if average == "macro" and task == "multiclass":  # classes in target or preds (sklearn)
-      seen = set(np.unique(yt)) | set(np.unique(yp))
+      if yt.ndim == 1:
+        seen = set(np.unique(yt)) | set(np.unique(yp))
+      else:  # top-k indicator form
+        seen = set(np.flatnonzero(yt.any(0) | yp.any(0)))
       labels = [c for c in labels if c in seen]
     value = SKLEARN_SCORES[score](yt, yp, labels=labels, average=average, zero_division=0)
     if average is None:
