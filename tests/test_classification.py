@@ -426,6 +426,8 @@ def test_bad_inputs_raise():
     M.F1Score(num_classes=3).update(preds=jnp.ones((2, 4)), target=jnp.array([0, 1]))
   with pytest.raises(ValueError, match="class ids"):
     M.F1Score(num_classes=3).update(preds=jnp.array([0.2, 0.9]), target=jnp.array([0, 1]))
+  with pytest.raises(ValueError, match="top_k"):
+    M.Precision(num_classes=3, top_k=2).update(preds=jnp.array([0, 1]), target=jnp.array([0, 1]))
   with pytest.raises(ValueError, match="target"):
     M.F1Score(task="binary").update(preds=jnp.array([0.2, 0.9]), target=jnp.array([0.0, 1.0]))
   with pytest.raises(ValueError, match="multilabel"):

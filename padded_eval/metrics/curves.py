@@ -44,7 +44,8 @@ valid label (0/1, or a class id) or equals ``ignore_index`` (a multiclass class 
 ``ignore_index`` is also left out of every average), or when the score is NaN. Real
 elements that are invalid are counted by kind
 (:meth:`~padded_eval.metrics.base.Metric.invalid_counts`): ``"target out of range"``,
-``"nan score"`` and ``"probability outside [0, 1]"`` (without ``from_logits``). Memory: ``16 * L * num_thresholds`` bytes (1 MiB per class by default).
+``"nan score"`` and ``"probability outside [0, 1]"`` (without ``from_logits``).
+Memory: ``16 * L * num_thresholds`` bytes (1 MiB per class by default).
 """
 
 from __future__ import annotations

@@ -85,8 +85,16 @@ class ClassElements(NamedTuple):
   invalid: dict
 
   def top_k(self, k: int = 1) -> jax.Array:
-    """int32 ``[..., k]`` predicted class ids, best first; -1 means no class (a miss)."""
+    """int32 ``[..., k]`` predicted class ids, best first; -1 means no class (a miss).
+
+    Raises:
+      ValueError: ``k > 1`` for class-id preds (top-k needs scores).
+    """
     if self.ids is not None:
+      if k != 1:
+        raise ValueError(
+          f"top_k={k} needs score preds [..., C]; got class ids of shape {self.ids.shape}"
+        )
       return self.ids[..., None]
     return top_k_ids(self.scores, k)
 
