@@ -101,12 +101,12 @@ def matthews_corrcoef(table: ExactCount) -> jax.Array:
   total, ``c`` the trace, ``t`` / ``p`` the row / column sums; the three differences are
   exact (formed on digits) and rounded once each.
   """
-  cells = digits(table)  # [K, K, D]
-  k = cells.shape[0]
-  marginals = normalize(jnp.stack([jnp.sum(cells, 1), jnp.sum(cells, 0)]))
-  true_count, pred_count = marginals[0], marginals[1]  # [K, D]
-  diagonal = jnp.moveaxis(jnp.diagonal(cells, 0, 0, 1), -1, 0)
-  n, correct = normalize(jnp.stack([jnp.sum(true_count, 0), jnp.sum(diagonal, 0)]))
+  true_count = jax.tree.map(lambda limb: limb.T, table).aggregate()  # row sums [K], exact
+  pred_count = table.aggregate()  # column sums [K]
+  n = true_count.aggregate()
+  correct = jax.tree.map(jnp.diagonal, table).aggregate()
+  k = table.shape[0]
+  true_count, pred_count, n, correct = map(digits, (true_count, pred_count, n, correct))
   products = times(  # one batch: c n, n n, t p, t t, p p
     jnp.concatenate([correct[None], n[None], true_count, true_count, pred_count]),
     jnp.concatenate([n[None], n[None], pred_count, true_count, pred_count]),
