@@ -310,6 +310,8 @@ class ConfusionMatrix(ConfusionState):
   ``compute()``: float32 ``[C, C]`` (multiclass), ``[2, 2]`` ``[[tn, fp], [fn, tp]]``
   (binary) or ``[C, 2, 2]`` per label (multilabel, like ``multilabel_confusion_matrix``);
   all NaN before any counted element. :meth:`counts` gives exact int64 counts on the host.
+  Multiclass predictions of no class (an out-of-range id, an all-NaN row) are counted in
+  the state (see :meth:`table`) but not shown, like scikit-learn's ``labels=range(C)``.
 
   Args:
     num_classes: the number of classes (the only positional argument; ``None`` for binary).
