@@ -90,7 +90,7 @@ SKLEARN_SCORES = {
 }
 
 
-def _specificity(mcm, average, included):
+def _specificity(mcm, average, included, multilabel=False):
   """numpy on scikit-learn's per-class [[tn, fp], [fn, tp]] (sklearn has no specificity)."""
   tn, fp, fn, tp = (mcm[:, i, j].astype(np.float64) for i, j in ((0, 0), (0, 1), (1, 0), (1, 1)))
 
@@ -102,8 +102,8 @@ def _specificity(mcm, average, included):
     return ratio(tn[included].sum(), (tn + fp)[included].sum())
   if average is None:
     return np.where(included, per, np.nan)
-  if average == "macro":
-    present = included & (tp + fp + fn > 0)
+  if average == "macro":  # multiclass: classes seen; multilabel: every label
+    present = included & (tp + fp + fn > 0) if not multilabel else included
     return per[present].mean() if present.any() else 0.0
   support = np.where(included, tp + fn, 0)
   return np.sum(support * per) / support.sum() if support.sum() else 0.0
@@ -135,14 +135,13 @@ def _score_reference(score, task, average, *, ignore=None, top_k=1, **kw):
         )
       else:
         mcm = skm.multilabel_confusion_matrix(yt, yp, labels=list(range(C)))
-      return _specificity(mcm, average, included)
+      return _specificity(mcm, average, included, multilabel=task == "multilabel")
     labels = [c for c in range(C) if included[c]]
-    if average == "macro":  # classes in the target or the predictions (sklearn's default)
-      seen = (
-        (set(np.unique(yt)) | set(np.unique(yp)))
-        if yt.ndim == 1
-        else set(np.flatnonzero(yt.any(0) | yp.any(0)))
-      )
+    if average == "macro" and task == "multiclass":  # classes in target or preds (sklearn)
+      if yt.ndim == 1:
+        seen = set(np.unique(yt)) | set(np.unique(yp))
+      else:  # top-k indicator form
+        seen = set(np.flatnonzero(yt.any(0) | yp.any(0)))
       labels = [c for c in labels if c in seen]
     value = SKLEARN_SCORES[score](yt, yp, labels=labels, average=average, zero_division=0)
     if average is None:
@@ -407,6 +406,8 @@ BAD_CONFIGS = [
   (lambda: M.ConfusionMatrix(3, normalize="rows"), "normalize"),
   (lambda: M.JaccardIndex(num_classes=3, ignore_index=0.5), "ignore_index"),
   (lambda: M.Precision(num_classes=3, from_logits=1), "from_logits"),
+  (lambda: M.Precision(num_classes=3, top_k=True), "top_k"),
+  (lambda: M.Accuracy(top_k=True), "top_k"),
 ]
 
 
@@ -425,6 +426,10 @@ def test_bad_inputs_raise():
     M.F1Score(num_classes=3).update(preds=jnp.ones((2, 4)), target=jnp.array([0, 1]))
   with pytest.raises(ValueError, match="class ids"):
     M.F1Score(num_classes=3).update(preds=jnp.array([0.2, 0.9]), target=jnp.array([0, 1]))
+  with pytest.raises(ValueError, match="top_k"):
+    M.Precision(num_classes=3, top_k=2).update(preds=jnp.array([0, 1]), target=jnp.array([0, 1]))
+  with pytest.raises(ValueError, match="target"):
+    M.F1Score(task="binary").update(preds=jnp.array([0.2, 0.9]), target=jnp.array([0.0, 1.0]))
   with pytest.raises(ValueError, match="multilabel"):
     M.F1Score(task="multilabel", num_classes=3).update(
       preds=jnp.ones((2, 4)), target=jnp.ones((2, 4), jnp.int32)

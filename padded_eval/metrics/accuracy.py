@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 
-from padded_eval.accumulate import ExactSum
+from padded_eval import validation
+from padded_eval.accumulate import ExactCount, ExactSum
 from padded_eval.metrics.averages import _zero_sum, weighted_totals
-from padded_eval.metrics.base import Metric, state
+from padded_eval.metrics.base import Metric, invalid_state, state
+from padded_eval.metrics.classification_inputs import check_flag, config_field
+from padded_eval.metrics.formatting import (
+  INVALID_KINDS,
+  class_elements,
+  label_elements,
+  probabilities,
+)
 
 
 class Accuracy(Metric):
@@ -15,48 +25,94 @@ class Accuracy(Metric):
 
   Args:
     top_k: with score ``preds`` ``[..., C]``, a hit is ``target`` among the ``top_k``
-      highest scores (ties broken towards the lower class index, like ``lax.top_k``).
+      highest scores (ties broken towards the lower class index, like ``lax.top_k``;
+      NaN scores count as worst and are never a hit).
+    task: ``"multiclass"`` (default) or ``"binary"``.
+    threshold: binary only: a probability (``sigmoid`` of logits) ``> threshold``
+      predicts 1.
+    from_logits: binary only: ``preds`` are logits.
 
-  Update keywords: ``preds`` ``[...]`` int class ids or ``[..., C]`` float scores;
-  ``target`` ``[...]`` int class ids; ``mask`` and ``weights`` a prefix of ``target``'s shape.
+  Update keywords: ``target`` ``[...]`` int class ids (0/1 for binary; float targets are
+  refused); ``preds``: multiclass ``[...]`` int class ids or ``[..., C]`` float scores
+  (float preds shaped like the target are refused: use ``task="binary"``); binary
+  ``[...]`` or ``[..., 1]`` probabilities or logits; ``mask`` and ``weights`` a prefix of
+  ``target``'s shape.
+
+  Invalid real elements are counted by kind (:meth:`invalid_counts`, see
+  :mod:`padded_eval.metrics.formatting`): ``"target out of range"`` (negative, ``>= C``
+  with scores, not 0/1 for binary: not counted), ``"pred id out of range"`` (a negative
+  class id: a miss), ``"nan score"`` (a miss unless another class ranks) and
+  ``"probability outside [0, 1]"`` (binary without ``from_logits``).
   """
 
   top_k: int = 1
+  task: str = config_field("multiclass")
+  threshold: float = config_field(0.5)
+  from_logits: bool = config_field(False)
   correct: ExactSum = state(_zero_sum)
   weight: ExactSum = state(_zero_sum)
+  invalid: ExactCount = state(invalid_state)
+
+  invalid_kinds: ClassVar[tuple[str, ...]] = INVALID_KINDS
 
   def _check_config(self):
-    if not isinstance(self.top_k, int) or self.top_k < 1:
-      raise ValueError(f"top_k must be a positive int; got {self.top_k!r}")
+    validation.check_positive_int("top_k", self.top_k)
+    validation.check_choice("task", self.task, ("multiclass", "binary"))
+    validation.check_probability("threshold", self.threshold)
+    check_flag("from_logits", self.from_logits)
+    if self.task == "binary" and self.top_k != 1:
+      raise ValueError(f"top_k={self.top_k} is for task='multiclass'; task='binary' takes 1")
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     preds, target = jnp.asarray(preds), jnp.asarray(target)
+    if self.task == "binary":
+      hits, valid, bad = self._binary_hits(preds, target, mask)
+    else:
+      hits, valid, bad = self._class_hits(preds, target, mask)
+    correct, weight = weighted_totals(hits.astype(jnp.float32), valid, weights, "target")
+    return {"correct": correct, "weight": weight, "invalid": self.count_invalid(**bad)}
+
+  def _binary_hits(self, preds, target, mask):
+    if preds.shape == target.shape + (1,):
+      preds = preds[..., 0]
+    elements = label_elements(
+      preds,
+      target,
+      mask,
+      task="binary",
+      num_classes=None,
+      from_logits=self.from_logits,
+      ignore_index=None,
+    )
+    guess = probabilities(elements.scores[..., 0], self.from_logits) > self.threshold
+    bad = {k: v[..., 0] for k, v in elements.invalid.items()}
+    return guess == elements.truth[..., 0], elements.valid[..., 0], bad
+
+  def _class_hits(self, preds, target, mask):
     if preds.shape == target.shape:
       if self.top_k != 1:
         raise ValueError(
           f"top_k={self.top_k} needs score preds [..., C]; got class ids of shape {preds.shape}"
         )
-      hits = preds == target
+      num_classes = None
     elif preds.shape[:-1] == target.shape:
-      if self.top_k > preds.shape[-1]:
-        raise ValueError(f"top_k={self.top_k} exceeds the {preds.shape[-1]} classes of preds")
-      hits = _in_top_k(preds, target, self.top_k)
+      num_classes = preds.shape[-1]
+      if self.top_k > num_classes:
+        raise ValueError(f"top_k={self.top_k} exceeds the {num_classes} classes of preds")
     else:
       raise ValueError(
         f"preds has shape {preds.shape} and target {target.shape}; expected "
         "preds of target's shape (class ids) or target's shape + [C] (scores)"
       )
-    correct, weight = weighted_totals(hits.astype(jnp.float32), mask, weights, "target")
-    return {"correct": correct, "weight": weight}
+    elements = class_elements(preds, target, mask, num_classes=num_classes, ignore_index=None)
+    hits = _any_hit(elements.top_k(self.top_k), elements.labels)
+    return hits, elements.valid, elements.invalid
 
   def compute(self) -> jax.Array:
     """Weighted accuracy over real elements; NaN if none was seen."""
     return self.correct.value_f32() / self.weight.value_f32()
 
 
-def _in_top_k(scores: jax.Array, target: jax.Array, k: int) -> jax.Array:
-  """Whether ``target`` is among the ``k`` best scores (NaN scores count as worst)."""
-  if k == 1:
-    return jnp.argmax(scores, axis=-1) == target
-  _, top = jax.lax.top_k(scores, k)
-  return jnp.any(top == target[..., None], axis=-1)
+def _any_hit(predicted: jax.Array, labels: jax.Array) -> jax.Array:
+  """Whether ``labels`` is among the ids ``predicted`` ``[..., k]`` (-1 never hits)."""
+  return jnp.any(predicted == labels[..., None], axis=-1)

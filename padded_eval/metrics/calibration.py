@@ -18,39 +18,36 @@ confidence of bin ``b`` (over non-empty bins):
 * ``norm="l2"``: ``sqrt(sum_b n_b / N * (acc_b - conf_b)**2)``;
 * ``norm="max"`` (MCE): ``max_b |acc_b - conf_b|``.
 
-Elements are dropped when masked out, when the target is not a valid label (0/1, or a
-class id in ``[0, C)``) or equals ``ignore_index``, or when the confidence is NaN. No
-counted element: NaN.
+Inputs are read by the one formatter of :mod:`padded_eval.metrics.formatting`
+(int targets; multiclass ``preds`` are ``[..., C]`` scores). Elements are dropped when
+masked out, when the target is not a valid label (0/1, or a class id in ``[0, C)``) or
+equals ``ignore_index``, or when the confidence is NaN. Real elements that are invalid
+are counted by kind (:meth:`~padded_eval.metrics.base.Metric.invalid_counts`):
+``"target out of range"``, ``"nan score"`` (a multiclass row with any NaN) and
+``"probability outside [0, 1]"`` (without ``from_logits``). No counted element: NaN.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
+from padded_eval import validation
 from padded_eval.accumulate import ExactCount, ExactSum
-from padded_eval.masking import broadcast_mask
-from padded_eval.metrics.base import Metric, state
+from padded_eval.metrics.base import state
 from padded_eval.metrics.classification_inputs import (
-  check_flag,
-  check_ignore_index,
+  ClassificationMetric,
   check_no_weights,
-  check_same_shape,
-  check_task,
-  probabilities,
+  config_field,
 )
-from padded_eval.validation import check_choice
+from padded_eval.metrics.formatting import SCORE_INVALID_KINDS, probabilities
 
 NORMS = ("l1", "l2", "max")
 
 
-def _config(default):
-  return dataclasses.field(default=default, kw_only=True)
-
-
-class CalibrationError(Metric):
+class CalibrationError(ClassificationMetric):
   """Expected (``l1``), root-mean-square (``l2``) or maximum calibration error.
 
   Args:
@@ -71,50 +68,37 @@ class CalibrationError(Metric):
   """
 
   n_bins: int = 15
-  task: str = _config("binary")
-  num_classes: int | None = _config(None)
-  norm: str = _config("l1")
-  from_logits: bool = _config(False)
-  ignore_index: int | None = _config(None)
+  task: str = config_field("binary")
+  norm: str = config_field("l1")
   count: ExactCount = state(lambda self: ExactCount.zeros((self.n_bins,)))
   hits: ExactCount = state(lambda self: ExactCount.zeros((self.n_bins,)))
   confidence: ExactSum = state(lambda self: ExactSum.zeros((self.n_bins,)))
 
-  def _check_config(self):
-    check_task(self.task, self.num_classes, tasks=("binary", "multiclass"))
-    if isinstance(self.n_bins, bool) or not isinstance(self.n_bins, int) or self.n_bins < 1:
-      raise ValueError(f"n_bins must be a positive int; got {self.n_bins!r}")
-    check_choice("norm", self.norm, NORMS)
-    check_flag("from_logits", self.from_logits)
-    check_ignore_index(self.ignore_index)
+  invalid_kinds: ClassVar[tuple[str, ...]] = SCORE_INVALID_KINDS
+  _tasks: ClassVar[tuple[str, ...]] = ("binary", "multiclass")
+  _scores_only: ClassVar[bool] = True
 
-  def _elements(self, preds, target, mask):
-    """``(confidence float32, hit bool, valid bool)`` of target's shape."""
-    preds, target = jnp.asarray(preds), jnp.asarray(target)
-    valid = broadcast_mask(mask, target.shape, "target")
+  def _check_config(self):
+    super()._check_config()
+    validation.check_positive_int("n_bins", self.n_bins)
+    validation.check_choice("norm", self.norm, NORMS)
+
+  def _confidences(self, preds, target, mask):
+    """``(confidence float32, hit bool, valid bool, invalid counts)``, target's shape."""
+    elements, invalid = self.elements(preds, target, mask)
     if self.task == "binary":
-      check_same_shape(preds, target, "binary")
-      confidence = probabilities(preds, self.from_logits)
-      valid &= (target == 0) | (target == 1)
-      hit = target == 1
+      confidence = probabilities(elements.scores[..., 0], self.from_logits)
+      hit, valid = elements.truth[..., 0], elements.valid[..., 0]
     else:
-      c = self.num_classes
-      if preds.shape != target.shape + (c,):
-        raise ValueError(
-          f"task='multiclass' needs preds {target.shape + (c,)} (probabilities "
-          f"for num_classes={c}) for target {target.shape}; got {preds.shape}"
-        )
-      probs = probabilities(preds, self.from_logits, axis=-1)
+      probs = probabilities(elements.scores, self.from_logits, axis=-1)
       confidence = jnp.max(probs, axis=-1)
-      hit = jnp.argmax(probs, axis=-1) == target
-      valid &= (target >= 0) & (target < c)
-    if self.ignore_index is not None:
-      valid &= target != self.ignore_index
-    return confidence, hit, valid & ~jnp.isnan(confidence)
+      hit = elements.top_k(1)[..., 0] == elements.labels
+      valid = elements.valid
+    return confidence, hit, valid & ~jnp.isnan(confidence), invalid
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     check_no_weights(weights, self)
-    confidence, hit, valid = self._elements(preds, target, mask)
+    confidence, hit, valid, invalid = self._confidences(preds, target, mask)
     confidence = jnp.clip(jnp.where(valid, confidence, 0.0), 0.0, 1.0).reshape(-1)
     bins = jnp.minimum(jnp.floor(confidence * self.n_bins), self.n_bins - 1).astype(jnp.int32)
     bins = jnp.where(valid.reshape(-1), bins, self.n_bins)  # out of range: dropped
@@ -126,6 +110,7 @@ class CalibrationError(Metric):
       "count": ExactCount.of(per_bin(jnp.ones_like(bins), jnp.int32)),
       "hits": ExactCount.of(per_bin(hit.reshape(-1).astype(jnp.int32), jnp.int32)),
       "confidence": ExactSum.of(per_bin(confidence, jnp.float32)),
+      "invalid": invalid,
     }
 
   def compute(self) -> jax.Array:

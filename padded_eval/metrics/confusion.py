@@ -7,24 +7,31 @@ exact past ``2**31``, reduced with ``psum``) and differs from the others only in
 
 * per-class counts ``[4, L]`` (rows tp, fp, fn, tn; ``L`` = 1 for binary, else
   ``num_classes``) for Precision, Recall, F-scores, Specificity and JaccardIndex;
-* the full ``[C, C]`` matrix (rows true class, columns predicted) for multiclass
-  ConfusionMatrix, MatthewsCorrCoef and CohenKappa.
+* the full ``[C, C + 1]`` matrix (rows true class, columns predicted; the last column
+  counts predictions of no class) for multiclass ConfusionMatrix, MatthewsCorrCoef
+  and CohenKappa.
 
-Inputs (``task``):
+Inputs (``task``), read by the one formatter of :mod:`padded_eval.metrics.formatting`:
 
 * ``"binary"``: ``preds`` ``[...]`` probabilities (or logits with ``from_logits=True``,
   or hard 0/1 ints), positive where the probability (``sigmoid`` of logits) is
-  ``> threshold``; ``target`` ``[...]`` 0/1.
+  ``> threshold`` (a NaN score is negative); ``target`` ``[...]`` int 0/1.
 * ``"multiclass"``: ``preds`` ``[...]`` int class ids or ``[..., C]`` scores (argmax, or
-  the ``top_k`` best); ``target`` ``[...]`` int class ids (segmentation: ``[B, H, W]``).
+  the ``top_k`` best; NaN ranks worst); ``target`` ``[...]`` int class ids
+  (segmentation: ``[B, H, W]``).
 * ``"multilabel"``: ``preds`` ``[..., C]`` probabilities / logits / 0-1; ``target``
-  ``[..., C]`` 0/1.
+  ``[..., C]`` int 0/1.
 
-``mask`` is a prefix of ``target``'s shape (``[B]`` or ``[B, H, W]``). An element
-counts when it is real, its target is a valid label (0/1, or a class id in
-``[0, C)``) and its target is not ``ignore_index``; class-id ``preds`` must also be
-in ``[0, C)``. Everything else is dropped from every count, with ``where``, so NaN
-or garbage in padded rows never arrives.
+Float targets are refused (``ValueError``). ``mask`` is a prefix of ``target``'s shape
+(``[B]`` or ``[B, H, W]``). An element counts when it is real, its target is a valid
+label (0/1, or a class id in ``[0, C)``) and its target is not ``ignore_index``.
+Padded elements are dropped from every count, with ``where``, so NaN or garbage there
+never arrives. Real elements that are invalid are counted by kind in the ``invalid``
+state (:meth:`~padded_eval.metrics.base.Metric.invalid_counts`; ``masked_eval`` reports
+them): ``"target out of range"`` (the element is not counted), ``"pred id out of
+range"`` (a class id outside ``[0, C)``: a wrong prediction, a miss of the true class
+that predicts no class), ``"nan score"`` and ``"probability outside [0, 1]"`` (binary
+and multilabel preds without ``from_logits``: logits passed as probabilities).
 
 ``ignore_index``: elements whose target equals it are removed from every statistic
 (never counted as negatives). If it is a class id (``0 <= ignore_index < C``,
@@ -34,12 +41,19 @@ elements are then misses of their true class only. This equals scikit-learn on t
 elements kept with ``labels=[every class but ignore_index]`` (the torchmetrics bug
 #1691, where the ignored class counted as a 0 in macro averages, cannot happen).
 
-Averages: ``"micro"`` scores the summed counts; ``"macro"`` is the mean over classes
-that occur in the target or the predictions (scikit-learn's default ``labels``);
-``"weighted"`` weights classes by their support (true count); ``None`` gives the
-``[C]`` per-class scores. Undefined ratios count as 0 (``zero_division=0``). With
-``task="binary"`` ``average`` is not used: the positive class is scored. A metric
-that has seen no counted element computes NaN.
+Averages: ``"micro"`` scores the summed counts. ``"macro"`` is the unweighted mean
+over classes: for ``task="multiclass"`` over the classes that occur in the target or
+the predictions (scikit-learn's default ``labels``, torchmetrics' multiclass rule); for
+``task="multilabel"`` over every label, present or not (scikit-learn's and
+torchmetrics' multilabel rule: an absent label scores 0, or 1 for Specificity).
+``"weighted"`` weights classes (labels) by their support (true count), so absent ones
+weigh 0 in both tasks. ``None`` gives the ``[C]`` per-class scores. Undefined ratios
+count as 0 (``zero_division=0``). With ``task="binary"`` ``average`` is not used: the
+positive class is scored. A metric that has seen no counted element computes NaN.
+
+With ``top_k > 1`` (multiclass Precision, Recall, F-scores, Specificity, JaccardIndex) a
+class is predicted for an element when it is among the ``k`` best; per class
+``tn = N - tp - fp - fn`` over the ``N`` counted elements (torchmetrics' rule).
 
 Counts are of elements: sample ``weights`` are not supported (``ValueError``).
 """
@@ -47,71 +61,62 @@ Counts are of elements: sample ``weights`` are not supported (``ValueError``).
 from __future__ import annotations
 
 import abc
-import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from padded_eval import validation
 from padded_eval.accumulate import ExactCount
-from padded_eval.metrics.base import Metric, state
+from padded_eval.metrics import exact_products
+from padded_eval.metrics.base import state
 from padded_eval.metrics.classification_inputs import (
   AVERAGES,
   MAX_MATRIX_CLASSES,
-  check_flag,
-  check_ignore_index,
+  ClassificationMetric,
   check_no_weights,
-  check_task,
   class_counts,
-  class_inputs,
+  config_field,
   divide,
   label_counts,
-  label_inputs,
   matrix_counts,
   num_columns,
 )
-from padded_eval.validation import check_choice
+from padded_eval.metrics.formatting import probabilities
 
 # --- the shared state ------------------------------------------------------------------
 
 
-def _config(default):
-  """A keyword-only configuration field."""
-  return dataclasses.field(default=default, kw_only=True)
-
-
-class ConfusionState(Metric):
+class ConfusionState(ClassificationMetric):
   """Base of the confusion-count metrics: configuration, inputs and exact counts.
 
   Subclasses define ``compute`` from :meth:`class_stats` (or :meth:`matrix`); the
-  class attribute ``_full_matrix`` asks for ``[C, C]`` counts in the multiclass task.
-  Configuration fields are keyword-only (see the module docstring for their meaning).
+  class attribute ``_full_matrix`` asks for ``[C, C + 1]`` counts in the multiclass task
+  (the last column: predictions of no class). Configuration fields are keyword-only (see
+  the module docstring for their meaning).
   """
 
-  num_classes: int | None = _config(None)
-  task: str = _config("multiclass")
-  threshold: float = _config(0.5)
-  top_k: int = _config(1)
-  ignore_index: int | None = _config(None)
-  from_logits: bool = _config(False)
+  num_classes: int | None = config_field(None)
+  task: str = config_field("multiclass")
+  threshold: float = config_field(0.5)
+  top_k: int = config_field(1)
   confusion: ExactCount = state(lambda self: ExactCount.zeros(self._counts_shape()))
 
-  _full_matrix = False
+  _full_matrix: ClassVar[bool] = False
 
   def _uses_matrix(self) -> bool:
     return self._full_matrix and self.task == "multiclass"
 
   def _counts_shape(self) -> tuple[int, ...]:
     if self._uses_matrix():
-      return (self.num_classes, self.num_classes)
+      return (self.num_classes, self.num_classes + 1)
     return (4, num_columns(self.task, self.num_classes))
 
   def _check_config(self):
-    check_task(self.task, self.num_classes)
-    if not isinstance(self.threshold, (int, float)) or not 0 <= self.threshold <= 1:
-      raise ValueError(f"threshold must be a probability in [0, 1]; got {self.threshold!r}")
-    if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
-      raise ValueError(f"top_k must be a positive int; got {self.top_k!r}")
+    super()._check_config()
+    validation.check_probability("threshold", self.threshold)
+    validation.check_positive_int("top_k", self.top_k)
     if self.top_k > 1 and (self.task != "multiclass" or self._full_matrix):
       raise ValueError(
         f"top_k={self.top_k} is for task='multiclass' Precision, Recall, "
@@ -122,71 +127,63 @@ class ConfusionState(Metric):
       raise ValueError(f"top_k={self.top_k} exceeds num_classes={self.num_classes}")
     if self._uses_matrix() and self.num_classes > MAX_MATRIX_CLASSES:
       raise ValueError(
-        f"num_classes={self.num_classes} is too many for a [C, C] matrix; "
+        f"num_classes={self.num_classes} is too many for a [C, C + 1] matrix; "
         f"expected at most {MAX_MATRIX_CLASSES}"
       )
-    check_ignore_index(self.ignore_index)
-    check_flag("from_logits", self.from_logits)
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     check_no_weights(weights, self)
+    elements, invalid = self.elements(preds, target, mask)
     if self.task != "multiclass":
-      truth, guess, valid = label_inputs(
-        preds,
-        target,
-        mask,
-        task=self.task,
-        num_classes=self.num_classes,
-        threshold=self.threshold,
-        from_logits=self.from_logits,
-        ignore_index=self.ignore_index,
-      )
-      return {"confusion": ExactCount.of(label_counts(truth, guess, valid))}
-    labels, predicted, valid = class_inputs(
-      preds,
-      target,
-      mask,
-      num_classes=self.num_classes,
-      top_k=self.top_k,
-      ignore_index=self.ignore_index,
-    )
-    if self._uses_matrix():
-      counts = matrix_counts(labels, predicted, valid, self.num_classes)
+      guess = probabilities(elements.scores, self.from_logits) > self.threshold  # NaN: False
+      counts = label_counts(elements.truth, guess, elements.valid)
+    elif self._uses_matrix():
+      predicted = elements.top_k(1)
+      counts = matrix_counts(elements.labels, predicted, elements.valid, self.num_classes)
     else:
-      counts = class_counts(labels, predicted, valid, self.num_classes)
-    return {"confusion": ExactCount.of(counts)}
+      predicted = elements.top_k(self.top_k)
+      counts = class_counts(elements.labels, predicted, elements.valid, self.num_classes)
+    return {"confusion": ExactCount.of(counts), "invalid": invalid}
 
-  # --- views of the counts (float32) ---
+  # --- views of the counts ---
 
   def class_stats(self) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """``(tp, fp, fn, tn)``, float32 ``[L]`` each (``L`` = 1 for binary)."""
     counts = self.confusion.value()
     if not self._uses_matrix():
       return counts[0], counts[1], counts[2], counts[3]
-    tp = jnp.diagonal(counts)
-    fp = jnp.sum(counts, axis=0) - tp
+    c = self.num_classes
+    tp = jnp.diagonal(counts[:, :c])
+    fp = jnp.sum(counts[:, :c], axis=0) - tp
     fn = jnp.sum(counts, axis=1) - tp
     return tp, fp, fn, jnp.sum(counts) - tp - fp - fn
 
   def matrix(self) -> jax.Array:
-    """float32 confusion matrix: ``[C, C]`` multiclass, ``[2, 2]`` binary and summed
-    over the labels of a multilabel task (rows true, columns predicted)."""
+    """float32 confusion matrix: ``[C, C]`` multiclass (predictions of no class left
+    out), ``[2, 2]`` binary and summed over the labels of a multilabel task (rows true,
+    columns predicted)."""
     if self._uses_matrix():
-      return self.confusion.value()
+      return self.confusion.value()[:, : self.num_classes]
     tp, fp, fn, tn = (jnp.sum(s) for s in self.class_stats())
     return jnp.stack([jnp.stack([tn, fp]), jnp.stack([fn, tp])])
 
+  def table(self) -> ExactCount:
+    """The exact square table ``[K, K]`` of MatthewsCorrCoef and CohenKappa.
+
+    Multiclass: ``K = C + 1``, the last class is "no class predicted" (an out-of-range
+    id or an all-NaN row; its row is empty). Binary and multilabel: ``[[tn, fp], [fn,
+    tp]]`` summed over the labels.
+    """
+    if self._uses_matrix():
+      return jax.tree.map(lambda limb: jnp.pad(limb, [(0, 1), (0, 0)]), self.confusion)
+    summed = jax.tree.map(lambda limb: limb.T, self.confusion).aggregate()  # [4]
+    return jax.tree.map(
+      lambda s: jnp.stack([jnp.stack([s[3], s[1]]), jnp.stack([s[2], s[0]])]), summed
+    )
+
   def included_classes(self) -> jax.Array:
     """bool ``[L]``: False only for a multiclass ``ignore_index`` that is a class id."""
-    columns = num_columns(self.task, self.num_classes)
-    included = np.ones(columns, bool)
-    if (
-      self.task == "multiclass"
-      and self.ignore_index is not None
-      and (0 <= self.ignore_index < columns)
-    ):
-      included[self.ignore_index] = False
-    return jnp.asarray(included)
+    return jnp.asarray(super().included_classes())
 
   def seen(self) -> jax.Array:
     """Whether any element was counted."""
@@ -196,11 +193,11 @@ class ConfusionState(Metric):
 class ClassScore(ConfusionState):
   """A per-class ratio of counts, averaged by ``average``; subclasses define ``_score``."""
 
-  average: str | None = _config("macro")
+  average: str | None = config_field("macro")
 
   def _check_config(self):
     super()._check_config()
-    check_choice("average", self.average, AVERAGES)
+    validation.check_choice("average", self.average, AVERAGES)
 
   @abc.abstractmethod
   def _score(self, tp, fp, fn, tn) -> jax.Array:
@@ -219,7 +216,9 @@ class ClassScore(ConfusionState):
       if self.average is None:
         value = jnp.where(included, per_class, jnp.nan)
       elif self.average == "macro":
-        present = included & (tp + fp + fn > 0)
+        present = included
+        if self.task == "multiclass":  # classes in the target or the predictions
+          present = included & (tp + fp + fn > 0)
         value = divide(jnp.sum(jnp.where(present, per_class, 0.0)), jnp.sum(present))
       else:
         support = jnp.where(included, tp + fn, 0.0)
@@ -283,8 +282,7 @@ class FBetaScore(ClassScore):
 
   def _check_config(self):
     super()._check_config()
-    if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not self.beta > 0:
-      raise ValueError(f"beta must be a positive float; got {self.beta!r}")
+    validation.check_positive_number("beta", self.beta)
 
   def _score(self, tp, fp, fn, tn):
     return f_beta(tp, fp, fn, float(self.beta))
@@ -312,6 +310,8 @@ class ConfusionMatrix(ConfusionState):
   ``compute()``: float32 ``[C, C]`` (multiclass), ``[2, 2]`` ``[[tn, fp], [fn, tp]]``
   (binary) or ``[C, 2, 2]`` per label (multilabel, like ``multilabel_confusion_matrix``);
   all NaN before any counted element. :meth:`counts` gives exact int64 counts on the host.
+  Multiclass predictions of no class (an out-of-range id, an all-NaN row) are counted in
+  the state (see :meth:`table`) but not shown, like scikit-learn's ``labels=range(C)``.
 
   Args:
     num_classes: the number of classes (the only positional argument; ``None`` for binary).
@@ -320,16 +320,16 @@ class ConfusionMatrix(ConfusionState):
   """
 
   num_classes: int | None = None
-  normalize: str | None = _config(None)
-  _full_matrix = True
+  normalize: str | None = config_field(None)
+  _full_matrix: ClassVar[bool] = True
 
   def _check_config(self):
     super()._check_config()
-    check_choice("normalize", self.normalize, NORMALIZE)
+    validation.check_choice("normalize", self.normalize, NORMALIZE)
 
   def _layout(self, counts):
     if self.task == "multiclass":
-      return counts
+      return counts[:, : self.num_classes]
     tp, fp, fn, tn = counts
     table = jnp.stack([jnp.stack([tn, fp], -1), jnp.stack([fn, tp], -1)], -2)  # [L, 2, 2]
     return table[0] if self.task == "binary" else table
@@ -338,7 +338,7 @@ class ConfusionMatrix(ConfusionState):
     """The exact counts as an int64 numpy array (host side), in ``compute()``'s layout."""
     counts = self.confusion.to_numpy()
     if self.task == "multiclass":
-      return counts
+      return counts[:, : self.num_classes]
     tp, fp, fn, tn = counts
     table = np.stack([np.stack([tn, fp], -1), np.stack([fn, tp], -1)], -2)
     return table[0] if self.task == "binary" else table
@@ -357,20 +357,21 @@ class ConfusionMatrix(ConfusionState):
 class MatthewsCorrCoef(ConfusionState):
   """Matthews correlation coefficient of the confusion matrix (0 where undefined).
 
-  Multiclass uses the ``[C, C]`` matrix (scikit-learn's formula); multilabel scores the
-  ``[2, 2]`` matrix summed over labels (torchmetrics).
+  Multiclass uses the ``[C + 1, C + 1]`` :meth:`table` (scikit-learn's formula; a
+  prediction of no class is its own class, as scikit-learn treats an unknown label);
+  binary and multilabel score the ``[2, 2]`` table summed over labels (torchmetrics).
+
+  With ``n`` elements, ``c`` correct, ``t_k`` / ``p_k`` the true / predicted counts of
+  class ``k``: ``(c n - sum t_k p_k) / sqrt((n^2 - sum p_k^2) (n^2 - sum t_k^2))``, each
+  of the three terms formed exactly from the integer counts
+  (:mod:`padded_eval.metrics.exact_products`) and rounded once, so nearly constant
+  inputs do not cancel (constant inputs give exactly 0, like scikit-learn).
   """
 
-  _full_matrix = True
+  _full_matrix: ClassVar[bool] = True
 
   def compute(self) -> jax.Array:
-    table = self.matrix()
-    table = table / jnp.sum(table)
-    true_share, pred_share = jnp.sum(table, axis=1), jnp.sum(table, axis=0)
-    cov_true_pred = jnp.trace(table) - jnp.dot(true_share, pred_share)
-    cov_pred = 1.0 - jnp.dot(pred_share, pred_share)
-    cov_true = 1.0 - jnp.dot(true_share, true_share)
-    value = divide(cov_true_pred, jnp.sqrt(jnp.maximum(cov_true * cov_pred, 0.0)))
+    value = exact_products.matthews_corrcoef(self.table())
     return jnp.where(self.seen(), value, jnp.nan)
 
 
@@ -385,28 +386,34 @@ class CohenKappa(ConfusionState):
       class ids ``0..C-1`` (scikit-learn's ``cohen_kappa_score(labels=range(C))``).
       Configuration, not the update keyword ``weights`` (which is not supported).
 
-  Undefined kappa (chance agreement 1) computes 0.
+  A multiclass prediction of no class (an out-of-range id or an all-NaN row) is class
+  ``C`` of the :meth:`table`, a disagreement with every target. Undefined kappa (chance
+  agreement 1, e.g. constant inputs) computes 0. Observed and chance disagreement are
+  sums of non-negative terms (off-diagonal shares), so nothing cancels before the final
+  ``1 - observed / chance``.
   """
 
-  weights: str | None = _config(None)
-  _full_matrix = True
+  weights: str | None = config_field(None)
+  _full_matrix: ClassVar[bool] = True
+  _tasks: ClassVar[tuple[str, ...]] = ("binary", "multiclass")
 
   def _check_config(self):
     super()._check_config()
-    check_choice("task", self.task, ("binary", "multiclass"))
-    check_choice("weights", self.weights, KAPPA_WEIGHTS)
+    validation.check_choice("weights", self.weights, KAPPA_WEIGHTS)
 
   def compute(self) -> jax.Array:
-    table = self.matrix()
-    table = table / jnp.sum(table)
-    expected = jnp.outer(jnp.sum(table, axis=1), jnp.sum(table, axis=0))
+    table = self.table().value()
+    n = jnp.sum(table)
+    safe_n = jnp.where(n > 0, n, 1.0)
+    true_share, pred_share = jnp.sum(table, axis=1) / safe_n, jnp.sum(table, axis=0) / safe_n
+    expected = jnp.outer(true_share, pred_share)
     ids = np.arange(table.shape[0])
     distance = np.abs(ids[:, None] - ids[None, :]).astype(np.float32)
     if self.weights is None:
       disagreement = (distance > 0).astype(np.float32)
     else:
       disagreement = distance if self.weights == "linear" else distance**2
-    observed = jnp.sum(disagreement * table)
+    observed = jnp.sum(disagreement * table) / safe_n
     chance = jnp.sum(disagreement * expected)
     value = jnp.where(chance > 0, 1.0 - divide(observed, chance), 0.0)
     return jnp.where(self.seen(), value, jnp.nan)

@@ -37,36 +37,37 @@ logits with ``from_logits=True`` (softmax), ``target`` ``[...]`` class ids). ``a
 ``"macro"`` (mean over classes where the area is defined), ``"weighted"`` (by
 positives), ``"micro"`` (one area of the summed histograms) or ``None`` (``[C]``). The
 area is NaN where undefined: AUROC without positives or without negatives, AUPRC
-without positives (so an empty metric is NaN). Elements are dropped when masked out,
-when the target is not a valid label (0/1, or a class id) or equals ``ignore_index`` (a
-multiclass class id ``ignore_index`` is also left out of every average), or when the
-score is NaN. Memory: ``16 * L * num_thresholds`` bytes (1 MiB per class by default).
+without positives (so an empty metric is NaN). Inputs are read by the one formatter of
+:mod:`padded_eval.metrics.formatting` (int targets; multiclass ``preds`` are
+``[..., C]`` scores). Elements are dropped when masked out, when the target is not a
+valid label (0/1, or a class id) or equals ``ignore_index`` (a multiclass class id
+``ignore_index`` is also left out of every average), or when the score is NaN. Real
+elements that are invalid are counted by kind
+(:meth:`~padded_eval.metrics.base.Metric.invalid_counts`): ``"target out of range"``,
+``"nan score"`` and ``"probability outside [0, 1]"`` (without ``from_logits``).
+Memory: ``16 * L * num_thresholds`` bytes (1 MiB per class by default).
 """
 
 from __future__ import annotations
 
 import abc
-import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from padded_eval import validation
 from padded_eval.accumulate import ExactCount
-from padded_eval.masking import broadcast_mask
-from padded_eval.metrics.base import Metric, state
+from padded_eval.metrics.base import state
 from padded_eval.metrics.classification_inputs import (
   AVERAGES,
-  check_flag,
-  check_ignore_index,
+  ClassificationMetric,
   check_no_weights,
-  check_same_shape,
-  check_task,
+  config_field,
   divide,
   num_columns,
-  probabilities,
 )
-from padded_eval.validation import check_choice
+from padded_eval.metrics.formatting import SCORE_INVALID_KINDS, probabilities
 
 DEFAULT_NUM_THRESHOLDS = 65_537
 BINNINGS = ("logit", "linear")
@@ -75,49 +76,25 @@ MAX_NUM_THRESHOLDS = 1 << 21  # suffix sums of 10-bit limb pieces stay below 2**
 _PIECE_BITS = 10
 
 
-def _config(default):
-  return dataclasses.field(default=default, kw_only=True)
-
-
 def _empty_histogram(metric):
   return ExactCount.zeros((num_columns(metric.task, metric.num_classes), metric.num_thresholds))
 
 
-def score_inputs(metric, preds, target, mask):
-  """``(scores float32, truth bool, valid bool)``, each ``[..., L]``.
+def score_elements(metric, preds, target, mask):
+  """``(scores float32, truth bool, valid bool, invalid counts)``, the first three ``[..., L]``.
 
   ``scores`` are ``preds`` as given (probabilities, or logits if ``from_logits``), except
-  for multiclass logits, which become softmax probabilities.
+  for multiclass logits, which become softmax probabilities (one-vs-rest columns).
+  Elements with a NaN score are not counted.
   """
-  preds, target = jnp.asarray(preds), jnp.asarray(target)
-  c = metric.num_classes
+  elements, invalid = metric.elements(preds, target, mask)
   if metric.task == "multiclass":
-    if preds.shape != target.shape + (c,):
-      raise ValueError(
-        f"task='multiclass' needs preds {target.shape + (c,)} (scores for "
-        f"num_classes={c}) for target {target.shape}; got {preds.shape}"
-      )
-    scores = probabilities(preds, metric.from_logits, axis=-1)
-    valid = broadcast_mask(mask, target.shape, "target") & (target >= 0) & (target < c)
-    if metric.ignore_index is not None:
-      valid &= target != metric.ignore_index
-    truth = target[..., None] == jnp.arange(c)
-    valid = jnp.broadcast_to(valid[..., None], scores.shape)
+    scores = probabilities(elements.scores, metric.from_logits, axis=-1)
+    truth = elements.labels[..., None] == jnp.arange(metric.num_classes)
+    valid = jnp.broadcast_to(elements.valid[..., None], scores.shape)
   else:
-    check_same_shape(preds, target, metric.task)
-    if metric.task == "multilabel" and (target.ndim == 0 or target.shape[-1] != c):
-      raise ValueError(
-        f"task='multilabel' needs target [..., {c}] (num_classes labels "
-        f"last); got shape {target.shape}"
-      )
-    scores = probabilities(preds, from_logits=False)
-    valid = broadcast_mask(mask, target.shape, "target") & ((target == 0) | (target == 1))
-    if metric.ignore_index is not None:
-      valid &= target != metric.ignore_index
-    truth = target == 1
-    if metric.task == "binary":
-      scores, truth, valid = scores[..., None], truth[..., None], valid[..., None]
-  return scores, truth, valid & ~jnp.isnan(scores)
+    scores, truth, valid = elements.scores, elements.truth, elements.valid
+  return scores, truth, valid & ~jnp.isnan(scores), invalid
 
 
 def suffix_sums(count: ExactCount, inclusive: bool = True) -> jax.Array:
@@ -142,32 +119,32 @@ def suffix_sums(count: ExactCount, inclusive: bool = True) -> jax.Array:
   return total
 
 
-class _ScoreHistogram(Metric):
+class _ScoreHistogram(ClassificationMetric):
   """Base of the binned curve metrics; subclasses define ``_area(pos, neg)``."""
 
   num_thresholds: int = DEFAULT_NUM_THRESHOLDS
-  task: str = _config("binary")
-  num_classes: int | None = _config(None)
-  average: str | None = _config("macro")
-  from_logits: bool = _config(False)
-  ignore_index: int | None = _config(None)
-  binning: str = _config("logit")
+  task: str = config_field("binary")
+  average: str | None = config_field("macro")
+  binning: str = config_field("logit")
   positives: ExactCount = state(_empty_histogram)
   negatives: ExactCount = state(_empty_histogram)
 
+  invalid_kinds: ClassVar[tuple[str, ...]] = SCORE_INVALID_KINDS
+  _scores_only: ClassVar[bool] = True
+
   def _check_config(self):
-    check_task(self.task, self.num_classes)
-    t = self.num_thresholds
-    if isinstance(t, bool) or not isinstance(t, int) or not 2 <= t <= MAX_NUM_THRESHOLDS:
-      raise ValueError(f"num_thresholds must be an int in [2, {MAX_NUM_THRESHOLDS}]; got {t!r}")
-    check_choice("average", self.average, AVERAGES)
-    check_flag("from_logits", self.from_logits)
-    check_ignore_index(self.ignore_index)
-    check_choice("binning", self.binning, BINNINGS)
+    super()._check_config()
+    validation.check_positive_int("num_thresholds", self.num_thresholds)
+    if not 2 <= self.num_thresholds <= MAX_NUM_THRESHOLDS:
+      raise ValueError(
+        f"num_thresholds must be an int in [2, {MAX_NUM_THRESHOLDS}]; got {self.num_thresholds!r}"
+      )
+    validation.check_choice("average", self.average, AVERAGES)
+    validation.check_choice("binning", self.binning, BINNINGS)
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     check_no_weights(weights, self)
-    scores, truth, valid = score_inputs(self, preds, target, mask)
+    scores, truth, valid, invalid = score_elements(self, preds, target, mask)
     t = self.num_thresholds
     columns = scores.shape[-1]
     bins = self._bins(jnp.where(valid, scores, 0.5))
@@ -175,7 +152,11 @@ class _ScoreHistogram(Metric):
     flat = jnp.where(valid, index, 2 * t * columns).reshape(-1)
     counts = jnp.zeros((2 * t * columns,), jnp.int32).at[flat].add(1, mode="drop")
     counts = counts.reshape(columns, 2, t)
-    return {"positives": ExactCount.of(counts[:, 1]), "negatives": ExactCount.of(counts[:, 0])}
+    return {
+      "positives": ExactCount.of(counts[:, 1]),
+      "negatives": ExactCount.of(counts[:, 0]),
+      "invalid": invalid,
+    }
 
   def _bins(self, scores) -> jax.Array:
     """int32 bin of each score (monotone non-decreasing in the score)."""
@@ -192,16 +173,6 @@ class _ScoreHistogram(Metric):
     z = jnp.clip(z, -LOGIT_RANGE, LOGIT_RANGE)
     return jnp.round((z + LOGIT_RANGE) * ((t - 1) / (2 * LOGIT_RANGE))).astype(jnp.int32)
 
-  def _included(self) -> np.ndarray:
-    included = np.ones(self.positives.shape[0], bool)
-    if (
-      self.task == "multiclass"
-      and self.ignore_index is not None
-      and (0 <= self.ignore_index < self.num_classes)
-    ):
-      included[self.ignore_index] = False
-    return included
-
   @abc.abstractmethod
   def _area(self, positives: ExactCount, negatives: ExactCount) -> jax.Array:
     """float32 ``[L]`` per-column value, NaN where undefined."""
@@ -209,7 +180,7 @@ class _ScoreHistogram(Metric):
   def _averaged(self, per_column) -> jax.Array:
     """``per_column(positives, negatives) -> [L]`` averaged by ``average``."""
     positives, negatives = self.positives, self.negatives
-    included = self._included()
+    included = self.included_classes()
     if self.task == "binary":
       return per_column(positives, negatives)[0]
     if self.average == "micro":
