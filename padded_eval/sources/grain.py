@@ -108,8 +108,11 @@ class GrainSource(Source):
       elements = iter(self._data)
     elif self._kind == "DataLoader":
       elements = _stacked(iter(self._data), chunk_rows)
-    else:
+    elif self._kind == "MapDataset" and not self._filtered:
       elements = iter(self._data.batch(chunk_rows))
+    else:  # grain batches a filtered MapDataset only as an IterDataset
+      data = self._data.to_iter_dataset() if self._kind == "MapDataset" else self._data
+      elements = iter(data.batch(chunk_rows))
     return self._checked(elements)
 
   def _checked(self, elements: Iterator[Any]) -> Iterator[Chunk]:

@@ -58,10 +58,8 @@ class TorchLoaderSource(Source):
 
   def num_rows(self) -> int | None:
     """Rows per pass from the sampler: ``len(sampler)``, or whole batches only with ``drop_last``."""
-    import torch
-
     loader = self._loader
-    if isinstance(loader.dataset, torch.utils.data.IterableDataset) or loader.batch_size is None:
+    if _is_iterable_style(loader.dataset) or loader.batch_size is None:
       return None  # iterable-style, or a custom batch_sampler / no automatic batching
     try:
       indices = len(loader.sampler)
@@ -88,6 +86,14 @@ class TorchLoaderSource(Source):
       else:
         first.check_rows(flat, index)
       yield flat, rows
+
+
+def _is_iterable_style(dataset: Any) -> bool:
+  """Whether `dataset` is a torch `IterableDataset` (no sampler decides its length)."""
+  return any(
+    cls.__module__.startswith("torch.utils.data") and cls.__name__ == "IterableDataset"
+    for cls in type(dataset).__mro__
+  )
 
 
 def _unnamed_message(batch: Any, index: int) -> str:
