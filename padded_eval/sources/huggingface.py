@@ -5,12 +5,13 @@ padded batch size), so they reach numpy column by column from Arrow, never row b
 format is respected: its selected columns, and what a ``with_format("torch" | "jax" | "numpy" ...)`` or
 ``with_transform(...)`` yields (leaves are then turned into numpy arrays). A dataset without a format (or with
 "arrow", "pandas" or "polars", containers of the same columns) is read with the "numpy" format of the same
-columns, whose dtypes follow the dataset's features (a ``float32`` list column stays float32). String columns
-are unicode arrays and pad with empty strings.
+columns: features such as images are decoded, integer columns come as int64 and floating ones as float32 (that
+format's choice), strings as unicode arrays, which pad with empty strings.
 
 A `Dataset` knows its length (`len()` of the padded batches is known); an `IterableDataset` does not. For
-multi-host evaluation, give each process its rows: ``ds.select(range(len(ds))[pe.process_slice(len(ds))])``, or
-``ds.shard(jax.process_count(), jax.process_index(), contiguous=True)``, which takes the same rows.
+multi-host evaluation, give each process its rows: ``ds.select(np.arange(len(ds))[pe.process_slice(len(ds))])``
+(``ds.shard(jax.process_count(), jax.process_index(), contiguous=True)`` takes the same rows, but refuses a
+dataset with fewer rows than processes).
 
 `datasets` is imported only once such a dataset is passed (it is already imported then: the object is its).
 """
