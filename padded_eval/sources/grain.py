@@ -48,7 +48,7 @@ def grain_kind(obj: Any) -> str | None:
 class GrainSource(Source):
   """Reads a grain dataset or DataLoader; re-iterating starts a new pass (grain datasets are re-iterable)."""
 
-  description = "a grain MapDataset, IterDataset or DataLoader"
+  description = "a grain dataset or DataLoader"
 
   @classmethod
   def accepts(cls, obj: Any) -> bool:

@@ -43,7 +43,7 @@ def hf_kind(obj: Any) -> str | None:
 class HuggingFaceSource(Source):
   """Reads a `datasets.Dataset` or `IterableDataset` column by column; every pass re-reads it."""
 
-  description = "a Hugging Face datasets.Dataset or IterableDataset"
+  description = "a Hugging Face dataset"
 
   @classmethod
   def accepts(cls, obj: Any) -> bool:
