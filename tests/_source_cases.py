@@ -42,9 +42,11 @@ def numeric(data):
   return {key: values for key, values in data.items() if key != "name"}
 
 
-def check_padded(source, data, *, known_len, batch_size=BATCH, num_devices=2):
+def check_padded(source, data, *, known_len, batch_size=BATCH, num_devices=2, **options):
   """pad_batches over `source` equals index arithmetic over `data`, twice; `len()` iff `known_len`."""
-  batches = pe.pad_batches(source, batch_size, num_devices=num_devices, pad_value=GARBAGE)
+  batches = pe.pad_batches(
+    source, batch_size, num_devices=num_devices, pad_value=GARBAGE, **options
+  )
   want = expected_batches(data, batch_size, pad=GARBAGE)
   if known_len:
     assert len(batches) == len(want)

@@ -1,5 +1,7 @@
 """Hugging Face `datasets` sources of pad_batches: Dataset and IterableDataset, formats respected."""
 
+import importlib.util
+
 import datasets
 import numpy as np
 import pytest
@@ -50,9 +52,21 @@ def test_format_columns_are_respected():
     assert_batches_equal(batches, expected_batches(chosen, 16, pad={"x": np.nan, "label": -7}))
 
 
-def test_jax_format_and_transforms_are_respected():
+TENSOR_FORMATS = ["jax"] + (
+  ["torch"] if importlib.util.find_spec("torch") else []
+)  # no torch in CI
+
+
+@pytest.mark.parametrize("form", TENSOR_FORMATS)
+def test_tensor_formats_are_respected(form):
   data = numeric(make_data(N))
-  check_padded(hf_dataset(data).with_format("jax"), data, known_len=True)
+  source = hf_dataset(data).with_format(form)
+  assert type(source[0:2]["x"]).__module__.split(".")[0] in ("jax", "jaxlib", "torch")
+  check_padded(source, data, known_len=True)
+
+
+def test_transforms_are_respected():
+  data = numeric(make_data(N))
 
   def doubled(columns):  # a custom transform: what it returns is what is padded
     return {"y2": 2 * np.asarray(columns["y"], np.float32)}

@@ -41,9 +41,9 @@ class FakeTensor:
 class FakeLoader:
   """torch's DataLoader as pad_batches sees it: the public attributes and ``__iter__`` (sequential sampler)."""
 
-  def __init__(self, dataset, batch_size=1, drop_last=False, tuples=False):
+  def __init__(self, dataset, batch_size=1, drop_last=False, tuples=False, sampler_for=None):
     self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
-    self.sampler = range(len(dataset))
+    self.sampler = range(len(dataset)) if sampler_for is None else sampler_for(dataset)
     self._tuples = tuples
 
   def __iter__(self):
@@ -93,11 +93,14 @@ def torch_loader(data, iterable_style=False, **options):
       return (Rows()[i] for i in range(len(data["y"])))
 
   tuples = options.pop("tuples", False)
+  sampler_for = options.pop("sampler_for", None)
   dataset = Stream() if iterable_style else Rows()
   if tuples:
     dataset = torch.utils.data.TensorDataset(
       torch.from_numpy(data["x"]), torch.from_numpy(data["label"])
     )
+  if sampler_for is not None:
+    options["sampler"] = sampler_for(dataset)
   return torch.utils.data.DataLoader(dataset, **options)
 
 
@@ -151,6 +154,45 @@ def test_tuple_batches_say_how_to_name_the_fields(kind):
     r"field has a name: have the dataset's __getitem__ return a dict",
   ):
     list(pe.pad_batches(loader, 4, num_devices=1))
+
+
+class DistributedSampler:
+  """torch's DistributedSampler as pad_batches sees it: dataset, num_replicas, drop_last."""
+
+  def __init__(self, dataset, num_replicas, rank, drop_last=False):
+    self.dataset, self.num_replicas, self.drop_last = dataset, num_replicas, drop_last
+
+
+DistributedSampler.__module__ = "torch.utils.data.distributed"
+
+
+def distributed_sampler(kind, dataset, **options):
+  if kind == "torch":
+    import torch
+
+    return torch.utils.data.DistributedSampler(dataset, **options)
+  return DistributedSampler(dataset, **options)
+
+
+@pytest.mark.parametrize("kind", LOADERS)
+def test_distributed_sampler_that_repeats_or_drops_rows_is_refused(kind):
+  data = bf16_data(9)
+  for replicas, drop_last, message in (
+    (4, False, "repeats 3 of them"),
+    (2, True, "drops 1 of them"),
+  ):
+
+    def sampler_for(dataset, replicas=replicas, drop_last=drop_last):
+      return distributed_sampler(kind, dataset, num_replicas=replicas, rank=0, drop_last=drop_last)
+
+    loader = LOADERS[kind](data, batch_size=4, sampler_for=sampler_for)
+    with pytest.raises(
+      ValueError, match=rf"9 rows over {replicas} replicas and so {message}; .*Subset"
+    ):
+      pe.pad_batches(loader, 4, num_devices=1)
+  # Replicas that divide the rows: every row once over the processes, accepted.
+  sampler_for = lambda dataset: distributed_sampler(kind, dataset, num_replicas=3, rank=0)
+  pe.pad_batches(LOADERS[kind](data, batch_size=4, sampler_for=sampler_for), 4, num_devices=1)
 
 
 def test_len_unknown_without_a_sized_sampler():

@@ -70,33 +70,37 @@ class GrainSource(Source):
     self._data = obj
     self._kind = grain_kind(obj)
     self._mask_key = mask_key
-    self._rows: int | None = None
     if self._kind == "DataLoader":
       batch_ops = _check_loader(obj)
-      lineage: list = []
+      self._lineage: list = []
     else:
-      lineage = _lineage(obj)
-      batch_ops = [node for node in lineage if type(node).__name__.startswith("Batch")][:1]
-      _check_dataset(obj, lineage, self._kind)
+      self._lineage = _lineage(obj)
+      batch_ops = [node for node in self._lineage if type(node).__name__.startswith("Batch")]
+      _check_dataset(obj, self._lineage, self._kind)
     self._batched = bool(batch_ops) if batched is None else bool(batched)
-    self._filtered = any("Filter" in type(node).__name__ for node in lineage)
+    self._filtered = any("Filter" in type(node).__name__ for node in self._lineage)
 
   @property
   def spec(self) -> None:
     return None  # known once the first element is read
 
   def num_rows(self) -> int | None:
-    """Rows of a `MapDataset` without a filter (a batched one reads its first and last batch once)."""
+    """Rows of a `MapDataset` without a filter, read from grain's lengths (nothing is read).
+
+    Unbatched: its length. Batched: the length of what grain's ``.batch`` batches, when only maps follow it
+    (a shuffle or slice of batches, or ``batched=True`` on batches grain did not make, leaves it unknown).
+    """
     if self._kind != "MapDataset" or self._filtered:
       return None
-    if self._rows is None:
-      length = len(self._data)
-      if not self._batched or length == 0:
-        self._rows = length
-      else:
-        first = self._element_rows(self._data[0], 0)
-        self._rows = (length - 1) * first + self._element_rows(self._data[length - 1], length - 1)
-    return self._rows
+    if not self._batched:
+      return len(self._data)
+    for node in self._lineage:
+      name = type(node).__name__
+      if name.startswith("Batch"):
+        return len(node.parents[0])
+      if not name.startswith("Map"):
+        return None
+    return None
 
   def chunks(self) -> Iterator[Chunk]:
     return self.chunks_for(CHUNK_ROWS)
@@ -124,9 +128,6 @@ class GrainSource(Source):
       else:
         first.check_rows(flat, index)
       yield flat, rows
-
-  def _element_rows(self, element: Any, index: int) -> int:
-    return flatten_rows(_named(element, index), self._mask_key, f"batch {index}", convert=False)[1]
 
 
 def _named(element: Any, index: int) -> Any:

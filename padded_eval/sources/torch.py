@@ -47,8 +47,12 @@ class TorchLoaderSource(Source):
       obj: a `torch.utils.data.DataLoader` yielding dicts (nested dicts allowed) of tensors ``[rows, ...]``.
       mask_key: the mask's key; no batch key may equal it.
       batched: ignored (a DataLoader yields batches).
+
+    Raises:
+      ValueError: a `DistributedSampler` over a dataset its replicas do not divide (it repeats or drops rows).
     """
     del batched
+    _check_sampler(getattr(obj, "sampler", None))
     self._loader = obj
     self._mask_key = mask_key
 
@@ -86,6 +90,24 @@ class TorchLoaderSource(Source):
       else:
         first.check_rows(flat, index)
       yield flat, rows
+
+
+def _check_sampler(sampler: Any) -> None:
+  """Refuses a DistributedSampler that repeats rows (to even out the shares) or drops them."""
+  if not any(
+    cls.__module__.startswith("torch.utils.data") and cls.__name__ == "DistributedSampler"
+    for cls in type(sampler).__mro__
+  ):
+    return
+  rows, replicas = len(sampler.dataset), sampler.num_replicas
+  if rows % replicas:
+    action = "drops" if sampler.drop_last else "repeats"
+    raise ValueError(
+      f"the DataLoader's DistributedSampler splits {rows} rows over {replicas} replicas and so {action} "
+      f"{rows % replicas if sampler.drop_last else replicas - rows % replicas} of them; give each process "
+      "its rows instead: DataLoader(torch.utils.data.Subset(dataset, range(len(dataset))"
+      "[pe.process_slice(len(dataset))]), ...) with the default sampler"
+    )
 
 
 def _is_iterable_style(dataset: Any) -> bool:
