@@ -145,7 +145,7 @@ def measure(rows: int, repeats: int, log=print) -> list[tuple]:
 
 def run(quick: bool, log=print) -> tuple[str, list]:
   """The Markdown table for ``python -m benchmarks`` and its rows."""
-  rows, repeats = (2048, 3) if quick else (32768, 5)
+  rows, repeats = (2048, 3) if quick else (32768, 7)
   measured = measure(rows, repeats, log)
   lines = [
     f"{rows} rows (`image` float32 [32], `label` int32, `id` int64), batches of {BATCH}, median of "
