@@ -104,4 +104,4 @@ def test_grain_sharding_with_a_remainder_is_refused_on_every_process(lines):
   for line in lines[f"sharded:pmap:{ROWS}"]:
     assert line.get("error") == "ValueError", line
     assert "sharded over 2 shards of a source of 1001 records" in line["message"]
-    assert "1 rows would never be evaluated" in line["message"]
+    assert "1 row would never be evaluated" in line["message"]

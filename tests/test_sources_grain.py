@@ -103,7 +103,7 @@ def test_pipelines_that_drop_or_repeat_rows_are_refused():
     (loader(rows, num_epochs=2), "reads 74 records of a source of 37"),
     (
       loader(rows, shard_options=grain.sharding.ShardOptions(0, 2, drop_remainder=False)),
-      r"sharded over 2 shards of a source of 37 records, and grain gives every shard 18: 1 rows",
+      r"sharded over 2 shards of a source of 37 records, and grain gives every shard 18: 1 row would",
     ),
   ]
   for dataset, message in cases:

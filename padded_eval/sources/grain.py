@@ -2,8 +2,9 @@
 
 Elements are rows (a dict of per-row values) or batches (after ``.batch(n)``, or a `DataLoader` with the
 ``grain.transforms.Batch`` operation): inferred from the pipeline, or given with ``batched=``. Unbatched datasets
-are read with grain's own ``.batch`` in chunks of a multiple of the batch size, so every padded batch is a view of
-a chunk; an unbatched `DataLoader` yields single rows, stacked here (use the Batch operation for speed).
+are read with grain's own ``.batch`` (of the batch size, or a multiple of it for a `MapDataset`), so every padded
+batch is a view of a chunk; an unbatched `DataLoader` yields single rows, stacked here (the Batch operation does it
+in grain).
 
 A `MapDataset` knows its length: `len()` of the padded batches is known unless the pipeline filters. A pipeline
 that would lose or repeat rows is refused: ``drop_remainder=True``, a sampler that repeats (``num_epochs`` other
@@ -106,17 +107,17 @@ class GrainSource(Source):
     return self.chunks_for(CHUNK_ROWS)
 
   def chunks_for(self, batch_size: int) -> Iterator[Chunk]:
-    """Starts a new pass: batches as they come, or rows read in chunks of a multiple of `batch_size`."""
-    chunk_rows = batch_size * max(1, CHUNK_ROWS // batch_size)
+    """Starts a new pass: batches as they come, or rows stacked `batch_size` at a time (a multiple of it for a
+    `MapDataset`, whose reader threads each build one chunk)."""
     if self._batched:
       elements = iter(self._data)
     elif self._kind == "DataLoader":
-      elements = _stacked(iter(self._data), chunk_rows)
+      elements = _stacked(iter(self._data), batch_size)
     elif self._kind == "MapDataset" and not self._filtered:
-      elements = iter(self._data.batch(chunk_rows))
+      elements = iter(self._data.batch(batch_size * max(1, CHUNK_ROWS // batch_size)))
     else:  # grain batches a filtered MapDataset only as an IterDataset
       data = self._data.to_iter_dataset() if self._kind == "MapDataset" else self._data
-      elements = iter(data.batch(chunk_rows))
+      elements = iter(data.batch(batch_size))
     return self._checked(elements)
 
   def _checked(self, elements: Iterator[Any]) -> Iterator[Chunk]:
@@ -182,23 +183,24 @@ def _check_loader(loader: Any) -> list:
     loader, "_sampler", None
   )  # grain keeps the loader's parts private: checked when present
   records = getattr(sampler, "_num_records", None)
-  if sampler is not None and records is not None and len(sampler) != records:
-    raise ValueError(
-      f"the grain DataLoader's sampler reads {_count(len(sampler))} records of a source of {records}, so "
-      "rows would count more than once; pass grain.samplers.IndexSampler(num_records, num_epochs=1)"
-    )
   for options in (
     getattr(loader, "_shard_options", None),
     getattr(sampler, "_shard_options", None),
   ):
     count = getattr(options, "shard_count", 1)
     if records is not None and count > 1 and records % count:
+      lost = records % count
       raise ValueError(
         f"the grain DataLoader is sharded over {count} shards of a source of {records} records, and grain "
-        f"gives every shard {records // count}: {records % count} rows would never be evaluated; give each "
-        "process its rows instead, data_source=grain.MapDataset.source(source)[pe.process_slice(len(source))], "
-        "with no shard_options"
+        f"gives every shard {records // count}: {lost} row{'s' * (lost > 1)} would never be evaluated; give "
+        "each process its rows instead, data_source=grain.MapDataset.source(source)"
+        "[pe.process_slice(len(source))], with no shard_options"
       )
+  if sampler is not None and records is not None and len(sampler) > records:
+    raise ValueError(
+      f"the grain DataLoader's sampler reads {_count(len(sampler))} records of a source of {records}, so "
+      "rows would count more than once; pass grain.samplers.IndexSampler(num_records, num_epochs=1)"
+    )
   batch_ops = [
     op for op in getattr(loader, "_operations", ()) if isinstance(op, grain.transforms.Batch)
   ]
