@@ -233,7 +233,8 @@ def test_a_new_kind_is_one_class_and_one_registration(columns_registered):
 def test_unregistered_kind_is_refused_with_the_list_of_kinds():
   with pytest.raises(
     TypeError,
-    match=r"^source must be a Mapping of arrays, an iterable of Mappings or a tf.data.Dataset; got Columns$",
+    match=r"^source must be a Mapping of arrays, an iterable of Mappings, a tf.data.Dataset, a grain "
+    r"dataset or DataLoader, a Hugging Face dataset or a torch DataLoader; got Columns$",
   ):
     pe.pad_batches(Columns(x=np.arange(3)), 4, num_devices=1)
   with pytest.raises(TypeError, match="subclass of padded_eval.sources.Source"):

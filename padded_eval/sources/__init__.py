@@ -4,7 +4,7 @@ A kind is a `Source` subclass (see `base.py`); kinds registered later are tried 
 with the subclass and add its `register(...)` line below (docs/architecture.md, "Adding a source").
 """
 
-from padded_eval.sources import iterable, mapping, tf_data
+from padded_eval.sources import grain, huggingface, iterable, mapping, tf_data, torch
 from padded_eval.sources.base import Chunk as Chunk
 from padded_eval.sources.base import Source as Source
 from padded_eval.sources.registry import kinds as kinds
@@ -15,3 +15,6 @@ from padded_eval.sources.registry import unregister as unregister
 register(mapping.MappingSource)
 register(iterable.IterableSource)
 register(tf_data.TfDataSource)
+register(grain.GrainSource)
+register(huggingface.HuggingFaceSource)
+register(torch.TorchLoaderSource)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from padded_eval.batch_spec import BatchSpec, FlatBatch, flatten, path_name
+from padded_eval.sources.array_like import to_numpy
 
 __all__ = ["Chunk", "Source", "flatten_rows", "pad", "rechunk"]
 
@@ -69,6 +70,15 @@ class Source(abc.ABC):
         source read a second time.
     """
 
+  def chunks_for(self, batch_size: int) -> Iterator[Chunk]:
+    """Like `chunks`, in chunk sizes suited to `batch_size` where the source can choose them.
+
+    A source that reads in chunks of its own choosing (grain, Hugging Face) reads a multiple of `batch_size`
+    rows at a time, so that every padded batch is a view of a chunk; the default is `chunks()`.
+    """
+    del batch_size
+    return self.chunks()
+
   def padded(
     self, batch_size: int, mask_key: str, pad_value: Any
   ) -> Generator[FlatBatch, None, BatchSpec | None]:
@@ -89,7 +99,7 @@ class Source(abc.ABC):
     Raises:
       ValueError: as `chunks`, or a `pad_value` that does not fit (see `BatchSpec.fills`).
     """
-    chunks = self.chunks()
+    chunks = self.chunks_for(batch_size)
     first = next(chunks, None)
     if first is None:
       return self.spec
@@ -106,10 +116,10 @@ def flatten_rows(
   """Checks one batch of a source (any number of rows, no mask yet) and flattens it.
 
   Args:
-    batch: a Mapping (nested dicts allowed) of arrays ``[rows, ...]``.
+    batch: a Mapping (nested dicts allowed) of arrays or array-likes ``[rows, ...]`` (torch tensors included).
     mask_key: the key the mask will take; the batch may not have it.
     where: how messages name the batch, e.g. ``"batch 3"`` or ``"the source"``.
-    convert: turn leaves into numpy arrays (else only their shapes are read).
+    convert: turn leaves into numpy arrays with `to_numpy` (else only their shapes are read).
 
   Returns:
     ``(flat, rows)``: the flat batch and its leading size.
@@ -124,7 +134,9 @@ def flatten_rows(
     raise ValueError(
       f"{where} has a key {mask_key!r} equal to mask_key; rename it or pass another mask_key="
     )
-  flat = flatten(batch, convert=convert)
+  flat = flatten(batch, convert=False)
+  if convert:
+    flat = {path: to_numpy(leaf) for path, leaf in flat.items()}
   if not flat:
     raise ValueError(f"{where}: expected a Mapping with at least one array, got no arrays")
   sizes = {}

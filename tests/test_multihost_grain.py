@@ -1,0 +1,107 @@
+"""masked_eval over grain datasets sharded across real jax.distributed processes (2 processes, 2 CPU devices each).
+
+Each process reads its `pe.process_slice` share of one grain dataset (tests/_multihost_grain_worker.py); the
+result must be identical on every process and equal the float64 numpy / scikit-learn reference over all rows.
+grain's own sharding (``ShardByJaxProcess``) gives every shard ``rows // processes`` rows, so with a remainder it
+is refused on every process before the first step.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import _multihost_worker as worker
+import numpy as np
+import pytest
+from sklearn.metrics import f1_score
+
+pytestmark = pytest.mark.multihost
+
+WORKER = os.path.join(os.path.dirname(__file__), "_multihost_grain_worker.py")
+PROCESSES, ROWS = 2, 1001  # 501 + 500 rows; 1001 % 2 leaves grain's sharding a remainder
+SCENARIOS = [f"map:jit:{ROWS}", f"loader:pmap:{ROWS}", f"sharded:pmap:{ROWS}"]
+DEADLINE_S = 300
+
+
+def free_port():
+  with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lines():
+  """``{scenario: [line of process 0, line of process 1]}`` from one run of the workers."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # 2 devices per process
+  env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+  port = str(free_port())
+  procs = [
+    subprocess.Popen(
+      [sys.executable, WORKER, port, str(PROCESSES), str(p), ",".join(SCENARIOS)],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      env=env,
+    )
+    for p in range(PROCESSES)
+  ]
+  outputs = []
+  try:
+    for proc in procs:
+      outputs.append(proc.communicate(timeout=DEADLINE_S))
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+  found = {}
+  for process, (out, err) in enumerate(outputs):
+    for text in out.splitlines():
+      if text.startswith("{"):
+        line = json.loads(text)
+        found.setdefault(line["scenario"], {})[process] = line
+    assert procs[process].returncode == 0, err[-3000:]
+  return {s: [found[s][p] for p in range(PROCESSES)] for s in SCENARIOS}
+
+
+def reference(data, params):
+  x = data["x"].astype(np.float64)
+  logits = x @ params["w"].astype(np.float64) + params["b"].astype(np.float64)
+  predicted = logits.argmax(-1)
+  preds = x @ params["v"].astype(np.float64)
+  return {
+    "accuracy": np.mean(predicted == data["label"]),
+    "f1": f1_score(
+      data["label"], predicted, average="macro", labels=range(worker.NUM_CLASSES), zero_division=0
+    ),
+    "mse": np.mean((preds - data["y"]) ** 2),
+    "std": np.std(preds),
+    "num_examples": len(data["y"]),
+  }
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS[:2])
+def test_process_slices_of_a_grain_dataset_give_the_exact_union_result(lines, scenario):
+  results = [line.get("result") for line in lines[scenario]]
+  assert all(r is not None for r in results), lines[scenario]
+  shares = [r.pop("share") for r in results]
+  assert shares == [
+    [0, 501],
+    [501, 1001],
+  ]  # pe.process_slice: the first process takes the extra row
+  assert results[0] == results[1]  # one global result, on every process
+  want = reference(worker.make_data(ROWS), worker.make_params())
+  assert results[0]["num_examples"] == want["num_examples"] == ROWS
+  for name in ("accuracy", "f1"):
+    np.testing.assert_allclose(results[0][name], want[name], rtol=1e-6, err_msg=name)
+  for name in ("mse", "std"):
+    np.testing.assert_allclose(results[0][name], want[name], rtol=1e-5, err_msg=name)
+
+
+def test_grain_sharding_with_a_remainder_is_refused_on_every_process(lines):
+  for line in lines[f"sharded:pmap:{ROWS}"]:
+    assert line.get("error") == "ValueError", line
+    assert "sharded over 2 shards of a source of 1001 records" in line["message"]
+    assert "1 row would never be evaluated" in line["message"]
