@@ -228,7 +228,7 @@ def masked_eval(
   state = runner.place_state(_empty_state(compiled.state_shapes(params, placed.batch)))
   bar = _ProgressBar(total, mask_key) if progress else _NoProgressBar()
   bar.add(first.batch)
-  rows = RowOutputs(runner.row_axes, mask_key) if outputs else NoOutputs()
+  rows = RowOutputs(runner.row_axes, mask_key, total) if outputs else NoOutputs()
   state = _run_steps(compiled.step, params, state, (first, placed), inputs, feed, runner, bar, rows)
   state = runner.finalize(state)  # the one reduction across devices (and processes)
   feed.wait_final(state)
@@ -262,6 +262,7 @@ def _run_steps(step, params, state, current, inputs, feed, runner, bar, rows):
       waited, token, pending = in_flight.popleft()
       feed.wait(waited, token)
       rows.collect(pending)
+      del pending  # its device arrays go now, not at the next collect
     if host is None:
       return state
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from padded_eval.metrics.base import Metric
 
-__all__ = ["NoOutputs", "Pending", "RowOutputs", "split_step_result"]
+__all__ = ["KeptRows", "NoOutputs", "Pending", "RowOutputs", "local_blocks", "split_step_result"]
 
 
 def split_step_result(returned: Any, outputs: bool, rows: int) -> tuple[Metric, Any]:
@@ -115,16 +115,21 @@ class Pending:
 class RowOutputs:
   """Collects the real rows of every step's ``per_row``, on the host, in step order.
 
+  Each step's rows are copied once, from the device buffers straight into one host buffer per leaf, sized
+  when the number of batches is known (else kept per step and concatenated at the end).
+
   Args:
     row_axes: how many leading axes of a step's output index its rows (2 under pmap: device and row; 1 else).
     mask_key: the batch key of the mask.
+    num_batches: the number of batches when known (sizes the buffers), else None.
   """
 
-  def __init__(self, row_axes: int, mask_key: str):
+  def __init__(self, row_axes: int, mask_key: str, num_batches: int | None = None):
     self._row_axes = row_axes
     self._mask_key = mask_key
+    self._num_batches = num_batches
     self._treedef = None
-    self._kept: list[list[np.ndarray]] = []  # per leaf, the real rows of each step
+    self._leaves: list[KeptRows] = []
 
   def start(self, per_row: Any, batch: Any) -> Pending:
     """Requests the asynchronous copy of one dispatched step's outputs; never blocks.
@@ -133,26 +138,69 @@ class RowOutputs:
       per_row: the step's output pytree (device arrays).
       batch: the step's host batch (its mask says which rows are real).
     """
+    mask = np.asarray(batch[self._mask_key], dtype=bool)
     leaves, treedef = jax.tree.flatten(per_row)
     if self._treedef is None:
-      self._treedef, self._kept = treedef, [[] for _ in leaves]
+      capacity = None if self._num_batches is None else self._num_batches * len(mask)
+      self._treedef, self._leaves = treedef, [KeptRows(capacity) for _ in leaves]
     blocks = [local_blocks(leaf) for leaf in leaves]
     for block in (b for leaf_blocks in blocks for b in leaf_blocks):
       block.copy_to_host_async()
-    return Pending(blocks, np.asarray(batch[self._mask_key], dtype=bool))
+    return Pending(blocks, mask)
 
   def collect(self, pending: Pending) -> None:
     """Reads a finished step's copies and keeps the rows its mask marks real."""
-    for kept, blocks in zip(self._kept, pending.blocks, strict=True):
-      host = np.concatenate([np.asarray(block) for block in blocks])
-      host = host.reshape((-1, *host.shape[self._row_axes :]))
-      if len(host) != len(pending.mask):
-        raise AssertionError(f"a step returned {len(host)} rows for a batch of {len(pending.mask)}")
-      kept.append(host[pending.mask])
+    for kept, blocks in zip(self._leaves, pending.blocks, strict=True):
+      first = 0
+      for block in blocks:
+        host = np.asarray(block)
+        host = host.reshape((-1, *host.shape[self._row_axes :]))
+        kept.add(host, pending.mask[first : first + len(host)])
+        first += len(host)
+      if first != len(pending.mask):
+        raise AssertionError(f"a step returned {first} rows for a batch of {len(pending.mask)}")
 
   def result(self) -> Any:
-    """The kept rows of every leaf, concatenated: numpy ``[real rows, ...]`` in ``per_row``'s structure."""
-    return jax.tree.unflatten(self._treedef, [np.concatenate(kept) for kept in self._kept])
+    """The kept rows of every leaf: numpy ``[real rows, ...]`` in ``per_row``'s structure."""
+    return jax.tree.unflatten(self._treedef, [kept.rows() for kept in self._leaves])
+
+
+class KeptRows:
+  """The real rows of one output leaf, in order: in one buffer of `capacity` rows, else in parts.
+
+  Args:
+    capacity: the most rows there can be (batches x rows per batch), or None when unknown.
+  """
+
+  def __init__(self, capacity: int | None):
+    self._capacity = capacity
+    self._buffer: np.ndarray | None = None
+    self._count = 0
+    self._parts: list[np.ndarray] = []
+
+  def add(self, rows: np.ndarray, real: np.ndarray) -> None:
+    """Keeps ``rows[real]`` (copied: `rows` may be a view of a device buffer)."""
+    count = int(np.count_nonzero(real))
+    if self._capacity is not None and self._buffer is None:  # pages are touched when written
+      self._buffer = np.empty((self._capacity, *rows.shape[1:]), rows.dtype)
+    if self._buffer is not None and self._count + count > len(self._buffer):
+      # more batches than len() said: keep parts from now on
+      self._parts, self._buffer, self._capacity = [self._buffer[: self._count]], None, None
+    if self._buffer is None:
+      self._parts.append(np.array(rows) if count == len(rows) else rows[real])
+    else:
+      target = self._buffer[self._count : self._count + count]
+      if count == len(rows):
+        target[...] = rows
+      elif count:
+        np.compress(real, rows, axis=0, out=target)
+    self._count += count
+
+  def rows(self) -> np.ndarray:
+    """All kept rows, ``[count, ...]``."""
+    if self._buffer is not None:
+      return self._buffer[: self._count]
+    return np.concatenate(self._parts)
 
 
 class NoOutputs:
@@ -164,15 +212,16 @@ class NoOutputs:
   def collect(self, pending: None) -> None:
     del pending
 
+  def result(self) -> None:
+    return None
+
 
 def local_blocks(leaf: jax.Array) -> list[jax.Array]:
-  """The parts of a step output that hold this process's rows, in row order (one per row range).
+  """The device buffers of a step output that hold this process's rows, in row order (one per row range).
 
-  A fully addressable array is its own block. Otherwise (several processes) the addressable shards are taken
-  once per range of rows (a replica over other mesh axes is skipped) and sorted by their first row.
+  The addressable shards are taken once per range of rows (a replica over other mesh axes is skipped) and
+  sorted by their first row. With several processes these are this process's rows, which its batch held.
   """
-  if leaf.is_fully_addressable:
-    return [leaf]
   by_start = {}
   for shard in leaf.addressable_shards:
     by_start.setdefault(shard.index[0].start or 0, shard.data)

@@ -253,3 +253,25 @@ def test_pair_whose_first_element_is_not_a_metric_is_refused():
 def test_outputs_must_be_a_bool():
   with pytest.raises(ValueError, match=r"outputs must be True or False; got 'yes'"):
     pe.masked_eval(lambda p, b: _metric(b), None, _batches(), outputs="yes")
+
+
+class Lying:
+  """Batches whose len() says fewer than they yield: the outputs must still hold every real row."""
+
+  def __init__(self, batches, length):
+    self._batches, self._length = batches, length
+
+  def __len__(self):
+    return self._length
+
+  def __iter__(self):
+    return iter(self._batches)
+
+
+@pytest.mark.parametrize("length", [1, None])
+def test_rows_beyond_the_announced_length_or_of_unknown_length_are_kept(length):
+  params, data = make_params(), make_data(70)
+  padded = list(pe.pad_batches(data, 16, num_devices=8, pad_value=GARBAGE, index_key="index"))
+  source = Lying(padded, length) if length is not None else iter(padded)
+  _, outputs = pe.masked_eval(make_step([]), params, source, backend="jit", outputs=True)
+  assert_outputs_match(outputs, reference(params, data))
