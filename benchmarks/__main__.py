@@ -30,7 +30,7 @@ import warnings  # noqa: E402
 
 import jax  # noqa: E402
 
-from benchmarks import anchors, exactness, scaling, speed  # noqa: E402
+from benchmarks import anchors, exactness, per_row_outputs, scaling, speed  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -118,6 +118,7 @@ def main(argv=None) -> int:
   exact_md, exact_values = exactness.run(args.quick, log)
   speed_md, speed_values = speed.run(args.quick, log)
   scaling_md, scaled = scaling.run(args.quick, log)
+  outputs_md, outputs_values = per_row_outputs.run(args.quick, log)
   plot_path = out / "scaling.png"
   plotted = scaling.plot(scaled["per_example"], str(plot_path))
   figure = (
@@ -134,6 +135,7 @@ one process run; every ratio is against a baseline timed in the same run. No num
 ## Summary (computed from the tables below)
 
 {summary(exact_values, speed_values, scaled)}
+{per_row_outputs.summary(outputs_values)}
 
 ## Machine
 
@@ -151,7 +153,10 @@ one process run; every ratio is against a baseline timed in the same run. No num
 
 {figure}
 
-{scaling_md}"""
+{scaling_md}
+## Per-example outputs (`masked_eval(..., outputs=True)`)
+
+{outputs_md}"""
   (out / "RESULTS.md").write_text(report)
   log(f"wrote {out / 'RESULTS.md'}" + (f" and {plot_path}" if plotted else ""))
   print(report)

@@ -196,6 +196,19 @@ def run(quick: bool, log=print) -> tuple[str, dict]:
   return markdown, values
 
 
+def summary(values: dict) -> str:
+  """One Markdown bullet with the measured ratios and peak device memory."""
+  parts = []
+  for backend, ratios in values["ratios"].items():
+    peaks = values["peak_bytes"][backend]["full"]
+    parts.append(
+      f"{backend}: {ratios['outputs / metric only']:.2f}x the metric-only pass, "
+      f"{ratios['outputs / bare device_get loop']:.2f}x the bare device_get loop, peak device "
+      f"{peaks[OUTPUTS] / 2**20:.1f} MiB (metric only {peaks[METRIC_ONLY] / 2**20:.1f} MiB)"
+    )
+  return "- masked_eval(outputs=True) returning logits: " + "; ".join(parts) + "."
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
