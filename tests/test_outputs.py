@@ -275,3 +275,17 @@ def test_rows_beyond_the_announced_length_or_of_unknown_length_are_kept(length):
   source = Lying(padded, length) if length is not None else iter(padded)
   _, outputs = pe.masked_eval(make_step([]), params, source, backend="jit", outputs=True)
   assert_outputs_match(outputs, reference(params, data))
+
+
+@pytest.mark.parametrize("backend", ["shard_map", "jit"])
+def test_two_dimensional_mesh_rows_are_not_repeated_for_each_replica(backend):
+  """Rows split over the mesh's first axis and replicated over the second come back once each."""
+  params, data = make_params(), make_data(77)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("batch", "model"))
+  batches = pe.pad_batches(data, 16, num_devices=4, pad_value=GARBAGE, index_key="index")
+  traces = []
+  _, outputs = pe.masked_eval(
+    make_step(traces), params, batches, backend=backend, mesh=mesh, outputs=True
+  )
+  assert len(traces) == 1
+  assert_outputs_match(outputs, reference(params, data))
