@@ -194,9 +194,10 @@ def masked_eval(
       without ``mask_key`` or with a batch size not divisible by the devices (or
       the mesh's first axis); a batch whose shapes differ from the first; a
       ``step_fn`` that does not return a Metric (with ``outputs=True``: a pair
-      ``(metric, per_row)`` whose leaves have the step's rows as leading axis); with several processes, batches or
-      settings that differ between processes (on every process, naming the one
-      that differs); ``on_invalid="raise"`` and invalid values counted.
+      ``(metric, per_row)`` whose leaves have the step's rows as leading axis;
+      ``outputs`` not a bool); with several processes, batches or settings that
+      differ between processes (on every process, naming the one that differs);
+      ``on_invalid="raise"`` and invalid values counted.
     TimeoutError: several processes: another process did not arrive, or a step did
       not finish, within ``timeout`` seconds.
     RuntimeError: several processes: a step failed, e.g. because another process died.
