@@ -30,7 +30,7 @@ import warnings  # noqa: E402
 
 import jax  # noqa: E402
 
-from benchmarks import anchors, bench_sources, exactness, scaling, speed  # noqa: E402
+from benchmarks import anchors, bench_sources, exactness, per_row_outputs, scaling, speed  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -119,6 +119,7 @@ def main(argv=None) -> int:
   speed_md, speed_values = speed.run(args.quick, log)
   scaling_md, scaled = scaling.run(args.quick, log)
   sources_md, _ = bench_sources.run(args.quick, log)
+  outputs_md, outputs_values = per_row_outputs.run(args.quick, log)
   plot_path = out / "scaling.png"
   plotted = scaling.plot(scaled["per_example"], str(plot_path))
   figure = (
@@ -135,6 +136,7 @@ one process run; every ratio is against a baseline timed in the same run. No num
 ## Summary (computed from the tables below)
 
 {summary(exact_values, speed_values, scaled)}
+{per_row_outputs.summary(outputs_values)}
 
 ## Machine
 
@@ -155,7 +157,11 @@ one process run; every ratio is against a baseline timed in the same run. No num
 {scaling_md}
 ## Sources (host overhead of pad_batches per source kind)
 
-{sources_md}"""
+{sources_md}
+
+## Per-example outputs (`masked_eval(..., outputs=True)`)
+
+{outputs_md}"""
   (out / "RESULTS.md").write_text(report)
   log(f"wrote {out / 'RESULTS.md'}" + (f" and {plot_path}" if plotted else ""))
   print(report)

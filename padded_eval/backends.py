@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from padded_eval import sharding as sharding_lib
 from padded_eval.accumulate import ExactCount
-from padded_eval.metrics.base import Metric
+from padded_eval.outputs import split_step_result
 from padded_eval.validation import check_choice
 
 __all__ = ["BACKENDS", "Backend", "CompiledStep", "StepInput", "checked_step_fn", "make_backend"]
@@ -60,9 +60,11 @@ class CompiledStep:
     state_shapes: ``(placed params, placed batch) -> (metric, ExactCount)`` of
       ``jax.ShapeDtypeStruct``: one shard's carried state, from ``jax.eval_shape`` of the
       step's statistics (which traces ``step_fn`` into the jit cache the step reuses).
-    step: ``(placed params, state, placed StepInput) -> (state, token)``; ``state`` is
-      donated. ``token`` is ``(rows_so_far, sync_totals)``: a small array that is ready
-      when the step has finished, and each ``sync`` array summed over all shards.
+    step: ``(placed params, state, placed StepInput) -> (state, token, per_row)``;
+      ``state`` is donated. ``token`` is ``(rows_so_far, sync_totals)``: a small array
+      that is ready when the step has finished, and each ``sync`` array summed over all
+      shards. ``per_row`` is what ``step_fn`` returned next to its metric (``outputs=True``),
+      rows split over the data axis like the batch; None without outputs.
   """
 
   state_shapes: Callable
@@ -81,6 +83,7 @@ class Backend(Protocol):
 
   mesh: Mesh
   data_axis: str
+  row_axes: int  # leading axes of a step's per_row output that index rows (pmap: device, row)
 
   @property
   def num_shards(self) -> int: ...
@@ -102,8 +105,9 @@ class Backend(Protocol):
     """The empty host state (one shard's) -> the carried device state."""
     ...
 
-  def compile_step(self, step_fn: Callable, mask_key: str) -> CompiledStep:
-    """The (not yet cached) compiled functions for ``step_fn``."""
+  def compile_step(self, step_fn: Callable, mask_key: str, outputs: bool = False) -> CompiledStep:
+    """The (not yet cached) compiled functions for ``step_fn`` (which returns ``(metric, per_row)``
+    when ``outputs``)."""
     ...
 
   def finalize(self, state: Any) -> Any:
@@ -118,19 +122,23 @@ class Backend(Protocol):
 # --- the step, written once for every backend -----------------------------------------
 
 
-def checked_step_fn(step_fn: Callable) -> Callable:
-  """``step_fn`` that raises ValueError, at trace time, unless it returns a Metric."""
+def checked_step_fn(step_fn: Callable, mask_key: str = "mask", outputs: bool = False) -> Callable:
+  """``(params, batch) -> (metric, per_row)`` from ``step_fn``, checked at trace time.
+
+  Args:
+    step_fn: the user's step: returns a Metric, or with ``outputs`` ``(metric, per_row)``.
+    mask_key: the batch key of the mask (its length is the rows ``per_row`` must have).
+    outputs: whether ``step_fn`` returns per-row outputs.
+
+  Returns:
+    The wrapped step; ``per_row`` is None without ``outputs``. It raises ValueError (see
+    `padded_eval.outputs.split_step_result`) when ``step_fn`` returns the wrong thing.
+  """
 
   @functools.wraps(step_fn)
   def checked(params, batch):
-    metric = step_fn(params, batch)
-    if not isinstance(metric, Metric):
-      raise ValueError(
-        f"step_fn must return a padded_eval Metric holding the batch's masked statistics "
-        f"(e.g. pe.metrics.Accuracy().update(preds=..., target=..., mask=batch['mask'])); "
-        f"it returned a {type(metric).__module__}.{type(metric).__qualname__}"
-      )
-    return metric
+    rows = np.shape(batch[mask_key])[0]
+    return split_step_result(step_fn(params, batch), outputs, rows)
 
   return checked
 
@@ -143,7 +151,7 @@ def _statistics(inner: Callable, mask_key: str, axis: str | None) -> Callable:
   """``(params, batch) -> (metric, row count)`` of one batch, reduced over ``axis`` if given."""
 
   def statistics(params, batch):
-    metric, count = inner(params, batch), _row_count(batch, mask_key)
+    metric, count = inner(params, batch)[0], _row_count(batch, mask_key)
     if axis is not None:
       metric, count = metric.reduce(axis), count.reduce(axis)
     return metric, count
@@ -152,14 +160,14 @@ def _statistics(inner: Callable, mask_key: str, axis: str | None) -> Callable:
 
 
 def _merge_step(inner: Callable, mask_key: str, sync_total: Callable) -> Callable:
-  """``(params, state, inputs) -> (state, token)``: merges one batch into ``state`` locally."""
+  """``(params, state, inputs) -> (state, token, per_row)``: merges one batch into ``state`` locally."""
 
   def masked_eval_step(params, state, inputs: StepInput):
     metric_total, count_total = state
-    metric = inner(params, inputs.batch)
+    metric, per_row = inner(params, inputs.batch)
     count_total = count_total.merge(_row_count(inputs.batch, mask_key))
     token = (count_total.value(), tuple(sync_total(flag) for flag in inputs.sync))
-    return (metric_total.merge(metric), count_total), token
+    return (metric_total.merge(metric), count_total), token, per_row
 
   return masked_eval_step
 
@@ -196,6 +204,7 @@ class _OnMesh:
 
   mesh: Mesh
   data_axis: str
+  row_axes = 1  # a step's per_row output is [rows, ...], rows split over the data axis
 
   @property
   def num_shards(self) -> int:
@@ -244,6 +253,8 @@ class _OnMesh:
 class PmapBackend(_OnMesh):
   """``jax.pmap`` over the local devices; one partial state per device."""
 
+  row_axes = 2  # a step's per_row output is [devices, rows per device, ...]
+
   @classmethod
   def create(cls, axis_name, mesh):
     if mesh is not None:
@@ -263,8 +274,9 @@ class PmapBackend(_OnMesh):
   def place_state(self, state):
     return jax.device_put(_stacked(state, self.num_shards), self.split)
 
-  def compile_step(self, step_fn, mask_key):
-    inner, axis = jax.jit(checked_step_fn(step_fn)), self.data_axis  # one trace cache
+  def compile_step(self, step_fn, mask_key, outputs=False):
+    inner = jax.jit(checked_step_fn(step_fn, mask_key, outputs))  # one trace cache
+    axis = self.data_axis
     sync_total = lambda flag: jax.lax.psum(jnp.sum(flag), axis)
     unanchored = lambda fn: lambda anchored, *args: fn(anchored[1], *args)
     statistics = jax.pmap(unanchored(_statistics(inner, mask_key, axis)), axis, in_axes=(None, 0))
@@ -291,8 +303,8 @@ class ShardMapBackend(_OnMesh):
     stacked = _stacked(state, self.num_shards)
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.split, x), stacked)
 
-  def compile_step(self, step_fn, mask_key):
-    inner, axis = jax.jit(checked_step_fn(step_fn)), self.data_axis
+  def compile_step(self, step_fn, mask_key, outputs=False):
+    inner, axis = jax.jit(checked_step_fn(step_fn, mask_key, outputs)), self.data_axis
     replicated, split = PartitionSpec(), PartitionSpec(axis)
     statistics = jax.shard_map(
       _statistics(inner, mask_key, axis),
@@ -303,11 +315,14 @@ class ShardMapBackend(_OnMesh):
     merge = _merge_step(inner, mask_key, lambda flag: jax.lax.psum(jnp.sum(flag), axis))
 
     def shard_step(params, state, inputs):  # state: this shard's [1, ...] block
-      state, token = merge(params, _unstack(state), inputs)
-      return _restack(state), jax.tree.map(lambda x: jnp.reshape(x, (1,)), token)
+      state, token, per_row = merge(params, _unstack(state), inputs)
+      return _restack(state), jax.tree.map(lambda x: jnp.reshape(x, (1,)), token), per_row
 
     step = jax.shard_map(
-      shard_step, mesh=self.mesh, in_specs=(replicated, split, split), out_specs=(split, split)
+      shard_step,
+      mesh=self.mesh,
+      in_specs=(replicated, split, split),
+      out_specs=(split, split, split),
     )
     state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
     return CompiledStep(state_shapes, jax.jit(step, donate_argnums=1))
@@ -329,12 +344,12 @@ class JitBackend(_OnMesh):
   def place_state(self, state):
     return jax.device_put(jax.tree.map(np.array, state), self.replicated)
 
-  def compile_step(self, step_fn, mask_key):
-    inner = jax.jit(checked_step_fn(step_fn))
+  def compile_step(self, step_fn, mask_key, outputs=False):
+    inner = jax.jit(checked_step_fn(step_fn, mask_key, outputs))
     statistics = jax.jit(_statistics(inner, mask_key, None))
-    step = jax.jit(
-      _merge_step(inner, mask_key, jnp.sum), donate_argnums=1, out_shardings=self.replicated
-    )
+    # per_row stays split like the batch: each process reads back its own rows
+    shardings = (self.replicated, self.replicated, self.split)
+    step = jax.jit(_merge_step(inner, mask_key, jnp.sum), donate_argnums=1, out_shardings=shardings)
     return CompiledStep(lambda params, batch: jax.eval_shape(statistics, params, batch), step)
 
   def finalize(self, state):

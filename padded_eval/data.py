@@ -17,6 +17,7 @@ import numpy as np
 
 from padded_eval import sources
 from padded_eval.batch_spec import BatchSpec, FlatBatch, unflatten
+from padded_eval.sources import RowIds, check_index_key, row_ids
 
 __all__ = ["PaddedBatches", "pad_batches"]
 
@@ -30,6 +31,8 @@ def pad_batches(
   pad_value: Any = 0,
   num_batches: int | None = None,
   batched: bool | None = None,
+  index_key: str | None = None,
+  index_offset: int = 0,
 ) -> PaddedBatches:
   """Yields batches of exactly `batch_size` rows and a boolean mask of the real ones.
 
@@ -49,6 +52,12 @@ def pad_batches(
     batched: tf.data sources only: whether elements are batches. Default: inferred from the element spec (a
       scalar leaf means unbatched, an unknown leading size means batched, else the pipeline is searched for a
       batch op).
+    index_key: if given, every batch also carries ``batch[index_key]``: int32 ``[batch_size]``, each real row's
+      0-based position in the source plus `index_offset`, and -1 on padding rows (all-padding batches included).
+      Ids join per-row outputs (``masked_eval(..., outputs=True)``) with the data, and are the key of
+      per-example resampling. For a tf.data source they are computed inside the graph.
+    index_offset: added to every real row's id (>= 0). With several processes, pass the first row of this
+      process's share (e.g. ``pe.process_slice(n).start``) so that ids are global.
 
   Returns:
     A `PaddedBatches`, re-iterable when the source is. Each batch is a dict with the source's structure whose array leaves are numpy
@@ -57,7 +66,8 @@ def pad_batches(
     cardinality, or `num_batches` given), else it raises TypeError like a generator.
 
   Raises:
-    ValueError: `batch_size` not divisible by `num_devices`; leading sizes that disagree within a batch; a source
+    ValueError: `batch_size` not divisible by `num_devices`; `index_key` not a string, equal to `mask_key` or to
+      a source key; `index_offset` negative or ids beyond int32; leading sizes that disagree within a batch; a source
       key equal to `mask_key`; keys, trailing shapes or dtypes that change between batches; a `pad_value` that does
       not fit a leaf's dtype or names an unknown key; a source holding more than `num_batches` batches (raised as
       soon as it is seen: at the call when the length is known, else during iteration); `num_batches` with an
@@ -85,7 +95,22 @@ def pad_batches(
     )
   if num_batches is not None:
     num_batches = _check_count("num_batches", num_batches, minimum=0)
-  return PaddedBatches(source, batch_size, mask_key, pad_value, num_batches, batched)
+  ids = _row_ids(index_key, index_offset, mask_key)
+  return PaddedBatches(source, batch_size, mask_key, pad_value, num_batches, batched, ids)
+
+
+def _row_ids(index_key: Any, index_offset: Any, mask_key: str) -> RowIds | None:
+  """The checked `index_key` / `index_offset` of `pad_batches` (None: no ids)."""
+  index_offset = _check_count("index_offset", index_offset, minimum=0)
+  if index_key is None:
+    return None
+  if not isinstance(index_key, str):
+    raise ValueError(f"index_key must be a string or None; got {index_key!r}")
+  if index_key == mask_key:
+    raise ValueError(
+      f"index_key {index_key!r} equals mask_key; expected two different keys (e.g. index_key='index')"
+    )
+  return RowIds(index_key, index_offset)
 
 
 class PaddedBatches(cabc.Iterable):
@@ -96,17 +121,24 @@ class PaddedBatches(cabc.Iterable):
     mask_key: top-level key of the bool ``[batch_size]`` mask.
     pad_value: the scalar or per-key dict padded rows hold.
     num_batches: the fixed number of batches, or None.
+    index_key: top-level key of the int32 ``[batch_size]`` row ids, or None.
+    index_offset: the id of the source's first row.
   """
 
-  def __init__(self, source, batch_size, mask_key, pad_value, num_batches, batched):
+  def __init__(self, source, batch_size, mask_key, pad_value, num_batches, batched, ids=None):
     self.batch_size = batch_size
     self.mask_key = mask_key
     self.pad_value = pad_value
     self.num_batches = num_batches
+    self.index_key = None if ids is None else ids.key
+    self.index_offset = 0 if ids is None else ids.offset
+    self._ids = ids
     self._source_type = type(source).__name__
     self._source = sources.open_source(source, mask_key=mask_key, batched=batched)
     if self._source.spec is not None:
       self._source.spec.check_pad_keys(pad_value)
+      if ids is not None:
+        check_index_key(self._source.spec.leaves, ids.key)
     real = None if num_batches is None else self._num_real_batches()
     if real is not None and real > num_batches:
       raise ValueError(
@@ -115,7 +147,7 @@ class PaddedBatches(cabc.Iterable):
       )
 
   def __iter__(self) -> Iterator[dict]:
-    padded = self._source.padded(self.batch_size, self.mask_key, self.pad_value)
+    padded = self._source.padded(self.batch_size, self.mask_key, self.pad_value, self._ids)
     return self._counted(padded)
 
   def __len__(self) -> int:
@@ -132,7 +164,13 @@ class PaddedBatches(cabc.Iterable):
   def __repr__(self) -> str:
     return (
       f"PaddedBatches({self._source_type}, batch_size={self.batch_size}, "
-      f"mask_key={self.mask_key!r}, num_batches={self.num_batches})"
+      f"mask_key={self.mask_key!r}, num_batches={self.num_batches}"
+      + (
+        ""
+        if self._ids is None
+        else f", index_key={self.index_key!r}, index_offset={self.index_offset}"
+      )
+      + ")"
     )
 
   def _num_real_batches(self) -> int | None:
@@ -165,7 +203,10 @@ class PaddedBatches(cabc.Iterable):
       )
     padded_spec = row_spec.padded_to(self.batch_size, self.mask_key)
     for _ in range(self.num_batches - count):
-      yield padded_spec.padding_batch(self.pad_value)
+      batch = padded_spec.padding_batch(self.pad_value)
+      if self._ids is not None:  # no real row: every id is -1
+        batch[self._ids.key] = row_ids(0, 0, self.batch_size)
+      yield batch
 
 
 def _check_count(name: str, value: Any, minimum: int) -> int:

@@ -46,6 +46,7 @@ from padded_eval import backends, distributed
 from padded_eval.accumulate import ExactCount
 from padded_eval.batch_spec import BatchSpec
 from padded_eval.metrics.base import Metric
+from padded_eval.outputs import NoOutputs, RowOutputs
 from padded_eval.validation import check_choice
 
 __all__ = ["InvalidValuesWarning", "masked_eval"]
@@ -92,18 +93,18 @@ def _shards(backend: backends.Backend) -> str | None:
 
 @functools.lru_cache(maxsize=64)
 def _compiled_step(
-  step_fn: Callable, backend: backends.Backend, mask_key: str
+  step_fn: Callable, backend: backends.Backend, mask_key: str, outputs: bool
 ) -> backends.CompiledStep:
-  return backend.compile_step(step_fn, mask_key)
+  return backend.compile_step(step_fn, mask_key, outputs)
 
 
-def _compiled_step_for(step_fn, backend, mask_key) -> backends.CompiledStep:
+def _compiled_step_for(step_fn, backend, mask_key, outputs) -> backends.CompiledStep:
   try:
-    return _compiled_step(step_fn, backend, mask_key)
+    return _compiled_step(step_fn, backend, mask_key, outputs)
   except TypeError as e:  # an unhashable step_fn: build it uncached
     if "unhashable" not in str(e):
       raise
-    return backend.compile_step(step_fn, mask_key)
+    return backend.compile_step(step_fn, mask_key, outputs)
 
 
 def _empty_state(shapes) -> tuple[Metric, ExactCount]:
@@ -137,7 +138,8 @@ def masked_eval(
   steps_in_flight: int | None = None,
   timeout: float | None = None,
   on_invalid: str = "raise",
-) -> dict[str, Any]:
+  outputs: bool = False,
+) -> dict[str, Any] | tuple[dict[str, Any], Any]:
   """Evaluates ``step_fn`` over every real row of ``batches``, exactly, compiling once.
 
   Args:
@@ -171,18 +173,31 @@ def masked_eval(
       (``metric.invalid_report()``, e.g. NaN or out-of-range labels): ``"raise"`` a
       ValueError naming each metric, kind and count; ``"warn"`` with an
       `InvalidValuesWarning` and return the results; or ``"ignore"`` them.
+    outputs: ``step_fn`` returns ``(metric, per_row)``, where ``per_row`` is a pytree of
+      arrays whose leading axis is the rows ``step_fn`` sees (``[B // shards, ...]``
+      under pmap/shard_map, ``[B, ...]`` under jit), e.g. ``{"logits": logits}``; the
+      real rows come back (see Returns). Each step's outputs are copied to the host
+      asynchronously and collected when the driver waits on the step anyway, so device
+      memory does not grow with the dataset. Still one trace.
 
   Returns:
     ``metric.compute_logs()`` with scalars as Python floats and arrays as numpy
     arrays, plus ``"num_examples"``: the exact int number of real rows seen.
+    With ``outputs=True``, the pair ``(results, per_row)``: ``per_row`` has the
+    structure ``step_fn`` returned, with numpy leaves of exactly this process's
+    real rows (padding removed), in the order of its batches: ``[num_examples, ...]``
+    with one process. With several processes each process gets its own rows back
+    (gather them with ids from ``pe.pad_batches(..., index_key=...)``; see HOWTO.md).
 
   Raises:
     ValueError: an unknown backend; a mesh with ``"pmap"``; no batches; a batch
       without ``mask_key`` or with a batch size not divisible by the devices (or
       the mesh's first axis); a batch whose shapes differ from the first; a
-      ``step_fn`` that does not return a Metric; with several processes, batches or
-      settings that differ between processes (on every process, naming the one
-      that differs); ``on_invalid="raise"`` and invalid values counted.
+      ``step_fn`` that does not return a Metric (with ``outputs=True``: a pair
+      ``(metric, per_row)`` whose leaves have the step's rows as leading axis;
+      ``outputs`` not a bool); with several processes, batches or settings that
+      differ between processes (on every process, naming the one that differs);
+      ``on_invalid="raise"`` and invalid values counted.
     TimeoutError: several processes: another process did not arrive, or a step did
       not finish, within ``timeout`` seconds.
     RuntimeError: several processes: a step failed, e.g. because another process died.
@@ -203,42 +218,53 @@ def masked_eval(
   """
   runner = backends.make_backend(backend, axis_name, mesh)
   check_choice("on_invalid", on_invalid, ON_INVALID)
+  if not isinstance(outputs, bool):
+    raise ValueError(f"outputs must be True or False; got {outputs!r}")
   total = _length(batches)  # before iterating
   feed = _step_feed(iter(batches), total, runner, backend, mask_key, steps_in_flight, timeout)
   inputs = iter(feed)
   first = _first_input(inputs)
-  compiled = _compiled_step_for(step_fn, runner, mask_key)
+  compiled = _compiled_step_for(step_fn, runner, mask_key, outputs)
   params, placed = runner.place_params(params), runner.place_batch(first)
   state = runner.place_state(_empty_state(compiled.state_shapes(params, placed.batch)))
   bar = _ProgressBar(total, mask_key) if progress else _NoProgressBar()
   bar.add(first.batch)
-  state = _run_steps(compiled.step, params, state, placed, inputs, feed, runner, bar)
+  rows = RowOutputs(runner.row_axes, mask_key, total) if outputs else NoOutputs()
+  state = _run_steps(compiled.step, params, state, (first, placed), inputs, feed, runner, bar, rows)
   state = runner.finalize(state)  # the one reduction across devices (and processes)
   feed.wait_final(state)
   metric, count = runner.to_host(state)
   bar.close()
   _report_invalid(metric, on_invalid)
-  return _results(metric, count)
+  results = _results(metric, count)
+  return (results, rows.result()) if outputs else results
 
 
-def _run_steps(step, params, state, placed, inputs, feed, runner, bar):
+def _run_steps(step, params, state, current, inputs, feed, runner, bar, rows):
   """Dispatches one step per input of ``feed``; returns the carried state after the last.
 
-  Input t+1 is placed on the devices while step t runs; after dispatching step t the
-  loop waits on steps until fewer than ``feed.steps_in_flight`` are in flight, and on
-  all of them after the last.
+  ``current`` is the first ``(host input, placed input)``. Input t+1 is placed on the
+  devices while step t runs; after dispatching step t the loop waits on steps until
+  fewer than ``feed.steps_in_flight`` are in flight, and on all of them after the last.
+  Each step's per-row outputs start their copy to the host at dispatch and are
+  collected (``rows``) right after the step is waited on.
   """
-  in_flight: collections.deque = collections.deque()  # (index, token) not yet waited for
+  in_flight: collections.deque = collections.deque()  # (index, token, outputs) not waited for
+  host, placed = current
   for index in itertools.count():
-    state, token = step(params, state, placed)  # dispatch step t
-    in_flight.append((index, token))
-    following = next(inputs, None)
-    if following is not None:  # place input t+1 while step t runs
-      placed = runner.place_batch(following)
-      bar.add(following.batch)
-    while in_flight and (following is None or len(in_flight) >= feed.steps_in_flight):
-      feed.wait(*in_flight.popleft())
-    if following is None:
+    state, token, per_row = step(params, state, placed)  # dispatch step t
+    in_flight.append((index, token, rows.start(per_row, host.batch)))
+    del per_row  # the pending copy holds what is needed
+    host = next(inputs, None)
+    if host is not None:  # place input t+1 while step t runs
+      placed = runner.place_batch(host)
+      bar.add(host.batch)
+    while in_flight and (host is None or len(in_flight) >= feed.steps_in_flight):
+      waited, token, pending = in_flight.popleft()
+      feed.wait(waited, token)
+      rows.collect(pending)
+      del pending  # its device arrays go now, not at the next collect
+    if host is None:
       return state
 
 

@@ -16,6 +16,8 @@ Scenarios are named ``KIND:BACKEND:SIZES`` with SIZES like ``600-437`` (rows per
 * ``kill`` -- the last process SIGKILLs itself in its data loop: the others raise (final scenario).
 * ``stall`` -- the last process hangs in its data loop: the others time out (final scenario).
 * ``tfds`` -- each process reads its ``tfds.split_for_jax_process("train")`` share of the digits dataset.
+* ``outputs`` -- ``masked_eval(..., outputs=True)`` with row ids offset by the process's first row: each process
+  gets its own rows back, then gathers everyone's with `gather_rows` (the recipe of HOWTO.md).
 * ``bench`` -- prints seconds per step with and without the has-data flag (not used by tests).
 """
 
@@ -105,6 +107,56 @@ def step_fn(params, batch):
   )
 
 
+def output_step(params, batch):
+  """`step_fn` plus per-row outputs: the logits and the row ids."""
+  return step_fn(params, batch), {
+    "logits": batch["x"] @ params["w"] + params["b"],
+    "index": batch["index"],
+  }
+
+
+def gather_rows(per_row, ids):
+  """Every process's rows, ordered by global id (the HOWTO recipe): pad to the largest share, all-gather,
+  drop the padding (id -1) and sort by id."""
+  from jax.experimental import multihost_utils
+
+  counts = multihost_utils.process_allgather(np.array([len(ids)]))
+  most = int(np.max(counts))
+
+  def pad(leaf, fill):
+    return np.concatenate([leaf, np.full((most - len(leaf), *leaf.shape[1:]), fill, leaf.dtype)])
+
+  rows = {k: pad(v, 0) for k, v in per_row.items()}
+  everyone = multihost_utils.process_allgather({"rows": rows, "ids": pad(ids, -1)})
+  all_ids = np.reshape(everyone["ids"], -1)
+  real = all_ids >= 0
+  order = np.argsort(all_ids[real], kind="stable")
+  flat = {k: np.reshape(v, (-1, *v.shape[2:]))[real][order] for k, v in everyone["rows"].items()}
+  return flat, all_ids[real][order]
+
+
+def run_outputs(backend, sizes, process):
+  """Per-row outputs: this process's rows (ids offset by its first row), then everyone's, gathered."""
+  import padded_eval as pe
+
+  rows, offset = local_rows(sizes, process), sum(sizes[:process])
+  batches = pe.pad_batches(
+    rows, BATCH, num_devices=2, pad_value=garbage_pad(), index_key="index", index_offset=offset
+  )
+  result, per_row = pe.masked_eval(
+    output_step, make_params(), batches, backend=backend, timeout=TIMEOUT_S, outputs=True
+  )
+  gathered, gathered_ids = gather_rows(per_row, per_row["index"])
+  return dict(
+    result,
+    local_logits=per_row["logits"],
+    local_shape=list(per_row["logits"].shape),
+    local_index=per_row["index"],
+    gathered_logits=gathered["logits"],
+    gathered_index=gathered_ids,
+  )
+
+
 def digits_features(image, index, label):
   """The model's features from a digits example: 3 pixels, the label mod 5, y = index / 100 (float32)."""
   return image[..., 0, :3], label % NUM_CLASSES, index / 100
@@ -140,6 +192,8 @@ def run(scenario, process, count):
   import padded_eval as pe
 
   kind, backend, sizes = parse(scenario)
+  if kind == "outputs":
+    return run_outputs(backend, sizes, process)
   last = process == count - 1
   rows = local_rows(sizes, process) if kind != "tfds" else None
   timeout = TIMEOUT_S

@@ -36,6 +36,8 @@ TWO_HOSTS = [
   "gen:jit:0-90",
   "mixed:pmap:23-41",
   "tfds:jit:1437",
+  "outputs:pmap:600-437",
+  "outputs:jit:40-77",
   "fail:pmap:30-30",
   "mismatch:pmap:20-20",
   "kill:pmap:200-200",
@@ -46,6 +48,7 @@ THREE_HOSTS = [
   "mixed:jit:20-31-0",
   "absent:pmap:10-10-10",
   "known:pmap:5-9-0",
+  "outputs:shard_map:31-0-50",
   "stall:jit:200-200-200",
 ]
 
@@ -196,6 +199,38 @@ def test_exact_union_result_identical_on_every_process(request, count, scenario)
     for process, share in enumerate(shares):
       expected_rows = rows[process_slice(len(rows), process_index=process, process_count=count)]
       np.testing.assert_array_equal(share, expected_rows)
+
+
+@pytest.mark.parametrize(
+  "count,scenario",
+  [(2, s) for s in TWO_HOSTS if s.startswith("outputs:")]
+  + [(3, s) for s in THREE_HOSTS if s.startswith("outputs:")],
+)
+def test_each_process_gets_its_own_rows_and_gathers_everyones(request, count, scenario):
+  """Per-row outputs with several processes: each gets exactly its share (ids offset by its first row), equal
+  to a float64 forward pass; the HOWTO's all-gather recipe gives every process the whole dataset in id order."""
+  run = _runs(request, count)
+  _, _, sizes = worker.parse(scenario)
+  data, params = worker.make_data(sum(sizes)), worker.make_params()
+  logits = data["x"].astype(np.float64) @ params["w"].astype(np.float64) + params["b"]
+  expected = reference(sizes)
+  for process in range(count):
+    line = _line(run, process, scenario)
+    assert "error" not in line, line
+    result = line["result"]
+    share = slice(sum(sizes[:process]), sum(sizes[: process + 1]))
+    np.testing.assert_array_equal(result["local_index"], np.arange(sum(sizes))[share])
+    assert result["local_shape"] == list(
+      logits[share].shape
+    )  # (JSON loses the shape of empty arrays)
+    local_logits = np.reshape(result["local_logits"], result["local_shape"])
+    np.testing.assert_allclose(local_logits, logits[share], rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(result["gathered_index"], np.arange(sum(sizes)))
+    np.testing.assert_allclose(result["gathered_logits"], logits, rtol=1e-6, atol=1e-6)
+    assert (
+      result["num_examples"] == expected["num_examples"]
+    )  # the global count, as without outputs
+    np.testing.assert_allclose(result["accuracy"], expected["accuracy"], rtol=1e-6)
 
 
 def test_structure_mismatch_is_a_clear_error_on_every_process(two_hosts):

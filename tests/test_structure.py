@@ -48,6 +48,7 @@ LAYERS = {
   "padded_eval.distributed": 6,
   "padded_eval.backends": 6,
   "padded_eval.evaluate": 6,
+  "padded_eval.outputs": 6,
   "padded_eval.demo": 7,
   "padded_eval.__main__": 7,
   "padded_eval": 7,  # the facade, __init__.py

@@ -6,7 +6,10 @@ with the subclass and add its `register(...)` line below (docs/architecture.md, 
 
 from padded_eval.sources import grain, huggingface, iterable, mapping, tf_data, torch
 from padded_eval.sources.base import Chunk as Chunk
+from padded_eval.sources.base import RowIds as RowIds
 from padded_eval.sources.base import Source as Source
+from padded_eval.sources.base import check_index_key as check_index_key
+from padded_eval.sources.base import row_ids as row_ids
 from padded_eval.sources.registry import kinds as kinds
 from padded_eval.sources.registry import open_source as open_source
 from padded_eval.sources.registry import register as register

@@ -12,16 +12,29 @@ import abc
 import collections.abc as cabc
 import itertools
 from collections.abc import Generator, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from padded_eval.batch_spec import BatchSpec, FlatBatch, flatten, path_name
 from padded_eval.sources.array_like import to_numpy
 
-__all__ = ["Chunk", "Source", "flatten_rows", "pad", "rechunk"]
+__all__ = [
+  "ID_DTYPE",
+  "PADDING_ID",
+  "Chunk",
+  "RowIds",
+  "Source",
+  "check_index_key",
+  "flatten_rows",
+  "pad",
+  "rechunk",
+  "row_ids",
+]
 
 Chunk = tuple[FlatBatch, int]  # ({path: array [rows, ...]}, rows)
+ID_DTYPE = np.int32
+PADDING_ID = -1  # the id of a padding row
 
 
 class Source(abc.ABC):
@@ -80,7 +93,7 @@ class Source(abc.ABC):
     return self.chunks()
 
   def padded(
-    self, batch_size: int, mask_key: str, pad_value: Any
+    self, batch_size: int, mask_key: str, pad_value: Any, ids: RowIds | None = None
   ) -> Generator[FlatBatch, None, BatchSpec | None]:
     """Flat batches of exactly `batch_size` rows plus ``(mask_key,)``: bool ``[batch_size]``, real rows first.
 
@@ -88,26 +101,78 @@ class Source(abc.ABC):
       batch_size: rows per batch.
       mask_key: top-level key of the mask.
       pad_value: what padded rows hold (see `BatchSpec.fills`).
+      ids: if given, each batch also gets ``(ids.key,)``: int32 ``[batch_size]``, each real row's position in
+        the source plus ``ids.offset``, and -1 on padding rows.
 
     Yields:
-      ``{path: array [batch_size, ...]}`` with the mask; a full batch aligned with a chunk is not copied.
+      ``{path: array [batch_size, ...]}`` with the mask (and the ids); a full batch aligned with a chunk is not
+      copied.
 
     Returns:
       (as the generator's return value) the row spec of what was read (the first chunk's, even one of 0 rows),
       else `spec`: what all-padding batches look like.
 
     Raises:
-      ValueError: as `chunks`, or a `pad_value` that does not fit (see `BatchSpec.fills`).
+      ValueError: as `chunks`, a `pad_value` that does not fit (see `BatchSpec.fills`), a source key equal to
+        ``ids.key``, or more rows than int32 ids can number.
     """
     chunks = self.chunks_for(batch_size)
     first = next(chunks, None)
     if first is None:
       return self.spec
+    if ids is not None:
+      check_index_key(first[0], ids.key)
     row_spec = BatchSpec.of_rows(first[0], unknown_rows=True)
     fills = row_spec.fills(pad_value)
+    start = 0
     for flat, rows in rechunk(itertools.chain([first], chunks), batch_size):
-      yield pad(flat, rows, batch_size, mask_key, fills)
+      batch = pad(flat, rows, batch_size, mask_key, fills)
+      if ids is not None:
+        batch[(ids.key,)] = row_ids(ids.offset + start, rows, batch_size)
+      start += rows
+      yield batch
     return row_spec
+
+
+class RowIds(NamedTuple):
+  """``pad_batches(..., index_key=key, index_offset=offset)``: where the row ids go and where they start."""
+
+  key: str
+  offset: int = 0
+
+
+def row_ids(first: int, rows: int, batch_size: int) -> np.ndarray:
+  """The ids of one padded batch: ``first, first + 1, ...`` on its `rows` real rows, then -1.
+
+  Args:
+    first: the id of the batch's first row (its position in the source plus the offset).
+    rows: real rows in the batch (the first `rows`).
+    batch_size: rows per batch.
+
+  Returns:
+    int32 ``[batch_size]``.
+
+  Raises:
+    ValueError: an id beyond int32's range.
+  """
+  if first + rows - 1 > np.iinfo(ID_DTYPE).max:
+    raise ValueError(
+      f"row id {first + rows - 1} does not fit in int32; expected index_offset plus the number of rows "
+      f"to stay below {np.iinfo(ID_DTYPE).max + 1}"
+    )
+  ids = np.full(batch_size, PADDING_ID, ID_DTYPE)
+  ids[:rows] = np.arange(first, first + rows, dtype=ID_DTYPE)
+  return ids
+
+
+def check_index_key(flat: FlatBatch | cabc.Iterable, index_key: str) -> None:
+  """Raises ValueError if a source key (a flat batch's or a spec's paths) takes the top-level `index_key`."""
+  for path in flat:
+    if path[0] == index_key:
+      raise ValueError(
+        f"the source has a key {path_name(path)} in the place of index_key={index_key!r}; rename it or "
+        "pass another index_key="
+      )
 
 
 def flatten_rows(

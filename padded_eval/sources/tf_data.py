@@ -24,7 +24,7 @@ from padded_eval.batch_spec import (
   path_name,
   unflatten,
 )
-from padded_eval.sources.base import Chunk, Source
+from padded_eval.sources.base import ID_DTYPE, PADDING_ID, Chunk, RowIds, Source, check_index_key
 
 __all__ = ["TfDataSource", "is_tf_dataset"]
 
@@ -107,26 +107,34 @@ class TfDataSource(Source):
       yield flat, len(next(iter(flat.values())))
 
   def padded(
-    self, batch_size: int, mask_key: str, pad_value: Any
+    self, batch_size: int, mask_key: str, pad_value: Any, ids: RowIds | None = None
   ) -> Generator[FlatBatch, None, BatchSpec | None]:
-    """Re-chunks and pads in the tf.data graph; see `Source.padded`.
+    """Re-chunks and pads in the tf.data graph (the row ids too); see `Source.padded`.
 
     Returns:
       (as the generator's return value) the row spec of the first batch (real sizes), else the static one.
     """
     import tensorflow as tf
 
+    if ids is not None:
+      check_index_key(self._tensor_specs, ids.key)
     if self._batched:  # rebatch checks that a batch's leading sizes agree (see _explain)
       dataset = self._dataset.rebatch(batch_size)
     else:
       dataset = self._dataset.batch(batch_size)
-    pad = _make_pad_fn(batch_size, mask_key, self._spec.fills(pad_value))
+    pad = _make_pad_fn(batch_size, mask_key, self._spec.fills(pad_value), ids)
+    if ids is not None:  # every batch but the last is full, so batch b starts at row b * batch_size
+      dataset = dataset.enumerate()
     dataset = dataset.map(pad, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    first_spec = None
+    first_spec, first_id = None, 0 if ids is None else ids.offset
+    added = () if ids is None else ((ids.key,),)
     for flat in self._numpy(dataset.prefetch(tf.data.AUTOTUNE)):
       if first_spec is None:  # real shapes replace the static spec's unknown sizes
-        rows = {path: leaf for path, leaf in flat.items() if path != (mask_key,)}
+        rows = {path: leaf for path, leaf in flat.items() if path not in ((mask_key,), *added)}
         first_spec = BatchSpec.of_rows(rows, unknown_rows=True)
+      if ids is not None:
+        _check_id_range(first_id + batch_size - 1)
+        first_id += batch_size
       yield flat
     return self._spec if first_spec is None else first_spec
 
@@ -202,9 +210,28 @@ def _check_static_leading_sizes(specs: dict) -> None:
     )
 
 
-def _make_pad_fn(batch_size: int, mask_key: str, fills: dict[Path, Any]):
-  """The tf.data map function: pads a short batch with `fills` and adds the mask."""
+def _check_id_range(last_id: int) -> None:
+  if last_id > np.iinfo(ID_DTYPE).max:
+    raise ValueError(
+      f"row id {last_id} does not fit in int32; expected index_offset plus the number of rows to stay "
+      f"below {np.iinfo(ID_DTYPE).max + 1}"
+    )
+
+
+def _make_pad_fn(batch_size: int, mask_key: str, fills: dict[Path, Any], ids: RowIds | None):
+  """The tf.data map function: pads a short batch with `fills` and adds the mask (and the row ids).
+
+  With `ids` it maps ``(batch number, batch)`` (from ``Dataset.enumerate``), else ``batch``.
+  """
   import tensorflow as tf
+
+  def pad_with_ids(number, element):
+    padded = pad(element)
+    positions = tf.range(batch_size, dtype=tf.int64)
+    first = tf.cast(ids.offset, tf.int64) + number * batch_size
+    real = padded[mask_key]
+    padded[ids.key] = tf.cast(tf.where(real, first + positions, PADDING_ID), ID_DTYPE)
+    return padded
 
   def pad(element):
     flat = flatten(element, convert=False)
@@ -228,4 +255,4 @@ def _make_pad_fn(batch_size: int, mask_key: str, fills: dict[Path, Any]):
     shape = tf.concat([[batch_size - rows], tf.shape(leaf)[1:]], axis=0)
     return tf.concat([leaf, tf.fill(shape, tf.constant(fill, dtype=leaf.dtype))], axis=0)
 
-  return pad
+  return pad if ids is None else pad_with_ids
