@@ -237,10 +237,12 @@ def check_all(case: MetricCase) -> None:
 # depend on any of these choices, so the tests compare it with a float64 reference.
 
 BATCH_SIZES = (5, 16)
+DEVICE_SLOTS = 8
 _PAD_FLOATS = np.array([np.nan, np.inf, -np.inf, 3e38, -3e38, 1e30, -7.0, 0.0], np.float64)
 
 _batch_updates = jax.jit(lambda metric, batch: metric.batch_updates(**batch))
 _merge = jax.jit(lambda a, b: a.merge(b))
+_aggregate = jax.jit(lambda stacked: stacked.aggregate())
 _compute = jax.jit(lambda metric: metric.compute())
 
 
@@ -297,20 +299,30 @@ def merge_randomly(parts: list, rng: np.random.Generator):
 
 
 def aggregate_over_devices(metric, parts: list, rng: np.random.Generator, devices: int):
-  """``parts`` dealt at random to ``devices`` stacked partial states, then ``aggregate()``."""
+  """``parts`` dealt at random to ``devices`` partial states, then ``aggregate()``d.
+
+  The states sit on a stacked axis of 8 (``DEVICE_SLOTS``) at random positions, the
+  other slots empty (devices that saw only padding), so the jitted ``aggregate``
+  compiles once per metric; ``test_properties_devices.py`` varies the axis length.
+  """
   owner = rng.integers(devices, size=len(parts))
   per_device = [
     merge_randomly([p for p, o in zip(parts, owner) if o == d] or [metric.empty()], rng)
     for d in range(devices)
   ]
-  stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *per_device)
-  return stacked.aggregate()
+  slots = [metric.empty()] * (DEVICE_SLOTS - devices) + per_device
+  slots = [slots[i] for i in rng.permutation(DEVICE_SLOTS)]
+  stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *slots)
+  return _aggregate(stacked)
 
 
-def evaluate_randomly(metric, fields: dict, rng: np.random.Generator) -> np.ndarray:
-  """``metric`` over the real rows of ``fields`` by a random batching, merge tree and
-  device count (see above); the computed value as float64 numpy."""
-  batch_size = int(rng.choice(BATCH_SIZES))
+def evaluate_randomly(
+  metric, fields: dict, rng: np.random.Generator, batch_sizes=BATCH_SIZES
+) -> np.ndarray:
+  """``metric`` over the real rows of ``fields`` by a random batching (of one of
+  ``batch_sizes`` rows), merge tree and device count (see above); the computed value as
+  float64 numpy."""
+  batch_size = int(rng.choice(batch_sizes))
   parts = [_batch_updates(metric, b) for b in random_batches(fields, rng, batch_size)]
   total = aggregate_over_devices(metric, parts, rng, int(rng.integers(1, 9)))
   return np.asarray(jax.device_get(_compute(total)), np.float64)
