@@ -316,16 +316,14 @@ def aggregate_over_devices(metric, parts: list, rng: np.random.Generator, device
   return _aggregate(stacked)
 
 
-def evaluate_randomly(
-  metric, fields: dict, rng: np.random.Generator, batch_sizes=BATCH_SIZES
-) -> np.ndarray:
+def evaluate_randomly(metric, fields: dict, rng: np.random.Generator, batch_sizes=BATCH_SIZES):
   """``metric`` over the real rows of ``fields`` by a random batching (of one of
   ``batch_sizes`` rows), merge tree and device count (see above); the computed value as
-  float64 numpy."""
+  float64 numpy (a dict of them for a collection)."""
   batch_size = int(rng.choice(batch_sizes))
   parts = [_batch_updates(metric, b) for b in random_batches(fields, rng, batch_size)]
   total = aggregate_over_devices(metric, parts, rng, int(rng.integers(1, 9)))
-  return np.asarray(jax.device_get(_compute(total)), np.float64)
+  return jax.tree.map(lambda v: np.asarray(v, np.float64), jax.device_get(_compute(total)))
 
 
 def assert_close(got, expected, *, atol, rtol=0.0, what: str = "") -> None:
