@@ -207,3 +207,182 @@ def test_multilabel_macro_averages_every_label(seed, n):
   got = evaluate_randomly(metric, {"preds": preds, "target": target}, rng)
   y, p = target.astype(bool), preds.astype(np.float64) > 0.5
   _check_scores(got, _sklearn_scores(y, p, "macro"), "macro", C)
+
+
+# --- MCC, Cohen's kappa, confusion matrix ------------------------------------------------------
+
+
+def _mcc_tolerance(table):
+  """The bound of the module docstring, from the float64 shares of ``table``."""
+  share = table / np.sum(table)
+  true, pred = share.sum(1), share.sum(0)
+  cov_true, cov_pred = 1 - true @ true, 1 - pred @ pred
+  if cov_true <= 0 or cov_pred <= 0:
+    return 0.0  # undefined: exactly 0
+  mcc = (np.trace(share) - true @ pred) / np.sqrt(cov_true * cov_pred)
+  width = len(table)
+  return (
+    4 * width * EPS / np.sqrt(cov_true * cov_pred)
+    + abs(mcc) * width * EPS * (1 / cov_true + 1 / cov_pred)
+    + 2 * EPS
+  )
+
+
+def _kappa_tolerance(kappa):
+  """``1 - observed / chance``: ``C**2``-term float32 sums, relative ``4 (C**2 + 3) EPS``."""
+  return 4 * (C * C + 3) * EPS * abs(1 - kappa) + 2 * EPS
+
+
+@given(seed=SEEDS, n=ROWS, classes=st.sampled_from([[0, 1, 2, 3], [1, 2], [2]]))
+def test_multiclass_matrix_metrics_match_sklearn(seed, n, classes):
+  rng = np.random.default_rng(seed)
+  target, scores = _multiclass(rng, n, classes)
+  metric = pe.Metrics(
+    {
+      "mcc": pe.metrics.MatthewsCorrCoef(num_classes=C),
+      "kappa": pe.metrics.CohenKappa(num_classes=C),
+      "kappa_linear": pe.metrics.CohenKappa(num_classes=C, weights="linear"),
+      "kappa_quadratic": pe.metrics.CohenKappa(num_classes=C, weights="quadratic"),
+      "matrix": pe.metrics.ConfusionMatrix(C),
+      "matrix_true": pe.metrics.ConfusionMatrix(C, normalize="true"),
+      "matrix_all": pe.metrics.ConfusionMatrix(C, normalize="all"),
+    }
+  )
+  got = evaluate_randomly(metric, {"preds": scores, "target": target}, rng)
+  guess = np.argmax(scores, axis=-1)
+  table = skm.confusion_matrix(target, guess, labels=range(C)).astype(np.float64)
+  assert_close(got["matrix"], table, atol=0.0, what="matrix")
+  rows = table.sum(1, keepdims=True)
+  true_normalized = np.divide(table, rows, out=np.zeros_like(table), where=rows > 0)
+  assert_close(got["matrix_true"], true_normalized, rtol=2 * EPS, atol=0.0, what="true")
+  assert_close(got["matrix_all"], table / n, rtol=2 * EPS, atol=0.0, what="all")
+  expected_mcc = skm.matthews_corrcoef(target, guess)
+  assert_close(got["mcc"], expected_mcc, atol=_mcc_tolerance(table), what="mcc")
+  for key, weights in (
+    ("kappa", None),
+    ("kappa_linear", "linear"),
+    ("kappa_quadratic", "quadratic"),
+  ):
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      kappa = skm.cohen_kappa_score(target, guess, labels=range(C), weights=weights)
+    kappa = 0.0 if np.isnan(kappa) else kappa  # documented: undefined kappa computes 0
+    assert_close(got[key], kappa, atol=_kappa_tolerance(kappa), what=key)
+
+
+@given(seed=SEEDS, n=ROWS, prevalence=st.sampled_from([0.1, 0.5]))
+def test_binary_and_multilabel_matrix_metrics_match_sklearn(seed, n, prevalence):
+  rng = np.random.default_rng(seed)
+  target = (rng.random((n, C)) < prevalence).astype(np.int32)
+  preds = np.clip(0.6 * target + 0.7 * rng.random((n, C)), 0, 1).astype(np.float32)
+  fields = {"preds": preds, "target": target}
+  label = pe.Metrics(
+    {
+      "mcc": pe.metrics.MatthewsCorrCoef(task="multilabel", num_classes=C),
+      "matrix": pe.metrics.ConfusionMatrix(C, task="multilabel"),
+    }
+  )
+  got = evaluate_randomly(label, fields, rng)
+  y, p = target.astype(bool), preds.astype(np.float64) > 0.5
+  assert_close(got["matrix"], skm.multilabel_confusion_matrix(y, p), atol=0.0)
+  summed = skm.confusion_matrix(y.ravel(), p.ravel(), labels=[0, 1]).astype(np.float64)
+  mcc = skm.matthews_corrcoef(y.ravel(), p.ravel())
+  assert_close(got["mcc"], mcc, atol=_mcc_tolerance(summed), what="multilabel mcc")
+  binary = pe.Metrics(
+    {
+      "mcc": pe.metrics.MatthewsCorrCoef(task="binary"),
+      "kappa": pe.metrics.CohenKappa(task="binary"),
+      "matrix": pe.metrics.ConfusionMatrix(task="binary"),
+    }
+  )
+  got = evaluate_randomly(binary, {"preds": preds[:, 0], "target": target[:, 0]}, rng)
+  table = skm.confusion_matrix(y[:, 0], p[:, 0], labels=[0, 1]).astype(np.float64)
+  assert_close(got["matrix"], table, atol=0.0)
+  mcc = skm.matthews_corrcoef(y[:, 0], p[:, 0])
+  assert_close(got["mcc"], mcc, atol=_mcc_tolerance(table), what="binary mcc")
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    kappa = np.nan_to_num(skm.cohen_kappa_score(y[:, 0], p[:, 0], labels=[0, 1]))
+  assert_close(got["kappa"], kappa, atol=_kappa_tolerance(kappa), what="binary kappa")
+
+
+@pytest.mark.xfail(
+  reason="issue 12: MCC of constant inputs is not 0 under jit", strict=True, raises=AssertionError
+)
+@given(
+  seed=SEEDS,
+  n=st.sampled_from([41, 47, 55, 61, 82]),
+  task=st.sampled_from(["binary", "multiclass"]),
+)
+def test_mcc_of_constant_inputs_is_zero(seed, n, task):
+  """All-zero preds and target: sklearn's MCC is 0 (undefined, both variances 0)."""
+  rng = np.random.default_rng(seed)
+  zeros = np.zeros(n, np.int32)
+  metric = pe.metrics.MatthewsCorrCoef(task=task, num_classes=None if task == "binary" else C)
+  got = evaluate_randomly(metric, {"preds": zeros, "target": zeros}, rng)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # "a single label was found"
+    expected = skm.matthews_corrcoef(zeros, zeros)
+  assert_close(got, expected, atol=0.0)
+
+
+# --- Accuracy ----------------------------------------------------------------------------------
+
+
+@given(seed=SEEDS, n=ROWS, top_k=st.sampled_from([1, 2]), weighted=st.booleans())
+def test_accuracy_matches_sklearn(seed, n, top_k, weighted):
+  rng = np.random.default_rng(seed)
+  target, scores = _multiclass(rng, n, [0, 1, 2, 3])
+  weights = rng.uniform(0.1, 2.0, n).astype(np.float32) if weighted else None
+  fields = {"preds": scores, "target": target, **({"weights": weights} if weighted else {})}
+  got = evaluate_randomly(pe.metrics.Accuracy(top_k=top_k), fields, rng)
+  w = None if weights is None else weights.astype(np.float64)
+  expected = skm.top_k_accuracy_score(target, scores, k=top_k, labels=range(C), sample_weight=w)
+  # Sums of at most 16 weights (0/1 hits times weights): 16 EPS, plus the division.
+  assert_close(got, expected, rtol=20 * EPS, atol=0.0)
+
+
+# --- invalid values (issue 12 findings) --------------------------------------------------------
+
+
+@pytest.mark.xfail(
+  reason="issue 12: NaN multiclass scores are ranked best, not worst",
+  strict=True,
+  raises=AssertionError,
+)
+@given(seed=SEEDS, n=st.integers(4, 40))
+def test_nan_scores_rank_worst(seed, n):
+  rng = np.random.default_rng(seed)
+  target, scores = _multiclass(rng, n, [0, 1, 2, 3])
+  scores[rng.random((n, C)) < 0.3] = np.nan
+  scores[:, 0] = np.where(np.isnan(scores[:, 0]), 0.0, scores[:, 0])  # one real score a row
+  worst = np.where(np.isnan(scores), -np.inf, scores)
+  metric = pe.Metrics({"top1": pe.metrics.Accuracy(), "top2": pe.metrics.Accuracy(top_k=2)})
+  got = evaluate_randomly(metric, {"preds": scores, "target": target}, rng)
+  for key, k in (("top1", 1), ("top2", 2)):
+    expected = np.mean(np.any(_top_k_ranks(worst, k) == target[:, None], axis=-1))
+    assert_close(got[key], expected, rtol=20 * EPS, atol=0.0, what=key)
+
+
+def _top_k_ranks(scores, k):
+  return np.argsort(-scores, axis=-1, kind="stable")[:, :k]
+
+
+@pytest.mark.xfail(
+  reason="issue 12: out-of-range predicted class ids drop the element",
+  strict=True,
+  raises=AssertionError,
+)
+@given(seed=SEEDS, n=st.integers(4, 40))
+def test_out_of_range_predicted_ids_are_wrong_predictions(seed, n):
+  """A predicted id outside [0, C) is a miss of the true class and predicts no class."""
+  rng = np.random.default_rng(seed)
+  target = rng.integers(0, C, n).astype(np.int32)
+  preds = np.where(rng.random(n) < 0.5, target, rng.choice([-1, C, 99], n)).astype(np.int32)
+  metric = pe.Metrics(
+    {"recall": pe.metrics.Recall(num_classes=C, average="micro"), "accuracy": pe.metrics.Accuracy()}
+  )
+  got = evaluate_randomly(metric, {"preds": preds, "target": target}, rng)
+  hits = np.mean(preds == target)
+  assert_close(got["accuracy"], hits, rtol=20 * EPS, atol=0.0, what="accuracy")
+  assert_close(got["recall"], hits, rtol=(C + 4) * EPS, atol=0.0, what="recall")
