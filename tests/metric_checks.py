@@ -240,10 +240,10 @@ BATCH_SIZES = (5, 16)
 DEVICE_SLOTS = 8
 _PAD_FLOATS = np.array([np.nan, np.inf, -np.inf, 3e38, -3e38, 1e30, -7.0, 0.0], np.float64)
 
-_batch_updates = jax.jit(lambda metric, batch: metric.batch_updates(**batch))
-_merge = jax.jit(lambda a, b: a.merge(b))
-_aggregate = jax.jit(lambda stacked: stacked.aggregate())
-_compute = jax.jit(lambda metric: metric.compute())
+jit_batch_updates = jax.jit(lambda metric, batch: metric.batch_updates(**batch))
+jit_merge = jax.jit(lambda a, b: a.merge(b))
+jit_aggregate = jax.jit(lambda stacked: stacked.aggregate())
+jit_compute = jax.jit(lambda metric: metric.compute())
 
 
 def pad_rows(values: np.ndarray, real: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -294,7 +294,7 @@ def merge_randomly(parts: list, rng: np.random.Generator):
   while len(parts) > 1:
     i = int(rng.integers(len(parts) - 1))
     a, b = parts[i], parts[i + 1]
-    parts[i : i + 2] = [_merge(a, b) if rng.random() < 0.5 else _merge(b, a)]
+    parts[i : i + 2] = [jit_merge(a, b) if rng.random() < 0.5 else jit_merge(b, a)]
   return parts[0]
 
 
@@ -313,7 +313,7 @@ def aggregate_over_devices(metric, parts: list, rng: np.random.Generator, device
   slots = [metric.empty()] * (DEVICE_SLOTS - devices) + per_device
   slots = [slots[i] for i in rng.permutation(DEVICE_SLOTS)]
   stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *slots)
-  return _aggregate(stacked)
+  return jit_aggregate(stacked)
 
 
 def evaluate_randomly(metric, fields: dict, rng: np.random.Generator, batch_sizes=BATCH_SIZES):
@@ -321,9 +321,9 @@ def evaluate_randomly(metric, fields: dict, rng: np.random.Generator, batch_size
   ``batch_sizes`` rows), merge tree and device count (see above); the computed value as
   float64 numpy (a dict of them for a collection)."""
   batch_size = int(rng.choice(batch_sizes))
-  parts = [_batch_updates(metric, b) for b in random_batches(fields, rng, batch_size)]
+  parts = [jit_batch_updates(metric, b) for b in random_batches(fields, rng, batch_size)]
   total = aggregate_over_devices(metric, parts, rng, int(rng.integers(1, 9)))
-  return jax.tree.map(lambda v: np.asarray(v, np.float64), jax.device_get(_compute(total)))
+  return jax.tree.map(lambda v: np.asarray(v, np.float64), jax.device_get(jit_compute(total)))
 
 
 def assert_close(got, expected, *, atol, rtol=0.0, what: str = "") -> None:
