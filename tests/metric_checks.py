@@ -6,7 +6,14 @@ files import these to check their own cases::
 
   from metric_checks import CHECKS, check_all  # tests/ is on sys.path under pytest
 
-The tests run with 8 virtual CPU devices (``tests/conftest.py``).
+The tests run with 8 virtual CPU devices (``tests/conftest.py``). Programs with
+collectives (pmap with ``reduce``/``all_gather``, jitted code over pmap-sharded arrays)
+are waited on one at a time: XLA's CPU client deadlocks, then aborts, when more than
+about 32 are in flight (HOWTO.md, "Driving metrics yourself").
+
+The second half of the file is the property suite's engine (:func:`evaluate_randomly`:
+random padded batchings, merge trees and device counts), used by
+``tests/test_properties_*.py``.
 """
 
 from __future__ import annotations
@@ -133,7 +140,7 @@ def check_pmap_reduce(case: MetricCase) -> None:
   step = jax.pmap(lambda b: case.make().batch_updates(**b).reduce(AXIS), axis_name=AXIS)
   metric = case.make()
   for batch in batches:
-    per_device = step(_shard(batch, n))
+    per_device = jax.device_get(step(_shard(batch, n)))  # waits: one collective program at a time
     for leaf in jax.tree.leaves(per_device):
       np.testing.assert_array_equal(np.asarray(leaf), np.broadcast_to(leaf[0], leaf.shape))
     metric = metric.merge(_first_copy(per_device))
@@ -150,7 +157,8 @@ def check_pmap_gather_aggregate(case: MetricCase) -> None:
   via_gather, via_copies = case.make(), case.make()
   for batch in batches:
     sharded = _shard(batch, n)
-    via_gather = via_gather.merge(_first_copy(gathered(sharded)))
+    via_gather = via_gather.merge(_first_copy(jax.device_get(gathered(sharded))))
+    # aggregate() of pmap's outputs fetches them to the host first (no cross-device programs)
     via_copies = via_copies.merge(copies(sharded).aggregate())
   assert_matches_reference(case, via_gather, batches, "pmap all_gather aggregate")
   assert_matches_reference(case, via_copies, batches, "aggregate of pmap output")
