@@ -38,9 +38,10 @@ C = 3
 CURVE_RTOL = (GRID + 1 + 4) * EPS
 
 
-def _grid_scores(rng, shape, separation, target):
-  """Scores on the grid k / GRID, higher for positives by ``separation`` grid steps."""
-  k = rng.integers(0, GRID + 1, size=shape) + separation * target
+def _grid_scores(rng, shape, separation, target, step=1):
+  """Scores on the grid k / GRID, higher for positives by ``separation`` grid steps; only
+  multiples of ``step`` (a coarse step makes many real ties between the classes)."""
+  k = rng.integers(0, GRID // step + 1, size=shape) * step + separation * target
   return (np.clip(k, 0, GRID) / GRID).astype(np.float32)
 
 
@@ -49,12 +50,17 @@ def _curves(**config):
   return pe.Metrics({"auroc": pe.metrics.AUROC(**kw), "auprc": pe.metrics.AUPRC(**kw)})
 
 
-@given(seed=SEEDS, n=st.integers(2, 40), separation=st.sampled_from([0, 20, 200]))
-def test_binary_curves_match_sklearn(seed, n, separation):
+@given(
+  seed=SEEDS,
+  n=st.integers(2, 40),
+  separation=st.sampled_from([0, 20, 200]),
+  step=st.sampled_from([1, 10, 50]),
+)
+def test_binary_curves_match_sklearn(seed, n, separation, step):
   rng = np.random.default_rng(seed)
   target = (rng.random(n) < 0.4).astype(np.int32)
   target[:2] = [0, 1]  # both classes occur
-  preds = _grid_scores(rng, n, separation, target)
+  preds = _grid_scores(rng, n, separation, target, step)
   got = evaluate_randomly(_curves(), {"preds": preds, "target": target}, rng)
   scores = preds.astype(np.float64)
   assert_close(got["auroc"], skm.roc_auc_score(target, scores), rtol=CURVE_RTOL, atol=0.0)
@@ -75,7 +81,7 @@ def test_multilabel_and_multiclass_curves_match_sklearn(seed, n, average, task):
     target = (rng.random((n, C)) < 0.5).astype(np.int32)
     target[:2] = [[0] * C, [1] * C]
     truth = target
-    preds = _grid_scores(rng, (n, C), 30, target)
+    preds = _grid_scores(rng, (n, C), 30, target, step=10)
   else:
     target = rng.integers(0, C, n).astype(np.int32)
     target[:C] = np.arange(C)
