@@ -29,6 +29,8 @@ from metric_checks import assert_close, evaluate_randomly
 
 import padded_eval as pe
 
+pytestmark = pytest.mark.filterwarnings("ignore:A single label was found:UserWarning")
+
 EPS = 2.0**-24
 SEEDS = st.integers(0, 2**32 - 1)
 ROWS = st.integers(1, 40)
