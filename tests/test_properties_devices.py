@@ -172,6 +172,12 @@ _REPRODUCTION = textwrap.dedent(
   for part in eager[1:]:
     merged = merged.merge(part)
   print("AUPRC", float(merged.compute()), float(jitted[-1].compute()))
+
+  # the same with float accumulators (ExactSum, Moments)
+  moments = pe.Metrics({"std": pe.metrics.Std(argname="preds"), "mean": pe.metrics.Mean("preds")})
+  step = jax.pmap(lambda b: moments.batch_updates(**b))
+  outs = [step({"preds": rng.random((8, 4)).astype(np.float32)}) for _ in range(16)]
+  print("Std", [float(out.aggregate().compute()["std"]) for out in outs][-1])
   """
 )
 
@@ -184,4 +190,4 @@ def test_aggregate_of_pmap_outputs_does_not_abort():
     [sys.executable, "-c", _REPRODUCTION], capture_output=True, text=True, timeout=150
   )
   assert run.returncode == 0, f"rc={run.returncode}\n{run.stderr[-3000:]}"
-  assert "AUPRC" in run.stdout
+  assert "AUPRC" in run.stdout and "Std" in run.stdout
