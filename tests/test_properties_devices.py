@@ -173,11 +173,13 @@ _REPRODUCTION = textwrap.dedent(
     merged = merged.merge(part)
   print("AUPRC", float(merged.compute()), float(jitted[-1].compute()))
 
-  # the same with float accumulators (ExactSum, Moments)
+  # the same with float accumulators (ExactSum, Moments); small and fast, so this part
+  # alone did not abort before the fix: the queue drained faster than it filled
   moments = pe.Metrics({"std": pe.metrics.Std(argname="preds"), "mean": pe.metrics.Mean("preds")})
   step = jax.pmap(lambda b: moments.batch_updates(**b))
   outs = [step({"preds": rng.random((8, 4)).astype(np.float32)}) for _ in range(16)]
-  print("Std", [float(out.aggregate().compute()["std"]) for out in outs][-1])
+  aggregated = [out.aggregate() for out in outs]  # nothing waited on in between
+  print("Std", float(aggregated[-1].compute()["std"]))
   """
 )
 
