@@ -90,13 +90,32 @@ class Accumulator(abc.ABC):
     )
 
   def aggregate(self) -> Accumulator:
-    """Totals over a leading stacked axis (after ``all_gather`` or out of ``pmap``)."""
-    n = self.shape[0]
-    return self._combine(lambda x: jnp.sum(x, axis=0), lambda x: jnp.max(x, axis=0), n)
+    """Totals over a leading stacked axis (after ``all_gather`` or out of ``pmap``).
+
+    Eagerly, parts spread over several devices (``pmap``'s outputs) are fetched to the
+    host first: each eager op on them would be one program with a cross-device
+    collective, and XLA's CPU client deadlocks (aborting after 40 s) when more than
+    about 32 such programs are in flight (see HOWTO.md, "Driving metrics yourself").
+    """
+    acc = self
+    if any(_on_several_devices(getattr(self, f)) for f in self._fields):
+      acc = jax.device_get(self)
+    n = acc.shape[0]
+    return acc._combine(lambda x: jnp.sum(x, axis=0), lambda x: jnp.max(x, axis=0), n)
 
   def __repr__(self):
     fields = ", ".join(f"{f}={getattr(self, f)!r}" for f in self._fields)
     return f"{type(self).__name__}({fields})"
+
+
+def _on_several_devices(x) -> bool:
+  """Whether ``x`` is a concrete array held by more than one local device (not a tracer)."""
+  return (
+    isinstance(x, jax.Array)
+    and not isinstance(x, jax.core.Tracer)
+    and x.is_fully_addressable
+    and len(x.sharding.device_set) > 1
+  )
 
 
 def _axis_size(axis_name) -> int:

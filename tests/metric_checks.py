@@ -6,7 +6,14 @@ files import these to check their own cases::
 
   from metric_checks import CHECKS, check_all  # tests/ is on sys.path under pytest
 
-The tests run with 8 virtual CPU devices (``tests/conftest.py``).
+The tests run with 8 virtual CPU devices (``tests/conftest.py``). Programs with
+collectives (pmap with ``reduce``/``all_gather``, jitted code over pmap-sharded arrays)
+are waited on one at a time: XLA's CPU client deadlocks, then aborts, when more than
+about 32 are in flight (HOWTO.md, "Driving metrics yourself").
+
+The second half of the file is the property suite's engine (:func:`evaluate_randomly`:
+random padded batchings, merge trees and device counts), used by
+``tests/test_properties_*.py``.
 """
 
 from __future__ import annotations
@@ -133,7 +140,7 @@ def check_pmap_reduce(case: MetricCase) -> None:
   step = jax.pmap(lambda b: case.make().batch_updates(**b).reduce(AXIS), axis_name=AXIS)
   metric = case.make()
   for batch in batches:
-    per_device = step(_shard(batch, n))
+    per_device = jax.device_get(step(_shard(batch, n)))  # waits: one collective program at a time
     for leaf in jax.tree.leaves(per_device):
       np.testing.assert_array_equal(np.asarray(leaf), np.broadcast_to(leaf[0], leaf.shape))
     metric = metric.merge(_first_copy(per_device))
@@ -150,7 +157,8 @@ def check_pmap_gather_aggregate(case: MetricCase) -> None:
   via_gather, via_copies = case.make(), case.make()
   for batch in batches:
     sharded = _shard(batch, n)
-    via_gather = via_gather.merge(_first_copy(gathered(sharded)))
+    via_gather = via_gather.merge(_first_copy(jax.device_get(gathered(sharded))))
+    # aggregate() of pmap's outputs fetches them to the host first (no cross-device programs)
     via_copies = via_copies.merge(copies(sharded).aggregate())
   assert_matches_reference(case, via_gather, batches, "pmap all_gather aggregate")
   assert_matches_reference(case, via_copies, batches, "aggregate of pmap output")
@@ -224,3 +232,109 @@ def check_all(case: MetricCase) -> None:
   """Runs every generic check on ``case``."""
   for check in CHECKS:
     check(case)
+
+
+# --- the property suite's engine: random batchings, merge trees and device counts ----------
+#
+# ``evaluate_randomly(metric, fields, rng)`` feeds the real rows of ``fields`` (arrays with
+# a leading row axis) to ``metric`` the way an evaluation loop might: split at random
+# points into padded batches of one random size (padded rows hold NaN, inf, huge and
+# random values), ``batch_updates`` per batch (jitted, one trace per shape), the partial
+# states dealt to ``k`` in 1..8 "devices", merged on each device in a random merge tree,
+# then stacked on a leading axis and ``aggregate()``d, as after pmap. The result must not
+# depend on any of these choices, so the tests compare it with a float64 reference.
+
+BATCH_SIZES = (5, 16)
+DEVICE_SLOTS = 8
+_PAD_FLOATS = np.array([np.nan, np.inf, -np.inf, 3e38, -3e38, 1e30, -7.0, 0.0], np.float64)
+
+jit_batch_updates = jax.jit(lambda metric, batch: metric.batch_updates(**batch))
+jit_merge = jax.jit(lambda a, b: a.merge(b))
+jit_aggregate = jax.jit(lambda stacked: stacked.aggregate())
+jit_compute = jax.jit(lambda metric: metric.compute())
+
+
+def pad_rows(values: np.ndarray, real: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+  """``values`` of a padded batch: ``real`` rows kept, the other rows fresh garbage."""
+  shape = values.shape
+  if np.issubdtype(values.dtype, np.floating):
+    garbage = np.where(
+      rng.random(shape) < 0.5,
+      rng.choice(_PAD_FLOATS, size=shape),
+      rng.standard_normal(shape) * 10.0 ** rng.integers(-30, 30, size=shape),
+    )
+  elif values.dtype == np.bool_:
+    garbage = rng.random(shape) < 0.5
+  else:
+    garbage = rng.integers(-(2**30), 2**30, size=shape)
+  keep = real.reshape(real.shape + (1,) * (values.ndim - 1))
+  with np.errstate(over="ignore", invalid="ignore"):
+    return np.where(keep, values, garbage.astype(values.dtype))
+
+
+def random_batches(fields: dict, rng: np.random.Generator, batch_size: int) -> list[dict]:
+  """The rows of ``fields`` split at random points into batches of ``batch_size`` rows.
+
+  Each batch holds 0..batch_size real rows at random positions (``mask`` ``[B]``); an
+  all-padding batch may appear anywhere. The rows keep their order.
+  """
+  num_rows = len(next(iter(fields.values())))
+  batches, start = [], 0
+  while start < num_rows or not batches:
+    take = int(rng.integers(0, min(batch_size, num_rows - start) + 1))
+    if rng.random() < 0.5:  # favour fuller batches, keep the count of batches small
+      take = min(batch_size, num_rows - start)
+    mask = np.zeros(batch_size, bool)
+    mask[np.sort(rng.choice(batch_size, size=take, replace=False))] = True
+    batch = {"mask": mask}
+    for key, value in fields.items():
+      rows = np.zeros((batch_size,) + value.shape[1:], value.dtype)
+      rows[mask] = value[start : start + take]
+      batch[key] = pad_rows(rows, mask, rng)
+    batches.append(batch)
+    start += take
+  return batches
+
+
+def merge_randomly(parts: list, rng: np.random.Generator):
+  """``parts`` merged in a random binary tree, each merge in a random order."""
+  parts = [parts[i] for i in rng.permutation(len(parts))]
+  while len(parts) > 1:
+    i = int(rng.integers(len(parts) - 1))
+    a, b = parts[i], parts[i + 1]
+    parts[i : i + 2] = [jit_merge(a, b) if rng.random() < 0.5 else jit_merge(b, a)]
+  return parts[0]
+
+
+def aggregate_over_devices(metric, parts: list, rng: np.random.Generator, devices: int):
+  """``parts`` dealt at random to ``devices`` partial states, then ``aggregate()``d.
+
+  The states sit on a stacked axis of 8 (``DEVICE_SLOTS``) at random positions, the
+  other slots empty (devices that saw only padding), so the jitted ``aggregate``
+  compiles once per metric; ``test_properties_devices.py`` varies the axis length.
+  """
+  owner = rng.integers(devices, size=len(parts))
+  per_device = [
+    merge_randomly([p for p, o in zip(parts, owner) if o == d] or [metric.empty()], rng)
+    for d in range(devices)
+  ]
+  slots = [metric.empty()] * (DEVICE_SLOTS - devices) + per_device
+  slots = [slots[i] for i in rng.permutation(DEVICE_SLOTS)]
+  stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *slots)
+  return jit_aggregate(stacked)
+
+
+def evaluate_randomly(metric, fields: dict, rng: np.random.Generator, batch_sizes=BATCH_SIZES):
+  """``metric`` over the real rows of ``fields`` by a random batching (of one of
+  ``batch_sizes`` rows), merge tree and device count (see above); the computed value as
+  float64 numpy (a dict of them for a collection)."""
+  batch_size = int(rng.choice(batch_sizes))
+  parts = [jit_batch_updates(metric, b) for b in random_batches(fields, rng, batch_size)]
+  total = aggregate_over_devices(metric, parts, rng, int(rng.integers(1, 9)))
+  return jax.tree.map(lambda v: np.asarray(v, np.float64), jax.device_get(jit_compute(total)))
+
+
+def assert_close(got, expected, *, atol, rtol=0.0, what: str = "") -> None:
+  """``|got - expected| <= atol + rtol * |expected|`` elementwise; NaN must match NaN."""
+  got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+  np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True, err_msg=what)
