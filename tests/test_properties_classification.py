@@ -150,11 +150,6 @@ def _top_k_indicator(scores, k):
   return guess
 
 
-@pytest.mark.xfail(
-  reason="issue 12: Specificity with top_k > 1 counts tn as N*k - tp - fp - fn",
-  strict=True,
-  raises=AssertionError,
-)
 @given(seed=SEEDS, n=st.integers(4, 40))
 def test_multiclass_top_k_counts_each_class_once(seed, n):
   """top_k=2: a class is predicted for an element when among its 2 best scores; per class
@@ -194,11 +189,6 @@ def test_multilabel_scores_match_sklearn(seed, n, average):
   _check_scores(got, expected, average, C, f"average={average}")
 
 
-@pytest.mark.xfail(
-  reason="issue 12: multilabel macro skips labels absent from target and preds",
-  strict=True,
-  raises=AssertionError,
-)
 @given(seed=SEEDS, n=ROWS)
 def test_multilabel_macro_averages_every_label(seed, n):
   rng = np.random.default_rng(seed)
@@ -258,7 +248,9 @@ def test_multiclass_matrix_metrics_match_sklearn(seed, n, classes):
   true_normalized = np.divide(table, rows, out=np.zeros_like(table), where=rows > 0)
   assert_close(got["matrix_true"], true_normalized, rtol=2 * EPS, atol=0.0, what="true")
   assert_close(got["matrix_all"], table / n, rtol=2 * EPS, atol=0.0, what="all")
-  if len(np.unique(target)) > 1 and len(np.unique(guess)) > 1:  # else: the xfail test below
+  if (
+    len(np.unique(target)) > 1 and len(np.unique(guess)) > 1
+  ):  # else: the constant-input test below
     expected_mcc = skm.matthews_corrcoef(target, guess)
     assert_close(got["mcc"], expected_mcc, atol=_mcc_tolerance(table), what="mcc")
   for key, weights in (
@@ -309,9 +301,6 @@ def test_binary_and_multilabel_matrix_metrics_match_sklearn(seed, n, prevalence)
   assert_close(got["kappa"], kappa, atol=_kappa_tolerance(kappa), what="binary kappa")
 
 
-@pytest.mark.xfail(
-  reason="issue 12: MCC of constant inputs is not 0 under jit", strict=True, raises=AssertionError
-)
 @given(
   seed=SEEDS,
   n=st.sampled_from([31, 41, 47, 55, 61, 82]),
@@ -350,11 +339,6 @@ def test_accuracy_matches_sklearn(seed, n, top_k, weighted):
 # --- invalid values (issue 12 findings) --------------------------------------------------------
 
 
-@pytest.mark.xfail(
-  reason="issue 12: NaN multiclass scores are ranked best, not worst",
-  strict=True,
-  raises=AssertionError,
-)
 @given(seed=SEEDS, n=st.integers(4, 40))
 def test_nan_scores_rank_worst(seed, n):
   rng = np.random.default_rng(seed)
@@ -373,11 +357,6 @@ def _top_k_ranks(scores, k):
   return np.argsort(-scores, axis=-1, kind="stable")[:, :k]
 
 
-@pytest.mark.xfail(
-  reason="issue 12: out-of-range predicted class ids drop the element",
-  strict=True,
-  raises=AssertionError,
-)
 @given(seed=SEEDS, n=st.integers(4, 40))
 def test_out_of_range_predicted_ids_are_wrong_predictions(seed, n):
   """A predicted id outside [0, C) is a miss of the true class and predicts no class."""
