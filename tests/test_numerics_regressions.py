@@ -194,6 +194,17 @@ def test_constant_variable_gives_nan_correlation_and_zero_std(constant, batch_si
   assert float(std.compute()) == 0.0 == np.std(x.astype(F64))
 
 
+def test_nan_in_a_real_row_gives_nan_not_zero():
+  """The constant / non-positive checks must not turn NaN data into 0 (or 1)."""
+  values = np.array([1.0, np.nan, 3.0, 4.0], np.float32)
+  other = np.array([2.0, 1.0, 0.0, 5.0], np.float32)
+  columns = {"preds": values, "target": other}
+  assert np.isnan(float(_batched(pe.metrics.Std(), {"values": values}, 2).compute()))
+  assert np.isnan(float(_batched(pe.metrics.PearsonCorrelation(), columns, 2).compute()))
+  r2 = _batched(pe.metrics.R2Score(), {"preds": other, "target": values}, 2).compute()
+  assert np.isnan(float(r2))
+
+
 def test_r2_of_constant_target_follows_sklearn():
   """Constant target: SS_tot is exactly 0, so sklearn's rule (1 if perfect, else 0) applies."""
   target = np.full(50, 2.0, np.float32)

@@ -172,10 +172,14 @@ def _batch_moments(values, real, w, axes) -> Moments:
 
 
 def _variance_parts(moments: Moments, column: int):
-  """``(M_jj, positive)``: the co-moment of ``column`` and whether it is > 0 and not constant."""
+  """``(M_jj, spread)``: the co-moment of ``column`` and whether the variable varies.
+
+  ``spread`` is False for a constant variable and for ``M_jj <= 0`` (rounding), and True
+  for NaN, so that NaN data gives NaN, not 0.
+  """
   second = moments.comoment[..., column, column]
   mantissa, _ = second.frexp()
-  return second, (mantissa > 0) & ~moments.constant()[..., column]
+  return second, ~((mantissa <= 0) | moments.constant()[..., column])
 
 
 def _values_of(kwargs, argname: str, owner: str) -> jax.Array:
@@ -251,8 +255,8 @@ class Std(Metric):
 
   def _ratio(self, sqrt: bool) -> jax.Array:
     dof = self.moments.count.total() - self.ddof
-    second, positive = _variance_parts(self.moments, 0)
-    ratio = jnp.where(positive, second.ratio(jnp.where(dof > 0, dof, 1.0), sqrt=sqrt), 0.0)
+    second, spread = _variance_parts(self.moments, 0)
+    ratio = jnp.where(spread, second.ratio(jnp.where(dof > 0, dof, 1.0), sqrt=sqrt), 0.0)
     return jnp.where(dof > 0, ratio, jnp.nan)
 
   def variance(self) -> jax.Array:
