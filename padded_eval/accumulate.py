@@ -268,18 +268,28 @@ def _power_of_two(k):
   return jax.lax.bitcast_convert_type((k + 127) << 23, jnp.float32)
 
 
+def _factors(k):
+  """Two float32 powers of two whose product is ``2**k``, for int ``k`` in ``[-252, 254]``."""
+  k = jnp.clip(jnp.asarray(k, jnp.int32), -252, 254)
+  first = jnp.clip(k, -126, 127)
+  return _power_of_two(first), _power_of_two(k - first)
+
+
 def ldexp(x, k):
   """``x * 2**k`` for float32 ``x`` and int ``k``: exact unless the result leaves float32's range.
 
-  Unlike ``jnp.ldexp``, right for subnormal ``x`` and results, and for any ``k``.
+  Unlike ``jnp.ldexp``, right for subnormal results and for any ``k`` (two exact steps,
+  monotone, so nothing underflows early). Inputs that are subnormal stay as the backend
+  treats them (XLA's CPU backend flushes them to zero).
   """
-  x = jnp.asarray(x, jnp.float32)
-  k = jnp.clip(jnp.asarray(k, jnp.int32), -320, 320)
-  for _ in range(3):  # three exact steps of at most 2**127; monotone, so no early underflow
-    step = jnp.clip(k, -126, 127)
-    x = x * _power_of_two(step)
-    k = k - step
-  return x
+  first, second = _factors(k)
+  return jnp.asarray(x, jnp.float32) * first * second
+
+
+def _scale_down(x, shift):
+  """``x * 2**shift`` for ``shift <= 0``, one step: 0 below ``2**-126`` (inf and NaN kept)."""
+  scaled = x * _power_of_two(jnp.maximum(shift, -126))
+  return jnp.where((shift >= -126) | ~jnp.isfinite(x), scaled, 0.0)
 
 
 def exponent(x):
@@ -305,7 +315,7 @@ def _normalized(hi, lo, exp):
 
   A zero total gets ``ZERO_EXPONENT``; an inf or NaN total is kept unscaled (exponent 0).
   """
-  naive = hi + lo
+  naive = jnp.where(jnp.isfinite(hi), hi + lo, hi)  # inf stays inf (its error term is NaN)
   finite = jnp.isfinite(naive)
   hi, lo = two_sum(hi, lo)
   return _scaled(jnp.where(finite, hi, naive), jnp.where(finite, lo, 0.0), exp)
@@ -318,7 +328,8 @@ def _scaled(hi, lo, exp):
   zero = k == ZERO_EXPONENT
   shift = jnp.where(zero, 0, k)
   exp = jnp.where(zero, ZERO_EXPONENT, jnp.where(finite, exp + shift, 0))
-  return ldexp(hi, -shift), ldexp(lo, -shift), exp
+  first, second = _factors(-shift)
+  return hi * first * second, lo * first * second, exp
 
 
 def frexp(x):
@@ -360,12 +371,14 @@ class ExactSum(Accumulator):
   def of_sum(
     cls, values: jax.typing.ArrayLike, *, axis=None, where=None, weights=None, power: int = 1
   ) -> ExactSum:
-    """The total of ``weights * values**power`` over ``axis``, safe from float32's range.
+    """The total of ``weights * values**power`` over ``axis``.
 
-    The values are scaled by a power of two per output element (so that the largest
-    magnitude is in ``[0.5, 1)``) before they are raised and summed: nothing overflows
-    or underflows unless it is negligible next to the total. Without overflow the float32
-    sum is the same as the unscaled one, bit for bit.
+    ``power=2`` (sums of squares) is range-safe: the values are scaled by a power of two
+    per output element (the largest magnitude into ``[0.5, 1)``) before they are squared
+    and summed, so nothing overflows or underflows unless it is negligible next to the
+    total (one extra reduction, for the largest magnitude). ``power=1`` is the plain
+    float32 sum (one pass, bit for bit as before): it overflows only when the batch's
+    ``sum |w * x|`` exceeds float32's max; the ExactSum it starts never overflows later.
 
     Args:
       values: float array (bf16/f16 upcast).
@@ -386,16 +399,18 @@ class ExactSum(Accumulator):
     values = upcast(jnp.asarray(values))
     if where is not None:
       values = jnp.where(where, values, 0.0)
-    scale = _scale_exponent(jnp.max(jnp.abs(values), axis=axis, keepdims=True))
-    terms = ldexp(values, -scale)
-    terms = terms * terms if power == 2 else terms
+    exp = 0
+    if power == 2:
+      scale = _scale_exponent(jnp.max(jnp.abs(values), axis=axis, keepdims=True))
+      first, second = _factors(-scale)
+      values = values * first * second
+      values = values * values
+      exp = 2 * (jnp.squeeze(scale, axis) if axis is not None else jnp.reshape(scale, ()))
     if weights is not None:
-      terms = upcast(jnp.asarray(weights)) * terms
+      values = upcast(jnp.asarray(weights)) * values
     if where is not None:
-      terms = jnp.where(where, terms, 0.0)
-    total = jnp.sum(terms, axis=axis, keepdims=True)
-    squeeze = lambda x: jnp.squeeze(x, axis) if axis is not None else jnp.reshape(x, ())
-    return cls.of(squeeze(total), power * squeeze(scale))
+      values = jnp.where(where, values, 0.0)
+    return cls.of(jnp.sum(values, axis=axis), exp)
 
   @classmethod
   def of_product(cls, a: jax.typing.ArrayLike, b: jax.typing.ArrayLike) -> ExactSum:
@@ -411,8 +426,8 @@ class ExactSum(Accumulator):
   def merge(self, other: ExactSum) -> ExactSum:
     exp = jnp.maximum(self.exponent, other.exponent)
     mine, theirs = self.exponent - exp, other.exponent - exp
-    a_hi, a_lo = ldexp(self.hi, mine), ldexp(self.lo, mine)
-    b_hi, b_lo = ldexp(other.hi, theirs), ldexp(other.lo, theirs)
+    a_hi, a_lo = _scale_down(self.hi, mine), _scale_down(self.lo, mine)
+    b_hi, b_lo = _scale_down(other.hi, theirs), _scale_down(other.lo, theirs)
     hi, lo = two_sum(a_hi, b_hi)
     return self._make(*_normalized(hi, lo + (a_lo + b_lo), exp))
 

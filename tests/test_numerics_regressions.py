@@ -257,11 +257,11 @@ def test_mse_std_r2_at_scale_1e18_fit_float32():
     assert _relative(got.compute(), np.std(t64)) <= 1e-6
 
 
-def test_mean_near_float32_max_and_rmse_beyond_it():
-  """The mean of values near 3e38 fits float32 though their sum does not; RMSE of 1e20s too."""
+def test_mean_whose_total_exceeds_float32_and_rmse_beyond_it():
+  """A Mean over many batches whose total passes 3.4e38 (it was inf); RMSE of 1e20s."""
   rng = np.random.default_rng(6)
-  values = (rng.uniform(1.0, 3.0, 1000) * 1e38).astype(np.float32)
-  for batch_size in (1000, 64):
+  values = (rng.uniform(1.0, 3.0, 20_000) * 1e36).astype(np.float32)  # total ~4e40
+  for batch_size in (64, 50):  # a batch's own float32 sum must fit (see ExactSum.of_sum)
     got = _batched(pe.metrics.Mean(), {"values": values}, batch_size).compute()
     assert _relative(got, np.mean(values.astype(F64))) <= 1e-6
   errors = (rng.standard_normal(500) * 1e20).astype(np.float32)
@@ -304,13 +304,23 @@ def test_exact_sum_scaling_by_powers_of_two_is_bit_for_bit():
     np.testing.assert_array_equal(scan(scaled.reshape(-1, 4)).to_numpy(), np.ldexp(base, k))
 
 
+def test_exact_sum_keeps_inf_and_nan():
+  """An overflowed batch sum stays inf through merges with larger totals (was NaN)."""
+  big = ExactSum.of(np.float32(3e38)).merge(ExactSum.of(np.float32(3e38)))  # exponent 129
+  assert float(big.merge(ExactSum.of(np.float32(np.inf))).total()) == np.inf
+  assert float(ExactSum.of(np.float32(-np.inf)).merge(big).to_numpy()) == -np.inf
+  assert np.isnan(float(big.merge(ExactSum.of(np.float32(np.nan))).total()))
+
+
 def test_exact_sum_of_sum_ratio_and_of_product():
   values = np.array([3e38, 3e38, 1e38, np.nan], np.float32)
-  real = np.array([True, True, True, False])
-  total = ExactSum.of_sum(values, where=real)
-  assert _relative(total.to_numpy(), math.fsum(values[:3].astype(F64))) <= 1e-7
+  total = ExactSum.of(values[0]).merge(ExactSum.of(values[1])).merge(ExactSum.of(values[2]))
+  assert float(total.to_numpy()) == math.fsum(values[:3].astype(F64))
   assert not np.isfinite(float(total.total()))  # 7e38 does not fit float32 ...
   assert _relative(total.ratio(3.0), 7e38 / 3) <= 1e-6  # ... its mean does
+  real = np.array([True, True, True, False])
+  squares = ExactSum.of_sum(values, where=real, power=2)
+  assert _relative(squares.to_numpy(), math.fsum(values[:3].astype(F64) ** 2)) <= 1e-6
   squares = ExactSum.of_sum(np.float32([1e-30, 2e-30]), power=2)
   assert _relative(squares.to_numpy(), 5e-60) <= 1e-6
   assert _relative(squares.ratio(2.0, sqrt=True), math.sqrt(2.5e-60)) <= 1e-6
