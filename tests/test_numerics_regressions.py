@@ -16,7 +16,8 @@ import pytest
 from sklearn.metrics import r2_score
 
 import padded_eval as pe
-from padded_eval.accumulate import ExactCount, ExactSum, two_prod, two_sum
+from padded_eval.accumulate import ExactCount, ExactSum
+from padded_eval.floats import two_prod, two_sum
 from padded_eval.metrics.moments import Moments
 
 F64 = np.float64
@@ -255,6 +256,11 @@ def test_mse_std_r2_at_scale_1e18_fit_float32():
     assert _relative(std, np.std(t64)) <= 1e-6
   for got in _on_8_devices(pe.metrics.Std(), {"values": target}, 64):
     assert _relative(got.compute(), np.std(t64)) <= 1e-6
+  errors = (rng.standard_normal(2000) * 1e18).astype(np.float32)  # squares ~1e36: sums overflow
+  zeros = np.zeros_like(errors)
+  for batch_size in (2000, 64):
+    mse = _batched(pe.metrics.MSE(), {"preds": errors, "target": zeros}, batch_size).compute()
+    assert _relative(mse, np.mean(errors.astype(F64) ** 2)) <= 1e-6  # was NaN
 
 
 def test_mean_whose_total_exceeds_float32_and_rmse_beyond_it():
@@ -354,7 +360,13 @@ def test_weighted_means_share_the_public_base():
 
 def test_numerics_modules_import_no_private_name_from_another_module():
   root = pathlib.Path(pe.__file__).parent
-  for path in ("accumulate.py", "metrics/moments.py", "metrics/averages.py", "metrics/text.py"):
+  for path in (
+    "accumulate.py",
+    "floats.py",
+    "metrics/moments.py",
+    "metrics/averages.py",
+    "metrics/text.py",
+  ):
     tree = ast.parse((root / path).read_text())
     for node in ast.walk(tree):
       if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("padded_eval"):

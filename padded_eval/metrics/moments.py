@@ -22,15 +22,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from padded_eval.accumulate import (
-  ZERO_EXPONENT,
-  Accumulator,
-  ExactSum,
-  frexp,
-  ldexp,
-  register_accumulator,
-  upcast,
-)
+from padded_eval.accumulate import Accumulator, ExactSum, register_accumulator, upcast
+from padded_eval.floats import ZERO_EXPONENT, frexp, ldexp
 from padded_eval.metrics.base import Metric, check_choice, element_weights, state
 
 
