@@ -13,6 +13,13 @@ the n-part case, so no gather is needed. Every total is an exact
 :class:`~padded_eval.accumulate.ExactSum` and the differences ``mean_i - mean``
 are formed from double-float means, so data with mean 1e4 and std 1 keeps its
 variance to float32 precision over any number of steps and devices.
+
+Range: within a batch the deviations are scaled by a power of two per variable before
+they are multiplied, the totals carry their own power of two, and results are formed on
+the mantissas (``C_xy / (sqrt(C_xx) sqrt(C_yy))``, never ``C_xx * C_yy``), so every result
+that fits float32 comes out finite (values near 1e18, or of scale 1e-25). Constants: the
+range ``low``/``high`` of each variable is kept, and a constant variable has exactly zero
+co-moments (Pearson NaN, Std 0, R2 by scikit-learn's zero-variance rule).
 """
 
 from __future__ import annotations
