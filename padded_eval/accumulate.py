@@ -206,8 +206,6 @@ class ExactCount(Accumulator):
       total = total + sums.astype(jnp.float32) * float(scale)
     return total
 
-  value = total  # TRANSITIONAL alias for modules not yet renamed; removed in the rename commit
-
   def sync_token(self) -> jax.Array:
     """A small int32 array computed from this count: wait on it to know the count is ready."""
     return self.lo
@@ -347,12 +345,6 @@ class ExactSum(Accumulator):
   def total(self) -> jax.Array:
     """The total rounded to float32 (inf if it does not fit; see :meth:`ratio`)."""
     return ldexp(self.hi + self.lo, self.exponent)
-
-  value_f32 = total  # TRANSITIONAL alias for modules not yet renamed; removed in the rename commit
-
-  @property
-  def value(self) -> jax.Array:  # TRANSITIONAL (benchmarks); removed in the rename commit
-    return self.total()
 
   def frexp(self) -> tuple[jax.Array, jax.Array]:
     """``(mantissa, exponent)``: float32 and int32 with ``total ~ mantissa * 2**exponent``.

@@ -334,7 +334,7 @@ def _compiled_step(
     metric = inner(params, batch)
     count = ExactCount.of(jnp.sum(batch[mask_key], dtype=jnp.int32))
     metric_total, count_total = state
-    token = count.lo
+    token = count.sync_token()
     if more:  # several processes, unknown lengths: one small psum of has-data flags
       token = jnp.sum(more[0])
       token = jax.lax.psum(token, axis) if reduce else token
@@ -563,7 +563,7 @@ def masked_eval(
   if compiled.finalize is not None:  # the one reduction across devices (and processes)
     state = compiled.finalize(state)
     if lockstep is not None:
-      lockstep.wait(index, state[1].lo)
+      lockstep.wait(index, state[1].sync_token())
   metric, count = layout.state_to_host(state)
   if bar:
     bar.close()

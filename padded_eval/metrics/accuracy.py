@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.accumulate import ExactSum
-from padded_eval.metrics.averages import _zero_sum, weighted_totals
+from padded_eval.metrics.averages import weighted_totals, zero_total
 from padded_eval.metrics.base import Metric, state
 
 
@@ -22,8 +22,8 @@ class Accuracy(Metric):
   """
 
   top_k: int = 1
-  correct: ExactSum = state(_zero_sum)
-  weight: ExactSum = state(_zero_sum)
+  correct: ExactSum = state(zero_total)
+  weight: ExactSum = state(zero_total)
 
   def _check_config(self):
     if not isinstance(self.top_k, int) or self.top_k < 1:
@@ -51,7 +51,7 @@ class Accuracy(Metric):
 
   def compute(self) -> jax.Array:
     """Weighted accuracy over real elements; NaN if none was seen."""
-    return self.correct.value_f32() / self.weight.value_f32()
+    return self.correct.total() / self.weight.total()
 
 
 def _in_top_k(scores: jax.Array, target: jax.Array, k: int) -> jax.Array:

@@ -20,9 +20,6 @@ def zero_total(_metric=None) -> ExactSum:
   return ExactSum.zeros()
 
 
-_zero_sum = zero_total  # TRANSITIONAL alias for accuracy.py; removed in the rename commit
-
-
 def weighted_totals(values, mask, weights, ref, power: int = 1):
   """``(ExactSum(sum w * x**power), ExactSum(sum w))`` over the real elements of ``values``.
 

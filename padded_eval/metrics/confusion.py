@@ -159,7 +159,7 @@ class ConfusionState(Metric):
 
   def class_stats(self) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """``(tp, fp, fn, tn)``, float32 ``[L]`` each (``L`` = 1 for binary)."""
-    counts = self.confusion.value()
+    counts = self.confusion.total()
     if not self._uses_matrix():
       return counts[0], counts[1], counts[2], counts[3]
     tp = jnp.diagonal(counts)
@@ -171,7 +171,7 @@ class ConfusionState(Metric):
     """float32 confusion matrix: ``[C, C]`` multiclass, ``[2, 2]`` binary and summed
     over the labels of a multilabel task (rows true, columns predicted)."""
     if self._uses_matrix():
-      return self.confusion.value()
+      return self.confusion.total()
     tp, fp, fn, tn = (jnp.sum(s) for s in self.class_stats())
     return jnp.stack([jnp.stack([tn, fp]), jnp.stack([fn, tp])])
 
@@ -189,7 +189,7 @@ class ConfusionState(Metric):
 
   def seen(self) -> jax.Array:
     """Whether any element was counted."""
-    return jnp.sum(self.confusion.value()) > 0
+    return jnp.sum(self.confusion.total()) > 0
 
 
 class ClassScore(ConfusionState):
@@ -343,7 +343,7 @@ class ConfusionMatrix(ConfusionState):
     return table[0] if self.task == "binary" else table
 
   def compute(self) -> jax.Array:
-    table = self._layout(self.confusion.value())
+    table = self._layout(self.confusion.total())
     if self.normalize == "true":
       table = divide(table, jnp.sum(table, axis=-1, keepdims=True))
     elif self.normalize == "pred":
