@@ -54,7 +54,12 @@ def _same_stats_plain_step(totals, logits, labels, mask):
   """The metrics' own batch statistics, accumulated in plain float32 (isolates the accumulator)."""
   accuracy = pe.metrics.Accuracy().batch_updates(preds=logits, target=labels, mask=mask)
   mean = pe.metrics.Mean().batch_updates(values=logits, mask=mask)
-  batch = (accuracy.correct.value, accuracy.weight.value, mean.total.value, mean.weight.value)
+  batch = (
+    accuracy.correct.total(),
+    accuracy.weight.total(),
+    mean.total.total(),
+    mean.weight.total(),
+  )
   return tuple(t + b for t, b in zip(totals, batch))
 
 

@@ -166,7 +166,7 @@ def _merge_step(inner: Callable, mask_key: str, sync_total: Callable) -> Callabl
     metric_total, count_total = state
     metric, per_row = inner(params, inputs.batch)
     count_total = count_total.merge(_row_count(inputs.batch, mask_key))
-    token = (count_total.value(), tuple(sync_total(flag) for flag in inputs.sync))
+    token = (count_total.total(), tuple(sync_total(flag) for flag in inputs.sync))
     return (metric_total.merge(metric), count_total), token, per_row
 
   return masked_eval_step

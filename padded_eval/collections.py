@@ -143,7 +143,7 @@ class LossAverage(Metric):
 
   def compute(self) -> jax.Array:
     """The mean over every real element seen; NaN if none was seen."""
-    return self.total.value_f32() / self.weight.value_f32()
+    return self.total.total() / self.weight.total()
 
   def batch_mean(self, axis_name=None) -> jax.Array:
     """Like :meth:`compute`, but 0 (with a finite gradient) when nothing was seen.
@@ -151,10 +151,10 @@ class LossAverage(Metric):
     With ``axis_name`` (inside pmap / shard_map) the weight is summed over that axis:
     the result is this device's share of the global mean (they add up to it).
     """
-    weight = self.weight.value_f32()
+    weight = self.weight.total()
     if axis_name is not None:
       weight = jax.lax.psum(weight, axis_name)
-    return safe_mean(self.total.value_f32(), weight)
+    return safe_mean(self.total.total(), weight)
 
 
 # --- collections -----------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 import padded_eval as pe
 from padded_eval.accumulate import ExactCount, ExactSum
-from padded_eval.metrics.moments import two_prod
+from padded_eval.floats import two_prod
 
 AXIS = "devices"
 
@@ -25,7 +25,7 @@ def test_count_past_2_31_by_merging():
   near_max = ExactCount.of(jnp.int32(2**31 - 1))
   total = jax.jit(lambda c: jax.lax.fori_loop(0, 999, lambda _, t: t.merge(c), c))(near_max)
   assert int(total.to_numpy()) == 1000 * (2**31 - 1)
-  assert float(total.value()) == pytest.approx(1000 * (2**31 - 1), rel=1e-7)
+  assert float(total.total()) == pytest.approx(1000 * (2**31 - 1), rel=1e-7)
 
 
 def test_count_rejects_floats():
@@ -90,9 +90,9 @@ def test_low_precision_inputs_are_upcast(dtype, ones):
   values = jnp.ones(ones, dtype)
   stall = 256 if dtype == jnp.bfloat16 else 2048  # where a running total in dtype stops
   assert float(jnp.asarray(stall, dtype) + jnp.asarray(1, dtype)) == stall
-  assert ExactSum.of(values).value.dtype == jnp.float32
+  assert ExactSum.of(values).hi.dtype == jnp.float32
   mean = pe.metrics.Mean().update(values=values * 3)
-  assert mean.total.value.dtype == jnp.float32
+  assert mean.total.hi.dtype == jnp.float32
   assert float(mean.total.to_numpy()) == 3 * ones
   assert float(mean.compute()) == 3.0
 

@@ -244,7 +244,7 @@ def test_array_metric_comes_back_as_numpy():
       return {"counts": pe.accumulate.ExactCount.of(hits.sum(0, dtype=jnp.int32))}
 
     def compute(self):
-      return self.counts.value()
+      return self.counts.total()
 
   data = make_data(99)
   result = pe.masked_eval(

@@ -36,7 +36,7 @@ class SumOfNonNegatives(Metric):
     }
 
   def compute(self):
-    return self.total.value_f32()
+    return self.total.total()
 
 
 def step_fn(params, batch):

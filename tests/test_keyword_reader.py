@@ -104,7 +104,7 @@ class CountNaN(Metric):
     return {"invalid": self.count_invalid(**{"nan in values": real & np.isnan(values)})}
 
   def compute(self):
-    return self.invalid.value()
+    return self.invalid.total()
 
 
 def test_invalid_report_of_a_collection_names_members_by_key():

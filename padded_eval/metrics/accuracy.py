@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from padded_eval import validation
 from padded_eval.accumulate import ExactCount, ExactSum
-from padded_eval.metrics.averages import _zero_sum, weighted_totals
+from padded_eval.metrics.averages import weighted_totals, zero_total
 from padded_eval.metrics.base import Metric, invalid_state, state
 from padded_eval.metrics.classification_inputs import check_flag, config_field
 from padded_eval.metrics.formatting import (
@@ -49,8 +49,8 @@ class Accuracy(Metric):
   task: str = config_field("multiclass")
   threshold: float = config_field(0.5)
   from_logits: bool = config_field(False)
-  correct: ExactSum = state(_zero_sum)
-  weight: ExactSum = state(_zero_sum)
+  correct: ExactSum = state(zero_total)
+  weight: ExactSum = state(zero_total)
   invalid: ExactCount = state(invalid_state)
 
   invalid_kinds: ClassVar[tuple[str, ...]] = INVALID_KINDS
@@ -110,7 +110,7 @@ class Accuracy(Metric):
 
   def compute(self) -> jax.Array:
     """Weighted accuracy over real elements; NaN if none was seen."""
-    return self.correct.value_f32() / self.weight.value_f32()
+    return self.correct.total() / self.weight.total()
 
 
 def _any_hit(predicted: jax.Array, labels: jax.Array) -> jax.Array:

@@ -12,27 +12,48 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.accumulate import ExactSum, upcast
-from padded_eval.masking import element_weights, masked
+from padded_eval.masking import element_weights
 from padded_eval.metrics.base import Metric, state
 
 
-def _zero_sum(_):
+def zero_total(_metric=None) -> ExactSum:
+  """An empty scalar :class:`~padded_eval.accumulate.ExactSum` (a state factory)."""
   return ExactSum.zeros()
 
 
-def weighted_totals(values, mask, weights, ref):
-  """``(ExactSum(sum w*x), ExactSum(sum w))`` over the real elements of ``values``."""
+def weighted_totals(values, mask, weights, ref, power: int = 1):
+  """``(ExactSum(sum w * x**power), ExactSum(sum w))`` over the real elements of ``values``.
+
+  Args:
+    values: float array (bf16/f16 upcast); NaN in masked-out places never leaks.
+    mask: None or a bool prefix of ``values``' shape.
+    weights: None or a float prefix of ``values``' shape.
+    ref: the name of ``values`` for error messages.
+    power: 1 or 2; the powers are formed on values scaled by a power of two, so the
+      totals neither overflow nor underflow float32 (see ``ExactSum.of_sum``).
+
+  Returns:
+    The two scalar totals.
+
+  Raises:
+    ValueError: if the mask or weights do not fit ``values``.
+  """
   values = upcast(jnp.asarray(values))
   real, w = element_weights(mask, weights, values.shape, ref)
-  total = jnp.sum(masked(w * masked(values, real), real))
-  return ExactSum.of(total), ExactSum.of(jnp.sum(w))
+  return ExactSum.of_sum(values, where=real, weights=w, power=power), ExactSum.of(jnp.sum(w))
 
 
-class _WeightedMean(Metric):
-  """Base of the weighted means: state ``total = sum(w * x)``, ``weight = sum(w)``."""
+class WeightedMean(Metric):
+  """Base of the weighted means: state ``total = sum(w * x**power)``, ``weight = sum(w)``.
 
-  total: ExactSum = state(_zero_sum)
-  weight: ExactSum = state(_zero_sum)
+  A subclass defines ``_values(**kwargs) -> (values, name for errors)`` and may set
+  ``power = 2`` (the mean of squares, formed without overflow). ``compute()`` is
+  ``total / weight``, NaN if no real element was seen.
+  """
+
+  power = 1
+  total: ExactSum = state(zero_total)
+  weight: ExactSum = state(zero_total)
 
   @abc.abstractmethod
   def _values(self, **kwargs) -> tuple[jax.Array, str]:
@@ -40,15 +61,15 @@ class _WeightedMean(Metric):
 
   def _batch_state(self, *, mask=None, weights=None, **kwargs):
     values, ref = self._values(**kwargs)
-    total, weight = weighted_totals(values, mask, weights, ref)
+    total, weight = weighted_totals(values, mask, weights, ref, self.power)
     return {"total": total, "weight": weight}
 
   def compute(self) -> jax.Array:
     """The weighted mean over real elements; NaN if none was seen."""
-    return self.total.value_f32() / self.weight.value_f32()
+    return self.total.ratio(self.weight)
 
 
-class Mean(_WeightedMean):
+class Mean(WeightedMean):
   """Weighted mean of the keyword ``argname`` over real elements (nnx ``Average``).
 
   Every element of the value counts: a ``[B, T]`` value with a ``[B]`` mask counts
@@ -87,14 +108,19 @@ def _error(preds, target) -> jax.Array:
   return preds - target
 
 
-class MSE(_WeightedMean):
-  """Mean squared error ``mean((preds - target)**2)`` over real elements."""
+class MSE(WeightedMean):
+  """Mean squared error ``mean((preds - target)**2)`` over real elements.
+
+  The squares are formed on scaled errors: finite whenever the result fits float32.
+  """
+
+  power = 2
 
   def _values(self, *, preds, target, **_):
-    return jnp.square(_error(preds, target)), "preds"
+    return _error(preds, target), "preds"
 
 
-class MAE(_WeightedMean):
+class MAE(WeightedMean):
   """Mean absolute error ``mean(|preds - target|)`` over real elements."""
 
   def _values(self, *, preds, target, **_):
@@ -105,4 +131,5 @@ class RMSE(MSE):
   """Root mean squared error: ``sqrt`` of :class:`MSE` over the whole dataset."""
 
   def compute(self) -> jax.Array:
-    return jnp.sqrt(super().compute())
+    """``sqrt(sum(w * e**2) / sum(w))`` formed on the scaled totals (no overflow)."""
+    return self.total.ratio(self.weight, sqrt=True)

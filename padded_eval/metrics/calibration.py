@@ -115,11 +115,11 @@ class CalibrationError(ClassificationMetric):
 
   def compute(self) -> jax.Array:
     """Scalar float32 calibration error; NaN if no element was counted."""
-    count = self.count.value()
+    count = self.count.total()
     total = jnp.sum(count)
     filled = count > 0
     safe_count = jnp.where(filled, count, 1.0)
-    gap = (self.hits.value() - self.confidence.value_f32()) / safe_count  # acc_b - conf_b
+    gap = (self.hits.total() - self.confidence.total()) / safe_count  # acc_b - conf_b
     share = count / jnp.where(total > 0, total, 1.0)
     if self.norm == "l1":
       value = jnp.sum(jnp.where(filled, share * jnp.abs(gap), 0.0))

@@ -149,7 +149,7 @@ class ConfusionState(ClassificationMetric):
 
   def class_stats(self) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """``(tp, fp, fn, tn)``, float32 ``[L]`` each (``L`` = 1 for binary)."""
-    counts = self.confusion.value()
+    counts = self.confusion.total()
     if not self._uses_matrix():
       return counts[0], counts[1], counts[2], counts[3]
     c = self.num_classes
@@ -163,7 +163,7 @@ class ConfusionState(ClassificationMetric):
     out), ``[2, 2]`` binary and summed over the labels of a multilabel task (rows true,
     columns predicted)."""
     if self._uses_matrix():
-      return self.confusion.value()[:, : self.num_classes]
+      return self.confusion.total()[:, : self.num_classes]
     tp, fp, fn, tn = (jnp.sum(s) for s in self.class_stats())
     return jnp.stack([jnp.stack([tn, fp]), jnp.stack([fn, tp])])
 
@@ -187,7 +187,7 @@ class ConfusionState(ClassificationMetric):
 
   def seen(self) -> jax.Array:
     """Whether any element was counted."""
-    return jnp.sum(self.confusion.value()) > 0
+    return jnp.sum(self.confusion.total()) > 0
 
 
 class ClassScore(ConfusionState):
@@ -344,7 +344,7 @@ class ConfusionMatrix(ConfusionState):
     return table[0] if self.task == "binary" else table
 
   def compute(self) -> jax.Array:
-    table = self._layout(self.confusion.value())
+    table = self._layout(self.confusion.total())
     if self.normalize == "true":
       table = divide(table, jnp.sum(table, axis=-1, keepdims=True))
     elif self.normalize == "pred":
@@ -402,7 +402,7 @@ class CohenKappa(ConfusionState):
     validation.check_choice("weights", self.weights, KAPPA_WEIGHTS)
 
   def compute(self) -> jax.Array:
-    table = self.table().value()
+    table = self.table().total()
     n = jnp.sum(table)
     safe_n = jnp.where(n > 0, n, 1.0)
     true_share, pred_share = jnp.sum(table, axis=1) / safe_n, jnp.sum(table, axis=0) / safe_n

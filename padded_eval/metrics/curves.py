@@ -73,7 +73,6 @@ DEFAULT_NUM_THRESHOLDS = 65_537
 BINNINGS = ("logit", "linear")
 LOGIT_RANGE = 64.0  # logit bins span [-64, 64]; beyond, scores share the end bins
 MAX_NUM_THRESHOLDS = 1 << 21  # suffix sums of 10-bit limb pieces stay below 2**31
-_PIECE_BITS = 10
 
 
 def _empty_histogram(metric):
@@ -98,25 +97,8 @@ def score_elements(metric, preds, target, mask):
 
 
 def suffix_sums(count: ExactCount, inclusive: bool = True) -> jax.Array:
-  """float32 ``sum_{j >= k} count[..., j]`` (``j > k`` if not inclusive), from exact ints.
-
-  The limbs are split into 10-bit pieces whose int32 cumulative sums cannot wrap, so
-  the only rounding is the final conversion to float32.
-  """
-  mask = (1 << _PIECE_BITS) - 1
-  pieces = [
-    count.lo & mask,
-    (count.lo >> _PIECE_BITS) & mask,
-    count.lo >> 2 * _PIECE_BITS,
-    count.hi,
-  ]
-  total = jnp.zeros(count.shape, jnp.float32)
-  for piece, scale in zip(pieces, (1, 1 << 10, 1 << 20, 1 << 30)):
-    sums = jnp.flip(jnp.cumsum(jnp.flip(piece, -1), axis=-1), -1)
-    if not inclusive:
-      sums = sums - piece
-    total = total + sums.astype(jnp.float32) * float(scale)
-  return total
+  """float32 ``sum_{j >= k} count[..., j]`` (``j > k`` if not inclusive), from exact ints."""
+  return count.suffix_totals(inclusive)
 
 
 class _ScoreHistogram(ClassificationMetric):
@@ -195,7 +177,7 @@ class _ScoreHistogram(ClassificationMetric):
     usable = jnp.asarray(included) & ~jnp.isnan(values)
     if self.average is None:
       return jnp.where(included, values, jnp.nan)
-    weight = jnp.ones_like(values) if self.average == "macro" else positives.value().sum(-1)
+    weight = jnp.ones_like(values) if self.average == "macro" else positives.total().sum(-1)
     weight = jnp.where(usable, weight, 0.0)
     total = jnp.sum(weight)
     mean = jnp.sum(weight * jnp.where(usable, values, 0.0)) / jnp.where(total > 0, total, 1.0)
@@ -220,7 +202,7 @@ class AUROC(_ScoreHistogram):
   """
 
   def _area(self, positives, negatives):
-    pos, neg = positives.value(), negatives.value()
+    pos, neg = positives.total(), negatives.total()
     total_pos, total_neg = jnp.sum(pos, -1, keepdims=True), jnp.sum(neg, -1, keepdims=True)
     above = suffix_sums(positives, inclusive=False)
     ranked = (neg / jnp.where(total_neg > 0, total_neg, 1.0)) * (above + 0.5 * pos)
@@ -228,7 +210,7 @@ class AUROC(_ScoreHistogram):
     return jnp.where((total_pos[:, 0] > 0) & (total_neg[:, 0] > 0), area, jnp.nan)
 
   def _tie_share(self, positives, negatives):
-    pos, neg = positives.value(), negatives.value()
+    pos, neg = positives.total(), negatives.total()
     pairs = jnp.sum(pos, -1) * jnp.sum(neg, -1)
     share = 0.5 * jnp.sum(pos * neg, -1) / jnp.where(pairs > 0, pairs, 1.0)
     return jnp.where(pairs > 0, share, jnp.nan)
@@ -246,7 +228,7 @@ class AUPRC(_ScoreHistogram):
   highest bin down), from binned scores (see the module docstring)."""
 
   def _area(self, positives, negatives):
-    pos = positives.value()
+    pos = positives.total()
     total_pos = jnp.sum(pos, -1)
     true_pos, false_pos = suffix_sums(positives), suffix_sums(negatives)
     precision = divide(true_pos, true_pos + false_pos)

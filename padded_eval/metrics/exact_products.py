@@ -29,18 +29,9 @@ _SCALES = np.array([2.0 ** (DIGIT_BITS * m) for m in range(NUM_DIGITS)], np.floa
 
 def digits(count: ExactCount) -> jax.Array:
   """int32 ``[..., NUM_DIGITS]`` base-``2**12`` digits of an exact count (lowest first)."""
-  lo, hi = count.lo, count.hi  # count = hi * 2**30 + lo, lo < 2**30
-  upper = hi >> 6  # the bits of hi above its lowest 6, from bit 36 of the count
-  parts = [
-    lo & _DIGIT_MASK,
-    (lo >> DIGIT_BITS) & _DIGIT_MASK,
-    (lo >> 2 * DIGIT_BITS) | ((hi & 63) << 6),
-    upper & _DIGIT_MASK,
-    (upper >> DIGIT_BITS) & _DIGIT_MASK,
-    upper >> 2 * DIGIT_BITS,
-  ]
-  zero = jnp.zeros_like(lo)
-  return jnp.stack(parts + [zero] * (NUM_DIGITS - len(parts)), axis=-1)
+  low = count.digits12()
+  zero = jnp.zeros(low.shape[:-1] + (NUM_DIGITS - low.shape[-1],), jnp.int32)
+  return jnp.concatenate([low, zero], axis=-1)
 
 
 def normalize(values: jax.Array) -> jax.Array:

@@ -13,6 +13,13 @@ the n-part case, so no gather is needed. Every total is an exact
 :class:`~padded_eval.accumulate.ExactSum` and the differences ``mean_i - mean``
 are formed from double-float means, so data with mean 1e4 and std 1 keeps its
 variance to float32 precision over any number of steps and devices.
+
+Range: within a batch the deviations are scaled by a power of two per variable before
+they are multiplied, the totals carry their own power of two, and results are formed on
+the mantissas (``C_xy / (sqrt(C_xx) sqrt(C_yy))``, never ``C_xx * C_yy``), so every result
+that fits float32 comes out finite (values near 1e18, or of scale 1e-25). Constants: the
+range ``low``/``high`` of each variable is kept, and a constant variable has exactly zero
+co-moments (Pearson NaN, Std 0, R2 by scikit-learn's zero-variance rule).
 """
 
 from __future__ import annotations
@@ -22,35 +29,26 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from padded_eval.accumulate import Accumulator, ExactSum, _register, upcast
+from padded_eval.accumulate import Accumulator, ExactSum, register_accumulator, upcast
+from padded_eval.floats import ZERO_EXPONENT, frexp, ldexp
 from padded_eval.masking import element_weights
 from padded_eval.metrics.base import Metric, state
 from padded_eval.validation import check_choice
-
-
-def _split(a):
-  """Veltkamp split of float32 ``a`` into two 12-bit halves, ``a = hi + lo`` exactly."""
-  scaled = 4097.0 * a  # 2**12 + 1
-  hi = scaled - (scaled - a)
-  return hi, a - hi
-
-
-def two_prod(a, b):
-  """Error-free product (Dekker): ``(p, e)`` with ``p = fl(a * b)`` and ``a * b = p + e``."""
-  product = a * b
-  a_hi, a_lo = _split(a)
-  b_hi, b_lo = _split(b)
-  error = ((a_hi * b_hi - product) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
-  return product, error
 
 
 def _outer(u, v):
   return u[..., :, None] * v[..., None, :]
 
 
-@_register
+def _magnitude_exponent(x, axes):
+  """Per column, the exponent bringing ``max |x|`` over ``axes`` into ``[0.5, 1)`` (0 if 0)."""
+  _, e = frexp(jnp.max(jnp.abs(x), axes, keepdims=True))
+  return e
+
+
+@register_accumulator
 class Moments(Accumulator):
-  """Weight, totals and co-moment matrix of ``k`` variables; merges exactly (Chan).
+  """Weight, totals, co-moment matrix and range of ``k`` variables; merges exactly (Chan).
 
   Attributes:
     count: ExactSum ``[S...]``, the total weight ``n`` (the number of real elements
@@ -58,17 +56,23 @@ class Moments(Accumulator):
     total: ExactSum ``[S..., k]``, ``sum(w * x)`` per variable.
     comoment: ExactSum ``[S..., k, k]``, ``sum(w * (x - mean) (x - mean)^T)`` around
       this state's own mean ``total / count``.
+    low: float32 ``[S..., k]``, the smallest value of weight != 0 (+inf if none).
+    high: float32 ``[S..., k]``, the largest such value (-inf if none). A variable with
+      ``low == high`` is constant: its co-moments are exactly 0.
   """
 
-  _fields = ("count", "total", "comoment")
+  _fields = ("count", "total", "comoment", "low", "high")
 
   @classmethod
   def zeros(cls, shape=(), num_vars: int = 1) -> Moments:
     shape = tuple(shape)
+    columns = shape + (num_vars,)
     return cls._make(
       ExactSum.zeros(shape),
-      ExactSum.zeros(shape + (num_vars,)),
-      ExactSum.zeros(shape + (num_vars, num_vars)),
+      ExactSum.zeros(columns),
+      ExactSum.zeros(columns + (num_vars,)),
+      jnp.full(columns, jnp.inf, jnp.float32),
+      jnp.full(columns, -jnp.inf, jnp.float32),
     )
 
   @classmethod
@@ -83,7 +87,8 @@ class Moments(Accumulator):
 
     Returns:
       Moments of shape ``X`` without ``axes``. Within the batch the co-moment is taken
-      around a shift (the batch mean) and corrected, ``M = P - s s^T / n``.
+      around a shift (the batch mean) and corrected, ``M = P - s s^T / n``,
+      on deviations scaled by a power of two per variable, so nothing over- or underflows.
     """
     return _batch_moments(upcast(jnp.asarray(values)), real, w, tuple(axes))
 
@@ -93,14 +98,19 @@ class Moments(Accumulator):
 
   def mean(self) -> jax.Array:
     """``[S..., k]`` float32 means (NaN where the weight is 0)."""
-    return self.total.value_f32() / self.count.value_f32()[..., None]
+    return self.total.ratio(self.count[..., None])
+
+  def constant(self) -> jax.Array:
+    """``[S..., k]`` bool: every element of nonzero weight has the same value."""
+    return self.low == self.high
 
   def _spread(self, mean_hi, mean_lo) -> ExactSum:
     """``n_i (mean_i - mean)(mean_i - mean)^T`` of this state's parts, 0 for empty parts."""
-    own_hi, own_lo = _mean_parts(self.total, self.count)
-    difference = (own_hi - mean_hi) + (own_lo - mean_lo)
-    weight = self.count.value_f32()[..., None, None]
-    return ExactSum.of(jnp.where(weight > 0, weight * _outer(difference, difference), 0.0))
+    own_hi, own_lo = self.total.quotient(self.count[..., None])
+    mantissa, exp = frexp((own_hi - mean_hi) + (own_lo - mean_lo))
+    weight = self.count.total()[..., None, None]
+    spread = jnp.where(weight > 0, weight * _outer(mantissa, mantissa), 0.0)
+    return ExactSum.of(spread, exp[..., :, None] + exp[..., None, :])
 
   def merge(self, other: Moments) -> Moments:
     return _merge_moments(self, other)
@@ -108,10 +118,11 @@ class Moments(Accumulator):
   def _merge(self, other: Moments) -> Moments:
     count = self.count.merge(other.count)
     total = self.total.merge(other.total)
-    mean_hi, mean_lo = _mean_parts(total, count)
+    mean_hi, mean_lo = total.quotient(count[..., None])
     mine = self.comoment.merge(self._spread(mean_hi, mean_lo))
     theirs = other.comoment.merge(other._spread(mean_hi, mean_lo))
-    return self._make(count, total, mine.merge(theirs))
+    low, high = jnp.minimum(self.low, other.low), jnp.maximum(self.high, other.high)
+    return self._make(count, total, mine.merge(theirs), low, high)
 
   def aggregate(self) -> Moments:
     return _aggregate_moments(self)
@@ -119,9 +130,9 @@ class Moments(Accumulator):
   def _combine(self, total, maximum, n):
     combine = lambda acc: acc._combine(total, maximum, n)
     count, sums = combine(self.count), combine(self.total)
-    mean_hi, mean_lo = _mean_parts(sums, count)
+    mean_hi, mean_lo = sums.quotient(count[..., None])
     comoment = combine(self.comoment.merge(self._spread(mean_hi, mean_lo)))
-    return self._make(count, sums, comoment)
+    return self._make(count, sums, comoment, -maximum(-self.low), maximum(self.high))
 
 
 # Jitted so that eager use (host-side merges) runs one compiled program, not dozens of ops.
@@ -132,33 +143,45 @@ _aggregate_moments = jax.jit(Accumulator.aggregate)
 @functools.partial(jax.jit, static_argnums=3)
 def _batch_moments(values, real, w, axes) -> Moments:
   """See :meth:`Moments.of`."""
+  used = (real & (w != 0))[..., None]
   values = jnp.where(real[..., None], values, 0.0)
   weight = w[..., None]
-  count = jnp.sum(w, axes, keepdims=True)
-  total = jnp.sum(weight * values, axes, keepdims=True)
-  safe_count = jnp.where(count > 0, count, 1.0)[..., None]
-  shift = total / safe_count
-  deviation = values - shift
-  weighted_deviation = weight * deviation
-  shift_total = jnp.sum(weighted_deviation, axes, keepdims=True)
-  products = jnp.sum(_outer(weighted_deviation, deviation), axes, keepdims=True)
-  comoment = products - _outer(shift_total, shift_total) / safe_count[..., None]
-  # total = n * shift + sum(w * (x - shift)): the product exactly, the small rest in float32,
-  # so the batch mean is good to ~45 bits, not to the rounding of a float32 batch sum.
-  product, product_error = two_prod(count[..., None], shift)
+  count = jnp.sum(w, axes, keepdims=True)[..., None]
+  low = jnp.min(jnp.where(used, values, jnp.inf), axes, keepdims=True)
+  high = jnp.max(jnp.where(used, values, -jnp.inf), axes, keepdims=True)
+  safe_count = jnp.where(count > 0, count, 1.0)
+  scale = _magnitude_exponent(values, axes)
+  mean = ldexp(jnp.sum(weight * ldexp(values, -scale), axes, keepdims=True) / safe_count, scale)
+  # The shift must be one rounded value in both uses below. ``values - total * (1/n)`` was
+  # fused into an FMA (an unrounded shift) while ``n * shift`` used the rounded one; the
+  # clip (min/max) and the split from bits in ``of_product`` leave no product to fuse.
+  shift = jnp.where(count > 0, jnp.clip(mean, low, high), 0.0)
+  deviation = jnp.where(real[..., None], values - shift, 0.0)
+  scale = _magnitude_exponent(deviation, axes)
+  scaled = ldexp(deviation, -scale)
+  weighted = weight * scaled
+  first = jnp.sum(weighted, axes, keepdims=True)
+  products = jnp.sum(_outer(weighted, scaled), axes, keepdims=True)
+  comoment = products - _outer(first, first) / safe_count[..., None]
   squeeze = lambda x: jnp.squeeze(x, axes)
-  rest = ExactSum.of(squeeze(product_error + shift_total))
-  exact_total = ExactSum.of(squeeze(product)).merge(rest)
-  return Moments._make(ExactSum.of(squeeze(count)), exact_total, ExactSum.of(squeeze(comoment)))
+  # total = n * shift + sum(w * (x - shift)): the product exactly, the small rest rounded.
+  total = ExactSum.of_product(squeeze(count), squeeze(shift))
+  total = total.merge(ExactSum.of(squeeze(first), squeeze(scale)))
+  comoment = ExactSum.of(squeeze(comoment), squeeze(scale[..., :, None] + scale[..., None, :]))
+  return Moments._make(
+    ExactSum.of(squeeze(count)[..., 0]), total, comoment, squeeze(low), squeeze(high)
+  )
 
 
-def _mean_parts(total: ExactSum, count: ExactSum):
-  """``total / count`` as an unevaluated float32 pair ``hi + lo`` (~45 bits)."""
-  count_hi, count_lo = count.value[..., None], count.error[..., None]
-  hi = total.value / count_hi
-  product, product_error = two_prod(hi, count_hi)
-  residual = ((total.value - product) - product_error) + total.error - hi * count_lo
-  return hi, residual / count_hi
+def _variance_parts(moments: Moments, column: int):
+  """``(M_jj, spread)``: the co-moment of ``column`` and whether the variable varies.
+
+  ``spread`` is False for a constant variable and for ``M_jj <= 0`` (rounding), and True
+  for NaN, so that NaN data gives NaN, not 0.
+  """
+  second = moments.comoment[..., column, column]
+  mantissa, _ = second.frexp()
+  return second, ~((mantissa <= 0) | moments.constant()[..., column])
 
 
 def _values_of(kwargs, argname: str, owner: str) -> jax.Array:
@@ -232,15 +255,23 @@ class Std(Metric):
     real, w = element_weights(mask, weights, values.shape, self.argname)
     return {"moments": Moments.of(values[..., None], real, w, tuple(range(values.ndim)))}
 
+  def _ratio(self, sqrt: bool) -> jax.Array:
+    dof = self.moments.count.total() - self.ddof
+    second, spread = _variance_parts(self.moments, 0)
+    ratio = jnp.where(spread, second.ratio(jnp.where(dof > 0, dof, 1.0), sqrt=sqrt), 0.0)
+    return jnp.where(dof > 0, ratio, jnp.nan)
+
   def variance(self) -> jax.Array:
-    """``M2 / (n - ddof)``; NaN when ``n - ddof <= 0``."""
-    dof = self.moments.count.value_f32() - self.ddof
-    m2 = jnp.maximum(self.moments.comoment.value_f32()[..., 0, 0], 0.0)
-    return jnp.where(dof > 0, m2 / jnp.where(dof > 0, dof, 1.0), jnp.nan)
+    """``M2 / (n - ddof)``; NaN when ``n - ddof <= 0``, exactly 0 for constant data."""
+    return self._ratio(sqrt=False)
 
   def compute(self) -> jax.Array:
-    """The standard deviation (float32 scalar); NaN when empty."""
-    return jnp.sqrt(self.variance())
+    """The standard deviation (float32 scalar); NaN when empty.
+
+    Formed from the scaled totals, so it is finite whenever it fits float32 (even when
+    the variance does not).
+    """
+    return self._ratio(sqrt=True)
 
 
 class R2Score(Metric):
@@ -277,26 +308,27 @@ class R2Score(Metric):
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     preds, target, real, w, axes = _pair(preds, target, self.num_outputs, mask, weights)
-    squared_error = jnp.where(real, jnp.square(preds - target), 0.0)
-    return {
-      "target_moments": Moments.of(target[..., None], real, w, axes),
-      "residual": ExactSum.of(jnp.sum(w * squared_error, axes)),
-    }
+    residual = ExactSum.of_sum(preds - target, axis=axes, where=real, weights=w, power=2)
+    return {"target_moments": Moments.of(target[..., None], real, w, axes), "residual": residual}
 
   def compute(self) -> jax.Array:
     """The score: a float32 scalar, or ``[D]`` with ``multioutput="raw_values"``."""
-    ss_res = self.residual.value_f32()
-    ss_tot = jnp.maximum(self.target_moments.comoment.value_f32()[..., 0, 0], 0.0)
-    seen = self.target_moments.count.value_f32() > 0
-    ratio = ss_res / jnp.where(ss_tot > 0, ss_tot, 1.0)
-    scores = jnp.where(ss_tot > 0, 1.0 - ratio, jnp.where(ss_res == 0, 1.0, 0.0))
+    ss_tot, spread = _variance_parts(self.target_moments, 0)
+    residual, _ = self.residual.frexp()
+    seen = self.target_moments.count.total() > 0
+    ratio = self.residual.ratio(ss_tot)
+    scores = jnp.where(spread, 1.0 - ratio, jnp.where(residual == 0, 1.0, 0.0))
     scores = jnp.where(seen, scores, jnp.nan)
     if self.multioutput == "raw_values" or self.num_outputs == 1:
       return scores
     if self.multioutput == "variance_weighted":
-      total_variance = jnp.sum(ss_tot)
-      weighted = jnp.sum(ss_tot * scores) / jnp.where(total_variance > 0, total_variance, 1.0)
-      return jnp.where(total_variance > 0, weighted, jnp.mean(scores))
+      # SS_tot relative to the largest one (exact powers of two: no overflow).
+      mantissa, exp = ss_tot.frexp()
+      largest = jnp.max(jnp.where(spread, exp, ZERO_EXPONENT))
+      weight = jnp.where(spread, ldexp(mantissa, exp - largest), 0.0)
+      total_weight = jnp.sum(weight)
+      weighted = jnp.sum(weight * scores) / jnp.where(total_weight > 0, total_weight, 1.0)
+      return jnp.where(total_weight > 0, weighted, jnp.mean(scores))
     return jnp.mean(scores)
 
 
@@ -327,9 +359,17 @@ class PearsonCorrelation(Metric):
     return {"moments": Moments.of(jnp.stack([preds, target], axis=-1), real, w, axes)}
 
   def compute(self) -> jax.Array:
-    """The correlation in ``[-1, 1]`` (float32 scalar or ``[D]``); NaN when undefined."""
-    comoment = self.moments.comoment.value_f32()
-    xx, yy, xy = comoment[..., 0, 0], comoment[..., 1, 1], comoment[..., 0, 1]
-    denominator = jnp.sqrt(jnp.maximum(xx, 0.0) * jnp.maximum(yy, 0.0))
-    correlation = jnp.clip(xy / denominator, -1.0, 1.0)
-    return jnp.where(denominator > 0, correlation, jnp.nan)
+    """The correlation in ``[-1, 1]`` (float32 scalar or ``[D]``); NaN when undefined.
+
+    ``C_xy / (sqrt(C_xx) sqrt(C_yy))`` on the scaled totals (no overflow of
+    ``C_xx * C_yy``); NaN when either variable is constant or no element was seen.
+    """
+    xx, x_spread = _variance_parts(self.moments, 0)
+    yy, y_spread = _variance_parts(self.moments, 1)
+    (xx, x_exp), (yy, y_exp) = xx.frexp(), yy.frexp()
+    xy, xy_exp = self.moments.comoment[..., 0, 1].frexp()
+    both = jnp.where(x_spread & y_spread, x_exp + y_exp, 0)
+    odd = both & 1
+    root = jnp.sqrt(xx * yy * (1.0 + odd.astype(jnp.float32)))
+    correlation = ldexp(xy / root, xy_exp - ((both - odd) >> 1))
+    return jnp.where(x_spread & y_spread, jnp.clip(correlation, -1.0, 1.0), jnp.nan)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from padded_eval.accumulate import ExactSum, upcast
+from padded_eval.accumulate import upcast
 from padded_eval.masking import broadcast_mask
-from padded_eval.metrics.averages import _zero_sum, weighted_totals
-from padded_eval.metrics.base import Metric, state
+from padded_eval.metrics.averages import WeightedMean, weighted_totals
 
 
 def token_cross_entropy(logits: jax.Array, target: jax.Array) -> jax.Array:
@@ -29,7 +28,7 @@ def token_cross_entropy(logits: jax.Array, target: jax.Array) -> jax.Array:
   return log_normalizer - picked
 
 
-class Perplexity(Metric):
+class Perplexity(WeightedMean):
   """Token perplexity: ``exp`` of the token-weighted mean cross entropy over real tokens.
 
   Every real token counts once, whatever its sequence or batch, so the result over
@@ -50,8 +49,6 @@ class Perplexity(Metric):
   """
 
   ignore_index: int | None = None
-  total: ExactSum = state(_zero_sum)
-  weight: ExactSum = state(_zero_sum)
 
   def _check_config(self):
     if self.ignore_index is not None and (
@@ -59,7 +56,7 @@ class Perplexity(Metric):
     ):
       raise ValueError(f"ignore_index must be None or an int; got {self.ignore_index!r}")
 
-  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+  def _values(self, *, preds, target, **_):
     logits, target = jnp.asarray(preds), jnp.asarray(target)
     if not jnp.issubdtype(target.dtype, jnp.integer):
       raise ValueError(f"target must hold int token ids; got dtype {target.dtype}")
@@ -70,14 +67,17 @@ class Perplexity(Metric):
         f"preds has shape {logits.shape} and target {target.shape}; expected "
         "preds [B, T, V] logits for target [B, T] (target's shape + [V])"
       )
-    real = broadcast_mask(mask, target.shape, "target")
+    return token_cross_entropy(logits, target), "target"
+
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    cross_entropy, ref = self._values(preds=preds, target=target)
+    target = jnp.asarray(target)
+    real = broadcast_mask(mask, target.shape, ref)
     if self.ignore_index is not None:
       real = real & (target != self.ignore_index)
-    safe_target = jnp.where(real, target, 0)
-    cross_entropy = token_cross_entropy(logits, safe_target)
-    total, weight = weighted_totals(cross_entropy, real, weights, "target")
+    total, weight = weighted_totals(cross_entropy, real, weights, ref)
     return {"total": total, "weight": weight}
 
   def compute(self) -> jax.Array:
     """``exp(sum(w * ce) / sum(w))`` as a float32 scalar; NaN if no real token."""
-    return jnp.exp(self.total.value_f32() / self.weight.value_f32())
+    return jnp.exp(super().compute())

@@ -1,0 +1,123 @@
+"""float32 arithmetic that stays exact under XLA: error-free transformations, power-of-two scaling.
+
+Error-free transformations and XLA: at its default optimisation level XLA contracts a
+multiply feeding an add into one FMA, which uses the *unrounded* product. An error term
+that refers to the rounded product is then wrong (this made PearsonCorrelation depend
+on the batch size far from zero: ``x - total * (1/n)`` was fused, the shift's product
+was not). So here every multiplication that feeds an error-free transformation is
+exact -- a power of two (:func:`ldexp`) or a partial product of operands split from
+their bits (:func:`two_prod`) -- and contracting it changes nothing. An
+``optimization_barrier`` does not prevent the contraction on CPU.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# The exponent of zero: below every real one, so a zero never sets a common scale.
+ZERO_EXPONENT = -(1 << 20)
+
+
+def two_sum(a, b):
+  """Error-free sum (Knuth): ``(s, e)`` with ``s = fl(a + b)`` and ``a + b = s + e`` exactly.
+
+  Additions only, so it holds under ``jax.jit`` at XLA's default optimisation level for
+  operands that are rounded values: inputs, results of reductions or additions, or exact
+  products (powers of two, :func:`two_prod`'s pieces). An *inexact* product computed in
+  the same program may be fused into the addition as an FMA (the backends contract a
+  multiply feeding an add), and ``a`` would then not be the value ``s`` was rounded from.
+  """
+  s = a + b
+  b_virtual = s - a
+  a_virtual = s - b_virtual
+  return s, (a - a_virtual) + (b - b_virtual)
+
+
+def _split(x):
+  """``x = hi + lo`` exactly, read from ``x``'s bits (no float arithmetic on ``x``).
+
+  ``hi`` is ``x`` rounded to 12 significant bits; ``lo = x - hi`` is at most ``2**11``
+  units in the last place of ``x``, formed as (int units) * (power of two): exact.
+  ``lo`` is 0 (and the split inexact) for ``|x| < 2**-103``.
+  """
+  bits = jax.lax.bitcast_convert_type(x, jnp.int32)
+  hi = jax.lax.bitcast_convert_type((bits + 0x800) & jnp.int32(-0x1000), jnp.float32)
+  low_bits = bits & 0xFFF
+  units = low_bits - ((low_bits & 0x800) << 1)  # in [-2048, 2047] ulps: x - hi
+  field = (bits >> 23) & 0xFF
+  ulp = jnp.where(field > 23, _power_of_two(field - 150), 0.0)
+  sign = jnp.where(bits < 0, -1.0, 1.0)
+  return hi, sign * units.astype(jnp.float32) * ulp
+
+
+def two_prod(a, b):
+  """Error-free product: ``(p, e)`` with ``p + e = a * b`` exactly and ``|e| <= ulp(p)``.
+
+  The operands are split from their bits (:func:`_split`) into 12-bit halves, so the four
+  partial products are exact, and they are added with :func:`two_sum`. Every float
+  multiplication is exact, so XLA fusing it into an FMA cannot change anything, and the
+  operands' bits are the rounded values whatever computed them: this holds under
+  ``jax.jit`` at the default optimisation level for any operands with
+  ``2**-100 < |a|, |b|`` whose product and error stay in float32's normal range (callers
+  pass mantissas in ``[0.5, 1)``, see :meth:`ExactSum.of_product`).
+  """
+  a_hi, a_lo = _split(jnp.asarray(a, jnp.float32))
+  b_hi, b_lo = _split(jnp.asarray(b, jnp.float32))
+  middle, middle_error = two_sum(a_hi * b_lo, a_lo * b_hi)
+  product, product_error = two_sum(a_hi * b_hi, middle)
+  # The rest is a multiple of ulp(a) ulp(b) below 2**24 of them: these additions are exact.
+  return product, (product_error + middle_error) + a_lo * b_lo
+
+
+def _power_of_two(k):
+  """float32 ``2**k`` for int32 ``k`` in ``[-126, 127]`` (built from its bits: exact)."""
+  return jax.lax.bitcast_convert_type((k + 127) << 23, jnp.float32)
+
+
+def power_of_two_factors(k):
+  """Two float32 powers of two whose product is ``2**k``, for int ``k`` in ``[-252, 254]``."""
+  k = jnp.clip(jnp.asarray(k, jnp.int32), -252, 254)
+  first = jnp.clip(k, -126, 127)
+  return _power_of_two(first), _power_of_two(k - first)
+
+
+def ldexp(x, k):
+  """``x * 2**k`` for float32 ``x`` and int ``k``: exact unless the result leaves float32's range.
+
+  Unlike ``jnp.ldexp``, right for subnormal results and for any ``k`` (two exact steps,
+  monotone, so nothing underflows early). Inputs that are subnormal stay as the backend
+  treats them (XLA's CPU backend flushes them to zero).
+  """
+  first, second = power_of_two_factors(k)
+  return jnp.asarray(x, jnp.float32) * first * second
+
+
+def scale_down(x, shift):
+  """``x * 2**shift`` for ``shift <= 0``, one step: 0 below ``2**-126`` (inf and NaN kept)."""
+  scaled = x * _power_of_two(jnp.maximum(shift, -126))
+  return jnp.where((shift >= -126) | ~jnp.isfinite(x), scaled, 0.0)
+
+
+def exponent(x):
+  """int32 ``e`` with ``2**(e-1) <= |x| < 2**e`` (``frexp``'s exponent), subnormals included.
+
+  ``ZERO_EXPONENT`` where ``x == 0`` and 0 where ``x`` is inf or NaN.
+  """
+  x = jnp.asarray(x, jnp.float32)
+  small = jnp.abs(x) < 2.0**-126
+  bits = jax.lax.bitcast_convert_type(jnp.where(small, x * 2.0**64, x), jnp.int32)
+  e = ((bits >> 23) & 0xFF) - 126 - jnp.where(small, 64, 0)
+  return jnp.where(x == 0, ZERO_EXPONENT, jnp.where(jnp.isfinite(x), e, 0))
+
+
+def scale_exponent(magnitude):
+  """The exponent that brings ``magnitude`` (>= 0) into ``[0.5, 1)``; 0 for 0, inf or NaN."""
+  e = exponent(magnitude)
+  return jnp.where(e == ZERO_EXPONENT, 0, e)
+
+
+def frexp(x):
+  """``(m, e)`` with ``x = m * 2**e`` and ``0.5 <= |m| < 1`` (``m = x``, ``e = 0`` for 0/inf/NaN)."""
+  e = scale_exponent(jnp.abs(x))
+  return ldexp(x, -e), e
