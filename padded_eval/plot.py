@@ -244,7 +244,8 @@ def reliability_diagram(m, ax=None):
     ax: the Axes to draw on (default: a new figure).
 
   Returns:
-    The Axes: one bar per non-empty bin (left edge ``b / n_bins``, height its accuracy),
+    The Axes: one bar per non-empty bin (left edge ``b / n_bins``, height its accuracy,
+    its exact count written at its foot),
     the line ``"mean confidence"`` through ``(mean confidence, accuracy)`` of those bins,
     and the dashed diagonal ``"perfect calibration"``; the legend holds the metric's value.
 
@@ -266,13 +267,15 @@ def reliability_diagram(m, ax=None):
     alpha=0.6,
     label=f"accuracy per bin ({name} = {float(m.compute()):.4f})",
   )
+  for left, number in zip(edges[filled], count[filled]):  # how much each bar weighs
+    ax.text(left + 0.5 / m.n_bins, 0.01, f"{number}", ha="center", va="bottom", fontsize=7)
   ax.plot(mean_confidence[filled], accuracy[filled], "o-", ms=3, label="mean confidence")
   ax.plot([0, 1], [0, 1], ls="--", color="gray", lw=1, label="perfect calibration")
   binary = m.task == "binary"
   ax.set_xlabel("predicted probability" if binary else "confidence (top class probability)")
   ax.set_ylabel("fraction of positives" if binary else "accuracy")
-  ax.set_title(f"reliability diagram, {int(count.sum())} examples")
+  ax.set_title(f"reliability diagram, {int(count.sum())} examples (count per bar)")
   ax.set_xlim(0, 1)
   ax.set_ylim(0, 1)
-  ax.legend(loc="upper left", fontsize="small")
+  ax.legend(loc="best", fontsize="small")
   return ax
