@@ -111,7 +111,8 @@ def _confusion_counts(m, class_index) -> np.ndarray:
   if isinstance(m, ConfusionMatrix):
     counts = m.counts()
     if m.task == "multilabel":
-      if class_index is None or not 0 <= class_index < counts.shape[0]:
+      valid = isinstance(class_index, int | np.integer) and not isinstance(class_index, bool)
+      if not valid or not 0 <= class_index < counts.shape[0]:
         raise ValueError(
           f"class_index must be a label id in [0, {counts.shape[0]}) for a multilabel "
           f"ConfusionMatrix; got {class_index!r}"
