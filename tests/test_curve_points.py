@@ -268,3 +268,22 @@ def test_multiclass_bins_match_numpy_histogram():
   np.testing.assert_allclose(accuracy, reference[1], rtol=1e-15, equal_nan=True)
   np.testing.assert_allclose(mean_confidence, reference[0], rtol=2e-6, equal_nan=True)
   assert np.isnan(mean_confidence[0]) and count[0] == 0  # confidence >= 1/5: bin 0 empty
+
+
+def test_multiclass_logits_curve_rates_are_those_of_softmax_at_least_threshold():
+  rng = np.random.default_rng(8)
+  target = rng.integers(0, 3, 1500).astype(np.int32)
+  logits = rng.standard_normal((1500, 3)) * 2.0
+  logits[np.arange(1500), target] += 1.0
+  metric = M.AUROC(4097, task="multiclass", num_classes=3, from_logits=True)
+  curves = metric.update(**_padded(logits, target, rng)).curve()
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)  # thresholds are in softmax probability units
+  for c, (fpr, tpr, thresholds) in curves.items():
+    scores, truth = probs[:, c], target == c
+    assert len(thresholds) > 100
+    for threshold, fp_rate, tp_rate in zip(thresholds[1:], fpr[1:], tpr[1:]):
+      tp, fp = np.sum(scores[truth] >= threshold), np.sum(scores[~truth] >= threshold)
+      near = np.sum(np.isclose(scores, threshold, rtol=2e-5, atol=1e-7))  # float32 softmax
+      off = abs(round(tp_rate * truth.sum()) - tp) + abs(round(fp_rate * (~truth).sum()) - fp)
+      assert off <= near, (c, threshold, off, near)

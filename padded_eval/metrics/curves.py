@@ -288,7 +288,7 @@ class AUROC(_ScoreHistogram):
   """Area under the ROC curve from binned scores (see the module docstring).
 
   Args:
-    num_thresholds: number of score bins (positional; default 10_001, grid step 1e-4).
+    num_thresholds: number of score bins (positional; default 65_537).
 
   Example:
     >>> import jax.numpy as jnp
