@@ -10,6 +10,7 @@ from padded_eval import distributed as distributed
 from padded_eval import losses as losses
 from padded_eval import masking as masking
 from padded_eval import metrics as metrics
+from padded_eval import plot as plot
 from padded_eval import regularizers as regularizers
 from padded_eval import routing as routing
 from padded_eval import validation as validation

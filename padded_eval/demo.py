@@ -11,7 +11,10 @@ split is evaluated on N virtual CPU devices:
 (c) ``pe.masked_eval`` over ``pe.pad_batches``: padded batches, a mask, exact
     statistics; one compilation, every example counted once.
 
-Each row is compared with scikit-learn on the whole split in float64.
+Each row is compared with scikit-learn on the whole split in float64. With
+``--plots DIR`` it also draws, from exact states over padded batches of the test split,
+the confusion matrix, the ROC and PR curves (one per digit) and the reliability diagram
+(``pe.plot``), as PNGs in DIR.
 
 Nothing here initialises JAX at import time: ``__main__`` sets the device count
 first. The heavy imports (JAX, Flax, TensorFlow) happen inside :func:`run`.
@@ -47,8 +50,12 @@ devices three ways:
 
 It prints one table (accuracy, macro precision / recall / F1, cross-entropy, examples
 counted, traces of the eval step) next to scikit-learn on the whole split, and exits
-0 when masked_eval matches scikit-learn (1 if not).
+0 when masked_eval matches scikit-learn (1 if not). With --plots DIR it also writes
+the confusion matrix, ROC and PR curves and reliability diagram of the model (PNGs;
+needs matplotlib, the `plot` extra).
 """
+
+PLOT_FILES = ("confusion_matrix.png", "roc_curve.png", "pr_curve.png", "reliability_diagram.png")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +95,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--seed", type=int, default=0, help="model initialisation seed (default 0)")
   parser.add_argument(
     "--json", action="store_true", help="print the rows as JSON instead of the table"
+  )
+  parser.add_argument(
+    "--plots",
+    metavar="DIR",
+    default=None,
+    help="also write the confusion matrix, ROC and PR curves and reliability diagram of "
+    "the model on the test split as PNGs in DIR (needs matplotlib: the `plot` extra)",
   )
 
 
@@ -273,6 +287,62 @@ def masked_eval_row(apply_fn, params, test_dataset, batch_size: int, backend: st
   return row
 
 
+# --- the plots -------------------------------------------------------------------------
+
+
+def plot_states(apply_fn, params, test: dict[str, np.ndarray], batch_size: int):
+  """Exact states of the four plotted metrics over ``pe.pad_batches`` of the test split.
+
+  One jitted step merges each padded batch's statistics (the mask drops the padding);
+  returns ``(ConfusionMatrix, AUROC, AUPRC, CalibrationError)`` on the host.
+  """
+  import jax
+
+  import padded_eval as pe
+
+  scores = {"task": "multiclass", "num_classes": NUM_CLASSES, "from_logits": True}
+  metrics = (
+    pe.metrics.ConfusionMatrix(NUM_CLASSES),
+    pe.metrics.AUROC(**scores),
+    pe.metrics.AUPRC(**scores),
+    pe.metrics.CalibrationError(10, **scores),
+  )
+
+  @jax.jit
+  def step(states, batch):
+    logits = apply_fn(params, batch["image"])
+    inputs = {"preds": logits, "target": batch["label"], "mask": batch["mask"]}
+    return tuple(s.merge(m.batch_updates(**inputs)) for m, s in zip(metrics, states))
+
+  states = tuple(m.empty() for m in metrics)
+  for batch in pe.pad_batches(test, batch_size):
+    states = step(states, batch)
+  return jax.device_get(states)
+
+
+def write_plots(states, directory: str) -> list[str]:
+  """Draws the four states with ``pe.plot`` on Agg figures; returns the PNG paths."""
+  from matplotlib.figure import Figure
+
+  import padded_eval as pe
+
+  confusion, auroc, auprc, calibration = states
+  draws = (
+    lambda ax: pe.plot.confusion_matrix(confusion, ax=ax),
+    lambda ax: pe.plot.roc_curve(auroc, ax=ax),
+    lambda ax: pe.plot.pr_curve(auprc, ax=ax),
+    lambda ax: pe.plot.reliability_diagram(calibration, ax=ax),
+  )
+  os.makedirs(directory, exist_ok=True)
+  paths = []
+  for name, draw in zip(PLOT_FILES, draws):
+    figure = Figure(figsize=(6, 5))
+    draw(figure.subplots())
+    paths.append(os.path.join(directory, name))
+    figure.savefig(paths[-1], dpi=100, bbox_inches="tight")
+  return paths
+
+
 # --- the reference and the table -------------------------------------------------------
 
 
@@ -377,6 +447,13 @@ def run(args: argparse.Namespace) -> int:
     )
   for row in rows:
     row["max_difference"] = max_difference(row, reference)
+  plots = []
+  if args.plots:
+    try:
+      plots = write_plots(plot_states(apply_fn, params, test, args.batch_size), args.plots)
+    except ImportError as error:  # matplotlib, the optional extra, is missing
+      print(f"--plots: {error}")
+      return 2
 
   summary = {
     "devices": num_devices,
@@ -386,6 +463,7 @@ def run(args: argparse.Namespace) -> int:
     "masked_eval_matches_sklearn": bool(exact),
     "seconds": round(time.perf_counter() - started, 1),
     "rows": rows,
+    "plots": plots,
   }
   if args.json:
     print(json.dumps(summary, indent=1, default=float))
@@ -434,5 +512,7 @@ def _report(summary: dict[str, Any]) -> str:
     )
   else:
     lines.append("MISMATCH: masked_eval does not match scikit-learn; this is a bug.")
+  if summary["plots"]:
+    lines.append("plots (exact states of the whole split): " + ", ".join(summary["plots"]))
   lines.append(f"({summary['seconds']} s)")
   return "\n".join(lines)

@@ -35,6 +35,8 @@ def demo_json(tmp_path_factory):
     "--json",
     "--data-dir",
     str(tmp_path_factory.mktemp("tfds")),
+    "--plots",
+    str(tmp_path_factory.mktemp("plots")),
   )
   assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
   return json.loads(done.stdout[done.stdout.index("{") :])
@@ -85,3 +87,16 @@ def test_help_and_bad_batch_size():
   assert done.returncode == 0 and "--batch-size" in done.stdout and "--devices" in done.stdout
   done = _run_demo("--devices", "2", "--batch-size", "3")
   assert done.returncode == 2 and "multiple of the 2 devices" in done.stdout
+
+
+def test_plots_are_written(demo_json):
+  import matplotlib.image
+
+  from padded_eval import demo
+
+  paths = demo_json["plots"]
+  assert [os.path.basename(p) for p in paths] == list(demo.PLOT_FILES)
+  for path in paths:
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 300 and image.shape[1] > 300
+    assert image[..., :3].std() > 0.05  # not a blank picture

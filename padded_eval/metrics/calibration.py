@@ -25,6 +25,9 @@ equals ``ignore_index``, or when the confidence is NaN. Real elements that are i
 are counted by kind (:meth:`~padded_eval.metrics.base.Metric.invalid_counts`):
 ``"target out of range"``, ``"nan score"`` (a multiclass row with any NaN) and
 ``"probability outside [0, 1]"`` (without ``from_logits``). No counted element: NaN.
+
+:meth:`CalibrationError.bins` gives the reliability diagram's data on the host: per bin
+the mean confidence, the accuracy (mean hit) and the exact count.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from padded_eval import validation
 from padded_eval.accumulate import ExactCount, ExactSum
@@ -128,3 +132,27 @@ class CalibrationError(ClassificationMetric):
     else:
       value = jnp.max(jnp.where(filled, jnp.abs(gap), 0.0))
     return jnp.where(total > 0, value, jnp.nan)
+
+  def bins(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-bin ``(mean_confidence, accuracy, count)`` from the exact state, on the host.
+
+    Bin ``b`` holds the confidences in ``[b / n_bins, (b + 1) / n_bins)`` (the last bin
+    includes 1).
+
+    Returns:
+      float64 ``[n_bins]`` mean confidence and accuracy (NaN for empty bins), and int64
+      ``[n_bins]`` exact counts.
+
+    Raises:
+      ValueError: if the state is not reduced to ``[n_bins]`` (a stacked state).
+    """
+    count = self.count.to_numpy()
+    if count.shape != (self.n_bins,):
+      raise ValueError(
+        f"the state has shape {count.shape}; expected {(self.n_bins,)} "
+        "(aggregate() a stacked or per-device state first)"
+      )
+    filled = np.where(count > 0, count, 1).astype(np.float64)
+    mean_confidence = np.where(count > 0, self.confidence.to_numpy() / filled, np.nan)
+    accuracy = np.where(count > 0, self.hits.to_numpy() / filled, np.nan)
+    return mean_confidence, accuracy, count

@@ -46,6 +46,20 @@ elements that are invalid are counted by kind
 (:meth:`~padded_eval.metrics.base.Metric.invalid_counts`): ``"target out of range"``,
 ``"nan score"`` and ``"probability outside [0, 1]"`` (without ``from_logits``).
 Memory: ``16 * L * num_thresholds`` bytes (1 MiB per class by default).
+
+Curves (:meth:`AUROC.curve`, :meth:`AUPRC.curve`) are read on the host from the exact
+counts (int64, rates in float64), one point per non-empty bin, with scikit-learn's
+conventions (``roc_curve(..., drop_intermediate=False)``, ``precision_recall_curve``), so
+the area under the returned curve is ``compute()``. A point's threshold is the *lowest
+score of its bin* (:meth:`bin_edges`), in the units of ``preds`` (probabilities, or
+logits for binary / multilabel ``from_logits=True``; multiclass: softmax probabilities):
+its rates are exactly those of ``score >= threshold`` over the counted elements, except
+for scores within float32 rounding of a bin edge (the bins are computed in float32), on
+grid scores and on any scores alike. Binning only merges distinct scores of one bin
+into one point. Multiclass (one-vs-rest) and multilabel give one curve per class:
+``curve()`` -> ``{class id: curve}`` (a class id equal to ``ignore_index`` left out),
+``curve(class_index=c)`` one curve, ``curve(class_index="micro")`` the curve of the
+summed counts (its area is ``compute()`` with ``average="micro"``).
 """
 
 from __future__ import annotations
@@ -55,6 +69,7 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from padded_eval import validation
 from padded_eval.accumulate import ExactCount
@@ -187,12 +202,75 @@ class _ScoreHistogram(ClassificationMetric):
     """Scalar float32 (``[C]`` with ``average=None``); NaN where undefined."""
     return self._averaged(self._area)
 
+  # --- curves, on the host ---
+
+  def bin_edges(self) -> np.ndarray:
+    """float64 ``[num_thresholds]``: the lowest score of each bin, in ``preds``' units.
+
+    ``score >= bin_edges()[k]`` holds exactly for the scores binned at ``k`` or above
+    (up to float32 rounding at the edge); the first edge is the lowest score (0, or
+    ``-inf`` for logits).
+    """
+    t = self.num_thresholds
+    middle = np.arange(t, dtype=np.float64) - 0.5  # bin k starts half a step below k
+    logits = self.from_logits and self.task != "multiclass"
+    with np.errstate(divide="ignore", over="ignore"):
+      if self.binning == "linear":
+        prob = np.clip(middle / (t - 1), 0.0, 1.0)
+        return np.log(prob) - np.log1p(-prob) if logits else prob
+      z = middle * (2 * LOGIT_RANGE / (t - 1)) - LOGIT_RANGE
+      z[0] = -np.inf  # logits below the range share bin 0
+      return z if logits else 1.0 / (1.0 + np.exp(-z))
+
+  def _column_counts(self, class_index):
+    """Exact int64 ``(positives [T], negatives [T])`` of the column ``class_index`` names."""
+    positives, negatives = self.positives.to_numpy(), self.negatives.to_numpy()
+    columns = num_columns(self.task, self.num_classes)
+    if positives.shape != (columns, self.num_thresholds):
+      raise ValueError(
+        f"the state has shape {positives.shape}; expected {(columns, self.num_thresholds)} "
+        "(aggregate() a stacked or per-device state first)"
+      )
+    if self.task == "binary":
+      if class_index not in (None, 0):
+        raise ValueError(f"class_index must be None for task='binary'; got {class_index!r}")
+      return positives[0], negatives[0]
+    included = self.included_classes()
+    if class_index == "micro":
+      return positives[included].sum(0), negatives[included].sum(0)
+    if (
+      isinstance(class_index, bool)
+      or not isinstance(class_index, (int, np.integer))
+      or not 0 <= class_index < columns
+      or not included[class_index]
+    ):
+      kept = [c for c in range(columns) if included[c]]
+      raise ValueError(
+        f"class_index must be a class id of {kept} or 'micro' for task={self.task!r}; "
+        f"got {class_index!r}"
+      )
+    return positives[class_index], negatives[class_index]
+
+  def _points(self, class_index):
+    """Cumulative exact ``(tp, fp, thresholds)`` from the highest non-empty bin down."""
+    positives, negatives = self._column_counts(class_index)
+    filled = (positives + negatives) > 0
+    tp = np.cumsum(positives[filled][::-1])
+    fp = np.cumsum(negatives[filled][::-1])
+    return tp, fp, self.bin_edges()[filled][::-1]
+
+  def _per_class(self, one_curve, class_index):
+    if self.task != "binary" and class_index is None:
+      included = self.included_classes()
+      return {c: one_curve(c) for c in range(len(included)) if included[c]}
+    return one_curve(class_index)
+
 
 class AUROC(_ScoreHistogram):
   """Area under the ROC curve from binned scores (see the module docstring).
 
   Args:
-    num_thresholds: number of score bins (positional; default 10_001, grid step 1e-4).
+    num_thresholds: number of score bins (positional; default 65_537).
 
   Example:
     >>> import jax.numpy as jnp
@@ -215,6 +293,30 @@ class AUROC(_ScoreHistogram):
     share = 0.5 * jnp.sum(pos * neg, -1) / jnp.where(pairs > 0, pairs, 1.0)
     return jnp.where(pairs > 0, share, jnp.nan)
 
+  def curve(self, class_index=None):
+    """The ROC curve, scikit-learn's ``roc_curve(..., drop_intermediate=False)`` layout.
+
+    Args:
+      class_index: ``None`` (binary: the curve; multiclass / multilabel: a dict of
+        every class's curve), a class id, or ``"micro"`` (the summed counts).
+
+    Returns:
+      ``(fpr, tpr, thresholds)``, float64 numpy ``[n + 1]`` for ``n`` non-empty bins:
+      ``thresholds`` decreasing from ``inf`` (the point (0, 0)) to the lowest non-empty
+      bin's edge (the point (1, 1)). ``fpr`` is NaN without negatives, ``tpr`` without
+      positives. ``np.trapezoid(tpr, fpr)`` is ``compute()`` (float32 rounding apart).
+
+    Raises:
+      ValueError: a ``class_index`` that names no counted class, or an unreduced state.
+    """
+
+    def one_curve(index):
+      tp, fp, thresholds = self._points(index)
+      tp, fp = np.concatenate([[0], tp]), np.concatenate([[0], fp])
+      return _rate(fp, fp[-1]), _rate(tp, tp[-1]), np.concatenate([[np.inf], thresholds])
+
+    return self._per_class(one_curve, class_index)
+
   def error_bound(self) -> jax.Array:
     """Bound on ``|compute() - exact AUROC|``: half the share of (positive, negative)
     pairs that fell in one bin, averaged like ``compute()``. 0 in exact mode only if no
@@ -234,3 +336,36 @@ class AUPRC(_ScoreHistogram):
     precision = divide(true_pos, true_pos + false_pos)
     area = jnp.sum(pos * precision, -1) / jnp.where(total_pos > 0, total_pos, 1.0)
     return jnp.where(total_pos > 0, area, jnp.nan)
+
+  def curve(self, class_index=None):
+    """The precision-recall curve, scikit-learn's ``precision_recall_curve`` layout.
+
+    Args:
+      class_index: ``None`` (binary: the curve; multiclass / multilabel: a dict of
+        every class's curve), a class id, or ``"micro"`` (the summed counts).
+
+    Returns:
+      ``(precision, recall, thresholds)``: float64 numpy ``[n + 1]``, ``[n + 1]`` and
+      ``[n]`` for ``n`` non-empty bins, ``thresholds`` increasing (bin edges), the last
+      point ``(precision 1, recall 0)`` without a threshold. ``recall`` is NaN without
+      positives. ``-sum(diff(recall) * precision[:-1])`` is ``compute()``.
+
+    Raises:
+      ValueError: a ``class_index`` that names no counted class, or an unreduced state.
+    """
+
+    def one_curve(index):
+      tp, fp, thresholds = self._points(index)
+      total = tp[-1] if len(tp) else 0
+      precision = np.concatenate([(tp / (tp + fp))[::-1], [1.0]])
+      recall = np.concatenate([_rate(tp, total)[::-1], [0.0]])
+      return precision, recall, thresholds[::-1].copy()
+
+    return self._per_class(one_curve, class_index)
+
+
+def _rate(counts: np.ndarray, total) -> np.ndarray:
+  """float64 ``counts / total``, NaN when ``total`` is 0."""
+  if total == 0:
+    return np.full(counts.shape, np.nan)
+  return counts / np.float64(total)
