@@ -134,13 +134,10 @@ def test_errors_match_sklearn(name, seed, n, scale, offset, weighted, dtype):
   assert_close(got, reference(_seen(target), _seen(preds), w), rtol=32 * EPS, atol=0.0)
 
 
-OVERFLOW = "issue 12: MSE/Std/R2 on values near 1e18 overflow float32 sums of squares"
 _HUGE = [
   "mae",
-  pytest.param("mse", marks=pytest.mark.xfail(reason=OVERFLOW, strict=True, raises=AssertionError)),
-  pytest.param(
-    "rmse", marks=pytest.mark.xfail(reason=OVERFLOW, strict=True, raises=AssertionError)
-  ),
+  "mse",
+  "rmse",
 ]
 
 
@@ -180,7 +177,6 @@ def test_std_matches_numpy(seed, n, scale, offset, ddof, weighted, constant):
   assert_close(got, expected, rtol=32 * EPS, atol=spread * abs(mean))
 
 
-@pytest.mark.xfail(reason=OVERFLOW, strict=True, raises=AssertionError)
 @given(seed=SEEDS, n=st.integers(8, 40))
 def test_std_at_huge_scale(seed, n):
   """Values +-1e19: the std (1e19) and the variance (1e38) fit in float32, sums of squares not."""
@@ -190,12 +186,6 @@ def test_std_at_huge_scale(seed, n):
   assert_close(got, np.std(_seen(values)), rtol=32 * EPS, atol=0.0)
 
 
-@pytest.mark.xfail(
-  reason="issue 12, new variant (property suite): Std of values at scale 1e-25 is 0 "
-  "(squared deviations underflow float32) although the std fits",
-  strict=True,
-  raises=AssertionError,
-)
 @given(seed=SEEDS, n=st.integers(2, 40), scale=st.sampled_from([1e-25, 1e-20]))
 def test_std_at_tiny_scale(seed, n, scale):
   rng = np.random.default_rng(seed)
@@ -259,10 +249,6 @@ def test_r2_multioutput_matches_sklearn(seed, n, multioutput):
   assert_close(got, expected, atol=max(_r2_tolerance(t[:, j], p[:, j], None) for j in range(3)))
 
 
-RANGE = "issue 12: R2Score/Pearson outside float32's comfortable range (1e-25, 1e18)"
-
-
-@pytest.mark.xfail(reason=RANGE, strict=True, raises=AssertionError)
 @given(seed=SEEDS, n=st.integers(8, 40), scale=st.sampled_from([1e-25, 1e18]))
 def test_r2_is_scale_invariant(seed, n, scale):
   rng = np.random.default_rng(seed)
@@ -309,11 +295,6 @@ def test_pearson_matches_scipy(seed, n, scale, offset, correlation, weighted):
   assert_close(got, _pearson(_seen(preds), _seen(target), w), atol=64 * EPS)
 
 
-@pytest.mark.xfail(
-  reason="issue 12: Pearson is not batch-invariant far from zero",
-  strict=True,
-  raises=AssertionError,
-)
 @given(seed=SEEDS, n=st.integers(100, 200), correlation=st.sampled_from([-1.0, 0.5]))
 def test_pearson_at_offset_1e6(seed, n, correlation):
   """Batches of 50 or 64 rows (64-term float32 batch sums: 64 EPS still covers them)."""
@@ -324,9 +305,6 @@ def test_pearson_at_offset_1e6(seed, n, correlation):
   assert_close(got, _pearson(_seen(preds), _seen(target)), atol=64 * EPS)
 
 
-@pytest.mark.xfail(
-  reason="issue 12: Pearson of a constant variable is not NaN", strict=True, raises=AssertionError
-)
 @given(
   seed=SEEDS,
   n=st.integers(41, 64),
@@ -343,7 +321,6 @@ def test_pearson_constant_variable_is_nan(seed, n, level, both):
   assert_close(got, np.nan, atol=0.0)
 
 
-@pytest.mark.xfail(reason=RANGE, strict=True, raises=AssertionError)
 @given(seed=SEEDS, n=st.integers(8, 40), scale=st.sampled_from([1e-25, 1e18]))
 def test_pearson_is_scale_invariant(seed, n, scale):
   rng = np.random.default_rng(seed)

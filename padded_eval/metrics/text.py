@@ -21,11 +21,14 @@ def token_cross_entropy(logits: jax.Array, target: jax.Array) -> jax.Array:
     ``[...]`` float32 cross entropy; NaN for a target outside ``[0, V)``.
   """
   logits = upcast(logits)
-  log_normalizer = jax.nn.logsumexp(logits, axis=-1)
-  picked = jnp.take_along_axis(logits, target[..., None], axis=-1, mode="fill", fill_value=jnp.nan)[
-    ..., 0
-  ]
-  return log_normalizer - picked
+  # Shift by the row's max first: logits - top is exact for logits of one magnitude, so a
+  # common offset (1e4, 1e6) cancels before anything is rounded. logsumexp(logits) - picked
+  # would round both terms at the offset's magnitude and lose the difference.
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  shifted = logits - jax.lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0.0))
+  log_normalizer = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
+  picked = jnp.take_along_axis(shifted, target[..., None], axis=-1, mode="fill", fill_value=jnp.nan)
+  return log_normalizer - picked[..., 0]
 
 
 class Perplexity(WeightedMean):
