@@ -185,7 +185,12 @@ def test_empty_has_the_updated_structure_and_scan_jit_agree(index):
   spec = lambda tree: [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
   assert jax.tree.structure(updated) == jax.tree.structure(collection.reset())
   assert spec(updated) == spec(collection.empty()) == spec(updated.reset())
-  assert all(np.all(np.asarray(x) == 0) for x in jax.tree.leaves(updated.reset()))
+  fresh = _collections()[index]  # a new collection holds the empty state; reset gives it back
+  for got, empty in zip(jax.tree.leaves(updated.reset()), jax.tree.leaves(fresh)):
+    np.testing.assert_array_equal(got, empty)
+  _assert_logs(  # the empty state is the identity of merge
+    fresh.merge(updated).compute(), {k: float(v) for k, v in updated.compute().items()}, rtol=1e-7
+  )
 
   eager = collection
   for batch in batches:
