@@ -47,6 +47,7 @@ LAYERS = {
   "padded_eval.coordination": 6,
   "padded_eval.distributed": 6,
   "padded_eval.backends": 6,
+  "padded_eval.checkpoint": 6,
   "padded_eval.evaluate": 6,
   "padded_eval.outputs": 6,
   "padded_eval.demo": 7,
