@@ -34,6 +34,7 @@ import numpy as np
 
 from padded_eval.batch_spec import BatchSpec
 from padded_eval.coordination import exchange
+from padded_eval.data import PaddedBatches
 from padded_eval.distributed import DEFAULT_TIMEOUT_S, ResumeAt, next_call_number
 from padded_eval.validation import check_positive_int
 
@@ -356,14 +357,16 @@ class Saver(NoSaver):
     return cls(directory, runner, partial, restored=restored)
 
   def skip(self, batches: Any, mask_key: str) -> Any:
-    """An iterator over ``batches`` after the consumed ones (``batches.skip(n)`` where the
-    iterable can seek, as `padded_eval.data.PaddedBatches`; else read and dropped)."""
+    """An iterator over ``batches`` after the consumed ones: `PaddedBatches.skip` for
+    ``pe.pad_batches`` (sources that can seek are not read), else read and dropped."""
     self._mask_key = mask_key
     consumed = 0 if self._restored is None else self._restored.batches
     if not consumed:
       return iter(batches)
-    skip = getattr(batches, "skip", None)
-    remaining = skip(consumed) if callable(skip) else _dropped(iter(batches), consumed)
+    if isinstance(batches, PaddedBatches):
+      remaining = batches.skip(consumed)
+    else:
+      remaining = _dropped(iter(batches), consumed)
     if jax.process_count() > 1 or self.resume_at.spec is None:
       return remaining  # the lockstep feeds all-padding batches when none is left
     return self._or_padding(remaining, BatchSpec.from_json(self.resume_at.spec))
