@@ -49,7 +49,7 @@ FINGERPRINT_NAMES = {
   "params": "the params structure",
   "batch_size": "the batch size",
   "batch": "the batch structure",
-  "metric": "the metric (state structure)",
+  "metric": "the metric",
 }
 
 
@@ -161,7 +161,7 @@ class CheckpointDir:
       if key in saved and key in found and saved[key] != found[key]:
         raise ValueError(
           f"checkpoint_dir {self.root!r} was written for another evaluation: {label} differs "
-          f"(saved {_short(saved[key])}, now {_short(found[key])}). A checkpoint directory "
+          f"({_difference(key, saved[key], found[key])}). A checkpoint directory "
           "identifies one evaluation (one model checkpoint, one dataset, one setup): pass a "
           "new directory, or delete this one to start over"
         )
@@ -275,6 +275,16 @@ def _decode_result(stored: dict) -> Any:
   if "int" in stored:
     return int(stored["int"])
   return float.fromhex(stored["float"])
+
+
+def _difference(key: str, saved: Any, found: Any) -> str:
+  """What differs, in words: a batch spec's first difference, else both values (shortened)."""
+  if key == "batch":
+    now = BatchSpec.from_json(found).difference(BatchSpec.from_json(saved))
+    return f"now: {now}"
+  if key == "metric" and saved["tree"] != found["tree"]:
+    return f"saved state {_short(saved['tree'])}, now {_short(found['tree'])}"
+  return f"saved {_short(saved)}, now {_short(found)}"
 
 
 def _short(value: Any) -> str:
