@@ -129,7 +129,6 @@ class CheckpointDir:
     os.makedirs(self.path, exist_ok=True)
     self._executor: concurrent.futures.ThreadPoolExecutor | None = None
     self._pending: concurrent.futures.Future | None = None
-    self._copy = jax.jit(lambda state: jax.tree.map(jnp.copy, state))
     self.resumed_from = 0
 
   # --- reading -----------------------------------------------------------------------------------
@@ -176,7 +175,7 @@ class CheckpointDir:
     part with ``local_part`` and writes it atomically.
     """
     self.wait()
-    copied = self._copy(state)
+    copied = _copy(state)
     for leaf in jax.tree.leaves(copied):
       leaf.copy_to_host_async()
     if self._executor is None:
@@ -227,6 +226,12 @@ class CheckpointDir:
 
   def _step_path(self, steps: int) -> str:
     return os.path.join(self.path, f"step_{steps:010d}.npz")
+
+
+@jax.jit
+def _copy(state: Any) -> Any:
+  """A copy of the carried state on the devices (the original is donated to the next step)."""
+  return jax.tree.map(jnp.copy, state)
 
 
 def _atomic_write(path: str, data: bytes) -> None:
