@@ -265,6 +265,8 @@ class _OnMesh:
     }
 
   def local_part(self, leaf):
+    if leaf.is_fully_addressable:  # one process: the whole array is its part
+      return np.asarray(leaf)
     if leaf.is_fully_replicated:
       return np.asarray(leaf.addressable_shards[0].data)
     blocks = {}  # first row -> block; replicas over other mesh axes hold the same block
