@@ -13,6 +13,7 @@ import sys
 import time
 
 import _resume_worker as w
+import jax
 import numpy as np
 import pytest
 
@@ -216,3 +217,37 @@ def test_bad_arguments(kwargs, message, data, params, tmp_path):
     pe.masked_eval(w.step_fn, params, w.batches(data), checkpoint_dir=tmp_path, **kwargs)
   with pytest.raises(ValueError, match="checkpoint_dir"):
     pe.masked_eval(w.step_fn, params, w.batches(data), checkpoint_dir=3)
+
+
+def _skip_sources():
+  rows = {"x": np.arange(203.0), "y": {"z": np.arange(406).reshape(203, 2)}}
+
+  def generator():
+    for start in range(0, 203, 7):
+      yield {"x": rows["x"][start : start + 7], "y": {"z": rows["y"]["z"][start : start + 7]}}
+
+  sources = {"mapping": lambda: rows, "generator": generator}
+  tf = pytest.importorskip("tensorflow")
+  sources["tf.data rows"] = lambda: tf.data.Dataset.from_tensor_slices(rows)
+  sources["tf.data batches"] = lambda: tf.data.Dataset.from_tensor_slices(rows).batch(9)
+  grain = pytest.importorskip("grain")
+  elements = [{"x": x, "y": {"z": z}} for x, z in zip(rows["x"], rows["y"]["z"])]
+  sources["grain MapDataset"] = lambda: grain.MapDataset.source(elements)
+  return sources
+
+
+@pytest.mark.parametrize("num_batches", [None, 16])
+def test_skip_equals_the_batches_after_those_skipped(num_batches):
+  """PaddedBatches.skip(k) (a resume's seek) yields exactly list(batches)[k:], row ids included, for every
+  source kind, up to and past the end (13 batches of 16 rows, the last short)."""
+  for name, make in _skip_sources().items():
+    padded = lambda: pe.pad_batches(
+      make(), 16, num_devices=1, index_key="id", num_batches=num_batches
+    )  # noqa: E731
+    whole = list(padded())
+    for skipped in (0, 1, 5, 12, 13, 15):
+      rest = list(padded().skip(skipped))
+      assert len(rest) == max(0, len(whole) - skipped), (name, skipped)
+      for got, want in zip(rest, whole[skipped:]):
+        for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+          np.testing.assert_array_equal(got_leaf, want_leaf, err_msg=f"{name}, skip {skipped}")
