@@ -10,7 +10,10 @@ Writes are atomic: a file is written under a temporary name, flushed to disk and
 process killed during a write leaves a ``.tmp`` file that is never read (and deleted on the next save). Writes run
 in a background thread, at most one in flight; the state is first copied on the devices (one small dispatched
 copy, because the original is donated to the next step), so neither the devices nor the driver wait for the
-transfer or the disk.
+transfer or the disk. With one process a save that falls due while the previous write still runs is deferred to
+the first step after it (older step files are deleted after each write); with several processes every process
+saves the same steps (waiting for its previous write if need be) and keeps its step files until the evaluation
+finishes, so that a step every process saved always exists. A finished evaluation deletes its step files.
 
 Why not orbax-checkpoint (measured on this project's CPU machine, orbax 0.12.8): ``StandardCheckpointer`` took
 58 ms per save of a small state (a directory of tensorstore files) against 0.56 ms for one file written,
