@@ -105,6 +105,19 @@ class Backend(Protocol):
     """The empty host state (one shard's) -> the carried device state."""
     ...
 
+  def place_saved_state(self, state: Any) -> Any:
+    """This process's saved part of a carried state (see `local_part`) -> the carried device state."""
+    ...
+
+  def local_part(self, leaf: jax.Array) -> np.ndarray:
+    """This process's part of one carried state leaf, as numpy (what a checkpoint saves)."""
+    ...
+
+  @property
+  def layout(self) -> dict:
+    """The backend and its device layout as JSON (what a checkpoint must match)."""
+    ...
+
   def compile_step(self, step_fn: Callable, mask_key: str, outputs: bool = False) -> CompiledStep:
     """The (not yet cached) compiled functions for ``step_fn`` (which returns ``(metric, per_row)``
     when ``outputs``)."""
@@ -242,6 +255,28 @@ class _OnMesh:
   def finalize(self, state):
     return _finalize_program(self)(state)
 
+  @property
+  def layout(self) -> dict:
+    return {
+      "backend": type(self).__name__,
+      "mesh": {str(k): int(v) for k, v in self.mesh.shape.items()},
+      "data_axis": self.data_axis,
+      "num_shards": self.num_shards,
+    }
+
+  def local_part(self, leaf):
+    if leaf.is_fully_addressable:  # one process: the whole array is its part
+      return np.asarray(leaf)
+    if leaf.is_fully_replicated:
+      return np.asarray(leaf.addressable_shards[0].data)
+    blocks = {}  # first row -> block; replicas over other mesh axes hold the same block
+    for shard in leaf.addressable_shards:
+      blocks.setdefault(shard.index[0].start or 0, shard.data)
+    return np.concatenate([np.asarray(blocks[start]) for start in sorted(blocks)])
+
+  def place_state(self, state):
+    return self.place_saved_state(_stacked(state, self.num_shards))
+
   def finalize_program(self) -> Callable:
     """The uncached compiled reduce of the carried state; `finalize` caches it per backend."""
     raise NotImplementedError(f"{type(self).__name__} defines no finalize_program")
@@ -271,8 +306,8 @@ class PmapBackend(_OnMesh):
   def place_batch(self, inputs):
     return jax.device_put(sharding_lib.shard(inputs, self.num_shards), self.split)
 
-  def place_state(self, state):
-    return jax.device_put(_stacked(state, self.num_shards), self.split)
+  def place_saved_state(self, state):
+    return jax.device_put(state, self.split)
 
   def compile_step(self, step_fn, mask_key, outputs=False):
     inner = jax.jit(checked_step_fn(step_fn, mask_key, outputs))  # one trace cache
@@ -299,9 +334,8 @@ class PmapBackend(_OnMesh):
 class ShardMapBackend(_OnMesh):
   """``jax.shard_map`` over the mesh; one partial state per shard of the data axis."""
 
-  def place_state(self, state):
-    stacked = _stacked(state, self.num_shards)
-    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.split, x), stacked)
+  def place_saved_state(self, state):
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.split, x), state)
 
   def compile_step(self, step_fn, mask_key, outputs=False):
     inner, axis = jax.jit(checked_step_fn(step_fn, mask_key, outputs)), self.data_axis
@@ -342,7 +376,10 @@ class JitBackend(_OnMesh):
   """``jax.jit`` of the global batch; one replicated state whose sums XLA makes global."""
 
   def place_state(self, state):
-    return jax.device_put(jax.tree.map(np.array, state), self.replicated)
+    return self.place_saved_state(jax.tree.map(np.array, state))
+
+  def place_saved_state(self, state):
+    return jax.device_put(state, self.replicated)
 
   def compile_step(self, step_fn, mask_key, outputs=False):
     inner = jax.jit(checked_step_fn(step_fn, mask_key, outputs))

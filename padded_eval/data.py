@@ -150,6 +150,24 @@ class PaddedBatches(cabc.Iterable):
     padded = self._source.padded(self.batch_size, self.mask_key, self.pad_value, self._ids)
     return self._counted(padded)
 
+  def skip(self, num_batches: int) -> Iterator[dict]:
+    """Like ``iter(self)``, from batch `num_batches` on (a resumed `masked_eval` skips what it consumed).
+
+    Sources that can seek do not read the skipped rows: a Mapping (views), a tf.data.Dataset
+    (``Dataset.skip`` in the graph), an unbatched grain `MapDataset` (sliced); others read them
+    and drop them unpadded. Row ids (`index_key`) are those of an uninterrupted pass.
+
+    Raises:
+      ValueError: `num_batches` negative or more than a fixed `num_batches`.
+    """
+    num_batches = _check_count("num_batches", num_batches, minimum=0)
+    if self.num_batches is not None and num_batches > self.num_batches:
+      raise ValueError(f"cannot skip {num_batches} batches of num_batches={self.num_batches}")
+    padded = self._source.padded(
+      self.batch_size, self.mask_key, self.pad_value, self._ids, start_batch=num_batches
+    )
+    return self._counted(padded, start=num_batches)
+
   def __len__(self) -> int:
     if self.num_batches is not None:
       return self.num_batches
@@ -178,9 +196,12 @@ class PaddedBatches(cabc.Iterable):
     rows = self._source.num_rows()
     return None if rows is None else -(-rows // self.batch_size)
 
-  def _counted(self, padded: Generator[FlatBatch, None, BatchSpec | None]) -> Iterator[dict]:
-    """Yields the real batches (at most `num_batches`), then all-padding ones up to `num_batches`."""
-    count = 0
+  def _counted(
+    self, padded: Generator[FlatBatch, None, BatchSpec | None], start: int = 0
+  ) -> Iterator[dict]:
+    """Yields the real batches (at most `num_batches`), then all-padding ones up to `num_batches`;
+    `start`: batches already skipped."""
+    count = start
     while True:
       try:
         flat = next(padded)

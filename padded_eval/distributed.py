@@ -50,7 +50,7 @@ import collections
 import itertools
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -63,6 +63,7 @@ __all__ = [
   "DEFAULT_TIMEOUT_S",
   "Lockstep",
   "OneProcess",
+  "ResumeAt",
   "lockstep",
   "next_call_number",
   "process_slice",
@@ -134,6 +135,7 @@ def step_feed(
   num_shards: int,
   steps_in_flight: int,
   timeout: float | None,
+  resume: ResumeAt | None = None,
 ) -> OneProcess | Lockstep:
   """The inputs of `masked_eval`'s steps and the wait on them: a `OneProcess`, or a `Lockstep`.
 
@@ -141,12 +143,36 @@ def step_feed(
   ``wait_final(state)`` and ``steps_in_flight``: after dispatching step ``t`` and fetching
   input ``t + 1``, the driver waits on steps until fewer than ``steps_in_flight`` are in
   flight. Arguments as `lockstep`; ``steps_in_flight`` is the caller's bound with one process.
+  Both count the real batches they yielded (``batches_consumed``), from ``resume`` if given.
   """
+  resume = resume or ResumeAt()
   if jax.process_count() == 1:
-    return OneProcess(batches, steps_in_flight)
+    return OneProcess(batches, steps_in_flight, resume.batches)
   return lockstep(
-    batches, length, mask_key=mask_key, settings=settings, num_shards=num_shards, timeout=timeout
+    batches,
+    length,
+    mask_key=mask_key,
+    settings=settings,
+    num_shards=num_shards,
+    timeout=timeout,
+    resume=resume,
   )
+
+
+class ResumeAt(NamedTuple):
+  """Where a resumed `masked_eval` starts (see `padded_eval.checkpoint`).
+
+  Attributes:
+    steps: steps already run (the same on every process).
+    batches: real batches of this process's source already consumed (those batches are
+      skipped by the caller: the iterator given to `step_feed` starts after them).
+    spec: `BatchSpec.to_json()` of the saved batches, for all-padding steps when no process
+      has a batch left; None when not resuming.
+  """
+
+  steps: int = 0
+  batches: int = 0
+  spec: dict | None = None
 
 
 class OneProcess:
@@ -156,12 +182,15 @@ class OneProcess:
     steps_in_flight: the bound the driver keeps on dispatched, unfinished steps.
   """
 
-  def __init__(self, batches: Iterator, steps_in_flight: int):
+  def __init__(self, batches: Iterator, steps_in_flight: int, batches_consumed: int = 0):
     self._batches = batches
     self.steps_in_flight = steps_in_flight
+    self.batches_consumed = batches_consumed  # real batches yielded (resumed runs: and before)
 
   def __iter__(self) -> Iterator[StepInput]:
-    return (StepInput(batch) for batch in self._batches)
+    for batch in self._batches:
+      self.batches_consumed += 1
+      yield StepInput(batch)
 
   def wait(self, step: int, token: Any) -> None:
     """Blocks until step ``step`` (whose token is ``token``) has finished."""
@@ -181,6 +210,7 @@ def lockstep(
   settings: dict,
   num_shards: int,
   timeout: float | None,
+  resume: ResumeAt | None = None,
 ) -> Lockstep:
   """Agrees with the other processes on batch structure and step count (several processes).
 
@@ -193,6 +223,8 @@ def lockstep(
     settings: JSON-able call settings that must be equal on every process (backend, ...).
     num_shards: this process's shards of the data axis (the size of the has-data flag).
     timeout: seconds to wait for the other processes; default `DEFAULT_TIMEOUT_S`.
+    resume: a resumed run's start: step numbers continue from ``resume.steps`` (``length``
+      still counts every batch, the consumed ones included).
 
   Returns:
     A `Lockstep`: iterating yields the `StepInput` of steps 0, 1, ... until the agreed end
@@ -226,11 +258,16 @@ def lockstep(
       f"masked_eval on process {jax.process_index()}: process {failed[0][0]} failed before the "
       f"first step ({failed[0][1]}); no step was run"
     )
-  spec = _agreed(everyone, mask_key)
+  resume = resume or ResumeAt()
+  spec = _agreed(everyone, mask_key, resume.spec)
   lengths = [p["length"] if p["batch"] is not None else 0 for p in everyone]
+  if resume.spec is not None:  # a process out of data may still have consumed batches
+    lengths = [p["length"] for p in everyone]
   num_steps = None if None in lengths else max(lengths)
   source = iter(()) if first is None else itertools.chain([first], batches)
-  return Lockstep(source, spec.padding_batch(), num_steps, num_shards, timeout)
+  lockstep = Lockstep(source, spec.padding_batch(), num_steps, num_shards, timeout)
+  lockstep.start_at(resume)
+  return lockstep
 
 
 def check_timeout(timeout) -> float:
@@ -252,8 +289,10 @@ def next_call_number() -> int:
   return next(_call_numbers)
 
 
-def _agreed(everyone: list[dict], mask_key: str) -> BatchSpec:
-  """The common batch spec; ValueError (the same on every process) on any disagreement."""
+def _agreed(everyone: list[dict], mask_key: str, saved: dict | None = None) -> BatchSpec:
+  """The common batch spec; ValueError (the same on every process) on any disagreement.
+
+  ``saved``: a resumed run's saved spec, used when no process has a batch left."""
   settings = everyone[0]["settings"]
   for process, payload in enumerate(everyone):
     for name, value in payload["settings"].items():
@@ -263,6 +302,8 @@ def _agreed(everyone: list[dict], mask_key: str) -> BatchSpec:
           f"{settings.get(name)!r} on process 0; every process must pass the same"
         )
   with_data = [p for p, payload in enumerate(everyone) if payload["batch"] is not None]
+  if not with_data and saved is not None:
+    return BatchSpec.from_json(saved)
   if not with_data:
     raise ValueError(
       f"batches yielded no batch on any of the {len(everyone)} processes; masked_eval needs "
@@ -316,7 +357,13 @@ class Lockstep:
     self._flagged = num_steps is None
     self._num_shards = num_shards
     self._yielded = 0
+    self.batches_consumed = 0  # real batches yielded (resumed runs: and before)
     self.timeout = timeout
+
+  def start_at(self, resume: ResumeAt) -> None:
+    """Numbers steps from ``resume.steps`` on (the source already starts after the consumed batches)."""
+    self._yielded = resume.steps
+    self.batches_consumed = resume.batches
 
   def __iter__(self) -> Lockstep:
     return self
@@ -328,11 +375,17 @@ class Lockstep:
     self._yielded += 1
     if not self._flagged:
       self._read_until(1)
-      return StepInput(self._buffer.popleft() if self._buffer else self._padding)
+      return StepInput(self._next_batch())
     self._read_until(1 + self.LOOKAHEAD)
-    batch = self._buffer.popleft() if self._buffer else self._padding
+    batch = self._next_batch()
     has_data = int(len(self._buffer) >= self.LOOKAHEAD)  # a real batch LOOKAHEAD steps on
     return StepInput(batch, (np.full(self._num_shards, has_data, np.int32),))
+
+  def _next_batch(self) -> Any:
+    if not self._buffer:
+      return self._padding
+    self.batches_consumed += 1
+    return self._buffer.popleft()
 
   def _read_until(self, count: int) -> None:
     while len(self._buffer) < count and not self._exhausted:

@@ -42,7 +42,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from padded_eval import backends, distributed
+from padded_eval import backends, checkpoint, distributed
 from padded_eval.accumulate import ExactCount
 from padded_eval.batch_spec import BatchSpec
 from padded_eval.metrics.base import Metric
@@ -139,6 +139,8 @@ def masked_eval(
   timeout: float | None = None,
   on_invalid: str = "raise",
   outputs: bool = False,
+  checkpoint_dir: Any = None,
+  checkpoint_every: int = 100,
 ) -> dict[str, Any] | tuple[dict[str, Any], Any]:
   """Evaluates ``step_fn`` over every real row of ``batches``, exactly, compiling once.
 
@@ -179,6 +181,14 @@ def masked_eval(
       real rows come back (see Returns). Each step's outputs are copied to the host
       asynchronously and collected when the driver waits on the step anyway, so device
       memory does not grow with the dataset. Still one trace.
+    checkpoint_dir: a directory (str or path) that identifies this ONE evaluation (one model
+      checkpoint, one dataset): the carried state is saved there every
+      ``checkpoint_every`` steps (atomically, in the background), and a later call with
+      the same directory resumes where the last saved step ended, with the exact same
+      result as an uninterrupted run; a finished evaluation stores its result, and calling
+      again returns it without reading ``batches``. See `padded_eval.checkpoint`. Not
+      with ``outputs=True``.
+    checkpoint_every: steps between two saves (>= 1).
 
   Returns:
     ``metric.compute_logs()`` with scalars as Python floats and arrays as numpy
@@ -197,7 +207,9 @@ def masked_eval(
       ``(metric, per_row)`` whose leaves have the step's rows as leading axis;
       ``outputs`` not a bool); with several processes, batches or settings that
       differ between processes (on every process, naming the one that differs);
-      ``on_invalid="raise"`` and invalid values counted.
+      ``on_invalid="raise"`` and invalid values counted; ``checkpoint_dir`` written for
+      another evaluation (naming what differs: metric, batch structure or size, params
+      structure, backend layout, process count), or given with ``outputs=True``.
     TimeoutError: several processes: another process did not arrive, or a step did
       not finish, within ``timeout`` seconds.
     RuntimeError: several processes: a step failed, e.g. because another process died.
@@ -221,33 +233,57 @@ def masked_eval(
   if not isinstance(outputs, bool):
     raise ValueError(f"outputs must be True or False; got {outputs!r}")
   total = _length(batches)  # before iterating
-  feed = _step_feed(iter(batches), total, runner, backend, mask_key, steps_in_flight, timeout)
+  saver = _saver(checkpoint_dir, checkpoint_every, outputs, runner, params, timeout)
+  if saver.result is not None:
+    return saver.result
+  source = saver.skip(batches, mask_key)
+  feed = _step_feed(source, total, runner, backend, mask_key, steps_in_flight, timeout, saver)
   inputs = iter(feed)
   first = _first_input(inputs)
   compiled = _compiled_step_for(step_fn, runner, mask_key, outputs)
-  params, placed = runner.place_params(params), runner.place_batch(first)
-  state = runner.place_state(_empty_state(compiled.state_shapes(params, placed.batch)))
+  host_params, params, placed = params, runner.place_params(params), runner.place_batch(first)
+  empty = _empty_state(compiled.state_shapes(params, placed.batch))
+  state = saver.restore(empty, first.batch, host_params, runner)
   bar = _ProgressBar(total, mask_key) if progress else _NoProgressBar()
   bar.add(first.batch)
   rows = RowOutputs(runner.row_axes, mask_key, total) if outputs else NoOutputs()
-  state = _run_steps(compiled.step, params, state, (first, placed), inputs, feed, runner, bar, rows)
+  try:
+    state = _run_steps(
+      compiled.step, params, state, (first, placed), inputs, feed, runner, bar, rows, saver
+    )
+  finally:
+    saver.close()
   state = runner.finalize(state)  # the one reduction across devices (and processes)
   feed.wait_final(state)
   metric, count = runner.to_host(state)
   bar.close()
   _report_invalid(metric, on_invalid)
   results = _results(metric, count)
+  saver.finish(results)
   return (results, rows.result()) if outputs else results
 
 
-def _run_steps(step, params, state, current, inputs, feed, runner, bar, rows):
+def _saver(checkpoint_dir, every, outputs, runner, params, timeout):
+  """`padded_eval.checkpoint.Saver` for ``checkpoint_dir``, or one that saves nothing."""
+  if checkpoint_dir is None:
+    return checkpoint.NoSaver()
+  if outputs:
+    raise ValueError(
+      "checkpoint_dir cannot be combined with outputs=True: the per-row outputs gathered so "
+      "far are not saved; evaluate without outputs, or without checkpoint_dir"
+    )
+  return checkpoint.Saver.open(checkpoint_dir, every, runner, params, timeout)
+
+
+def _run_steps(step, params, state, current, inputs, feed, runner, bar, rows, saver):
   """Dispatches one step per input of ``feed``; returns the carried state after the last.
 
   ``current`` is the first ``(host input, placed input)``. Input t+1 is placed on the
   devices while step t runs; after dispatching step t the loop waits on steps until
   fewer than ``feed.steps_in_flight`` are in flight, and on all of them after the last.
   Each step's per-row outputs start their copy to the host at dispatch and are
-  collected (``rows``) right after the step is waited on.
+  collected (``rows``) right after the step is waited on. ``saver`` may start saving the
+  state a step returned before the next step is dispatched (and donates it).
   """
   in_flight: collections.deque = collections.deque()  # (index, token, outputs) not waited for
   host, placed = current
@@ -255,6 +291,7 @@ def _run_steps(step, params, state, current, inputs, feed, runner, bar, rows):
     state, token, per_row = step(params, state, placed)  # dispatch step t
     in_flight.append((index, token, rows.start(per_row, host.batch)))
     del per_row  # the pending copy holds what is needed
+    saver.after_step(state, feed.batches_consumed)
     host = next(inputs, None)
     if host is not None:  # place input t+1 while step t runs
       placed = runner.place_batch(host)
@@ -268,7 +305,7 @@ def _run_steps(step, params, state, current, inputs, feed, runner, bar, rows):
       return state
 
 
-def _step_feed(batches, length, runner, name, mask_key, steps_in_flight, timeout):
+def _step_feed(batches, length, runner, name, mask_key, steps_in_flight, timeout, saver):
   """The checked ``batches`` (an iterator, ``length`` of them if known) as step inputs, with
   the wait: one process, or several in lockstep."""
   settings = {  # must be equal on every process
@@ -289,6 +326,7 @@ def _step_feed(batches, length, runner, name, mask_key, steps_in_flight, timeout
     num_shards=runner.num_shards,
     steps_in_flight=steps_in_flight,
     timeout=timeout,
+    resume=saver.resume_at,
   )
 
 

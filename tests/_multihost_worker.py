@@ -18,6 +18,11 @@ Scenarios are named ``KIND:BACKEND:SIZES`` with SIZES like ``600-437`` (rows per
 * ``tfds`` -- each process reads its ``tfds.split_for_jax_process("train")`` share of the digits dataset.
 * ``outputs`` -- ``masked_eval(..., outputs=True)`` with row ids offset by the process's first row: each process
   gets its own rows back, then gathers everyone's with `gather_rows` (the recipe of HOWTO.md).
+* ``killresume`` -- ``checkpoint_dir=$MULTIHOST_TMP/resume``, generators; the last process SIGKILLs itself
+  mid-run (final scenario).
+* ``resume`` -- the same call in a new session: resumes from the step every process saved, skipping what each
+  consumed (reports the steps it found saved); ``resumedone`` -- once more: the stored result, and a source
+  that raises if read.
 * ``bench`` -- prints seconds per step with and without the has-data flag (not used by tests).
 """
 
@@ -188,12 +193,49 @@ def tfds_share(process):
   return dataset.map(features), [int(e["index"]) for e in dataset.as_numpy_iterator()]
 
 
+def run_resume(kind, backend, sizes, process, count):
+  """The ``killresume`` / ``resume`` / ``resumedone`` scenarios (one checkpoint directory for all)."""
+  import padded_eval as pe
+
+  directory = os.path.join(os.environ["MULTIHOST_TMP"], "resume")
+  hook = None
+  if kind == "killresume" and process == count - 1:
+
+    def hook(index):
+      if index == 25:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+  if kind == "resumedone":
+
+    def hook(index):
+      raise AssertionError("a finished evaluation read its source")
+
+  mine = os.path.join(directory, f"process_{process}")
+  saved = sorted(os.listdir(mine)) if os.path.isdir(mine) else []
+  rows = local_rows(sizes, process)
+  batches = pe.pad_batches(
+    chunks(rows, 100 + process, hook), BATCH, num_devices=2, pad_value=garbage_pad()
+  )
+  result = pe.masked_eval(
+    step_fn,
+    make_params(),
+    batches,
+    backend=backend,
+    timeout=5.0 if kind == "killresume" else TIMEOUT_S,
+    checkpoint_dir=directory,
+    checkpoint_every=3,
+  )
+  return dict(result, saved=saved)
+
+
 def run(scenario, process, count):
   import padded_eval as pe
 
   kind, backend, sizes = parse(scenario)
   if kind == "outputs":
     return run_outputs(backend, sizes, process)
+  if kind in ("killresume", "resume", "resumedone"):
+    return run_resume(kind, backend, sizes, process, count)
   last = process == count - 1
   rows = local_rows(sizes, process) if kind != "tfds" else None
   timeout = TIMEOUT_S

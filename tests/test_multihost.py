@@ -292,6 +292,39 @@ def test_stuck_process_makes_the_others_time_out_and_exit(three_hosts):
   assert three_hosts["exits"][2] in (None, -signal.SIGABRT)
 
 
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+  """Session 1: a checkpointed run whose process 1 is SIGKILLed mid-way; session 2 (same directory): resumed,
+  then called again (stored result), then the uninterrupted run for comparison."""
+  directory = tmp_path_factory.mktemp("resume")
+  killed = _run(2, ["killresume:pmap:600-437"], directory)
+  return killed, _run(
+    2, ["resume:pmap:600-437", "resumedone:pmap:600-437", "gen:pmap:600-437"], directory
+  )
+
+
+def test_killed_processes_resume_together_exactly(resumed):
+  killed, run = resumed
+  assert killed["exits"][1] == -signal.SIGKILL
+  assert _line(killed, 0, "killresume:pmap:600-437")["error"] in ("RuntimeError", "TimeoutError")
+  expected = reference([600, 437])
+  for process in range(2):
+    line = _line(run, process, "resume:pmap:600-437")
+    assert "error" not in line, line
+    result = line["result"]
+    saved = result.pop("saved")
+    assert any(name.startswith("step_") for name in saved), saved  # it did resume from a checkpoint
+    uninterrupted = _line(run, process, "gen:pmap:600-437")["result"]
+    assert result == uninterrupted  # bit-identical, on every process
+    assert result["num_examples"] == expected["num_examples"]
+    np.testing.assert_allclose(result["accuracy"], expected["accuracy"], rtol=1e-6)
+    np.testing.assert_allclose(result["mse"], expected["mse"], rtol=1e-5)
+    again = _line(run, process, "resumedone:pmap:600-437")
+    assert "error" not in again, again  # the stored result: the raising source was not read
+    assert again["result"].pop("saved") == ["result.json"]
+    assert again["result"] == uninterrupted
+
+
 @pytest.mark.parametrize("num_examples,count", [(5000, 3), (7, 2), (2, 3), (0, 2), (1037, 1)])
 def test_process_slice_covers_every_row_once_like_tfds(num_examples, count):
   slices = [process_slice(num_examples, process_index=p, process_count=count) for p in range(count)]

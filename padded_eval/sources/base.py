@@ -26,6 +26,7 @@ __all__ = [
   "RowIds",
   "Source",
   "check_index_key",
+  "drop_rows",
   "flatten_rows",
   "pad",
   "rechunk",
@@ -92,8 +93,23 @@ class Source(abc.ABC):
     del batch_size
     return self.chunks()
 
+  def chunks_from(self, batch_size: int, start_row: int) -> Iterator[Chunk]:
+    """Like `chunks_for`, from row `start_row` on (a resumed evaluation skips the rows before it).
+
+    The default reads the chunks before `start_row` and drops them unpadded (a source that can seek, e.g. a
+    Mapping or a grain `MapDataset`, overrides it). When every row is dropped it yields one empty chunk, so that
+    the row spec stays known.
+    """
+    chunks = self.chunks_for(batch_size)
+    return chunks if start_row == 0 else drop_rows(chunks, start_row)
+
   def padded(
-    self, batch_size: int, mask_key: str, pad_value: Any, ids: RowIds | None = None
+    self,
+    batch_size: int,
+    mask_key: str,
+    pad_value: Any,
+    ids: RowIds | None = None,
+    start_batch: int = 0,
   ) -> Generator[FlatBatch, None, BatchSpec | None]:
     """Flat batches of exactly `batch_size` rows plus ``(mask_key,)``: bool ``[batch_size]``, real rows first.
 
@@ -103,6 +119,7 @@ class Source(abc.ABC):
       pad_value: what padded rows hold (see `BatchSpec.fills`).
       ids: if given, each batch also gets ``(ids.key,)``: int32 ``[batch_size]``, each real row's position in
         the source plus ``ids.offset``, and -1 on padding rows.
+      start_batch: the first batch to yield; the rows of the batches before it are skipped (see `chunks_from`).
 
     Yields:
       ``{path: array [batch_size, ...]}`` with the mask (and the ids); a full batch aligned with a chunk is not
@@ -116,7 +133,8 @@ class Source(abc.ABC):
       ValueError: as `chunks`, a `pad_value` that does not fit (see `BatchSpec.fills`), a source key equal to
         ``ids.key``, or more rows than int32 ids can number.
     """
-    chunks = self.chunks_for(batch_size)
+    start = start_batch * batch_size
+    chunks = self.chunks_from(batch_size, start)
     first = next(chunks, None)
     if first is None:
       return self.spec
@@ -124,7 +142,6 @@ class Source(abc.ABC):
       check_index_key(first[0], ids.key)
     row_spec = BatchSpec.of_rows(first[0], unknown_rows=True)
     fills = row_spec.fills(pad_value)
-    start = 0
     for flat, rows in rechunk(itertools.chain([first], chunks), batch_size):
       batch = pad(flat, rows, batch_size, mask_key, fills)
       if ids is not None:
@@ -229,6 +246,22 @@ def pad(flat: FlatBatch, rows: int, batch_size: int, mask_key: str, fills: dict)
       out[path] = np.concatenate([leaf, padding])
   out[(mask_key,)] = np.arange(batch_size) < rows
   return out
+
+
+def drop_rows(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:
+  """`chunks` without their first `count` rows (read, not copied); an empty chunk if nothing is left."""
+  last = None
+  for flat, rows in chunks:
+    if rows <= count:
+      count -= rows
+      last = flat
+      continue
+    yield {p: leaf[count:] for p, leaf in flat.items()}, rows - count
+    count = 0
+    yield from chunks
+    return
+  if last is not None:
+    yield {p: leaf[:0] for p, leaf in last.items()}, 0
 
 
 def rechunk(chunks: Iterator[Chunk], size: int) -> Iterator[Chunk]:

@@ -19,6 +19,7 @@ grain is imported only once such a dataset is passed (it is already imported the
 from __future__ import annotations
 
 import collections.abc as cabc
+import copy
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -27,7 +28,7 @@ import numpy as np
 
 from padded_eval.batch_spec import BatchSpec, flatten, unflatten
 from padded_eval.sources.array_like import to_numpy
-from padded_eval.sources.base import Chunk, Source, flatten_rows
+from padded_eval.sources.base import Chunk, Source, drop_rows, flatten_rows
 
 __all__ = ["CHUNK_ROWS", "GrainSource", "grain_kind"]
 
@@ -119,6 +120,18 @@ class GrainSource(Source):
       data = self._data.to_iter_dataset() if self._kind == "MapDataset" else self._data
       elements = iter(data.batch(batch_size))
     return self._checked(elements)
+
+  def chunks_from(self, batch_size: int, start_row: int) -> Iterator[Chunk]:
+    """Seeks in an unbatched, unfiltered `MapDataset`; else reads and drops rows.
+
+    The seek reads one row before `start_row` (``dataset[start_row - 1:]``, that row dropped), so that the
+    row spec is known even when no row is left.
+    """
+    if start_row == 0 or self._kind != "MapDataset" or self._batched or self._filtered:
+      return super().chunks_from(batch_size, start_row)
+    seeked = copy.copy(self)
+    seeked._data = self._data[min(start_row, len(self._data)) - 1 :]
+    return drop_rows(seeked.chunks_for(batch_size), 1)
 
   def _checked(self, elements: Iterator[Any]) -> Iterator[Chunk]:
     first = None

@@ -40,3 +40,9 @@ class MappingSource(Source):
 
   def chunks(self) -> Iterator[Chunk]:
     return iter([(self._flat, self._rows)])
+
+  def chunks_from(self, batch_size: int, start_row: int) -> Iterator[Chunk]:
+    """Seeks: the rows from `start_row` on are views of the arrays (nothing before is touched)."""
+    del batch_size
+    start = min(start_row, self._rows)
+    return iter([({path: leaf[start:] for path, leaf in self._flat.items()}, self._rows - start)])

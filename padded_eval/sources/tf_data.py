@@ -107,9 +107,15 @@ class TfDataSource(Source):
       yield flat, len(next(iter(flat.values())))
 
   def padded(
-    self, batch_size: int, mask_key: str, pad_value: Any, ids: RowIds | None = None
+    self,
+    batch_size: int,
+    mask_key: str,
+    pad_value: Any,
+    ids: RowIds | None = None,
+    start_batch: int = 0,
   ) -> Generator[FlatBatch, None, BatchSpec | None]:
-    """Re-chunks and pads in the tf.data graph (the row ids too); see `Source.padded`.
+    """Re-chunks and pads in the tf.data graph (the row ids too); see `Source.padded`. Batches before
+    `start_batch` are skipped in the graph (``Dataset.skip``), before padding.
 
     Returns:
       (as the generator's return value) the row spec of the first batch (real sizes), else the static one.
@@ -125,8 +131,10 @@ class TfDataSource(Source):
     pad = _make_pad_fn(batch_size, mask_key, self._spec.fills(pad_value), ids)
     if ids is not None:  # every batch but the last is full, so batch b starts at row b * batch_size
       dataset = dataset.enumerate()
+    if start_batch:
+      dataset = dataset.skip(start_batch)
     dataset = dataset.map(pad, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    first_spec, first_id = None, 0 if ids is None else ids.offset
+    first_spec, first_id = None, 0 if ids is None else ids.offset + start_batch * batch_size
     added = () if ids is None else ((ids.key,),)
     for flat in self._numpy(dataset.prefetch(tf.data.AUTOTUNE)):
       if first_spec is None:  # real shapes replace the static spec's unknown sizes
