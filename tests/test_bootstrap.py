@@ -219,7 +219,11 @@ def batched_state(metric, data, batch_size, order, rng):
 
 @pytest.mark.parametrize(
   "metric",
-  [pe.metrics.Mean(argname="values"), pe.metrics.F1Score(num_classes=4), pe.metrics.AUROC()],
+  [
+    pe.metrics.Mean(argname="values"),
+    pe.metrics.F1Score(num_classes=4),
+    pe.metrics.AUROC(num_thresholds=64),
+  ],
   ids=["mean", "f1", "auroc"],
 )
 def test_replicas_do_not_depend_on_batching(metric):
@@ -257,7 +261,7 @@ def test_through_masked_eval_on_every_backend():
     preds=data["x"], target=data["y"], index=np.arange(n, dtype=np.int32)
   ).children
   results = {}
-  for backend, batch_size in [("pmap", 16), ("shard_map", 40), ("jit", 24)]:
+  for backend, batch_size in [("pmap", 16), ("jit", 24)]:
     batches = pe.pad_batches(
       data, batch_size, num_devices=8, pad_value={"x": np.nan, "y": -7}, index_key="index"
     )
@@ -357,5 +361,6 @@ def test_coverage_for_accuracy_and_a_mean():
   ]:
     low, high = np.quantile(reps, [0.025, 0.975], axis=1)
     coverage = np.mean((low <= truth) & (truth <= high))
+    print(f"coverage {coverage:.3f}, sd ratio {np.mean(reps.std(axis=1)) / sd:.3f}")
     assert 0.90 <= coverage <= 0.98, coverage
     assert abs(np.mean(reps.std(axis=1)) / sd - 1) < 0.15
