@@ -105,7 +105,8 @@ def reference_replicas(fn, data, seed=0, num_replicas=R):
 
 
 def run(metric, data, **kw):
-  return boot(metric, **kw).update(**data)
+  empty = boot(metric, **kw)
+  return jax.jit(lambda batch: empty.update(**batch))(data)
 
 
 @pytest.mark.parametrize("resample", ["auto", "repeat"])
@@ -183,9 +184,13 @@ def test_collection_with_a_loss_and_counting_metrics():
   data = classification_data(n=80, c=3)
   padded = with_padding(data, 4, np.random.default_rng(5))
   collection = pe.Metrics(
-    {"acc": pe.metrics.Accuracy(), "f1": pe.metrics.F1Score(num_classes=3, average="micro")}
+    {
+      "acc": pe.metrics.Accuracy(),
+      "f1": pe.metrics.F1Score(num_classes=3, average="micro"),
+      "xent": pe.losses.Crossentropy(),
+    }
   )
-  b = run(collection, padded)
+  b = run(collection, padded)  # F1 refuses weights: every member resampled by repeat masks
   replicas = b.replicas()
   pred_ids = data["preds"].argmax(-1)
   ref = reference_replicas(
@@ -193,8 +198,13 @@ def test_collection_with_a_loss_and_counting_metrics():
   )
   np.testing.assert_allclose(replicas["acc"], ref, rtol=2e-6)
   np.testing.assert_allclose(replicas["f1"], ref, rtol=2e-6)  # micro F1 = accuracy
+  logits = data["preds"].astype(np.float64)
+  log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  nll = -log_probs[np.arange(len(pred_ids)), data["target"]]
+  xent = reference_replicas(lambda k: np.sum(k * nll) / k.sum(), data)
+  np.testing.assert_allclose(replicas["xent"], xent, rtol=3e-6)
   logs = b.compute_logs()
-  assert set(logs) == {"acc", "acc_low", "acc_high", "f1", "f1_low", "f1_high"}
+  assert set(logs) == {f"{k}{s}" for k in ("acc", "f1", "xent") for s in ("", "_low", "_high")}
 
 
 def test_weights_and_repeat_modes_agree():
@@ -233,9 +243,9 @@ def test_replicas_do_not_depend_on_batching(metric):
   if isinstance(metric, pe.metrics.AUROC):
     data = {"preds": data["values"], "target": data["target"] % 2, "index": data["index"]}
   b = boot(metric)
-  whole = b.update(**data).replicas()
+  whole = jax.jit(lambda batch: b.update(**batch))(data).replicas()
   forward = batched_state(b, data, 16, range, rng).replicas()
-  backward = batched_state(b, data, 7, lambda s: reversed(range(s)), rng).replicas()
+  backward = batched_state(b, data, 16, lambda s: reversed(range(s)), rng).replicas()
   exact = not isinstance(metric, pe.metrics.Mean)
   for other in (forward, backward):
     if exact:  # integer counts
@@ -248,17 +258,19 @@ def test_through_masked_eval_on_every_backend():
   rng = np.random.default_rng(7)
   n, c = 150, 5
   data = {"x": rng.normal(size=(n, c)).astype(np.float32), "y": rng.integers(0, c, n)}
-  metric = pe.Metrics(
-    {"acc": boot(pe.metrics.Accuracy()), "f1": boot(pe.metrics.F1Score(num_classes=c))}
-  )
+  metric = pe.Metrics({"acc": boot(pe.metrics.Accuracy()), "mean": boot(pe.metrics.Mean())})
 
   def step(params, batch):
     return metric.batch_updates(
-      preds=batch["x"] * params, target=batch["y"], mask=batch["mask"], index=batch["index"]
+      preds=batch["x"] * params,
+      target=batch["y"],
+      values=batch["x"][:, 0],
+      mask=batch["mask"],
+      index=batch["index"],
     )
 
   host = metric.update(
-    preds=data["x"], target=data["y"], index=np.arange(n, dtype=np.int32)
+    preds=data["x"], target=data["y"], values=data["x"][:, 0], index=np.arange(n, dtype=np.int32)
   ).children
   results = {}
   for backend, batch_size in [("pmap", 16), ("jit", 24)]:
@@ -269,11 +281,11 @@ def test_through_masked_eval_on_every_backend():
     results[backend, batch_size] = logs
   for logs in results.values():
     assert logs["num_examples"] == n
-    for key in ("acc", "f1"):
-      assert logs[key] == float(host[key].compute())
-  # The collection reports its members' values; their intervals come from the members.
-  low, high = host["f1"].compute_interval()
-  assert low < float(host["f1"].compute()) < high
+    for key in ("acc", "mean"):
+      np.testing.assert_allclose(logs[key], host[key].compute(), rtol=1e-6)
+      low, high = host[key].compute_interval()
+      np.testing.assert_allclose([logs[f"{key}_low"], logs[f"{key}_high"]], [low, high], rtol=1e-6)
+      assert low < logs[key] < high
 
 
 def test_replicas_through_masked_eval_equal_the_host_bootstrap():
@@ -287,7 +299,8 @@ def test_replicas_through_masked_eval_equal_the_host_bootstrap():
       preds=batch["x"], target=batch["y"], mask=batch["mask"], index=batch["index"]
     )
 
-  host = metric.update(preds=data["x"], target=data["y"], index=np.arange(n, dtype=np.int32))
+  whole = {"preds": data["x"], "target": data["y"], "index": np.arange(n, dtype=np.int32)}
+  host = jax.jit(lambda batch: metric.update(**batch))(whole)
   reference = np.asarray(host.replicas())
   for backend, batch_size in [("pmap", 16), ("shard_map", 24), ("jit", 8)]:
     batches = pe.pad_batches(
@@ -364,3 +377,13 @@ def test_coverage_for_accuracy_and_a_mean():
     print(f"coverage {coverage:.3f}, sd ratio {np.mean(reps.std(axis=1)) / sd:.3f}")
     assert 0.90 <= coverage <= 0.98, coverage
     assert abs(np.mean(reps.std(axis=1)) / sd - 1) < 0.15
+
+
+def test_invalid_values_are_reported_as_the_wrapped_metric_reports_them():
+  data = classification_data(n=32)
+  data["target"][[3, 9]] = 7  # out of range for 4 classes, on real rows
+  wrapped = pe.metrics.Accuracy().update(**data)
+  b = run(pe.metrics.Accuracy(), data)
+  assert b.invalid_report() == wrapped.invalid_report() != []
+  collection = pe.Metrics({"top1": boot(pe.metrics.Accuracy())}).update(**data)
+  assert [name for name, _, _ in collection.invalid_report()] == ["top1"]
