@@ -84,11 +84,11 @@ def run(quick: bool = False) -> str:
     for r in replica_counts:
       wrapped = pe.metrics.Bootstrap(metric, num_replicas=r)
       seconds = step_seconds(wrapped, batch, steps, rounds)
-      row += [f"{seconds / bare:.1f}x", f"{wrapped.state_nbytes():,}"]
+      row += [f"{seconds * 1e3:.2f} ({seconds / bare:.1f}x)", f"{wrapped.state_nbytes():,}"]
     rows.append(row)
   header = ["metric", "bare ms/step"]
   for r in replica_counts:
-    header += [f"R={r} / bare", f"R={r} state bytes"]
+    header += [f"R={r} ms/step (/ bare)", f"R={r} state bytes"]
   return markdown_table(header, rows)
 
 
