@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
-from sklearn.metrics import accuracy_score, f1_score
+from sklearn.metrics import accuracy_score, cohen_kappa_score, f1_score, matthews_corrcoef
 
 import padded_eval as pe
 from padded_eval.metrics.poisson_counts import poisson_counts
@@ -127,6 +127,27 @@ def test_accuracy_and_macro_f1_match_sklearn(resample):
     low, high = b.compute_interval(0.9)
     ref = reference_replicas(fn, data)
     np.testing.assert_allclose([low, high], np.quantile(ref, [0.05, 0.95]), rtol=2e-6)
+
+
+def test_matthews_and_quadratic_kappa_match_sklearn():
+  data = classification_data(n=100, c=4, seed=10)
+  padded = with_padding(data, 4, np.random.default_rng(11))
+  pred_ids = data["preds"].argmax(-1)
+  cases = [
+    (pe.metrics.MatthewsCorrCoef(num_classes=4), matthews_corrcoef, {}),
+    (
+      pe.metrics.CohenKappa(num_classes=4, weights="quadratic"),
+      cohen_kappa_score,
+      {"weights": "quadratic"},
+    ),
+  ]
+  for metric, fn, options in cases:
+    b = run(metric, padded, num_replicas=12)
+    assert float(b.compute()) == float(metric.update(**padded).compute())
+    ref = lambda k: fn(data["target"], pred_ids, sample_weight=k, **options)  # noqa: E731
+    np.testing.assert_allclose(
+      b.replicas(), reference_replicas(ref, data, num_replicas=12), rtol=1e-5
+    )
 
 
 def test_confusion_matrix_counts_are_exact_integers():
