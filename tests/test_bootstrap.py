@@ -235,6 +235,17 @@ def test_weights_and_repeat_modes_agree():
   np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
+def test_routed_keywords_reach_the_wrapped_metric():
+  data = classification_data(n=48)
+  plain = run(pe.metrics.Accuracy(), data).replicas()
+  renamed = {"logits": data["preds"], "target": data["target"], "index": data["index"]}
+  inner = run(pe.metrics.Accuracy().map_arg(preds="logits"), renamed).replicas()
+  np.testing.assert_array_equal(inner, plain)
+  outer = boot(pe.metrics.Accuracy()).map_arg(index="row_id")
+  ids = {"preds": data["preds"], "target": data["target"], "row_id": data["index"]}
+  np.testing.assert_array_equal(jax.jit(lambda b: outer.update(**b))(ids).replicas(), plain)
+
+
 # --- invariance: batch size, order, padding, devices --------------------------------------
 
 

@@ -94,8 +94,10 @@ class Bootstrap(Metric):
     max_state_bytes: refuse configurations whose state exceeds this many bytes.
     name: the key in logs (default: the wrapped metric's name).
 
-  Update keywords: the wrapped metric's, plus ``index`` int ``[B]`` row ids (padding
-  rows may hold anything; ``pe.pad_batches(..., index_key="index")`` gives them).
+  Update keywords: the wrapped metric's, plus ``index`` int ``[B]`` row ids, unique
+  over the dataset (rows sharing an id share their counts; padding rows may hold
+  anything). ``pe.pad_batches(..., index_key="index")`` gives them; with several
+  processes add ``index_offset=`` so they are global.
 
   Raises:
     ValueError: a bad argument, or a state larger than ``max_state_bytes``.
