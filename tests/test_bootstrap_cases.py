@@ -19,10 +19,7 @@ NUM_REPLICAS = 4
 CHOSEN = (
   "mean_weighted_tokens",
   "accuracy_top3_weighted",
-  "mae",
-  "rmse",
   "std_ddof1_weighted_tokens",
-  "r2_variance_weighted",
   "pearson_two_outputs",
   "perplexity_ignore_index_row_mask",
 )
