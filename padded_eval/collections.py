@@ -199,8 +199,22 @@ class _Collection(Metric):
     return logs
 
   def compute_logs(self) -> dict[str, Any]:
-    """The same flat dict as :meth:`compute`."""
-    return self.compute()
+    """The flat dict of :meth:`compute`, plus the keys a member logs beside its value.
+
+    A member logging ``{name, name + suffix}`` (``pe.metrics.Bootstrap``: ``_low`` and
+    ``_high``) adds ``key + suffix`` after ``key``.
+    """
+    logs = {}
+    for key in self.names:
+      child = self.children[key]
+      value = child.compute()
+      for flat_key, flat_value in _flat_logs(key, value):
+        logs[unique_name(flat_key, logs)] = flat_value
+      if not isinstance(value, Mapping):
+        for extra, extra_value in child.compute_logs().items():
+          if extra.startswith(f"{child.name}_"):
+            logs[unique_name(key + extra[len(child.name) :], logs)] = extra_value
+    return logs
 
 
 class Metrics(_Collection):

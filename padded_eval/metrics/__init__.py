@@ -6,6 +6,7 @@ from padded_eval.metrics.averages import MSE as MSE
 from padded_eval.metrics.averages import RMSE as RMSE
 from padded_eval.metrics.averages import Mean as Mean
 from padded_eval.metrics.base import Metric as Metric
+from padded_eval.metrics.bootstrap import Bootstrap as Bootstrap
 from padded_eval.metrics.calibration import CalibrationError as CalibrationError
 from padded_eval.metrics.confusion import CohenKappa as CohenKappa
 from padded_eval.metrics.confusion import ConfusionMatrix as ConfusionMatrix
