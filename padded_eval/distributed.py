@@ -136,6 +136,7 @@ def step_feed(
   steps_in_flight: int,
   timeout: float | None,
   resume: ResumeAt | None = None,
+  pad_value: Any = 0,
 ) -> OneProcess | Lockstep:
   """The inputs of `masked_eval`'s steps and the wait on them: a `OneProcess`, or a `Lockstep`.
 
@@ -156,6 +157,7 @@ def step_feed(
     num_shards=num_shards,
     timeout=timeout,
     resume=resume,
+    pad_value=pad_value,
   )
 
 
@@ -211,6 +213,7 @@ def lockstep(
   num_shards: int,
   timeout: float | None,
   resume: ResumeAt | None = None,
+  pad_value: Any = 0,
 ) -> Lockstep:
   """Agrees with the other processes on batch structure and step count (several processes).
 
@@ -225,6 +228,8 @@ def lockstep(
     timeout: seconds to wait for the other processes; default `DEFAULT_TIMEOUT_S`.
     resume: a resumed run's start: step numbers continue from ``resume.steps`` (``length``
       still counts every batch, the consumed ones included).
+    pad_value: what the all-padding batches hold (``BatchSpec.padding_batch``); e.g. -1
+      for the row ids of ``pe.pad_batches(..., index_key=...)``.
 
   Returns:
     A `Lockstep`: iterating yields the `StepInput` of steps 0, 1, ... until the agreed end
@@ -265,7 +270,7 @@ def lockstep(
     lengths = [p["length"] for p in everyone]
   num_steps = None if None in lengths else max(lengths)
   source = iter(()) if first is None else itertools.chain([first], batches)
-  lockstep = Lockstep(source, spec.padding_batch(), num_steps, num_shards, timeout)
+  lockstep = Lockstep(source, spec.padding_batch(pad_value), num_steps, num_shards, timeout)
   lockstep.start_at(resume)
   return lockstep
 

@@ -237,7 +237,10 @@ def masked_eval(
   if saver.result is not None:
     return saver.result
   source = saver.skip(batches, mask_key)
-  feed = _step_feed(source, total, runner, backend, mask_key, steps_in_flight, timeout, saver)
+  padding = _padding_fills(batches)
+  feed = _step_feed(
+    source, total, runner, backend, mask_key, steps_in_flight, timeout, saver, padding
+  )
   inputs = iter(feed)
   first = _first_input(inputs)
   compiled = _compiled_step_for(step_fn, runner, mask_key, outputs)
@@ -305,15 +308,23 @@ def _run_steps(step, params, state, current, inputs, feed, runner, bar, rows, sa
       return state
 
 
-def _step_feed(batches, length, runner, name, mask_key, steps_in_flight, timeout, saver):
+def _padding_fills(batches) -> dict:
+  """What the all-padding batches of the multi-host lockstep hold: the row ids of
+  ``pe.pad_batches(..., index_key=...)`` are -1 on padding, as in every padded batch."""
+  index_key = getattr(batches, "index_key", None)
+  return {} if index_key is None else {index_key: -1}
+
+
+def _step_feed(batches, length, runner, name, mask_key, steps_in_flight, timeout, saver, padding):
   """The checked ``batches`` (an iterator, ``length`` of them if known) as step inputs, with
-  the wait: one process, or several in lockstep."""
+  the wait: one process, or several in lockstep (all-padding batches filled per ``padding``)."""
   settings = {  # must be equal on every process
     "backend": name,
     "axis_name": runner.data_axis,
     "mask_key": mask_key,
     "mesh": {str(k): int(v) for k, v in runner.mesh.shape.items()},
     "steps_in_flight": steps_in_flight,
+    "padding": padding,
   }
   steps_in_flight = _steps_in_flight(steps_in_flight)
   if timeout is not None:
@@ -327,6 +338,7 @@ def _step_feed(batches, length, runner, name, mask_key, steps_in_flight, timeout
     steps_in_flight=steps_in_flight,
     timeout=timeout,
     resume=saver.resume_at,
+    pad_value=padding,
   )
 
 

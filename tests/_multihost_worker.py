@@ -113,8 +113,18 @@ def step_fn(params, batch):
 
 
 def output_step(params, batch):
-  """`step_fn` plus per-row outputs: the logits and the row ids."""
-  return step_fn(params, batch), {
+  """`step_fn` plus per-row outputs: the logits and the row ids. Also counts, over EVERY row
+  (no mask), the rows whose id is not -1 exactly when the row is padding: the all-padding
+  batches of the multi-host lockstep must carry -1 ids too."""
+  import padded_eval as pe
+
+  metrics = step_fn(params, batch)
+  misplaced = (batch["index"] == -1) == batch["mask"]
+  counter = pe.metrics.Mean("misplaced_ids").batch_updates(
+    misplaced_ids=misplaced.astype("float32")
+  )
+  merged = pe.Metrics({**metrics.children, "misplaced_ids": counter})
+  return merged.replace_state(children={**metrics.children, "misplaced_ids": counter}), {
     "logits": batch["x"] @ params["w"] + params["b"],
     "index": batch["index"],
   }

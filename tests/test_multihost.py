@@ -231,6 +231,9 @@ def test_each_process_gets_its_own_rows_and_gathers_everyones(request, count, sc
       result["num_examples"] == expected["num_examples"]
     )  # the global count, as without outputs
     np.testing.assert_allclose(result["accuracy"], expected["accuracy"], rtol=1e-6)
+    assert (
+      result["misplaced_ids"] == 0.0
+    )  # padding rows (lockstep's too) carry id -1, real rows not
 
 
 def test_structure_mismatch_is_a_clear_error_on_every_process(two_hosts):
