@@ -374,5 +374,11 @@ class LossesAndMetrics(Metric):
     return logs
 
   def compute_logs(self) -> dict[str, Any]:
-    """The same flat dict as :meth:`compute`."""
-    return self.compute()
+    """The flat dict of :meth:`compute`, plus the keys members log beside their values
+    (``pe.metrics.Bootstrap``: ``name_low`` and ``name_high``)."""
+    logs = {"loss": self.total_loss()}
+    for part in (self.losses, self.metrics):
+      if part is not None:
+        for key, value in part.compute_logs().items():
+          logs[unique_name(key, logs)] = value
+    return logs

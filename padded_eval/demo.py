@@ -35,6 +35,7 @@ import numpy as np
 NUM_CLASSES = 10
 METRIC_KEYS = ("accuracy", "precision", "recall", "f1", "crossentropy")
 # Cross-entropy is a float32 sum of logs; the class-count metrics must be exact.
+BOOTSTRAP_REPLICAS = 1000  # the accuracy's 95% interval (pe.metrics.Bootstrap)
 TOLERANCE = {"accuracy": 1e-6, "precision": 1e-6, "recall": 1e-6, "f1": 1e-6, "crossentropy": 1e-5}
 
 DESCRIPTION = """\
@@ -265,7 +266,7 @@ def masked_eval_row(apply_fn, params, test_dataset, batch_size: int, backend: st
   metrics = pe.LossesAndMetrics(
     metrics=pe.Metrics(
       [
-        pe.metrics.Accuracy(),
+        pe.metrics.Bootstrap(pe.metrics.Accuracy(), num_replicas=BOOTSTRAP_REPLICAS),
         Precision(**counted),
         Recall(**counted),
         F1Score(name="f1", **counted),
@@ -278,11 +279,13 @@ def masked_eval_row(apply_fn, params, test_dataset, batch_size: int, backend: st
   def step_fn(params, batch):
     traces[0] += 1
     logits = apply_fn(params, batch["image"])
-    return metrics.batch_updates(preds=logits, target=batch["label"], mask=batch["mask"])
+    return metrics.batch_updates(
+      preds=logits, target=batch["label"], mask=batch["mask"], index=batch["index"]
+    )
 
-  batches = pe.pad_batches(test_dataset, batch_size)
+  batches = pe.pad_batches(test_dataset, batch_size, index_key="index")  # ids for the bootstrap
   results = pe.masked_eval(step_fn, params, batches, backend=backend)
-  row = {key: float(results[key]) for key in METRIC_KEYS}
+  row = {key: float(results[key]) for key in METRIC_KEYS + ("accuracy_low", "accuracy_high")}
   row.update(num_examples=int(results["num_examples"]), traces=traces[0], error=None)
   return row
 
@@ -512,6 +515,14 @@ def _report(summary: dict[str, Any]) -> str:
     )
   else:
     lines.append("MISMATCH: masked_eval does not match scikit-learn; this is a bug.")
+  for row in summary["rows"]:
+    if row.get("accuracy_low") is not None and not row["error"]:
+      lines.append(
+        f"(c) accuracy {row['accuracy']:.4f}, 95% bootstrap interval [{row['accuracy_low']:.4f}, "
+        f"{row['accuracy_high']:.4f}] ({BOOTSTRAP_REPLICAS} replicas from the same pass; the same "
+        "on every backend, batch size and device count)."
+      )
+      break
   if summary["plots"]:
     lines.append("plots (exact states of the whole split): " + ", ".join(summary["plots"]))
   lines.append(f"({summary['seconds']} s)")

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 METRICS = ("accuracy", "precision", "recall", "f1", "crossentropy")
@@ -57,6 +58,20 @@ def test_masked_eval_rows_match_sklearn(demo_json):
       assert row[key] == pytest.approx(reference[key], abs=1e-6), (row["label"], key)
     assert row["crossentropy"] == pytest.approx(reference["crossentropy"], rel=1e-5)
   assert demo_json["masked_eval_matches_sklearn"] is True
+
+
+def test_accuracy_interval_is_the_same_on_every_backend(demo_json):
+  """The demo's 95% bootstrap interval: around the exact accuracy, as wide as the binomial
+  standard error says (within 30%), and equal on pmap, shard_map and jit."""
+  reference = _row(demo_json, "scikit-learn")
+  masked = [row for row in demo_json["rows"] if "masked_eval" in row["label"]]
+  p, n = reference["accuracy"], reference["num_examples"]
+  for row in masked:
+    assert row["accuracy_low"] <= row["accuracy"] <= row["accuracy_high"]
+    width = row["accuracy_high"] - row["accuracy_low"]
+    assert width == pytest.approx(2 * 1.96 * np.sqrt(p * (1 - p) / n), rel=0.3)
+    assert row["accuracy_low"] == pytest.approx(masked[0]["accuracy_low"], abs=1e-6)
+    assert row["accuracy_high"] == pytest.approx(masked[0]["accuracy_high"], abs=1e-6)
 
 
 def test_naive_loops_show_the_four_failures(demo_json):
