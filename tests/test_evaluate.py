@@ -8,11 +8,13 @@ with a Python counter inside ``step_fn``; compilations with JAX's compile events
 import collections
 import itertools
 
+import _source_cases as source_cases
 import jax
 import jax.monitoring
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _source_cases import AccuracyAndMSE
 from sklearn.metrics import accuracy_score
 
 import padded_eval as pe
@@ -23,33 +25,9 @@ BACKENDS = ("pmap", "shard_map", "jit")
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
-class AccuracyAndMSE(Metric):
-  """Two nested metrics in one state: classification accuracy and regression MSE."""
-
-  accuracy: pe.metrics.Accuracy = state(lambda self: pe.metrics.Accuracy())
-  mse: pe.metrics.MSE = state(lambda self: pe.metrics.MSE())
-
-  def _batch_state(self, *, logits, labels, preds, target, mask=None, **_):
-    return {
-      "accuracy": self.accuracy.batch_updates(preds=logits, target=labels, mask=mask),
-      "mse": self.mse.batch_updates(preds=preds, target=target, mask=mask),
-    }
-
-  def compute(self):
-    return {"accuracy": self.accuracy.compute(), "mse": self.mse.compute()}
-
-  def compute_logs(self):
-    return self.compute()
-
-
 def make_params(seed=0):
-  """Small-integer weights with class biases k/8: float32 logits are exact, never tied."""
-  rng = np.random.default_rng(seed)
-  return {
-    "w_cls": rng.integers(-3, 4, (NUM_FEATURES, NUM_CLASSES)).astype(np.float32),
-    "b_cls": (np.arange(NUM_CLASSES) / 8).astype(np.float32),
-    "w_reg": rng.normal(size=(NUM_FEATURES,)).astype(np.float32),
-  }
+  """Small-integer weights with class biases k/8 (see _source_cases.make_params)."""
+  return source_cases.make_params(seed)
 
 
 def make_data(n, seed=1):
