@@ -4,6 +4,7 @@ Public names only, re-exported one per line. Importing this package does not
 initialise a JAX backend. How the modules fit together: docs/architecture.md.
 """
 
+import padded_eval.metrics.collections  # noqa: E402, F401  (keeps the old path pe.metrics.collections)
 from padded_eval import accumulate as accumulate
 from padded_eval import collections as collections
 from padded_eval import distributed as distributed
@@ -22,7 +23,6 @@ from padded_eval.data import pad_batches as pad_batches
 from padded_eval.distributed import process_slice as process_slice
 from padded_eval.evaluate import InvalidValuesWarning as InvalidValuesWarning
 from padded_eval.evaluate import masked_eval as masked_eval
-from padded_eval.metrics import collections as _metrics_collections  # noqa: F401  (the old path)
 from padded_eval.metrics.base import Metric as Metric
 from padded_eval.sharding import global_batch as global_batch
 from padded_eval.sharding import prefetch_to_device as prefetch_to_device

@@ -20,6 +20,7 @@ reduces the partial states exactly (``Metric.reduce``), the one collective of a 
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -212,7 +213,7 @@ def _finalize_program(backend: Backend) -> Callable:
 
 
 @dataclasses.dataclass(frozen=True)
-class _OnMesh:
+class _OnMesh(abc.ABC):
   """What every backend shares: a mesh and the axis the rows are split over."""
 
   mesh: Mesh
@@ -277,9 +278,9 @@ class _OnMesh:
   def place_state(self, state):
     return self.place_saved_state(_stacked(state, self.num_shards))
 
+  @abc.abstractmethod
   def finalize_program(self) -> Callable:
     """The uncached compiled reduce of the carried state; `finalize` caches it per backend."""
-    raise NotImplementedError(f"{type(self).__name__} defines no finalize_program")
 
   def to_host(self, state):
     return jax.device_get(jax.tree.map(lambda x: x.addressable_shards[0].data, state))
@@ -389,8 +390,8 @@ class JitBackend(_OnMesh):
     step = jax.jit(_merge_step(inner, mask_key, jnp.sum), donate_argnums=1, out_shardings=shardings)
     return CompiledStep(lambda params, batch: jax.eval_shape(statistics, params, batch), step)
 
-  def finalize(self, state):
-    return state  # already global: XLA reduced every step's sums across the mesh
+  def finalize_program(self):
+    return lambda state: state  # already global: XLA reduced every step's sums across the mesh
 
 
 BACKENDS: dict[str, type[Backend]] = {
