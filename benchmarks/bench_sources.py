@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
 import padded_eval as pe  # noqa: E402
+from benchmarks.bench_data import median_seconds  # noqa: E402
 
 BATCH = 256
 
@@ -41,19 +40,6 @@ def consume(batches) -> int:
   for batch in batches:
     rows += len(batch["label"])
   return rows
-
-
-def median_seconds(fns: dict, repeats: int) -> dict:
-  """Median seconds per named callable, runs interleaved so drift hits all alike (one warm-up each)."""
-  times = {name: [] for name in fns}
-  for fn in fns.values():
-    fn()
-  for _ in range(repeats):
-    for name, fn in fns.items():
-      start = time.perf_counter()
-      fn()
-      times[name].append(time.perf_counter() - start)
-  return {name: statistics.median(t) for name, t in times.items()}
 
 
 def padded(source):
