@@ -13,6 +13,7 @@ from padded_eval import masking as masking
 from padded_eval import metrics as metrics
 from padded_eval import plot as plot
 from padded_eval import regularizers as regularizers
+from padded_eval import results as results
 from padded_eval import routing as routing
 from padded_eval import validation as validation
 from padded_eval.collections import Losses as Losses
@@ -24,6 +25,7 @@ from padded_eval.distributed import process_slice as process_slice
 from padded_eval.evaluate import InvalidValuesWarning as InvalidValuesWarning
 from padded_eval.evaluate import masked_eval as masked_eval
 from padded_eval.metrics.base import Metric as Metric
+from padded_eval.results import EvalResults as EvalResults
 from padded_eval.sharding import global_batch as global_batch
 from padded_eval.sharding import prefetch_to_device as prefetch_to_device
 from padded_eval.sharding import shard as shard

@@ -12,8 +12,8 @@ split is evaluated on N virtual CPU devices:
     statistics; one compilation, every example counted once.
 
 Each row is compared with scikit-learn on the whole split in float64. With
-``--plots DIR`` it also draws, from exact states over padded batches of the test split,
-the confusion matrix, the ROC and PR curves (one per digit) and the reliability diagram
+``--plots DIR`` it also draws, from one more ``pe.masked_eval`` result (its ``.metric``
+holds the exact states of the whole test split), the confusion matrix, the ROC and PR curves (one per digit) and the reliability diagram
 (``pe.plot``), as PNGs in DIR.
 
 Nothing here initialises JAX at import time: ``__main__`` sets the device count
@@ -293,54 +293,47 @@ def masked_eval_row(apply_fn, params, test_dataset, batch_size: int, backend: st
 # --- the plots -------------------------------------------------------------------------
 
 
-def plot_states(apply_fn, params, test: dict[str, np.ndarray], batch_size: int):
-  """Exact states of the four plotted metrics over ``pe.pad_batches`` of the test split.
+def plot_results(apply_fn, params, test_dataset, batch_size: int, backend: str):
+  """``pe.masked_eval`` of the four plotted metrics over ``pe.pad_batches`` of the test split.
 
-  One jitted step merges each padded batch's statistics (the mask drops the padding);
-  returns ``(ConfusionMatrix, AUROC, AUPRC, CalibrationError)`` on the host.
+  Returns the result, whose ``.metric`` (the exact, reduced states) ``pe.plot`` draws.
   """
-  import jax
-
   import padded_eval as pe
 
   scores = {"task": "multiclass", "num_classes": NUM_CLASSES, "from_logits": True}
-  metrics = (
-    pe.metrics.ConfusionMatrix(NUM_CLASSES),
-    pe.metrics.AUROC(**scores),
-    pe.metrics.AUPRC(**scores),
-    pe.metrics.CalibrationError(10, **scores),
+  metrics = pe.Metrics(
+    {
+      "confusion": pe.metrics.ConfusionMatrix(NUM_CLASSES),
+      "auroc": pe.metrics.AUROC(**scores),
+      "auprc": pe.metrics.AUPRC(**scores),
+      "calibration": pe.metrics.CalibrationError(10, **scores),
+    }
   )
 
-  @jax.jit
-  def step(states, batch):
+  def step_fn(params, batch):
     logits = apply_fn(params, batch["image"])
-    inputs = {"preds": logits, "target": batch["label"], "mask": batch["mask"]}
-    return tuple(s.merge(m.batch_updates(**inputs)) for m, s in zip(metrics, states))
+    return metrics.batch_updates(preds=logits, target=batch["label"], mask=batch["mask"])
 
-  states = tuple(m.empty() for m in metrics)
-  for batch in pe.pad_batches(test, batch_size):
-    states = step(states, batch)
-  return jax.device_get(states)
+  return pe.masked_eval(step_fn, params, pe.pad_batches(test_dataset, batch_size), backend=backend)
 
 
-def write_plots(states, directory: str) -> list[str]:
-  """Draws the four states with ``pe.plot`` on Agg figures; returns the PNG paths."""
+def write_plots(results, directory: str) -> list[str]:
+  """Draws a ``plot_results`` result with ``pe.plot`` on Agg figures; returns the PNG paths."""
   from matplotlib.figure import Figure
 
   import padded_eval as pe
 
-  confusion, auroc, auprc, calibration = states
   draws = (
-    lambda ax: pe.plot.confusion_matrix(confusion, ax=ax),
-    lambda ax: pe.plot.roc_curve(auroc, ax=ax),
-    lambda ax: pe.plot.pr_curve(auprc, ax=ax),
-    lambda ax: pe.plot.reliability_diagram(calibration, ax=ax),
+    pe.plot.confusion_matrix,
+    pe.plot.roc_curve,
+    pe.plot.pr_curve,
+    pe.plot.reliability_diagram,
   )
   os.makedirs(directory, exist_ok=True)
   paths = []
   for name, draw in zip(PLOT_FILES, draws):
     figure = Figure(figsize=(6, 5))
-    draw(figure.subplots())
+    draw(results, ax=figure.subplots())
     paths.append(os.path.join(directory, name))
     figure.savefig(paths[-1], dpi=100, bbox_inches="tight")
   return paths
@@ -453,7 +446,8 @@ def run(args: argparse.Namespace) -> int:
   plots = []
   if args.plots:
     try:
-      plots = write_plots(plot_states(apply_fn, params, test, args.batch_size), args.plots)
+      drawn = plot_results(apply_fn, params, test_dataset, args.batch_size, backends[0])
+      plots = write_plots(drawn, args.plots)
     except ImportError as error:  # matplotlib, the optional extra, is missing
       print(f"--plots: {error}")
       return 2

@@ -47,6 +47,7 @@ from padded_eval.accumulate import ExactCount
 from padded_eval.batch_spec import BatchSpec
 from padded_eval.metrics.base import Metric
 from padded_eval.outputs import NoOutputs, RowOutputs
+from padded_eval.results import EvalResults
 from padded_eval.validation import check_choice
 
 __all__ = ["InvalidValuesWarning", "masked_eval"]
@@ -192,7 +193,10 @@ def masked_eval(
 
   Returns:
     ``metric.compute_logs()`` with scalars as Python floats and arrays as numpy
-    arrays, plus ``"num_examples"``: the exact int number of real rows seen.
+    arrays, plus ``"num_examples"``: the exact int number of real rows seen; a
+    `padded_eval.results.EvalResults` (a dict) whose ``.metric`` is the final metric on
+    the host, for its exact host views and `padded_eval.plot` (None for a result read
+    back from a finished checkpoint).
     With ``outputs=True``, the pair ``(results, per_row)``: ``per_row`` has the
     structure ``step_fn`` returned, with numpy leaves of exactly this process's
     real rows (padding removed), in the order of its batches: ``[num_examples, ...]``
@@ -235,7 +239,7 @@ def masked_eval(
   total = _length(batches)  # before iterating
   saver = _saver(checkpoint_dir, checkpoint_every, outputs, runner, params, timeout)
   if saver.result is not None:
-    return saver.result
+    return EvalResults(saver.result)
   source = saver.skip(batches, mask_key)
   padding = _padding_fills(batches)
   feed = _step_feed(
@@ -377,7 +381,7 @@ def _steps_in_flight(steps_in_flight: int | None) -> int:
   return steps_in_flight
 
 
-def _results(metric: Metric, count: ExactCount) -> dict[str, Any]:
+def _results(metric: Metric, count: ExactCount) -> EvalResults:
   logs = dict(metric.compute_logs())
   if NUM_EXAMPLES in logs:
     raise ValueError(
@@ -386,7 +390,7 @@ def _results(metric: Metric, count: ExactCount) -> dict[str, Any]:
     )
   logs = jax.tree.map(_to_python, logs)
   logs[NUM_EXAMPLES] = int(count.to_numpy())
-  return logs
+  return EvalResults(logs, metric)
 
 
 def _to_python(value):

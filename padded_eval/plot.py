@@ -5,8 +5,9 @@ device), draws on ``ax`` (a new figure's Axes when ``None``), labels the axes, s
 metric's value in the legend or title, and returns the Axes. The data drawn are the
 metric's own host views: :meth:`ConfusionMatrix.counts`, :meth:`AUROC.curve`,
 :meth:`AUPRC.curve` and :meth:`CalibrationError.bins`, so what is seen is exact for the
-whole dataset. ``masked_eval`` returns computed values, not states: of its results only a
-confusion matrix (an array ``[C, C]``) can be drawn; curves need the metric.
+whole dataset. Each also takes what ``masked_eval`` returns (its ``.metric`` is the final
+metric, reduced over every device and process) or a collection, and draws the member of
+the right type (``name=`` picks one when there are several).
 
 matplotlib is an optional extra (``pip install 'padded_eval[plot]'``), imported only when
 a function here is called. With ``ax=None`` a figure is made with ``matplotlib.pyplot``
@@ -25,9 +26,11 @@ from __future__ import annotations
 import numpy as np
 
 from padded_eval import validation
+from padded_eval.metrics.base import Metric
 from padded_eval.metrics.calibration import CalibrationError
 from padded_eval.metrics.confusion import NORMALIZE, ConfusionMatrix
 from padded_eval.metrics.curves import AUPRC, AUROC
+from padded_eval.results import EvalResults, find_metric
 
 MAX_CELL_TEXT = 20  # above this many classes a confusion matrix has no per-cell text
 MAX_TICKS = 20  # at most this many tick labels per axis of a confusion matrix
@@ -52,27 +55,22 @@ def new_axes(ax=None):
   return plt.subplots(figsize=(5.5, 4.5), layout="constrained")[1]
 
 
-def _check_metric(argname: str, metric, kind: type, hint: str = ""):
-  if not isinstance(metric, kind):
-    raise ValueError(
-      f"{argname} must be a padded_eval.metrics.{kind.__name__}; got {type(metric).__name__}{hint}"
-    )
-
-
 # --- confusion matrix -------------------------------------------------------------------
 
 
-def confusion_matrix(m, labels=None, normalize=None, ax=None, *, class_index=None):
+def confusion_matrix(m, labels=None, normalize=None, ax=None, *, class_index=None, name=None):
   """Draws a confusion matrix (rows true class, columns predicted) as a heat map.
 
   Args:
-    m: a :class:`~padded_eval.metrics.ConfusionMatrix`, or a ``[K, K]`` array of counts
-      (a ``masked_eval`` result's entry; a normalised one is drawn as it is).
+    m: a :class:`~padded_eval.metrics.ConfusionMatrix`, a collection or ``masked_eval``
+      result holding one, or a ``[K, K]`` array of counts (a normalised one is drawn as
+      it is).
     labels: ``K`` tick labels (default the class ids).
     normalize: ``None`` (counts), ``"true"`` (rows sum to 1), ``"pred"`` (columns) or
       ``"all"``; computed in float64 from the exact counts.
     ax: the Axes to draw on (default: a new figure).
     class_index: the label to draw for a multilabel metric (its ``[2, 2]`` table).
+    name: the member's key when ``m`` holds several confusion matrices.
 
   Returns:
     The Axes; its image array is the drawn table (``ax.images[0].get_array()``), the title
@@ -82,7 +80,7 @@ def confusion_matrix(m, labels=None, normalize=None, ax=None, *, class_index=Non
     ValueError: a wrong ``m``, ``normalize``, ``labels`` length or ``class_index``.
   """
   validation.check_choice("normalize", normalize, NORMALIZE)
-  counts = _confusion_counts(m, class_index)
+  counts = _confusion_counts(m, class_index, name)
   size = counts.shape[0]
   if labels is None:
     labels = [str(k) for k in range(size)]
@@ -106,9 +104,10 @@ def confusion_matrix(m, labels=None, normalize=None, ax=None, *, class_index=Non
   return ax
 
 
-def _confusion_counts(m, class_index) -> np.ndarray:
+def _confusion_counts(m, class_index, name) -> np.ndarray:
   """The ``[K, K]`` table to draw (exact int64 counts from a metric)."""
-  if isinstance(m, ConfusionMatrix):
+  if isinstance(m, Metric | EvalResults):
+    m = find_metric(m, ConfusionMatrix, "m", name)
     counts = m.counts()
     if m.task == "multilabel":
       valid = isinstance(class_index, int | np.integer) and not isinstance(class_index, bool)
@@ -152,22 +151,23 @@ def _cell_text(ax, table, integer: bool):
 # --- curves -------------------------------------------------------------------------------
 
 
-def roc_curve(m, ax=None, *, class_index=None):
+def roc_curve(m, ax=None, *, class_index=None, name=None):
   """Draws the ROC curve of an :class:`~padded_eval.metrics.AUROC` (one line per class).
 
   Args:
-    m: the AUROC metric.
+    m: the AUROC metric, or a collection or ``masked_eval`` result holding one.
     ax: the Axes to draw on (default: a new figure).
     class_index: ``None`` (every class), a class id, or ``"micro"``; see ``AUROC.curve``.
+    name: the member's key when ``m`` holds several AUROC metrics.
 
   Returns:
     The Axes: one line per curve, ``(fpr, tpr)`` as :meth:`AUROC.curve` returns them,
     labelled with its area, and a dashed chance line labelled ``"chance"``.
 
   Raises:
-    ValueError: ``m`` is not an AUROC, or a bad ``class_index``.
+    ValueError: ``m`` is not and holds no AUROC (or several and no ``name``), or a bad ``class_index``.
   """
-  _check_metric("m", m, AUROC, _STATE_HINT)
+  m = find_metric(m, AUROC, "m", name)
   ax = new_axes(ax)
   curves = _curves_by_name(m.curve(class_index))
   for name, (fpr, tpr, _) in curves.items():
@@ -177,22 +177,23 @@ def roc_curve(m, ax=None, *, class_index=None):
   return ax
 
 
-def pr_curve(m, ax=None, *, class_index=None):
+def pr_curve(m, ax=None, *, class_index=None, name=None):
   """Draws the precision-recall curve of an :class:`~padded_eval.metrics.AUPRC`.
 
   Args:
-    m: the AUPRC metric.
+    m: the AUPRC metric, or a collection or ``masked_eval`` result holding one.
     ax: the Axes to draw on (default: a new figure).
     class_index: ``None`` (every class), a class id, or ``"micro"``; see ``AUPRC.curve``.
+    name: the member's key when ``m`` holds several AUPRC metrics.
 
   Returns:
     The Axes: one step line (``drawstyle="steps-post"``) per curve, x recall and y
     precision as :meth:`AUPRC.curve` returns them, labelled with its average precision.
 
   Raises:
-    ValueError: ``m`` is not an AUPRC, or a bad ``class_index``.
+    ValueError: ``m`` is not and holds no AUPRC (or several and no ``name``), or a bad ``class_index``.
   """
-  _check_metric("m", m, AUPRC, _STATE_HINT)
+  m = find_metric(m, AUPRC, "m", name)
   ax = new_axes(ax)
   curves = _curves_by_name(m.curve(class_index))
   for name, (precision, recall, _) in curves.items():
@@ -202,12 +203,6 @@ def pr_curve(m, ax=None, *, class_index=None):
     )
   _finish(ax, m, curves, "recall", "precision", "lower left")
   return ax
-
-
-_STATE_HINT = (
-  " (masked_eval returns computed values; a curve needs the metric's state, e.g. "
-  "metric.update(...) or the merged metric of your own loop)"
-)
 
 
 def _curves_by_name(curves) -> dict[str, tuple]:
@@ -237,12 +232,13 @@ def _finish(ax, m, curves, xlabel: str, ylabel: str, where: str):
 # --- reliability ------------------------------------------------------------------------
 
 
-def reliability_diagram(m, ax=None):
+def reliability_diagram(m, ax=None, *, name=None):
   """Draws the reliability diagram of a :class:`~padded_eval.metrics.CalibrationError`.
 
   Args:
-    m: the CalibrationError metric.
+    m: the CalibrationError metric, or a collection or ``masked_eval`` result holding one.
     ax: the Axes to draw on (default: a new figure).
+    name: the member's key when ``m`` holds several CalibrationError metrics.
 
   Returns:
     The Axes: one bar per non-empty bin (left edge ``b / n_bins``, height its accuracy,
@@ -251,9 +247,9 @@ def reliability_diagram(m, ax=None):
     and the dashed diagonal ``"perfect calibration"``; the legend holds the metric's value.
 
   Raises:
-    ValueError: ``m`` is not a CalibrationError.
+    ValueError: ``m`` is not and holds no CalibrationError (or several and no ``name``).
   """
-  _check_metric("m", m, CalibrationError, _STATE_HINT)
+  m = find_metric(m, CalibrationError, "m", name)
   mean_confidence, accuracy, count = m.bins()
   filled = count > 0
   edges = np.linspace(0.0, 1.0, m.n_bins + 1)[:-1]

@@ -114,7 +114,9 @@ def test_confusion_matrix_errors_name_the_argument():
     pe.plot.confusion_matrix(metric, normalize="rows", ax=_axes())
   with pytest.raises(ValueError, match="labels has 2 entries; expected 3"):
     pe.plot.confusion_matrix(metric, labels=["a", "b"], ax=_axes())
-  with pytest.raises(ValueError, match="m must be a padded_eval.metrics.ConfusionMatrix.*AUROC"):
+  with pytest.raises(
+    ValueError, match="m must be a padded_eval.metrics.ConfusionMatrix.*; got AUROC"
+  ):
     pe.plot.confusion_matrix(M.AUROC(), ax=_axes())
   with pytest.raises(ValueError, match="class_index must be a label id"):
     pe.plot.confusion_matrix(M.ConfusionMatrix(3, task="multilabel"), ax=_axes())
@@ -230,7 +232,7 @@ def test_reliability_diagram_bars_are_the_bins(tmp_path):
   ],
 )
 def test_wrong_metric_type_is_a_value_error(draw, metric, expected):
-  with pytest.raises(ValueError, match=f"m must be a padded_eval.metrics.{expected}; got"):
+  with pytest.raises(ValueError, match=f"m must be a padded_eval.metrics.{expected}, a collection"):
     getattr(pe.plot, draw)(metric, ax=_axes())
 
 
@@ -244,3 +246,104 @@ def test_class_choice_errors_and_pyplot_default():
   ax = pe.plot.reliability_diagram(M.CalibrationError())  # ax=None: a new pyplot figure
   assert ax.figure in [plt.figure(n) for n in plt.get_fignums()]
   plt.close(ax.figure)
+
+
+# --- masked_eval results ------------------------------------------------------------------
+
+
+def _garbage_padding(batches, rng):
+  """The padded batches with NaN / huge / out-of-range values in every padded row."""
+  for batch in batches:
+    batch = dict(batch)
+    pad = ~batch["mask"]
+    preds = batch["preds"].copy()
+    preds[pad] = rng.choice(np.array([np.nan, np.inf, 3e38], np.float32), preds[pad].shape)
+    target = batch["target"].copy()
+    target[pad] = rng.integers(-5, 50, target[pad].shape)
+    batch.update(preds=preds, target=target)
+    yield batch
+
+
+def _evaluate(metrics, preds, target, backend, rng):
+  def step(params, batch):
+    del params
+    return metrics.batch_updates(preds=batch["preds"], target=batch["target"], mask=batch["mask"])
+
+  batches = pe.pad_batches({"preds": preds, "target": target}, 64)  # 1003 rows: 16 batches
+  return pe.masked_eval(step, None, list(_garbage_padding(batches, rng)), backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["jit", "pmap"])
+def test_masked_eval_result_draws_curves_and_confusion(backend, tmp_path):
+  rng = np.random.default_rng(7)
+  target = (rng.random(1003) < 0.35).astype(np.int32)
+  scores = np.clip(rng.normal(0.4 + 0.2 * target, 0.2), 0, 1)
+  scores = (np.round(scores * 1000) / 1000).astype(np.float32)  # on the bins' grid: exact
+  metrics = pe.Metrics(
+    {
+      "auroc": M.AUROC(1001, binning="linear"),
+      "auprc": M.AUPRC(1001, binning="linear"),
+      "cm": M.ConfusionMatrix(task="binary"),
+    }
+  )
+  results = _evaluate(metrics, scores, target, backend, rng)
+  assert results["num_examples"] == 1003 and isinstance(results, dict)
+  assert results["auroc"] == pytest.approx(skm.roc_auc_score(target, scores), abs=1e-6)
+  roc = pe.plot.roc_curve(results, ax=_axes())
+  (label,) = [k for k in _lines(roc) if k != "chance"]
+  fpr, tpr, _ = skm.roc_curve(target, scores, drop_intermediate=False)
+  np.testing.assert_allclose(_lines(roc)[label].get_xdata(), fpr, atol=1e-12)
+  np.testing.assert_allclose(_lines(roc)[label].get_ydata(), tpr, atol=1e-12)
+  pr = pe.plot.pr_curve(results, ax=_axes())
+  precision, recall, _ = skm.precision_recall_curve(target, scores)
+  np.testing.assert_allclose(pr.get_lines()[0].get_xdata(), recall, atol=1e-12)
+  np.testing.assert_allclose(pr.get_lines()[0].get_ydata(), precision, atol=1e-12)
+  cm = pe.plot.confusion_matrix(results, ax=_axes())
+  np.testing.assert_array_equal(
+    cm.images[0].get_array(), skm.confusion_matrix(target, scores > 0.5)
+  )
+  _saves_png(roc, tmp_path / "roc.png")
+
+
+def test_masked_eval_result_draws_reliability_and_picks_by_name():
+  rng = np.random.default_rng(8)
+  logits, target = _multiclass(rng, 1003)
+  config = {"task": "multiclass", "num_classes": 4, "from_logits": True}
+  metrics = pe.Metrics(
+    {
+      "ece": M.CalibrationError(10, **config),
+      "cm": M.ConfusionMatrix(4),
+      "cm_true": M.ConfusionMatrix(4, normalize="true"),
+    }
+  )
+  results = _evaluate(metrics, logits, target, "shard_map", rng)
+  ax = pe.plot.reliability_diagram(results, ax=_axes())
+  probs = np.exp(logits.astype(np.float64) - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  count, _ = np.histogram(probs.max(-1), np.linspace(0, 1, 11))
+  hit = (probs.argmax(-1) == target).astype(np.float64)
+  hits, _ = np.histogram(probs.max(-1), np.linspace(0, 1, 11), weights=hit)
+  filled = count > 0
+  np.testing.assert_allclose([b.get_height() for b in ax.patches], hits[filled] / count[filled])
+  with pytest.raises(ValueError, match=r"holds 2 ConfusionMatrix metrics \['cm', 'cm_true'\]"):
+    pe.plot.confusion_matrix(results, ax=_axes())
+  ax = pe.plot.confusion_matrix(results, name="cm", ax=_axes())
+  np.testing.assert_array_equal(
+    ax.images[0].get_array(), skm.confusion_matrix(target, logits.argmax(-1))
+  )
+
+
+def test_results_pickle_with_their_metric_and_a_stored_result_cannot_be_drawn(tmp_path):
+  import pickle
+
+  rng = np.random.default_rng(9)
+  logits, target = _multiclass(rng, 203)
+  results = _evaluate(pe.Metrics([M.ConfusionMatrix(4)]), logits, target, "jit", rng)
+  again = pickle.loads(pickle.dumps(results))
+  assert again.keys() == results.keys() and isinstance(again.metric, pe.Metrics)
+  np.testing.assert_array_equal(again["confusionmatrix"], results["confusionmatrix"])
+  counts = again.metric.children["confusionmatrix"].counts()
+  np.testing.assert_array_equal(counts, skm.confusion_matrix(target, logits.argmax(-1)))
+  stored = pe.results.EvalResults(dict(results))  # what a finished checkpoint gives back
+  with pytest.raises(ValueError, match="read back from a finished checkpoint"):
+    pe.plot.confusion_matrix(stored, ax=_axes())

@@ -47,6 +47,7 @@ LAYERS = {
   "padded_eval.checkpoint": 6,
   "padded_eval.evaluate": 6,
   "padded_eval.outputs": 6,
+  "padded_eval.results": 6,
   "padded_eval.plot": 7,  # pictures of metric states (matplotlib imported on use)
   "padded_eval.demo": 7,
   "padded_eval.__main__": 7,
