@@ -378,7 +378,7 @@ def _steps_in_flight(steps_in_flight: int | None) -> int:
 
 
 def _results(metric: Metric, count: ExactCount) -> dict[str, Any]:
-  logs = dict(metric.compute_logs())
+  logs = dict(step_cache.metric_logs(metric))
   if NUM_EXAMPLES in logs:
     raise ValueError(
       f"the metric logs a value named {NUM_EXAMPLES!r}, which masked_eval reserves for "

@@ -24,7 +24,14 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["RECOMPILES_BEFORE_WARNING", "CachedStep", "RecompileWarning", "cached_step", "step_key"]
+__all__ = [
+  "RECOMPILES_BEFORE_WARNING",
+  "CachedStep",
+  "RecompileWarning",
+  "cached_step",
+  "metric_logs",
+  "step_key",
+]
 
 RECOMPILES_BEFORE_WARNING = 3
 CACHE_SIZE = 64
@@ -170,3 +177,39 @@ def cached_step(step_fn: Callable, backend: Any, mask_key: str, outputs: bool) -
   else:
     _cache.move_to_end(key)
   return found
+
+
+_logs_programs: dict = {}  # (treedef, leaf shapes) -> jitted compute_logs, or None: not jittable
+_MISSING = object()
+
+
+def metric_logs(metric: Any) -> dict:
+  """``metric.compute_logs()`` of a host metric, by one cached jitted program where it traces.
+
+  Eagerly, a metric's ``compute`` dispatches a dozen small ops one by one (most of the fixed
+  cost of a short evaluation); jitted, it is one program per metric structure and shapes. A
+  ``compute_logs`` that does not trace (host-side numpy, non-array logs) runs eagerly, as before.
+
+  Args:
+    metric: a `padded_eval.metrics.Metric` (or collection) with host leaves.
+
+  Returns:
+    The logs, as ``metric.compute_logs()`` returns them (arrays instead of Python numbers).
+  """
+  try:
+    key = _shapes_key(metric)
+    program = _logs_programs.get(key, _MISSING)
+  except TypeError:  # unhashable configuration: no cache
+    return metric.compute_logs()
+  if program is None:
+    return metric.compute_logs()
+  if program is _MISSING:
+    program = jax.jit(lambda m: m.compute_logs())
+    try:
+      logs = program(metric)
+    except Exception:  # noqa: BLE001 - does not trace: compute eagerly from now on
+      _logs_programs[key] = None
+      return metric.compute_logs()
+    _logs_programs[key] = program
+    return logs
+  return program(metric)
