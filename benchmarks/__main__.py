@@ -30,7 +30,16 @@ import warnings  # noqa: E402
 
 import jax  # noqa: E402
 
-from benchmarks import anchors, bench_sources, exactness, per_row_outputs, scaling, speed  # noqa: E402
+from benchmarks import (  # noqa: E402
+  anchors,
+  bench_overhead,
+  bench_sharded,
+  bench_sources,
+  exactness,
+  per_row_outputs,
+  scaling,
+  speed,
+)
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -120,6 +129,8 @@ def main(argv=None) -> int:
   scaling_md, scaled = scaling.run(args.quick, log)
   sources_md, _ = bench_sources.run(args.quick, log)
   outputs_md, outputs_values = per_row_outputs.run(args.quick, log)
+  overhead_md, _ = bench_overhead.run(args.quick, log)
+  sharded_md, _ = bench_sharded.run(args.quick, log)
   plot_path = out / "scaling.png"
   plotted = scaling.plot(scaled["per_example"], str(plot_path))
   figure = (
@@ -161,7 +172,13 @@ one process run; every ratio is against a baseline timed in the same run. No num
 
 ## Per-example outputs (`masked_eval(..., outputs=True)`)
 
-{outputs_md}"""
+{outputs_md}
+## Fixed cost per call (small N, every backend)
+
+{overhead_md}
+## Sharded models (FSDP params, jit)
+
+{sharded_md}"""
   (out / "RESULTS.md").write_text(report)
   log(f"wrote {out / 'RESULTS.md'}" + (f" and {plot_path}" if plotted else ""))
   print(report)

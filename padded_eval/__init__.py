@@ -26,7 +26,9 @@ from padded_eval.evaluate import InvalidValuesWarning as InvalidValuesWarning
 from padded_eval.evaluate import masked_eval as masked_eval
 from padded_eval.metrics.base import Metric as Metric
 from padded_eval.results import EvalResults as EvalResults
+from padded_eval.sharding import data_axes as data_axes
 from padded_eval.sharding import global_batch as global_batch
 from padded_eval.sharding import prefetch_to_device as prefetch_to_device
 from padded_eval.sharding import shard as shard
 from padded_eval.sharding import unshard as unshard
+from padded_eval.step_cache import RecompileWarning as RecompileWarning

@@ -9,9 +9,11 @@ calls these methods. Adding a backend is one class here plus one line in `BACKEN
 * `PmapBackend` (``"pmap"``): ``jax.pmap`` over the local devices; ``step_fn`` sees one
   device's rows ``[B // devices, ...]``.
 * `ShardMapBackend` (``"shard_map"``): ``jax.shard_map`` over a mesh; rows are split over
-  the mesh's first axis and replicated over the others; ``step_fn`` sees one shard.
+  the mesh's data axes (`padded_eval.sharding.data_axes`) and replicated over the others;
+  ``step_fn`` sees one shard and whole, replicated params.
 * `JitBackend` (``"jit"``): ``jax.jit``; ``step_fn`` sees the global batch, a
-  ``jax.Array`` sharded over the mesh's first axis; XLA inserts the reductions.
+  ``jax.Array`` sharded over the data axes; params that are ``jax.Array``s on the mesh keep
+  their shardings (FSDP, tensor parallel: no copy, no gather); XLA inserts the reductions.
 
 Under pmap and shard_map every shard of the data axis carries its own partial state
 (stacked on a leading axis): a step merges locally and runs no collective; `finalize`
@@ -78,24 +80,29 @@ class Backend(Protocol):
 
   Attributes:
     mesh: the device mesh (for pmap: the local devices on one axis).
-    data_axis: the mesh axis the rows are split over (the one reduced across).
+    data_axes: the mesh axes the rows are split over (the ones reduced across).
+    data_axis: the same as collectives take it: the one name, or the tuple of names.
     num_shards: how many parts this process's batch is split into along its rows.
   """
 
   mesh: Mesh
-  data_axis: str
+  data_axes: tuple[str, ...]
   row_axes: int  # leading axes of a step's per_row output that index rows (pmap: device, row)
+
+  @property
+  def data_axis(self) -> str | tuple[str, ...]: ...
 
   @property
   def num_shards(self) -> int: ...
 
   @classmethod
-  def create(cls, axis_name: str, mesh: Mesh | None) -> Backend:
-    """The backend for ``masked_eval(axis_name=..., mesh=...)``; ValueError on a bad mesh."""
+  def create(cls, axis_name: str, mesh: Mesh | None, data_axes: Any = None) -> Backend:
+    """The backend for ``masked_eval(axis_name=..., mesh=..., data_axes=...)``; ValueError on a
+    bad mesh or data axes."""
     ...
 
   def place_params(self, params: Any) -> Any:
-    """``params`` on the devices, replicated, as the compiled step takes them."""
+    """``params`` on the devices as the compiled step takes them (replicated, or as sharded)."""
     ...
 
   def place_batch(self, inputs: StepInput) -> Any:
@@ -214,16 +221,20 @@ def _finalize_program(backend: Backend) -> Callable:
 
 @dataclasses.dataclass(frozen=True)
 class _OnMesh(abc.ABC):
-  """What every backend shares: a mesh and the axis the rows are split over."""
+  """What every backend shares: a mesh and the axes the rows are split over."""
 
   mesh: Mesh
-  data_axis: str
-  row_axes = 1  # a step's per_row output is [rows, ...], rows split over the data axis
+  data_axes: tuple[str, ...]
+  row_axes = 1  # a step's per_row output is [rows, ...], rows split over the data axes
 
   @property
+  def data_axis(self) -> str | tuple[str, ...]:
+    return self.data_axes[0] if len(self.data_axes) == 1 else self.data_axes
+
+  @functools.cached_property
   def num_shards(self) -> int:
-    # This process's part of the data axis: each process splits its own rows.
-    return self.mesh.local_mesh.shape[self.data_axis]
+    # This process's part of the data axes: each process splits its own rows.
+    return int(np.prod([self.mesh.local_mesh.shape[axis] for axis in self.data_axes]))
 
   @property
   def replicated(self) -> NamedSharding:
@@ -231,27 +242,28 @@ class _OnMesh(abc.ABC):
 
   @property
   def split(self) -> NamedSharding:
-    return NamedSharding(self.mesh, PartitionSpec(self.data_axis))
+    return NamedSharding(self.mesh, sharding_lib.partition_spec(self.data_axes))
 
   @classmethod
-  def create(cls, axis_name: str, mesh: Mesh | None):
+  def create(cls, axis_name: str, mesh: Mesh | None, data_axes=None):
     if mesh is None:
-      return cls(Mesh(np.array(jax.devices()), (axis_name,)), axis_name)
-    if not isinstance(mesh, Mesh):
+      mesh = Mesh(np.array(jax.devices()), (axis_name,))
+    elif not isinstance(mesh, Mesh):
       raise ValueError(f"mesh must be a jax.sharding.Mesh; got {type(mesh).__name__}")
-    data_axis = mesh.axis_names[0]
-    if axis_name != data_axis and axis_name in mesh.axis_names:
+    axes = sharding_lib.data_axes(mesh, data_axes)
+    if data_axes is None and axis_name in mesh.axis_names and axis_name not in axes:
       raise ValueError(
-        f"axis_name {axis_name!r} is not the mesh's first axis {data_axis!r}; the batch is "
-        f"split over the first axis of mesh {dict(mesh.shape)}: put {axis_name!r} first"
+        f"axis_name {axis_name!r} is not a data axis of mesh {dict(mesh.shape)}: the batch is "
+        f"split over {axes} (see padded_eval.sharding.data_axes); pass data_axes={axis_name!r} "
+        "to split it there"
       )
-    return cls(mesh, data_axis)
+    return cls(mesh, axes)
 
   def place_params(self, params):
     return jax.device_put(params, self.replicated)
 
   def place_batch(self, inputs):
-    return sharding_lib.global_batch(inputs, self.mesh, self.data_axis)
+    return sharding_lib.global_batch(inputs, self.mesh, self.data_axes)
 
   def finalize(self, state):
     return _finalize_program(self)(state)
@@ -261,7 +273,7 @@ class _OnMesh(abc.ABC):
     return {
       "backend": type(self).__name__,
       "mesh": {str(k): int(v) for k, v in self.mesh.shape.items()},
-      "data_axis": self.data_axis,
+      "data_axis": self.data_axis if len(self.data_axes) == 1 else list(self.data_axes),
       "num_shards": self.num_shards,
     }
 
@@ -292,13 +304,14 @@ class PmapBackend(_OnMesh):
   row_axes = 2  # a step's per_row output is [devices, rows per device, ...]
 
   @classmethod
-  def create(cls, axis_name, mesh):
-    if mesh is not None:
-      raise ValueError(
-        "mesh is used by the 'shard_map' and 'jit' backends; backend='pmap' runs on "
-        f"all local devices. Got mesh={mesh!r}; pass mesh=None or another backend."
-      )
-    return cls(Mesh(np.array(jax.local_devices()), (axis_name,)), axis_name)
+  def create(cls, axis_name, mesh, data_axes=None):
+    for name, value in (("mesh", mesh), ("data_axes", data_axes)):
+      if value is not None:
+        raise ValueError(
+          f"{name} is used by the 'shard_map' and 'jit' backends; backend='pmap' runs on "
+          f"all local devices. Got {name}={value!r}; pass {name}=None or another backend."
+        )
+    return cls(Mesh(np.array(jax.local_devices()), (axis_name,)), (axis_name,))
 
   def place_params(self, params):
     # jax.pmap misaligns in_axes=None for an argument without leaves (None, {}): anchor it.
@@ -328,8 +341,8 @@ class PmapBackend(_OnMesh):
   def finalize_program(self):
     return jax.pmap(_reduce_state(self.data_axis), self.data_axis)
 
-  def to_host(self, state):
-    return jax.device_get(jax.tree.map(lambda x: x.addressable_shards[0].data[0], state))
+  def to_host(self, state):  # index on the host: x[0] on the device is one dispatch per leaf
+    return jax.tree.map(lambda x: x[0], super().to_host(state))
 
 
 class ShardMapBackend(_OnMesh):
@@ -340,7 +353,7 @@ class ShardMapBackend(_OnMesh):
 
   def compile_step(self, step_fn, mask_key, outputs=False):
     inner, axis = jax.jit(checked_step_fn(step_fn, mask_key, outputs)), self.data_axis
-    replicated, split = PartitionSpec(), PartitionSpec(axis)
+    replicated, split = PartitionSpec(), sharding_lib.partition_spec(self.data_axes)
     statistics = jax.shard_map(
       _statistics(inner, mask_key, axis),
       mesh=self.mesh,
@@ -367,7 +380,7 @@ class ShardMapBackend(_OnMesh):
       jax.shard_map(
         lambda state: _reduce_state(self.data_axis)(_unstack(state)),
         mesh=self.mesh,
-        in_specs=PartitionSpec(self.data_axis),
+        in_specs=sharding_lib.partition_spec(self.data_axes),
         out_specs=PartitionSpec(),
       )
     )
@@ -381,6 +394,10 @@ class JitBackend(_OnMesh):
 
   def place_saved_state(self, state):
     return jax.device_put(state, self.replicated)
+
+  def place_params(self, params):
+    """Arrays already on the mesh keep their shardings (no copy); the rest is replicated."""
+    return sharding_lib.keep_or_replicate(params, self.mesh)
 
   def compile_step(self, step_fn, mask_key, outputs=False):
     inner = jax.jit(checked_step_fn(step_fn, mask_key, outputs))
@@ -402,12 +419,14 @@ BACKENDS: dict[str, type[Backend]] = {
 """The backends by name: the only place where a backend's name is looked at."""
 
 
-def make_backend(name: str, axis_name: str, mesh: Mesh | None) -> Backend:
-  """The backend called ``name``, for ``masked_eval(backend=name, axis_name=..., mesh=...)``.
+def make_backend(name: str, axis_name: str, mesh: Mesh | None, data_axes: Any = None) -> Backend:
+  """The backend called ``name``, for ``masked_eval(backend=name, axis_name=..., mesh=...,
+  data_axes=...)``.
 
   Raises:
-    ValueError: ``name`` is not in `BACKENDS`; a mesh with ``"pmap"``; a mesh that is not
-      a ``jax.sharding.Mesh``; ``axis_name`` a mesh axis other than the first.
+    ValueError: ``name`` is not in `BACKENDS`; a mesh or data_axes with ``"pmap"``; a mesh that
+      is not a ``jax.sharding.Mesh``; data_axes that are not axes of the mesh; ``axis_name`` a
+      mesh axis that the default rule does not split the batch over.
   """
   check_choice("backend", name, tuple(BACKENDS))
-  return BACKENDS[name].create(axis_name, mesh)
+  return BACKENDS[name].create(axis_name, mesh, data_axes)

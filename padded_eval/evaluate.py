@@ -18,8 +18,9 @@ iterator and the wait so that every process runs the same steps; the loop is the
 ``step_fn`` is traced once per call whatever the dataset length: the empty state's
 structure comes from ``jax.eval_shape`` of the step on the first batch, and that
 trace is reused by the compiled step (``step_fn`` is wrapped in one ``jax.jit``, whose
-trace cache both share). Compiled steps are cached per ``(step_fn, backend, mask_key)``,
-so a second call with the same shapes compiles nothing.
+trace cache both share). Compiled steps are cached per ``(step_fn, backend, mask_key)``
+(`padded_eval.step_cache`: equal ``functools.partial``s share an entry), with the empty
+state per input shapes, so a second call with the same shapes compiles and traces nothing.
 
 Values a metric cannot reject inside jit (NaN in real rows, out-of-range labels) are
 counted in its state; after the final reduce ``masked_eval`` reads
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import collections.abc as cabc
-import functools
 import itertools
 import time
 import warnings
@@ -42,7 +42,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from padded_eval import backends, checkpoint, distributed
+from padded_eval import backends, checkpoint, distributed, step_cache
 from padded_eval.accumulate import ExactCount
 from padded_eval.batch_spec import BatchSpec
 from padded_eval.metrics.base import Metric
@@ -80,32 +80,17 @@ def _checked_batches(batches: cabc.Iterator, mask_key: str, backend: backends.Ba
 
 
 def _shards(backend: backends.Backend) -> str | None:
-  """The shards of the data axis, in words, for messages; None: "the {n} devices"."""
+  """The shards of the data axes, in words, for messages; None: "the {n} devices"."""
   if backend.mesh.devices.ndim == 1:
     return None
+  axes = backend.data_axes
+  named = f"axis {axes[0]!r}" if len(axes) == 1 else f"axes {axes!r} (data_axes)"
   return (
-    f"the {backend.num_shards} shards of the mesh's first axis {backend.data_axis!r} "
-    f"(mesh {dict(backend.mesh.shape)})"
+    f"the {backend.num_shards} shards of the mesh's data {named} (mesh {dict(backend.mesh.shape)})"
   )
 
 
-# --- the compiled step, cached --------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=64)
-def _compiled_step(
-  step_fn: Callable, backend: backends.Backend, mask_key: str, outputs: bool
-) -> backends.CompiledStep:
-  return backend.compile_step(step_fn, mask_key, outputs)
-
-
-def _compiled_step_for(step_fn, backend, mask_key, outputs) -> backends.CompiledStep:
-  try:
-    return _compiled_step(step_fn, backend, mask_key, outputs)
-  except TypeError as e:  # an unhashable step_fn: build it uncached
-    if "unhashable" not in str(e):
-      raise
-    return backend.compile_step(step_fn, mask_key, outputs)
+# --- the empty state (the compiled steps are cached in padded_eval.step_cache) ------------
 
 
 def _empty_state(shapes) -> tuple[Metric, ExactCount]:
@@ -134,6 +119,7 @@ def masked_eval(
   backend: str = "pmap",
   axis_name: str = "batch",
   mesh: Mesh | None = None,
+  data_axes: str | tuple[str, ...] | None = None,
   progress: bool = False,
   mask_key: str = "mask",
   steps_in_flight: int | None = None,
@@ -151,16 +137,28 @@ def masked_eval(
       mask=batch["mask"])``). Under ``"pmap"`` and ``"shard_map"`` it sees one
       device's rows ``[B // shards, ...]`` and the driver reduces across
       ``axis_name``; under ``"jit"`` it sees the global batch ``[B, ...]``.
-    params: any pytree, passed to ``step_fn`` as it is; placed once, replicated.
+    params: any pytree, passed to ``step_fn`` as it is, placed once per call. Under
+      ``"jit"``, leaves that are ``jax.Array``s on the mesh's devices keep their shardings
+      (e.g. FSDP params sharded over ``("fsdp",)`` with ``NamedSharding``): the same
+      buffers, no copy, no gather outside what ``step_fn``'s own ops need; every other leaf
+      (numpy, Python scalars, arrays elsewhere) is replicated over the mesh. Under
+      ``"pmap"`` and ``"shard_map"`` ``step_fn`` sees whole params: they are replicated
+      (already replicated ``jax.Array``s are not copied again).
     batches: an iterable of dict batches whose every leaf is ``[B, ...]`` with the
       same ``B``, shapes and dtypes in every batch, and ``batch[mask_key]`` bool
       ``[B]`` True for real rows (as ``pe.pad_batches`` yields).
     backend: ``"pmap"``, ``"shard_map"`` or ``"jit"``.
     axis_name: the mapped axis name ``step_fn`` may use in collectives (pmap), and
-      the name of the default mesh's one axis. With an explicit ``mesh`` the batch
-      is split over ``mesh.axis_names[0]``.
+      the name of the default mesh's one axis. With an explicit ``mesh`` it must be one
+      of the data axes if it names a mesh axis.
     mesh: ``"shard_map"``/``"jit"`` only: the device mesh; rows are split over its
-      first axis and replicated over the others. Default: all devices on one axis.
+      data axes and replicated over the others. Default: all devices on one axis.
+    data_axes: ``"shard_map"``/``"jit"`` only: the mesh axis (str) or axes (tuple of
+      str) the batch's leading dimension is split over; the batch size must be divisible
+      by the product of their sizes. Default (None): every axis named ``"data"``,
+      ``"fsdp"`` or ``"batch"`` that the mesh has, in mesh order, else the mesh's first
+      axis (`padded_eval.sharding.data_axes`); e.g. the ``(data=1, fsdp=8, tensor=1)``
+      mesh of flax's lm1b example splits rows 8 ways over ``("data", "fsdp")``.
     progress: show a tqdm progress bar (batches, and real examples per second).
     mask_key: the batch key of the mask.
     steps_in_flight: at most this many dispatched steps not yet finished (>= 1).
@@ -204,9 +202,10 @@ def masked_eval(
     (gather them with ids from ``pe.pad_batches(..., index_key=...)``; see HOWTO.md).
 
   Raises:
-    ValueError: an unknown backend; a mesh with ``"pmap"``; no batches; a batch
+    ValueError: an unknown backend; a mesh or ``data_axes`` with ``"pmap"``; ``data_axes``
+      naming axes the mesh does not have; no batches; a batch
       without ``mask_key`` or with a batch size not divisible by the devices (or
-      the mesh's first axis); a batch whose shapes differ from the first; a
+      the shards of the data axes); a batch whose shapes differ from the first; a
       ``step_fn`` that does not return a Metric (with ``outputs=True``: a pair
       ``(metric, per_row)`` whose leaves have the step's rows as leading axis;
       ``outputs`` not a bool); with several processes, batches or settings that
@@ -232,7 +231,7 @@ def masked_eval(
     ...                mesh=jax.make_mesh((1,), ("batch",)))
     {'mean': 4.0, 'num_examples': 5}
   """
-  runner = backends.make_backend(backend, axis_name, mesh)
+  runner = backends.make_backend(backend, axis_name, mesh, data_axes)
   check_choice("on_invalid", on_invalid, ON_INVALID)
   if not isinstance(outputs, bool):
     raise ValueError(f"outputs must be True or False; got {outputs!r}")
@@ -247,9 +246,9 @@ def masked_eval(
   )
   inputs = iter(feed)
   first = _first_input(inputs)
-  compiled = _compiled_step_for(step_fn, runner, mask_key, outputs)
+  compiled = step_cache.cached_step(step_fn, runner, mask_key, outputs)
   host_params, params, placed = params, runner.place_params(params), runner.place_batch(first)
-  empty = _empty_state(compiled.state_shapes(params, placed.batch))
+  empty = compiled.empty_state(params, placed.batch, _empty_state)
   state = saver.restore(empty, first.batch, host_params, runner)
   bar = _ProgressBar(total, mask_key) if progress else _NoProgressBar()
   bar.add(first.batch)
@@ -325,6 +324,7 @@ def _step_feed(batches, length, runner, name, mask_key, steps_in_flight, timeout
   settings = {  # must be equal on every process
     "backend": name,
     "axis_name": runner.data_axis,
+    "data_axes": list(runner.data_axes),
     "mask_key": mask_key,
     "mesh": {str(k): int(v) for k, v in runner.mesh.shape.items()},
     "steps_in_flight": steps_in_flight,
@@ -382,7 +382,7 @@ def _steps_in_flight(steps_in_flight: int | None) -> int:
 
 
 def _results(metric: Metric, count: ExactCount) -> EvalResults:
-  logs = dict(metric.compute_logs())
+  logs = dict(step_cache.metric_logs(metric))
   if NUM_EXAMPLES in logs:
     raise ValueError(
       f"the metric logs a value named {NUM_EXAMPLES!r}, which masked_eval reserves for "

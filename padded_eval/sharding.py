@@ -13,9 +13,107 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["global_batch", "prefetch_to_device", "shard", "unshard"]
+__all__ = [
+  "DATA_AXIS_NAMES",
+  "data_axes",
+  "global_batch",
+  "keep_or_replicate",
+  "partition_spec",
+  "prefetch_to_device",
+  "shard",
+  "unshard",
+]
 
 _PMAP_AXIS = "devices"
+
+DATA_AXIS_NAMES = ("data", "fsdp", "batch")
+"""Mesh axes that split the batch by default (`data_axes`): the names data-parallel and FSDP
+meshes give them (flax's lm1b, wmt and gemma examples, maxtext, t5x)."""
+
+
+def data_axes(
+  mesh: jax.sharding.Mesh, requested: str | Sequence[str] | None = None
+) -> tuple[str, ...]:
+  """The mesh axes a batch's leading dimension is split over.
+
+  The rule when ``requested`` is None: every axis of `DATA_AXIS_NAMES` (``"data"``, ``"fsdp"``,
+  ``"batch"``) that the mesh has, in the mesh's order; if it has none, its first axis. So the
+  ``(data=1, fsdp=8, tensor=1)`` mesh of flax's lm1b example splits rows 8 ways over
+  ``("data", "fsdp")`` and replicates them over ``"tensor"``.
+
+  Args:
+    mesh: the device mesh.
+    requested: an axis name, a sequence of axis names, or None for the rule above.
+
+  Returns:
+    The data axes, a non-empty tuple of distinct axis names of ``mesh``, in the order given
+    (rows are split over them as ``PartitionSpec((axes...))`` does: the first is the slowest).
+
+  Raises:
+    ValueError: ``requested`` is empty, not a str or sequence of str, names an axis twice, or
+      names an axis the mesh does not have.
+
+  Example:
+    >>> import jax
+    >>> data_axes(jax.make_mesh((1, 8, 1), ("data", "fsdp", "tensor")))
+    ('data', 'fsdp')
+  """
+  names = tuple(mesh.axis_names)
+  if requested is None:
+    found = tuple(name for name in names if name in DATA_AXIS_NAMES)
+    return found or names[:1]
+  axes = (requested,) if isinstance(requested, str) else requested
+  if (
+    not isinstance(axes, cabc.Sequence)
+    or not axes
+    or not all(isinstance(a, str) for a in axes)
+    or len(set(axes)) != len(axes)
+    or not set(axes) <= set(names)
+  ):
+    raise ValueError(
+      f"data_axes must be an axis name or a non-empty tuple of distinct axis names of the mesh "
+      f"{dict(mesh.shape)}; got {requested!r}"
+    )
+  return tuple(axes)
+
+
+def keep_or_replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
+  """``tree`` placed on ``mesh`` the way `masked_eval(backend="jit")` takes params.
+
+  A leaf that is a ``jax.Array`` already laid out on the mesh's devices (a ``NamedSharding`` over
+  a mesh with the same devices in the same order, e.g. params sharded over ``("fsdp",)``) is kept
+  as it is: the same object, no copy, no gather. Every other leaf (numpy arrays, Python scalars,
+  arrays on other devices or uncommitted ones) is replicated over the mesh, in one
+  ``jax.device_put``.
+
+  Args:
+    tree: any pytree (params).
+    mesh: the device mesh.
+
+  Returns:
+    The pytree with every leaf a ``jax.Array`` on the mesh's devices.
+  """
+  leaves, treedef = jax.tree.flatten(tree)
+  devices = tuple(mesh.devices.flat)
+  moved = [i for i, leaf in enumerate(leaves) if not _laid_out_on(leaf, devices)]
+  if moved:
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    for i, placed in zip(moved, jax.device_put([leaves[i] for i in moved], replicated)):
+      leaves[i] = placed
+  return jax.tree.unflatten(treedef, leaves)
+
+
+def _laid_out_on(leaf: Any, devices: tuple) -> bool:
+  if not isinstance(leaf, jax.Array):
+    return False
+  if isinstance(leaf.sharding, jax.sharding.NamedSharding):
+    return tuple(leaf.sharding.mesh.devices.flat) == devices
+  return len(devices) == 1 and leaf.sharding.device_set == set(devices)
+
+
+def partition_spec(axes: tuple[str, ...]) -> jax.sharding.PartitionSpec:
+  """``PartitionSpec`` splitting the leading dimension over ``axes`` (one name, or a tuple)."""
+  return jax.sharding.PartitionSpec(axes[0] if len(axes) == 1 else tuple(axes))
 
 
 def shard(tree: Any, num_devices: int | None = None) -> Any:
@@ -111,10 +209,13 @@ def prefetch_to_device(
     yield queue.popleft()
 
 
-def global_batch(batch: Any, mesh: jax.sharding.Mesh | None = None, axis: str | None = None) -> Any:
+def global_batch(
+  batch: Any, mesh: jax.sharding.Mesh | None = None, axis: str | Sequence[str] | None = None
+) -> Any:
   """Turns this process's host batch into global `jax.Array`s sharded on the leading axis (for `jax.jit`).
 
-  Every leaf is split on its leading axis over mesh axis `axis` and replicated over the mesh's other axes, with
+  Every leaf is split on its leading axis over mesh axis `axis` (or axes) and replicated over the mesh's other
+  axes, with
   `jax.make_array_from_process_local_data`. With several processes, each passes its own local rows; the global
   leading size is the sum over processes (rows are ordered by process).
 
@@ -122,7 +223,8 @@ def global_batch(batch: Any, mesh: jax.sharding.Mesh | None = None, axis: str | 
     batch: pytree of numeric host arrays ``[local_B, ...]``; `local_B` divisible by the number of this process's
       shards along `axis`.
     mesh: the device mesh; default all devices on one axis named ``"batch"``.
-    axis: the mesh axis to split rows over; default the mesh's first axis.
+    axis: the mesh axis to split rows over, or a tuple of axes (rows split over their product);
+      default the mesh's first axis.
 
   Returns:
     The pytree with leaves ``jax.Array [global_B, ...]`` with sharding ``NamedSharding(mesh, P(axis))``.
@@ -133,16 +235,19 @@ def global_batch(batch: Any, mesh: jax.sharding.Mesh | None = None, axis: str | 
   """
   if mesh is None:
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("batch",))
-  axis = mesh.axis_names[0] if axis is None else axis
-  if axis not in mesh.axis_names:
+  axes = (
+    (mesh.axis_names[0],) if axis is None else (axis,) if isinstance(axis, str) else tuple(axis)
+  )
+  if not axes or not set(axes) <= set(mesh.axis_names):
     raise ValueError(f"axis {axis!r} is not an axis of the mesh; expected one of {mesh.axis_names}")
-  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis))
-  local_shards = mesh.local_mesh.shape[axis]
+  sharding = jax.sharding.NamedSharding(mesh, partition_spec(axes))
+  local_shards = int(np.prod([mesh.local_mesh.shape[a] for a in axes]))
+  what = f"mesh axis {axes[0]!r}" if len(axes) == 1 else f"mesh axes {axes!r}"
   _reject_strings(batch)
 
   def make(path, leaf):
     _check_divisible(
-      path, leaf, local_shards, f"{local_shards}, this process's shards along mesh axis {axis!r}"
+      path, leaf, local_shards, f"{local_shards}, this process's shards along {what}"
     )
     return jax.make_array_from_process_local_data(sharding, leaf)
 
