@@ -202,6 +202,25 @@ def fit(counts, values) -> tuple[float, float]:
 
 from _step_collectives import step_collectives  # noqa: E402  (tests/, on the path above)
 
+
+def print_requests(stub_max: int, before_max: int) -> None:
+  """The request table: simulated before up to ``before_max`` (checked against P + P*P), then the formula."""
+  print("| P | requests before | requests after | bytes back before | bytes back after |")
+  print("|---:|---:|---:|---:|---:|")
+  count, before = 2, None
+  while count <= stub_max:
+    after = count_requests(count, False)
+    if count <= before_max:
+      before, before_count = count_requests(count, True), count
+      assert before[0] == count + count * count, before  # one set and P gets per process
+      requests, sent = f"{before[0]:,}", f"{before[1]:,}"
+    else:  # P records to each of P processes: bytes grow like P*P
+      requests = f"{count + count * count:,} (P + P*P)"
+      sent = f"~{before[1] * (count / before_count) ** 2:,.0f} (extrapolated)"
+    print(f"| {count:,} | {requests} | {after[0]:,} | {sent} | {after[1]:,} |", flush=True)
+    count *= 2
+
+
 # --- report -------------------------------------------------------------------------------------------------
 
 
@@ -216,19 +235,14 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=40, help="steps per masked_eval run")
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument("--stub-max", type=int, default=4096, help="largest simulated P")
+  parser.add_argument(
+    "--before-max", type=int, default=1024, help="largest P simulated before #21 (P*P gets: slow)"
+  )
   parser.add_argument("--parts", default="requests,collectives,seconds")
   args = parser.parse_args()
   parts = args.parts.split(",")
   if "requests" in parts:
-    print("| P | requests before | requests after | bytes back before | bytes back after |")
-    print("|---:|---:|---:|---:|---:|")
-    count = 2
-    while count <= args.stub_max:
-      before, after = count_requests(count, True), count_requests(count, False)
-      print(
-        f"| {count:,} | {before[0]:,} | {after[0]:,} | {before[1]:,} | {after[1]:,} |", flush=True
-      )
-      count *= 2
+    print_requests(args.stub_max, args.before_max)
   if "collectives" in parts:
     print("\n| backend | devices | all-reduces without flag | with flag |")
     print("|---|---:|---|---|")

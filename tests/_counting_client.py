@@ -21,50 +21,76 @@ class DeadlineExceeded(Exception):
 class CountingClient:
   """In-memory key-value store and barriers; ``counts[method]`` requests, ``bytes_out`` sent back.
 
+  Directory reads return one level (``key_value_dir_get("a/")`` gives ``a/x``, not ``a/b/x``).
+
   Args:
     count: the number of processes (a barrier passes when all ``count`` arrived).
   """
 
   def __init__(self, count: int):
     self.count = count
-    self.counts: collections.Counter = collections.Counter()
-    self.bytes_out = 0
     self._lock = threading.Lock()
+    self._values: dict[str, str] = {}
     self._dirs: dict[str, dict[str, str]] = collections.defaultdict(dict)
     self._ready: dict[str, threading.Event] = collections.defaultdict(threading.Event)
     self._barriers: dict[str, set] = collections.defaultdict(set)
     self._deadlines: dict[str, float] = {}
+    self._local = threading.local()
+    self._per_thread: list[
+      collections.Counter
+    ] = []  # each thread counts its own: no lock per request
+
+  @property
+  def counts(self) -> collections.Counter:
+    """Requests so far by method (and ``"bytes_out"``, not a request)."""
+    total: collections.Counter = collections.Counter()
+    for counts in list(self._per_thread):
+      total.update(counts)
+    total.pop("bytes_out", None)
+    return total
 
   @property
   def requests(self) -> int:
     """All requests so far."""
     return sum(self.counts.values())
 
+  @property
+  def bytes_out(self) -> int:
+    """Bytes of values (and keys, for directory reads) the coordinator sent back."""
+    return sum(counts["bytes_out"] for counts in list(self._per_thread))
+
   def _count(self, method: str, sent: int = 0) -> None:
-    with self._lock:
-      self.counts[method] += 1
-      self.bytes_out += sent
+    counts = getattr(self._local, "counts", None)
+    if counts is None:
+      counts = self._local.counts = collections.Counter()
+      with self._lock:
+        self._per_thread.append(counts)
+    counts[method] += 1
+    counts["bytes_out"] += sent
 
   def key_value_set(self, key: str, value: str) -> None:
     self._count("key_value_set")
     directory, _ = key.rsplit("/", 1)
     with self._lock:
       self._dirs[directory + "/"][key] = value
+      self._values[key] = value
       event = self._ready[key]
     event.set()
 
   def blocking_key_value_get(self, key: str, timeout_in_ms: int) -> str:
-    with self._lock:
-      event = self._ready[key]
-    if not event.wait(timeout_in_ms / 1000):
-      self._count("blocking_key_value_get")
-      raise DeadlineExceeded(f"DEADLINE_EXCEEDED: key {key} not found within {timeout_in_ms} ms")
-    value = self._dirs[key.rsplit("/", 1)[0] + "/"][key]
+    value = self._values.get(key)
+    if value is None:
+      with self._lock:
+        event = self._ready[key]
+      if not event.wait(timeout_in_ms / 1000):
+        self._count("blocking_key_value_get")
+        raise DeadlineExceeded(f"DEADLINE_EXCEEDED: key {key} not found within {timeout_in_ms} ms")
+      value = self._values[key]
     self._count("blocking_key_value_get", len(value))
     return value
 
   def key_value_try_get(self, key: str) -> str:
-    value = self._dirs[key.rsplit("/", 1)[0] + "/"].get(key)
+    value = self._values.get(key)
     self._count("key_value_try_get", len(value or ""))
     if value is None:
       raise KeyError(f"NOT_FOUND: {key}")
