@@ -191,10 +191,30 @@ def seconds(counts, repo, calls, steps, repeats) -> dict[int, dict[str, float]]:
   return found
 
 
-def fit(counts, values) -> tuple[float, float]:
-  """Least squares ``value = a + b * P``."""
-  slope, intercept = np.polyfit(np.asarray(counts, float), np.asarray(values, float), 1)
+REQUESTS = {"before": lambda p: p + p * p, "after": lambda p: 4 * p + 2}
+"""Pre-flight requests at the coordinator per P (counted with the stub: `print_requests`)."""
+
+
+def fit(xs, values) -> tuple[float, float]:
+  """Least squares ``value = a + b * x``."""
+  slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(values, float), 1)
   return float(intercept), float(slope)
+
+
+def print_fits(found: dict, version: str) -> None:
+  """Fits ``a + b * P`` and, for the pre-flight, ``a + t * requests(P)``; projects to `PROJECT_TO`."""
+  counts = sorted(found)
+  for name in ("preflight", "known", "flagged"):
+    a, b = fit(counts, [found[c][name] for c in counts])
+    projected = ", ".join(f"P={p:,}: {a + b * p:.3g} s" for p in PROJECT_TO)
+    print(f"- {name}, linear in P: {1000 * a:.2f} ms + {1000 * b:.3f} ms * P; {projected}")
+  requests = REQUESTS[version]
+  a, t = fit([requests(c) for c in counts], [found[c]["preflight"] for c in counts])
+  projected = ", ".join(f"P={p:,}: {a + t * requests(p):.3g} s" for p in PROJECT_TO)
+  print(
+    f"- preflight, linear in requests ({version}): {1000 * a:.2f} ms + {1e6 * t:.1f} us * requests; "
+    + projected
+  )
 
 
 # --- 3. collectives per step ------------------------------------------------------------------------------
@@ -239,6 +259,9 @@ def main() -> None:
     "--before-max", type=int, default=1024, help="largest P simulated before #21 (P*P gets: slow)"
   )
   parser.add_argument("--parts", default="requests,collectives,seconds")
+  parser.add_argument(
+    "--version", choices=sorted(REQUESTS), default="after", help="what --repo holds"
+  )
   args = parser.parse_args()
   parts = args.parts.split(",")
   if "requests" in parts:
@@ -263,10 +286,7 @@ def main() -> None:
     for count, row in found.items():
       ms = {k: 1000 * v for k, v in row.items()}
       print(f"| {count} | {ms['preflight']:.1f} | {ms['known']:.2f} | {ms['flagged']:.2f} |")
-    for name in ("preflight", "known", "flagged"):
-      a, b = fit(counts, [found[c][name] for c in counts])
-      projected = ", ".join(f"P={p}: {1000 * (a + b * p):.0f} ms" for p in PROJECT_TO)
-      print(f"- {name}: {1000 * a:.2f} ms + {1000 * b:.3f} ms * P; {projected}")
+    print_fits(found, args.version)
 
 
 if __name__ == "__main__":
