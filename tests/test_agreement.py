@@ -92,17 +92,18 @@ def test_different_setting_is_named_on_every_process():
   }
 
 
-def test_failure_before_the_first_step_reaches_every_other_process():
+@pytest.mark.parametrize("failing", [3, 0])  # 0: the checker itself
+def test_failure_before_the_first_step_reaches_every_other_process(failing):
   def mine(process):
-    return record(None, "mask", 10, SETTINGS, "OSError: disk on fire" if process == 3 else None)
+    failure = "OSError: disk on fire" if process == failing else None
+    return record(None, "mask", 10, SETTINGS, failure)
 
   outcomes, _ = run_preflight(6, mine)
-  assert outcomes[3] is None  # its caller re-raises its own failure
-  for process in (0, 1, 2, 4, 5):
+  assert outcomes[failing] is None  # its caller re-raises its own failure
+  for process in set(range(6)) - {failing}:
     assert isinstance(outcomes[process], RuntimeError)
-    assert "process 3 failed before the first step (OSError: disk on fire)" in str(
-      outcomes[process]
-    )
+    expected = f"process {failing} failed before the first step (OSError: disk on fire)"
+    assert expected in str(outcomes[process])
 
 
 @pytest.mark.parametrize("absent", [5, 0])
@@ -178,3 +179,18 @@ def test_private_coordination_client_is_where_jax_keeps_it():
   if jax_distributed.global_state.client is None:
     with pytest.raises(RuntimeError, match="jax.distributed is not initialized"):
       service_client()
+
+
+def test_stub_counts_an_all_to_all_read_quadratically():
+  """The first version's pattern (one set, then one blocking get of every process's key) counts P + P*P:
+  the stub sees every request, so the linear counts above are not an artifact of the stub."""
+  for count in (4, 16, 64):
+    client = CountingClient(count)
+
+    def one(process, client=client, count=count):
+      client.key_value_set(f"all/{process}", str(process))
+      return [int(client.blocking_key_value_get(f"all/{p}", 5000)) for p in range(count)]
+
+    outcomes = simulate(count, one)
+    assert all(o == list(range(count)) for o in outcomes)
+    assert client.requests == count + count * count
