@@ -240,7 +240,8 @@ def lockstep(
     ValueError: the processes' batches or settings differ (the same message on every process), or no process
       has any batch.
     RuntimeError: another process failed before its first step (this one re-raises its own failure).
-    TimeoutError: a process did not arrive within `timeout` seconds.
+    TimeoutError: a process did not arrive within `timeout` seconds, or process 0 (which
+      checks the pre-flight, `padded_eval.agreement`) did not publish its verdict within another `timeout`.
   """
   timeout = DEFAULT_TIMEOUT_S if timeout is None else check_timeout(timeout)
   try:
