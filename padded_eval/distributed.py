@@ -5,11 +5,12 @@ holds collectives (`psum`) that wait for all processes. A process that runs one 
 shape, dies, or never arrives leaves the others waiting in that collective forever. `masked_eval` calls this module
 so that none of this can happen:
 
-1. **Pre-flight.** Before any collective, every process publishes (`padded_eval.coordination.exchange`) the
-   `BatchSpec` of its first batch, its number of batches when known, and the call's settings
-   (backend, mask key, ...). All processes read all of them (waiting at most `timeout` seconds) and check that they
-   agree; a difference raises the same `ValueError`, naming the process and the leaf, on every process. A process
-   without any batch learns the batch structure here and feeds all-padding batches.
+1. **Pre-flight** (`padded_eval.agreement`). Before any collective, every process publishes the `BatchSpec` of
+   its first batch, its number of batches when known, and the call's settings (backend, mask key, ...), with a
+   fixed-size digest of them, and waits (at most `timeout` seconds) until all did. Process 0 compares the digests
+   and publishes the verdict; a difference raises the same `ValueError`, naming the process and the leaf, on
+   every process. A process without any batch learns the batch structure here and feeds all-padding batches.
+   O(P) requests to the coordinator in total.
 2. **Known lengths** (every process's batches have a ``len()``): every process runs ``max(len)`` steps, padding with
    all-padding batches (mask all False). No per-step cost.
 3. **Unknown lengths** (a generator, a filtered ``tf.data`` pipeline): each step's input also carries a
@@ -55,9 +56,9 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from padded_eval.agreement import agree, record
 from padded_eval.backends import StepInput
-from padded_eval.batch_spec import BatchSpec
-from padded_eval.coordination import exchange, first_line
+from padded_eval.coordination import first_line
 
 __all__ = [
   "DEFAULT_TIMEOUT_S",
@@ -239,36 +240,21 @@ def lockstep(
     ValueError: the processes' batches or settings differ (the same message on every process), or no process
       has any batch.
     RuntimeError: another process failed before its first step (this one re-raises its own failure).
-    TimeoutError: a process did not arrive within `timeout` seconds.
+    TimeoutError: a process did not arrive within `timeout` seconds, or process 0 (which
+      checks the pre-flight, `padded_eval.agreement`) did not publish its verdict within another `timeout`.
   """
   timeout = DEFAULT_TIMEOUT_S if timeout is None else check_timeout(timeout)
   try:
     first, failure = next(batches, None), None
   except Exception as err:  # reported to the others first, then re-raised here
     first, failure = None, err
-  mine = {
-    "batch": None if first is None else BatchSpec.from_batch(first, mask_key).to_json(),
-    "length": length,
-    "settings": settings,
-    "failure": None if failure is None else f"{type(failure).__name__}: {first_line(failure)}",
-  }
-  everyone = exchange(mine, f"{next_call_number()}/preflight", timeout)
+  failed = None if failure is None else f"{type(failure).__name__}: {first_line(failure)}"
+  mine = record(first, mask_key, length, settings, failed)
+  resume = resume or ResumeAt()
+  agreed = agree(mine, f"{next_call_number()}/preflight", timeout, mask_key, resume.spec)
   if failure is not None:
     raise failure
-  failed = [
-    (process, payload["failure"]) for process, payload in enumerate(everyone) if payload["failure"]
-  ]
-  if failed:
-    raise RuntimeError(
-      f"masked_eval on process {jax.process_index()}: process {failed[0][0]} failed before the "
-      f"first step ({failed[0][1]}); no step was run"
-    )
-  resume = resume or ResumeAt()
-  spec = _agreed(everyone, mask_key, resume.spec)
-  lengths = [p["length"] if p["batch"] is not None else 0 for p in everyone]
-  if resume.spec is not None:  # a process out of data may still have consumed batches
-    lengths = [p["length"] for p in everyone]
-  num_steps = None if None in lengths else max(lengths)
+  spec, num_steps = agreed
   source = iter(()) if first is None else itertools.chain([first], batches)
   lockstep = Lockstep(source, spec.padding_batch(pad_value), num_steps, num_shards, timeout)
   lockstep.start_at(resume)
@@ -292,41 +278,6 @@ def next_call_number() -> int:
   skips a call (a test of a process that never arrives) takes one number to stay aligned with the others.
   """
   return next(_call_numbers)
-
-
-def _agreed(everyone: list[dict], mask_key: str, saved: dict | None = None) -> BatchSpec:
-  """The common batch spec; ValueError (the same on every process) on any disagreement.
-
-  ``saved``: a resumed run's saved spec, used when no process has a batch left."""
-  settings = everyone[0]["settings"]
-  for process, payload in enumerate(everyone):
-    for name, value in payload["settings"].items():
-      if value != settings.get(name):
-        raise ValueError(
-          f"masked_eval got {name}={value!r} on process {process} but {name}="
-          f"{settings.get(name)!r} on process 0; every process must pass the same"
-        )
-  with_data = [p for p, payload in enumerate(everyone) if payload["batch"] is not None]
-  if not with_data and saved is not None:
-    return BatchSpec.from_json(saved)
-  if not with_data:
-    raise ValueError(
-      f"batches yielded no batch on any of the {len(everyone)} processes; masked_eval needs "
-      "at least one (an all-padding batch is fine: pe.pad_batches(..., num_batches=1))"
-    )
-  reference_process = with_data[0]
-  reference = BatchSpec.from_json(everyone[reference_process]["batch"])
-  for process in with_data[1:]:
-    difference = BatchSpec.from_json(everyone[process]["batch"]).difference(reference)
-    if difference is not None:
-      raise ValueError(
-        f"masked_eval: the batches of process {process} differ from those of process "
-        f"{reference_process}: {difference}. Every process must feed batches of the same "
-        "structure, shapes and dtypes (the same batch_size and features in pe.pad_batches)"
-      )
-  if reference.mask_key != mask_key:
-    raise ValueError(f"the batches have no mask key {mask_key!r}; pad them with pe.pad_batches")
-  return reference
 
 
 class Lockstep:
