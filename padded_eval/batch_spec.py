@@ -20,6 +20,7 @@ __all__ = [
   "FlatBatch",
   "LeafSpec",
   "Path",
+  "fill_value",
   "flatten",
   "path_name",
   "unflatten",
@@ -211,7 +212,8 @@ class BatchSpec:
         rows = "rows" if self.mask_key is None else str(self.batch_size)
         raise ValueError(
           f"batch {index}: key {path_name(path)} has shape {other._full_shape(path)}; expected "
-          f"[{', '.join(map(str, (rows, *want.shape)))}] like batch 0{self._hint()}"
+          f"[{', '.join(map(str, (rows, *want.shape)))}] like batch 0"
+          + (_pad_shapes_hint(path, got.shape, want.shape) or self._hint())
         )
       if got.dtype != want.dtype and not (
         got.dtype.kind in "US" and got.dtype.kind == want.dtype.kind
@@ -351,7 +353,7 @@ class BatchSpec:
         fit (or is not exactly representable in) the leaf's dtype.
     """
     self.check_pad_keys(pad_value)
-    return {path: _fill_value(pad_value, path, leaf.dtype) for path, leaf in self.leaves.items()}
+    return {path: fill_value(pad_value, path, leaf.dtype) for path, leaf in self.leaves.items()}
 
   def padding_batch(self, pad_value: Any = 0, batch_size: int | None = None) -> dict:
     """An all-padding batch: every leaf ``[B, *row shape]`` filled per `fills`, and the mask all False.
@@ -380,6 +382,22 @@ class BatchSpec:
     return unflatten(flat)
 
 
+def _pad_shapes_hint(path: Path, got: tuple, want: tuple) -> str | None:
+  """For trailing sizes that vary between batches (variable lengths): the `pad_shapes` that fixes them."""
+  if len(got) != len(want) or None in got or None in want:
+    return None
+  first = next(axis for axis, (a, b) in enumerate(zip(got, want)) if a != b)
+  sizes = tuple(max(a, b) if a != b else None for a, b in zip(got[first:], want[first:]))
+  literal = repr(sizes)
+  for key in reversed(path):
+    literal = f"{{{key!r}: {literal}}}"
+  return (
+    f". Its trailing sizes vary between batches (variable lengths?): pad them to fixed sizes, e.g. "
+    f"pe.pad_batches(..., pad_shapes={literal}) with sizes of at least the longest row (None keeps an "
+    "axis), so that every batch has one shape and the step compiles once"
+  )
+
+
 def _plain(path: Path) -> str:
   return "/".join(map(str, path))
 
@@ -388,8 +406,20 @@ def _shapes(spec: BatchSpec) -> str:
   return ", ".join(f"{path_name(p)}: {spec._full_shape(p)}" for p in spec.leaves)
 
 
-def _fill_value(pad_value: Any, path: Path, dtype: np.dtype) -> Any:
-  """The scalar that pads leaf `path` of `dtype`, checked to fit the dtype."""
+def fill_value(pad_value: Any, path: Path, dtype: np.dtype) -> Any:
+  """The scalar that pads leaf `path` of `dtype`, checked to fit the dtype.
+
+  Args:
+    pad_value: a scalar, or a dict nested like the batch of per-key scalars (see `BatchSpec.fills`).
+    path: the leaf's key path.
+    dtype: the leaf's dtype.
+
+  Returns:
+    A numpy scalar of `dtype` (or str/bytes for a string leaf).
+
+  Raises:
+    ValueError: a dict where a scalar belongs, a string for a number, or a value that does not fit `dtype`.
+  """
   value = pad_value
   for key in path:
     if not isinstance(value, cabc.Mapping):

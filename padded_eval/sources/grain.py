@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from padded_eval.batch_spec import BatchSpec, flatten, unflatten
+from padded_eval.batch_spec import flatten, unflatten
 from padded_eval.sources.array_like import to_numpy
-from padded_eval.sources.base import Chunk, Source, drop_rows, flatten_rows
+from padded_eval.sources.base import Chunk, Source, drop_rows
 
 __all__ = ["CHUNK_ROWS", "GrainSource", "grain_kind"]
 
@@ -51,6 +51,7 @@ class GrainSource(Source):
   """Reads a grain dataset or DataLoader; re-iterating starts a new pass (grain datasets are re-iterable)."""
 
   description = "a grain dataset or DataLoader"
+  fits_shapes = True
 
   @classmethod
   def accepts(cls, obj: Any) -> bool:
@@ -133,15 +134,16 @@ class GrainSource(Source):
     seeked._data = self._data[min(start_row, len(self._data)) - 1 :]
     return drop_rows(seeked.chunks_for(batch_size), 1)
 
+  def batch_rows(self) -> int | None:
+    """Rows of the first batch of a batched pipeline (read once), else None."""
+    if not self._batched:
+      return None
+    first = next(self.chunks(), None)
+    return None if first is None else first[1]
+
   def _checked(self, elements: Iterator[Any]) -> Iterator[Chunk]:
-    first = None
-    for index, element in enumerate(elements):
-      flat, rows = flatten_rows(_named(element, index), self._mask_key, f"batch {index}")
-      if first is None:
-        first = BatchSpec.of_rows(flat)
-      else:
-        first.check_rows(flat, index)
-      yield flat, rows
+    named = (_named(element, index) for index, element in enumerate(elements))
+    return self.checked_chunks(named, self._mask_key, "batch {index}")
 
 
 def _named(element: Any, index: int) -> Any:
