@@ -75,8 +75,8 @@ def pad_batches(
       (``padded_batch`` to each batch's longest row) are then padded in numpy rather than in the graph.
     length_keys: with `pad_shapes`: ``{key in pad_shapes: new top-level key}``; each batch also gets
       ``batch[new key]``: int32 ``[batch_size]``, each row's length along the key's first fixed axis (a ragged
-      row's length, else 1 + the last position that holds a value other than the pad value), and the pad value
-      on padding rows. E.g. ``length_keys={"inputs": "length"}`` and the token mask
+      row's length, else 1 + the last position that holds a value other than the pad value), and 0 on padding
+      rows. E.g. ``length_keys={"inputs": "length"}`` and the token mask
       ``jnp.arange(60) < batch["length"][:, None]``.
 
   Returns:
@@ -284,8 +284,9 @@ class PaddedBatches(cabc.Iterable):
         "fields are unknown; pass a Mapping or a tf.data.Dataset with static shapes, or num_batches=None"
       )
     padded_spec = row_spec.padded_to(self.batch_size, self.mask_key)
+    pad_value = self.pad_value if self._fitter is None else self._fitter.pad_values(row_spec)
     for _ in range(self.num_batches - count):
-      batch = padded_spec.padding_batch(self.pad_value)
+      batch = padded_spec.padding_batch(pad_value)
       if self._ids is not None:  # no real row: every id is -1
         batch[self._ids.key] = row_ids(0, 0, self.batch_size)
       yield batch

@@ -190,6 +190,8 @@ class Source(abc.ABC):
     if ids is not None:
       check_index_key(first[0], ids.key)
     row_spec = BatchSpec.of_rows(first[0], unknown_rows=True)
+    if self.shape_fitter is not None:  # lengths fields pad with 0
+      pad_value = self.shape_fitter.pad_values(row_spec)
     fills = row_spec.fills(pad_value)
     for flat, rows in rechunk(itertools.chain([first], chunks), batch_size):
       batch = pad(flat, rows, batch_size, mask_key, fills)

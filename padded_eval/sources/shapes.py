@@ -23,6 +23,7 @@ from padded_eval.batch_spec import (
   fill_value,
   flatten,
   path_name,
+  unflatten,
 )
 from padded_eval.sources.array_like import to_numpy
 
@@ -125,6 +126,18 @@ class ShapeFitter:
     for key in self.length_keys.values():
       leaves[(key,)] = LeafSpec((), np.dtype(LENGTH_DTYPE))
     return dataclasses.replace(spec, leaves=leaves)
+
+  def pad_values(self, spec: BatchSpec) -> dict:
+    """Per-leaf pad values for batches of `spec` (a fitted row spec): `pad_value`'s, and 0 for lengths.
+
+    Raises:
+      ValueError: a `pad_value` that does not fit a leaf (see `BatchSpec.fills`).
+    """
+    lengths = {(key,) for key in self.length_keys.values()}
+    source = BatchSpec({path: leaf for path, leaf in spec.leaves.items() if path not in lengths})
+    fills = source.fills(self.pad_value)
+    fills.update({path: LENGTH_DTYPE(0) for path in lengths})
+    return unflatten(fills)
 
   def fit(self, flat: FlatBatch, first_row: int = 0) -> FlatBatch:
     """One chunk with the keys of `sizes` padded to their fixed sizes (and the lengths fields added).
