@@ -95,12 +95,15 @@ class BatchSpec:
     batch_size: rows per batch ``B``; None for the spec of a source's rows (any number of rows).
     mask_key: top-level key of the bool ``[B]`` mask; None for the spec of a source's rows.
     structure: the pytree structure (containers) of a padded batch from `from_batch`, else None; not compared.
+    mask_fn: the ``masked_eval(mask_fn=...)`` of a padded pytree batch (then `mask_key` is None), else None;
+      not compared.
   """
 
   leaves: dict[Path, LeafSpec]
   batch_size: int | None = None
   mask_key: str | None = None
   structure: Any = dataclasses.field(default=None, compare=False, repr=False)
+  mask_fn: Any = dataclasses.field(default=None, compare=False, repr=False)
 
   @classmethod
   def of_rows(cls, flat: FlatBatch, unknown_rows: bool = False) -> BatchSpec:
@@ -118,25 +121,36 @@ class BatchSpec:
 
   @classmethod
   def from_batch(
-    cls, batch: Any, mask_key: str = "mask", index: int = 0, allow_strings: bool = False
+    cls,
+    batch: Any,
+    mask_key: str = "mask",
+    index: int = 0,
+    allow_strings: bool = False,
+    mask_fn: Any = None,
   ) -> BatchSpec:
     """Checks a padded batch (the input contract of `masked_eval`) and returns its spec.
 
     Args:
-      batch: a dict (any pytree below it) of arrays ``[B, ...]`` with ``batch[mask_key]``: bool ``[B]``.
-      mask_key: top-level key of the mask.
+      batch: a dict (any pytree below it) of arrays ``[B, ...]`` with ``batch[mask_key]``: bool ``[B]``; with
+        `mask_fn`, any pytree (a jraph ``GraphsTuple``, a tuple, ...) whose every leaf is ``[B, ...]``.
+      mask_key: top-level key of the mask (unused with `mask_fn`).
       index: the batch's position, for messages.
       allow_strings: accept string/bytes leaves (they cannot go to a device).
+      mask_fn: ``mask_fn(batch) -> bool [B, ...]``, the real elements of a pytree batch; called here on the
+        host, on batch 0 only (`check` does not call it).
 
     Returns:
-      The spec, with ``batch_size = B`` and `mask_key`.
+      The spec, with ``batch_size = B`` and `mask_key` (with `mask_fn`: `mask_key` None, `mask_fn` kept).
 
     Raises:
       ValueError: not a Mapping, no `mask_key`, a mask that is not bool ``[B]``, a leaf whose leading size is
-        not ``B``, or (unless `allow_strings`) a string leaf.
+        not ``B``, or (unless `allow_strings`) a string leaf; with `mask_fn`: no leaf, leading sizes that
+        disagree, or (batch 0) a `mask_fn` result that is not bool ``[B, ...]``.
     """
     import jax  # deferred: the data layer is usable without touching JAX
 
+    if mask_fn is not None:
+      return cls._from_tree(batch, index, allow_strings, mask_fn)
     if not isinstance(batch, cabc.Mapping):
       raise ValueError(
         f"batch {index} is a {type(batch).__name__}; expected a dict of arrays with a "
@@ -157,21 +171,50 @@ class BatchSpec:
     leaves = {}
     flat, structure = jax.tree_util.tree_flatten_with_path(batch)
     for key_path, leaf in flat:
-      path = tuple(getattr(key, "key", key) for key in key_path)  # dict keys as they are
+      path = tuple(map(_key_name, key_path))
       shape, dtype = np.shape(leaf), _dtype(leaf)
       if not shape or shape[0] != batch_size:
         raise ValueError(
           f"batch {index}: key {path_name(path)} has shape {shape}; expected "
           f"leading size {batch_size}, the size of {mask_key!r}"
         )
-      if dtype.kind in STRING_KINDS and not allow_strings:
-        raise ValueError(
-          f"batch {index}: key {path_name(path)} holds strings ({dtype}), which "
-          "cannot be placed on a device; drop it from the batch"
-        )
+      _check_not_strings(path, dtype, index, allow_strings)
       if path != (mask_key,):
         leaves[path] = LeafSpec(shape[1:], dtype)
     return cls(leaves, batch_size, mask_key, structure)
+
+  @classmethod
+  def _from_tree(cls, batch: Any, index: int, allow_strings: bool, mask_fn: Any) -> BatchSpec:
+    """`from_batch` of a pytree batch whose real elements `mask_fn` gives."""
+    import jax
+
+    flat, structure = jax.tree_util.tree_flatten_with_path(batch)
+    if not flat:
+      raise ValueError(f"batch {index} ({type(batch).__name__}) has no array leaves")
+    first_path = tuple(map(_key_name, flat[0][0]))
+    first_shape = np.shape(flat[0][1])
+    batch_size = first_shape[0] if first_shape else None
+    leaves = {}
+    for key_path, leaf in flat:
+      path = tuple(map(_key_name, key_path))
+      shape, dtype = np.shape(leaf), _dtype(leaf)
+      if not shape or shape[0] != batch_size:
+        raise ValueError(
+          f"batch {index}: leaf {path_name(path)} has shape {shape}; expected leading size {batch_size} "
+          f"like leaf {path_name(first_path)}: with mask_fn, every leaf's leading axis is the batch's rows "
+          "(stack one padded graph per row, e.g. one per device, on a new leading axis)"
+        )
+      _check_not_strings(path, dtype, index, allow_strings)
+      leaves[path] = LeafSpec(shape[1:], dtype)
+    if index == 0:
+      mask = mask_fn(batch)
+      mask_shape, mask_dtype = np.shape(mask), _dtype(mask)
+      if not mask_shape or mask_shape[0] != batch_size or mask_dtype != np.bool_:
+        raise ValueError(
+          f"mask_fn(batch {index}) returned shape {mask_shape} and dtype {mask_dtype}; expected a bool array "
+          f"[{batch_size}, ...] whose leading axis is the batch's rows (True: a real element)"
+        )
+    return cls(leaves, batch_size, None, structure, mask_fn)
 
   # --- comparing batches --------------------------------------------------------------------------------------
 
@@ -181,20 +224,20 @@ class BatchSpec:
     Raises:
       ValueError: any `from_batch` error, or a batch size, key, shape or dtype that differs (see `check_same`).
     """
-    spec = BatchSpec.from_batch(batch, self.mask_key or "mask", index)
+    spec = BatchSpec.from_batch(batch, self.mask_key or "mask", index, mask_fn=self.mask_fn)
     self.check_same(spec, index)
     return spec
 
   def check_same(self, other: BatchSpec, index: int) -> None:
     """Raises unless `other` (the spec of batch `index`) has this spec's keys, row shapes and dtypes.
 
-    Row counts are compared only when this is a padded batch's spec (`mask_key` set), containers only when both
+    Row counts are compared only when this is a padded batch's spec (`is_padded`), containers only when both
     specs know their `structure`. String dtypes of one kind may differ in length.
 
     Raises:
       ValueError: naming the batch, the key, what came and what was expected.
     """
-    if self.mask_key is not None and other.batch_size != self.batch_size:
+    if self.is_padded and other.batch_size != self.batch_size:
       raise ValueError(
         f"batch {index} has batch size {other.batch_size} (keys {_shapes(other)}); expected the first "
         f"batch's {self.batch_size} rows ({_shapes(self)}). {_RECOMPILES}"
@@ -209,7 +252,7 @@ class BatchSpec:
     for path, want in self.leaves.items():
       got = other.leaves[path]
       if got.shape != want.shape:
-        rows = "rows" if self.mask_key is None else str(self.batch_size)
+        rows = str(self.batch_size) if self.is_padded else "rows"
         raise ValueError(
           f"batch {index}: key {path_name(path)} has shape {other._full_shape(path)}; expected "
           f"[{', '.join(map(str, (rows, *want.shape)))}] like batch 0"
@@ -246,7 +289,7 @@ class BatchSpec:
     self.check_same(BatchSpec.of_rows(flat), index)
 
   def _hint(self) -> str:
-    return "" if self.mask_key is None else ". " + _RECOMPILES
+    return ". " + _RECOMPILES if self.is_padded else ""
 
   def _full_shape(self, path: Path) -> tuple:
     return (self.batch_size, *self.leaves[path].shape)
@@ -269,6 +312,11 @@ class BatchSpec:
         f"batch size {self.batch_size} is not divisible by {where}; use a multiple, e.g. "
         f"{lower} or {lower + num_shards} (pe.pad_batches(..., num_devices={num_shards}))"
       )
+
+  @property
+  def is_padded(self) -> bool:
+    """Whether this is a padded batch's spec (a mask key, or a `mask_fn`), not a source's rows."""
+    return self.mask_key is not None or self.mask_fn is not None
 
   def padded_to(self, batch_size: int, mask_key: str) -> BatchSpec:
     """The spec of batches of `batch_size` of these rows with a mask at `mask_key`."""
@@ -396,6 +444,22 @@ def _pad_shapes_hint(path: Path, got: tuple, want: tuple) -> str | None:
     f"pe.pad_batches(..., pad_shapes={literal}) with sizes of at least the longest row (None keeps an "
     "axis), so that every batch has one shape and the step compiles once"
   )
+
+
+def _key_name(key: Any) -> Any:
+  """One key of a JAX key path as users name it: a dict key, an attribute name or a sequence index."""
+  for attribute in ("key", "name", "idx"):
+    if hasattr(key, attribute):
+      return getattr(key, attribute)
+  return key
+
+
+def _check_not_strings(path: Path, dtype: np.dtype, index: int, allow_strings: bool) -> None:
+  if dtype.kind in STRING_KINDS and not allow_strings:
+    raise ValueError(
+      f"batch {index}: key {path_name(path)} holds strings ({dtype}), which "
+      "cannot be placed on a device; drop it from the batch"
+    )
 
 
 def _plain(path: Path) -> str:
