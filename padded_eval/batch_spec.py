@@ -171,7 +171,7 @@ class BatchSpec:
     leaves = {}
     flat, structure = jax.tree_util.tree_flatten_with_path(batch)
     for key_path, leaf in flat:
-      path = tuple(map(_key_name, key_path))
+      path = tuple(getattr(key, "key", key) for key in key_path)  # dict keys as they are
       shape, dtype = np.shape(leaf), _dtype(leaf)
       if not shape or shape[0] != batch_size:
         raise ValueError(
@@ -447,7 +447,10 @@ def _pad_shapes_hint(path: Path, got: tuple, want: tuple) -> str | None:
 
 
 def _key_name(key: Any) -> Any:
-  """One key of a JAX key path as users name it: a dict key, an attribute name or a sequence index."""
+  """One key of a pytree batch's key path as users name it: a dict key, an attribute name or an index.
+
+  (Dict batches keep their paths' non-dict keys as JAX's key objects, as checkpoints recorded them.)
+  """
   for attribute in ("key", "name", "idx"):
     if hasattr(key, attribute):
       return getattr(key, attribute)
