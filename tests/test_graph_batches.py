@@ -215,3 +215,11 @@ def test_mask_fn_refuses_what_it_does_not_support(kwargs, match):
   step = lambda p, b: pe.metrics.Mean().batch_updates(values=b["x"], mask=b["keep"])
   with pytest.raises(ValueError, match=match):
     pe.masked_eval(step, None, [{"x": np.zeros(8), "keep": np.ones(8, bool)}], **kwargs)
+
+
+def test_mask_fn_is_refused_with_several_processes(monkeypatch):
+  """The multi-host lockstep's all-padding batches need a mask key: refused on every process alike."""
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  step = lambda p, b: pe.metrics.Mean().batch_updates(values=b[0], mask=b[1])
+  with pytest.raises(ValueError, match=r"mask_fn cannot be combined with 2 processes"):
+    pe.masked_eval(step, None, [(np.zeros(8), np.ones(8, bool))], mask_fn=lambda b: b[1])

@@ -299,3 +299,21 @@ def test_batch_size_none_needs_a_batched_source(kind):
 def test_device_count_is_read_for_batch_size_none():
   batches = pe.pad_batches([{"x": np.zeros(3)}], None)
   assert batches.batch_size == -(-3 // jax.local_device_count()) * jax.local_device_count()
+
+
+def test_grain_rows_of_varying_lengths():
+  grain = pytest.importorskip("grain")
+  tokens, scores, _ = sequences(19, seed=6)
+  rows = [{"inputs": t, "scores": s} for t, s in zip(tokens, scores)]
+  dataset = grain.MapDataset.source(rows)
+  batches = pe.pad_batches(
+    dataset,
+    8,
+    pad_shapes={"inputs": (MAX_LEN,), "scores": (MAX_LEN,)},
+    pad_value={"scores": np.nan},
+  )
+  assert len(batches) == 3
+  traces = []
+  result = pe.masked_eval(counting_step(traces), 2.0, batches, backend="jit")
+  assert len(traces) == 1 and result["num_examples"] == 19
+  np.testing.assert_allclose(result["mean"], reference_mean(scores), rtol=1e-6)
