@@ -4,7 +4,9 @@ A batch is a dict (nested dicts allowed) of arrays with a leading row axis. Flat
 ``{("features", "image"): leaf}``. A `BatchSpec` records, for every leaf path, the shape of one row and the dtype;
 the spec of a padded batch also records its size ``B`` and the key of its bool ``[B]`` mask. It checks batches
 against the first one with the contract's ValueErrors, travels as JSON between processes, and builds all-padding
-batches. See docs/architecture.md for where it sits in the data flow.
+batches. With ``masked_eval(mask_fn=...)`` a padded batch may be any pytree (a jraph ``GraphsTuple``) whose
+leaves share the leading size ``B``; its spec keeps the `mask_fn` instead of a mask key. The flat views and the
+per-leaf helpers live in `padded_eval._data_tree`. See docs/architecture.md for where it sits in the data flow.
 """
 
 from __future__ import annotations
@@ -14,6 +16,20 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+
+from padded_eval._data_tree import (
+  FlatBatch,
+  Path,
+  check_mask_fn_result,
+  check_not_strings,
+  leaf_dtype,
+  pad_shapes_hint,
+  tree_leaves,
+)
+from padded_eval._data_tree import fill_value as fill_value
+from padded_eval._data_tree import flatten as flatten
+from padded_eval._data_tree import path_name as path_name
+from padded_eval._data_tree import unflatten as unflatten
 
 __all__ = [
   "BatchSpec",
@@ -26,53 +42,13 @@ __all__ = [
   "unflatten",
 ]
 
-Path = tuple[Any, ...]
-FlatBatch = dict[Path, Any]
-STRING_KINDS = "USO"  # unicode, bytes, object (tf.data yields bytes as object arrays)
 _RECOMPILES = (
   "Every batch needs the same shapes (pad with pe.pad_batches), else the step recompiles."
 )
 
 
-# --- flat views of nested dict batches --------------------------------------------------------------------------
-
-
-def flatten(tree: cabc.Mapping, convert: bool = True, prefix: Path = ()) -> FlatBatch:
-  """Flattens nested Mappings into ``{path: leaf}`` in key order; leaves become numpy arrays if `convert`."""
-  flat: FlatBatch = {}
-  for key, value in tree.items():
-    path = prefix + (key,)
-    if type(value) is np.ndarray:  # the common case, without the slower Mapping check
-      flat[path] = value
-    elif isinstance(value, cabc.Mapping):
-      flat.update(flatten(value, convert, path))
-    else:
-      flat[path] = np.asarray(value) if convert else value
-  return flat
-
-
-def unflatten(flat: FlatBatch) -> dict:
-  """Inverse of `flatten`: nested plain dicts."""
-  tree: dict = {}
-  for path, leaf in flat.items():
-    node = tree
-    for key in path[:-1]:
-      node = node.setdefault(key, {})
-    node[path[-1]] = leaf
-  return tree
-
-
-def path_name(path: Path) -> str:
-  """A key path as users write it in messages: ``'image'`` or ``'features/image'``."""
-  return repr("/".join(map(str, path)))
-
-
 def _names(paths: cabc.Iterable[Path]) -> str:
   return "[" + ", ".join(path_name(p) for p in paths) + "]"
-
-
-def _dtype(leaf: Any) -> np.dtype:
-  return np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
 
 
 # --- the spec ---------------------------------------------------------------------------------------------------
@@ -114,7 +90,7 @@ class BatchSpec:
       unknown_rows: leave `batch_size` None (a spec for any number of rows).
     """
     leaves = {
-      path: LeafSpec(tuple(np.shape(leaf)[1:]), _dtype(leaf)) for path, leaf in flat.items()
+      path: LeafSpec(tuple(np.shape(leaf)[1:]), leaf_dtype(leaf)) for path, leaf in flat.items()
     }
     rows = None if unknown_rows or not flat else np.shape(next(iter(flat.values())))[0]
     return cls(leaves, rows)
@@ -150,7 +126,11 @@ class BatchSpec:
     import jax  # deferred: the data layer is usable without touching JAX
 
     if mask_fn is not None:
-      return cls._from_tree(batch, index, allow_strings, mask_fn)
+      leaves, batch_size, structure = tree_leaves(batch, index, allow_strings)
+      if index == 0:
+        check_mask_fn_result(mask_fn(batch), batch_size, index)
+      leaves = {path: LeafSpec(shape, dtype) for path, (shape, dtype) in leaves.items()}
+      return cls(leaves, batch_size, None, structure, mask_fn)
     if not isinstance(batch, cabc.Mapping):
       raise ValueError(
         f"batch {index} is a {type(batch).__name__}; expected a dict of arrays with a "
@@ -161,7 +141,7 @@ class BatchSpec:
         f"batch {index} has no mask key {mask_key!r}; got keys {sorted(map(str, batch))}. "
         "Pad batches with pe.pad_batches, which adds the mask of real rows."
       )
-    mask_shape, mask_dtype = np.shape(batch[mask_key]), _dtype(batch[mask_key])
+    mask_shape, mask_dtype = np.shape(batch[mask_key]), leaf_dtype(batch[mask_key])
     if len(mask_shape) != 1 or mask_dtype != np.bool_:
       raise ValueError(
         f"batch {index}: {mask_key!r} has shape {mask_shape} and dtype {mask_dtype}; "
@@ -172,49 +152,16 @@ class BatchSpec:
     flat, structure = jax.tree_util.tree_flatten_with_path(batch)
     for key_path, leaf in flat:
       path = tuple(getattr(key, "key", key) for key in key_path)  # dict keys as they are
-      shape, dtype = np.shape(leaf), _dtype(leaf)
+      shape, dtype = np.shape(leaf), leaf_dtype(leaf)
       if not shape or shape[0] != batch_size:
         raise ValueError(
           f"batch {index}: key {path_name(path)} has shape {shape}; expected "
           f"leading size {batch_size}, the size of {mask_key!r}"
         )
-      _check_not_strings(path, dtype, index, allow_strings)
+      check_not_strings(path, dtype, index, allow_strings)
       if path != (mask_key,):
         leaves[path] = LeafSpec(shape[1:], dtype)
     return cls(leaves, batch_size, mask_key, structure)
-
-  @classmethod
-  def _from_tree(cls, batch: Any, index: int, allow_strings: bool, mask_fn: Any) -> BatchSpec:
-    """`from_batch` of a pytree batch whose real elements `mask_fn` gives."""
-    import jax
-
-    flat, structure = jax.tree_util.tree_flatten_with_path(batch)
-    if not flat:
-      raise ValueError(f"batch {index} ({type(batch).__name__}) has no array leaves")
-    first_path = tuple(map(_key_name, flat[0][0]))
-    first_shape = np.shape(flat[0][1])
-    batch_size = first_shape[0] if first_shape else None
-    leaves = {}
-    for key_path, leaf in flat:
-      path = tuple(map(_key_name, key_path))
-      shape, dtype = np.shape(leaf), _dtype(leaf)
-      if not shape or shape[0] != batch_size:
-        raise ValueError(
-          f"batch {index}: leaf {path_name(path)} has shape {shape}; expected leading size {batch_size} "
-          f"like leaf {path_name(first_path)}: with mask_fn, every leaf's leading axis is the batch's rows "
-          "(stack one padded graph per row, e.g. one per device, on a new leading axis)"
-        )
-      _check_not_strings(path, dtype, index, allow_strings)
-      leaves[path] = LeafSpec(shape[1:], dtype)
-    if index == 0:
-      mask = mask_fn(batch)
-      mask_shape, mask_dtype = np.shape(mask), _dtype(mask)
-      if not mask_shape or mask_shape[0] != batch_size or mask_dtype != np.bool_:
-        raise ValueError(
-          f"mask_fn(batch {index}) returned shape {mask_shape} and dtype {mask_dtype}; expected a bool array "
-          f"[{batch_size}, ...] whose leading axis is the batch's rows (True: a real element)"
-        )
-    return cls(leaves, batch_size, None, structure, mask_fn)
 
   # --- comparing batches --------------------------------------------------------------------------------------
 
@@ -256,7 +203,7 @@ class BatchSpec:
         raise ValueError(
           f"batch {index}: key {path_name(path)} has shape {other._full_shape(path)}; expected "
           f"[{', '.join(map(str, (rows, *want.shape)))}] like batch 0"
-          + (_pad_shapes_hint(path, got.shape, want.shape) or self._hint())
+          + (pad_shapes_hint(path, got.shape, want.shape) or self._hint())
         )
       if got.dtype != want.dtype and not (
         got.dtype.kind in "US" and got.dtype.kind == want.dtype.kind
@@ -430,81 +377,9 @@ class BatchSpec:
     return unflatten(flat)
 
 
-def _pad_shapes_hint(path: Path, got: tuple, want: tuple) -> str | None:
-  """For trailing sizes that vary between batches (variable lengths): the `pad_shapes` that fixes them."""
-  if len(got) != len(want) or None in got or None in want:
-    return None
-  first = next(axis for axis, (a, b) in enumerate(zip(got, want)) if a != b)
-  sizes = tuple(max(a, b) if a != b else None for a, b in zip(got[first:], want[first:]))
-  literal = repr(sizes)
-  for key in reversed(path):
-    literal = f"{{{key!r}: {literal}}}"
-  return (
-    f". Its trailing sizes vary between batches (variable lengths?): pad them to fixed sizes, e.g. "
-    f"pe.pad_batches(..., pad_shapes={literal}) with sizes of at least the longest row (None keeps an "
-    "axis), so that every batch has one shape and the step compiles once"
-  )
-
-
-def _key_name(key: Any) -> Any:
-  """One key of a pytree batch's key path as users name it: a dict key, an attribute name or an index.
-
-  (Dict batches keep their paths' non-dict keys as JAX's key objects, as checkpoints recorded them.)
-  """
-  for attribute in ("key", "name", "idx"):
-    if hasattr(key, attribute):
-      return getattr(key, attribute)
-  return key
-
-
-def _check_not_strings(path: Path, dtype: np.dtype, index: int, allow_strings: bool) -> None:
-  if dtype.kind in STRING_KINDS and not allow_strings:
-    raise ValueError(
-      f"batch {index}: key {path_name(path)} holds strings ({dtype}), which "
-      "cannot be placed on a device; drop it from the batch"
-    )
-
-
 def _plain(path: Path) -> str:
   return "/".join(map(str, path))
 
 
 def _shapes(spec: BatchSpec) -> str:
   return ", ".join(f"{path_name(p)}: {spec._full_shape(p)}" for p in spec.leaves)
-
-
-def fill_value(pad_value: Any, path: Path, dtype: np.dtype) -> Any:
-  """The scalar that pads leaf `path` of `dtype`, checked to fit the dtype.
-
-  Args:
-    pad_value: a scalar, or a dict nested like the batch of per-key scalars (see `BatchSpec.fills`).
-    path: the leaf's key path.
-    dtype: the leaf's dtype.
-
-  Returns:
-    A numpy scalar of `dtype` (or str/bytes for a string leaf).
-
-  Raises:
-    ValueError: a dict where a scalar belongs, a string for a number, or a value that does not fit `dtype`.
-  """
-  value = pad_value
-  for key in path:
-    if not isinstance(value, cabc.Mapping):
-      break
-    value = value.get(key, 0)
-  if isinstance(value, cabc.Mapping):
-    raise ValueError(f"pad_value for key {path_name(path)} is a dict; expected a scalar")
-  if dtype.kind in STRING_KINDS:
-    if isinstance(value, (str, bytes)):
-      return value
-    return "" if dtype.kind == "U" else b""
-  where = f"pad_value {value!r} for key {path_name(path)}"
-  if isinstance(value, (str, bytes)):
-    raise ValueError(f"{where} is a string; expected a number for dtype {dtype}")
-  try:
-    fill = np.array(value, dtype=dtype)
-  except (ValueError, OverflowError, TypeError) as err:
-    raise ValueError(f"{where} does not fit dtype {dtype} ({err}); pass a per-key dict") from None
-  if dtype.kind in "biu" and fill != value:
-    raise ValueError(f"{where} is not exactly representable in dtype {dtype}; pass a per-key dict")
-  return fill[()]
