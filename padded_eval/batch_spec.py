@@ -134,7 +134,8 @@ class BatchSpec:
     if not isinstance(batch, cabc.Mapping):
       raise ValueError(
         f"batch {index} is a {type(batch).__name__}; expected a dict of arrays with a "
-        f"{mask_key!r} entry (use pe.pad_batches)"
+        f"{mask_key!r} entry (use pe.pad_batches), or, for another pytree (a jraph GraphsTuple), "
+        "masked_eval(..., mask_fn=...) giving its real elements"
       )
     if mask_key not in batch:
       raise ValueError(

@@ -223,3 +223,11 @@ def test_mask_fn_is_refused_with_several_processes(monkeypatch):
   step = lambda p, b: pe.metrics.Mean().batch_updates(values=b[0], mask=b[1])
   with pytest.raises(ValueError, match=r"mask_fn cannot be combined with 2 processes"):
     pe.masked_eval(step, None, [(np.zeros(8), np.ones(8, bool))], mask_fn=lambda b: b[1])
+
+
+def test_a_graph_without_mask_fn_is_refused_with_the_fix():
+  graphs = random_graphs(3, seed=6)
+  batch = stacked(padded_graph_batches(graphs), jax.local_device_count())[0]
+  step = lambda w, g: pe.metrics.Mean().batch_updates(values=g.nodes[..., 0])
+  with pytest.raises(ValueError, match=r"^batch 0 is a GraphsTuple; expected a dict .* mask_fn="):
+    pe.masked_eval(step, WEIGHTS, [batch])
