@@ -67,12 +67,14 @@ def pad_batches(
       process's share (e.g. ``pe.process_slice(n).start``) so that ids are global.
     pad_shapes: variable lengths: a dict (nested like the source) of tuples, the fixed sizes of each named key's
       last axes, e.g. ``{"inputs": (60,)}`` pads ``inputs [rows, L]`` to ``[rows, 60]`` whatever ``L`` a batch
-      has, so that every batch has one shape and the step compiles once (``None`` in a tuple keeps that axis).
-      Positions are padded with the key's `pad_value` (default 0); the token mask then follows from it, e.g.
-      ``batch["inputs"] != 0`` (or ``> 0``), or from `length_keys`. A key may hold ragged rows (a list of
-      sequences of different lengths). Columns beyond a fixed size that hold only the pad value are dropped
-      (a pipeline that padded to a longer row); a row with other values there raises. tf.data pipelines
-      (``padded_batch`` to each batch's longest row) are then padded in numpy rather than in the graph.
+      has, so that every batch has one shape and the step compiles once (``None`` in a tuple keeps that axis;
+      an int is one axis). Positions are padded with the key's `pad_value` (default 0); the token mask then
+      follows from it, e.g. ``batch["inputs"] != 0`` (or ``> 0``), or from `length_keys`. In the batches of
+      an iterable, a grain pipeline or a loader, a key may hold ragged rows (a list of sequences of different
+      lengths); unbatched tf.data and grain rows of varying lengths are stacked with the pad value. Columns
+      beyond a fixed size that hold only the pad value are dropped (a pipeline that padded to a longer row); a
+      row with other values there raises. tf.data pipelines (``padded_batch`` to each batch's longest row) are
+      then padded in numpy rather than in the graph.
     length_keys: with `pad_shapes`: ``{key in pad_shapes: new top-level key}``; each batch also gets
       ``batch[new key]``: int32 ``[batch_size]``, each row's length along the key's first fixed axis (a ragged
       row's length, else 1 + the last position that holds a value other than the pad value), and 0 on padding

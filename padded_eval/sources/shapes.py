@@ -84,7 +84,7 @@ class ShapeFitter:
           f"length_keys[{path_name(path)}] is {key!r}; expected a new top-level key (a string other than "
           f"{sorted(reserved)} and the other length keys)"
         )
-      if None in sizes[path] and all(size is None for size in sizes[path]):
+      if all(size is None for size in sizes[path]):
         raise ValueError(f"length_keys[{path_name(path)}]: pad_shapes fixes no axis of that key")
       lengths[path] = key
     return cls(sizes, pad_value, lengths)
