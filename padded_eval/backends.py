@@ -148,7 +148,8 @@ def checked_step_fn(step_fn: Callable, mask_key: str = "mask", outputs: bool = F
 
   Args:
     step_fn: the user's step: returns a Metric, or with ``outputs`` ``(metric, per_row)``.
-    mask_key: the batch key of the mask (its length is the rows ``per_row`` must have).
+    mask_key: the batch key of the mask (its length is the rows ``per_row`` must have), or a
+      ``mask_fn(batch) -> bool [rows, ...]`` (``masked_eval(mask_fn=...)``).
     outputs: whether ``step_fn`` returns per-row outputs.
 
   Returns:
@@ -158,14 +159,19 @@ def checked_step_fn(step_fn: Callable, mask_key: str = "mask", outputs: bool = F
 
   @functools.wraps(step_fn)
   def checked(params, batch):
-    rows = np.shape(batch[mask_key])[0]
+    rows = np.shape(_row_mask(batch, mask_key))[0]
     return split_step_result(step_fn(params, batch), outputs, rows)
 
   return checked
 
 
-def _row_count(batch, mask_key: str) -> ExactCount:
-  return ExactCount.of(jnp.sum(batch[mask_key], dtype=jnp.int32))
+def _row_mask(batch, mask_key):
+  """The bool mask of real rows: ``batch[mask_key]``, or ``mask_key(batch)`` for a ``mask_fn``."""
+  return mask_key(batch) if callable(mask_key) else batch[mask_key]
+
+
+def _row_count(batch, mask_key) -> ExactCount:
+  return ExactCount.of(jnp.sum(_row_mask(batch, mask_key), dtype=jnp.int32))
 
 
 def _statistics(inner: Callable, mask_key: str, axis: str | None) -> Callable:

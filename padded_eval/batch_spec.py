@@ -4,7 +4,9 @@ A batch is a dict (nested dicts allowed) of arrays with a leading row axis. Flat
 ``{("features", "image"): leaf}``. A `BatchSpec` records, for every leaf path, the shape of one row and the dtype;
 the spec of a padded batch also records its size ``B`` and the key of its bool ``[B]`` mask. It checks batches
 against the first one with the contract's ValueErrors, travels as JSON between processes, and builds all-padding
-batches. See docs/architecture.md for where it sits in the data flow.
+batches. With ``masked_eval(mask_fn=...)`` a padded batch may be any pytree (a jraph ``GraphsTuple``) whose
+leaves share the leading size ``B``; its spec keeps the `mask_fn` instead of a mask key. The flat views and the
+per-leaf helpers live in `padded_eval._data_tree`. See docs/architecture.md for where it sits in the data flow.
 """
 
 from __future__ import annotations
@@ -15,63 +17,38 @@ from typing import Any
 
 import numpy as np
 
+from padded_eval._data_tree import (
+  FlatBatch,
+  Path,
+  check_mask_fn_result,
+  check_not_strings,
+  leaf_dtype,
+  pad_shapes_hint,
+  tree_leaves,
+)
+from padded_eval._data_tree import fill_value as fill_value
+from padded_eval._data_tree import flatten as flatten
+from padded_eval._data_tree import path_name as path_name
+from padded_eval._data_tree import unflatten as unflatten
+
 __all__ = [
   "BatchSpec",
   "FlatBatch",
   "LeafSpec",
   "Path",
+  "fill_value",
   "flatten",
   "path_name",
   "unflatten",
 ]
 
-Path = tuple[Any, ...]
-FlatBatch = dict[Path, Any]
-STRING_KINDS = "USO"  # unicode, bytes, object (tf.data yields bytes as object arrays)
 _RECOMPILES = (
   "Every batch needs the same shapes (pad with pe.pad_batches), else the step recompiles."
 )
 
 
-# --- flat views of nested dict batches --------------------------------------------------------------------------
-
-
-def flatten(tree: cabc.Mapping, convert: bool = True, prefix: Path = ()) -> FlatBatch:
-  """Flattens nested Mappings into ``{path: leaf}`` in key order; leaves become numpy arrays if `convert`."""
-  flat: FlatBatch = {}
-  for key, value in tree.items():
-    path = prefix + (key,)
-    if type(value) is np.ndarray:  # the common case, without the slower Mapping check
-      flat[path] = value
-    elif isinstance(value, cabc.Mapping):
-      flat.update(flatten(value, convert, path))
-    else:
-      flat[path] = np.asarray(value) if convert else value
-  return flat
-
-
-def unflatten(flat: FlatBatch) -> dict:
-  """Inverse of `flatten`: nested plain dicts."""
-  tree: dict = {}
-  for path, leaf in flat.items():
-    node = tree
-    for key in path[:-1]:
-      node = node.setdefault(key, {})
-    node[path[-1]] = leaf
-  return tree
-
-
-def path_name(path: Path) -> str:
-  """A key path as users write it in messages: ``'image'`` or ``'features/image'``."""
-  return repr("/".join(map(str, path)))
-
-
 def _names(paths: cabc.Iterable[Path]) -> str:
   return "[" + ", ".join(path_name(p) for p in paths) + "]"
-
-
-def _dtype(leaf: Any) -> np.dtype:
-  return np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
 
 
 # --- the spec ---------------------------------------------------------------------------------------------------
@@ -94,12 +71,15 @@ class BatchSpec:
     batch_size: rows per batch ``B``; None for the spec of a source's rows (any number of rows).
     mask_key: top-level key of the bool ``[B]`` mask; None for the spec of a source's rows.
     structure: the pytree structure (containers) of a padded batch from `from_batch`, else None; not compared.
+    mask_fn: the ``masked_eval(mask_fn=...)`` of a padded pytree batch (then `mask_key` is None), else None;
+      not compared.
   """
 
   leaves: dict[Path, LeafSpec]
   batch_size: int | None = None
   mask_key: str | None = None
   structure: Any = dataclasses.field(default=None, compare=False, repr=False)
+  mask_fn: Any = dataclasses.field(default=None, compare=False, repr=False)
 
   @classmethod
   def of_rows(cls, flat: FlatBatch, unknown_rows: bool = False) -> BatchSpec:
@@ -110,43 +90,59 @@ class BatchSpec:
       unknown_rows: leave `batch_size` None (a spec for any number of rows).
     """
     leaves = {
-      path: LeafSpec(tuple(np.shape(leaf)[1:]), _dtype(leaf)) for path, leaf in flat.items()
+      path: LeafSpec(tuple(np.shape(leaf)[1:]), leaf_dtype(leaf)) for path, leaf in flat.items()
     }
     rows = None if unknown_rows or not flat else np.shape(next(iter(flat.values())))[0]
     return cls(leaves, rows)
 
   @classmethod
   def from_batch(
-    cls, batch: Any, mask_key: str = "mask", index: int = 0, allow_strings: bool = False
+    cls,
+    batch: Any,
+    mask_key: str = "mask",
+    index: int = 0,
+    allow_strings: bool = False,
+    mask_fn: Any = None,
   ) -> BatchSpec:
     """Checks a padded batch (the input contract of `masked_eval`) and returns its spec.
 
     Args:
-      batch: a dict (any pytree below it) of arrays ``[B, ...]`` with ``batch[mask_key]``: bool ``[B]``.
-      mask_key: top-level key of the mask.
+      batch: a dict (any pytree below it) of arrays ``[B, ...]`` with ``batch[mask_key]``: bool ``[B]``; with
+        `mask_fn`, any pytree (a jraph ``GraphsTuple``, a tuple, ...) whose every leaf is ``[B, ...]``.
+      mask_key: top-level key of the mask (unused with `mask_fn`).
       index: the batch's position, for messages.
       allow_strings: accept string/bytes leaves (they cannot go to a device).
+      mask_fn: ``mask_fn(batch) -> bool [B, ...]``, the real elements of a pytree batch; called here on the
+        host, on batch 0 only (`check` does not call it).
 
     Returns:
-      The spec, with ``batch_size = B`` and `mask_key`.
+      The spec, with ``batch_size = B`` and `mask_key` (with `mask_fn`: `mask_key` None, `mask_fn` kept).
 
     Raises:
       ValueError: not a Mapping, no `mask_key`, a mask that is not bool ``[B]``, a leaf whose leading size is
-        not ``B``, or (unless `allow_strings`) a string leaf.
+        not ``B``, or (unless `allow_strings`) a string leaf; with `mask_fn`: no leaf, leading sizes that
+        disagree, or (batch 0) a `mask_fn` result that is not bool ``[B, ...]``.
     """
     import jax  # deferred: the data layer is usable without touching JAX
 
+    if mask_fn is not None:
+      leaves, batch_size, structure = tree_leaves(batch, index, allow_strings)
+      if index == 0:
+        check_mask_fn_result(mask_fn(batch), batch_size, index)
+      leaves = {path: LeafSpec(shape, dtype) for path, (shape, dtype) in leaves.items()}
+      return cls(leaves, batch_size, None, structure, mask_fn)
     if not isinstance(batch, cabc.Mapping):
       raise ValueError(
         f"batch {index} is a {type(batch).__name__}; expected a dict of arrays with a "
-        f"{mask_key!r} entry (use pe.pad_batches)"
+        f"{mask_key!r} entry (use pe.pad_batches), or, for another pytree (a jraph GraphsTuple), "
+        "masked_eval(..., mask_fn=...) giving its real elements"
       )
     if mask_key not in batch:
       raise ValueError(
         f"batch {index} has no mask key {mask_key!r}; got keys {sorted(map(str, batch))}. "
         "Pad batches with pe.pad_batches, which adds the mask of real rows."
       )
-    mask_shape, mask_dtype = np.shape(batch[mask_key]), _dtype(batch[mask_key])
+    mask_shape, mask_dtype = np.shape(batch[mask_key]), leaf_dtype(batch[mask_key])
     if len(mask_shape) != 1 or mask_dtype != np.bool_:
       raise ValueError(
         f"batch {index}: {mask_key!r} has shape {mask_shape} and dtype {mask_dtype}; "
@@ -157,17 +153,13 @@ class BatchSpec:
     flat, structure = jax.tree_util.tree_flatten_with_path(batch)
     for key_path, leaf in flat:
       path = tuple(getattr(key, "key", key) for key in key_path)  # dict keys as they are
-      shape, dtype = np.shape(leaf), _dtype(leaf)
+      shape, dtype = np.shape(leaf), leaf_dtype(leaf)
       if not shape or shape[0] != batch_size:
         raise ValueError(
           f"batch {index}: key {path_name(path)} has shape {shape}; expected "
           f"leading size {batch_size}, the size of {mask_key!r}"
         )
-      if dtype.kind in STRING_KINDS and not allow_strings:
-        raise ValueError(
-          f"batch {index}: key {path_name(path)} holds strings ({dtype}), which "
-          "cannot be placed on a device; drop it from the batch"
-        )
+      check_not_strings(path, dtype, index, allow_strings)
       if path != (mask_key,):
         leaves[path] = LeafSpec(shape[1:], dtype)
     return cls(leaves, batch_size, mask_key, structure)
@@ -180,20 +172,20 @@ class BatchSpec:
     Raises:
       ValueError: any `from_batch` error, or a batch size, key, shape or dtype that differs (see `check_same`).
     """
-    spec = BatchSpec.from_batch(batch, self.mask_key or "mask", index)
+    spec = BatchSpec.from_batch(batch, self.mask_key or "mask", index, mask_fn=self.mask_fn)
     self.check_same(spec, index)
     return spec
 
   def check_same(self, other: BatchSpec, index: int) -> None:
     """Raises unless `other` (the spec of batch `index`) has this spec's keys, row shapes and dtypes.
 
-    Row counts are compared only when this is a padded batch's spec (`mask_key` set), containers only when both
+    Row counts are compared only when this is a padded batch's spec (`is_padded`), containers only when both
     specs know their `structure`. String dtypes of one kind may differ in length.
 
     Raises:
       ValueError: naming the batch, the key, what came and what was expected.
     """
-    if self.mask_key is not None and other.batch_size != self.batch_size:
+    if self.is_padded and other.batch_size != self.batch_size:
       raise ValueError(
         f"batch {index} has batch size {other.batch_size} (keys {_shapes(other)}); expected the first "
         f"batch's {self.batch_size} rows ({_shapes(self)}). {_RECOMPILES}"
@@ -208,10 +200,11 @@ class BatchSpec:
     for path, want in self.leaves.items():
       got = other.leaves[path]
       if got.shape != want.shape:
-        rows = "rows" if self.mask_key is None else str(self.batch_size)
+        rows = str(self.batch_size) if self.is_padded else "rows"
         raise ValueError(
           f"batch {index}: key {path_name(path)} has shape {other._full_shape(path)}; expected "
-          f"[{', '.join(map(str, (rows, *want.shape)))}] like batch 0{self._hint()}"
+          f"[{', '.join(map(str, (rows, *want.shape)))}] like batch 0"
+          + (pad_shapes_hint(path, got.shape, want.shape) or self._hint())
         )
       if got.dtype != want.dtype and not (
         got.dtype.kind in "US" and got.dtype.kind == want.dtype.kind
@@ -244,7 +237,7 @@ class BatchSpec:
     self.check_same(BatchSpec.of_rows(flat), index)
 
   def _hint(self) -> str:
-    return "" if self.mask_key is None else ". " + _RECOMPILES
+    return ". " + _RECOMPILES if self.is_padded else ""
 
   def _full_shape(self, path: Path) -> tuple:
     return (self.batch_size, *self.leaves[path].shape)
@@ -267,6 +260,11 @@ class BatchSpec:
         f"batch size {self.batch_size} is not divisible by {where}; use a multiple, e.g. "
         f"{lower} or {lower + num_shards} (pe.pad_batches(..., num_devices={num_shards}))"
       )
+
+  @property
+  def is_padded(self) -> bool:
+    """Whether this is a padded batch's spec (a mask key, or a `mask_fn`), not a source's rows."""
+    return self.mask_key is not None or self.mask_fn is not None
 
   def padded_to(self, batch_size: int, mask_key: str) -> BatchSpec:
     """The spec of batches of `batch_size` of these rows with a mask at `mask_key`."""
@@ -351,7 +349,7 @@ class BatchSpec:
         fit (or is not exactly representable in) the leaf's dtype.
     """
     self.check_pad_keys(pad_value)
-    return {path: _fill_value(pad_value, path, leaf.dtype) for path, leaf in self.leaves.items()}
+    return {path: fill_value(pad_value, path, leaf.dtype) for path, leaf in self.leaves.items()}
 
   def padding_batch(self, pad_value: Any = 0, batch_size: int | None = None) -> dict:
     """An all-padding batch: every leaf ``[B, *row shape]`` filled per `fills`, and the mask all False.
@@ -386,28 +384,3 @@ def _plain(path: Path) -> str:
 
 def _shapes(spec: BatchSpec) -> str:
   return ", ".join(f"{path_name(p)}: {spec._full_shape(p)}" for p in spec.leaves)
-
-
-def _fill_value(pad_value: Any, path: Path, dtype: np.dtype) -> Any:
-  """The scalar that pads leaf `path` of `dtype`, checked to fit the dtype."""
-  value = pad_value
-  for key in path:
-    if not isinstance(value, cabc.Mapping):
-      break
-    value = value.get(key, 0)
-  if isinstance(value, cabc.Mapping):
-    raise ValueError(f"pad_value for key {path_name(path)} is a dict; expected a scalar")
-  if dtype.kind in STRING_KINDS:
-    if isinstance(value, (str, bytes)):
-      return value
-    return "" if dtype.kind == "U" else b""
-  where = f"pad_value {value!r} for key {path_name(path)}"
-  if isinstance(value, (str, bytes)):
-    raise ValueError(f"{where} is a string; expected a number for dtype {dtype}")
-  try:
-    fill = np.array(value, dtype=dtype)
-  except (ValueError, OverflowError, TypeError) as err:
-    raise ValueError(f"{where} does not fit dtype {dtype} ({err}); pass a per-key dict") from None
-  if dtype.kind in "biu" and fill != value:
-    raise ValueError(f"{where} is not exactly representable in dtype {dtype}; pass a per-key dict")
-  return fill[()]

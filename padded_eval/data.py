@@ -18,13 +18,14 @@ import numpy as np
 from padded_eval import sources
 from padded_eval.batch_spec import BatchSpec, FlatBatch, unflatten
 from padded_eval.sources import RowIds, check_index_key, row_ids
+from padded_eval.sources.shapes import ShapeFitter
 
 __all__ = ["PaddedBatches", "pad_batches"]
 
 
 def pad_batches(
   source: Any,
-  batch_size: int,
+  batch_size: int | None,
   *,
   num_devices: int | None = None,
   mask_key: str = "mask",
@@ -33,6 +34,8 @@ def pad_batches(
   batched: bool | None = None,
   index_key: str | None = None,
   index_offset: int = 0,
+  pad_shapes: Any = None,
+  length_keys: Any = None,
 ) -> PaddedBatches:
   """Yields batches of exactly `batch_size` rows and a boolean mask of the real ones.
 
@@ -43,7 +46,11 @@ def pad_batches(
         arrives aligned and already holds exactly `batch_size` rows is passed through without a copy;
       - a `tf.data.Dataset` (or a tfds dataset) of dicts, batched or unbatched. It is padded inside the tf.data
         graph and yields numpy arrays (strings as ``object`` arrays of ``bytes``).
-    batch_size: rows per yielded batch; must be divisible by `num_devices`.
+    batch_size: rows per yielded batch; must be divisible by `num_devices`. None, for an already batched
+      source (an iterable of batches, a batched tf.data or grain pipeline, a torch DataLoader): the rows of the
+      source's first batch (read now: a re-iterable source is read once more, a one-shot iterator is peeked at),
+      rounded up to a multiple of `num_devices`. A short last batch is padded as always; a later batch that is
+      larger is split over several batches (still exact, one more step). Read it back as ``.batch_size``.
     num_devices: device count the batch is later split over; default ``jax.local_device_count()``, read now.
     mask_key: top-level key of the mask in each yielded batch; no source key may equal it.
     pad_value: value of padded rows: a scalar for every leaf, or a dict (nested like the source, missing keys
@@ -58,6 +65,21 @@ def pad_batches(
       per-example resampling. For a tf.data source they are computed inside the graph.
     index_offset: added to every real row's id (>= 0). With several processes, pass the first row of this
       process's share (e.g. ``pe.process_slice(n).start``) so that ids are global.
+    pad_shapes: variable lengths: a dict (nested like the source) of tuples, the fixed sizes of each named key's
+      last axes, e.g. ``{"inputs": (60,)}`` pads ``inputs [rows, L]`` to ``[rows, 60]`` whatever ``L`` a batch
+      has, so that every batch has one shape and the step compiles once (``None`` in a tuple keeps that axis;
+      an int is one axis). Positions are padded with the key's `pad_value` (default 0); the token mask then
+      follows from it, e.g. ``batch["inputs"] != 0`` (or ``> 0``), or from `length_keys`. In the batches of
+      an iterable, a grain pipeline or a loader, a key may hold ragged rows (a list of sequences of different
+      lengths); unbatched tf.data and grain rows of varying lengths are stacked with the pad value. Columns
+      beyond a fixed size that hold only the pad value are dropped (a pipeline that padded to a longer row); a
+      row with other values there raises. tf.data pipelines (``padded_batch`` to each batch's longest row) are
+      then padded in numpy rather than in the graph.
+    length_keys: with `pad_shapes`: ``{key in pad_shapes: new top-level key}``; each batch also gets
+      ``batch[new key]``: int32 ``[batch_size]``, each row's length along the key's first fixed axis (a ragged
+      row's length, else 1 + the last position that holds a value other than the pad value), and 0 on padding
+      rows. E.g. ``length_keys={"inputs": "length"}`` and the token mask
+      ``jnp.arange(60) < batch["length"][:, None]``.
 
   Returns:
     A `PaddedBatches`, re-iterable when the source is. Each batch is a dict with the source's structure whose array leaves are numpy
@@ -66,7 +88,10 @@ def pad_batches(
     cardinality, or `num_batches` given), else it raises TypeError like a generator.
 
   Raises:
-    ValueError: `batch_size` not divisible by `num_devices`; `index_key` not a string, equal to `mask_key` or to
+    ValueError: `batch_size` not divisible by `num_devices`; `batch_size` None for a source that is not batched
+      (a Mapping, an unbatched pipeline) or holds no batch; `pad_shapes` naming an unknown key, more axes than a
+      key has, or sizes that are not ints >= 1; a row longer than its fixed size (naming the key, the row and
+      both lengths); bad `length_keys`; `index_key` not a string, equal to `mask_key` or to
       a source key; `index_offset` negative or ids beyond int32; leading sizes that disagree within a batch; a source
       key equal to `mask_key`; keys, trailing shapes or dtypes that change between batches; a `pad_value` that does
       not fit a leaf's dtype or names an unknown key; a source holding more than `num_batches` batches (raised as
@@ -81,22 +106,32 @@ def pad_batches(
     >>> [b["x"].tolist() for b in batches], batches[1]["mask"].tolist()
     ([[0, 1, 2, 3], [4, 0, 0, 0]], [True, False, False, False])
   """
-  batch_size = _check_count("batch_size", batch_size, minimum=1)
+  if batch_size is not None:
+    batch_size = _check_count("batch_size", batch_size, minimum=1)
   if num_devices is None:
     import jax  # a no-op import; reading the count initialises the backend, so only here, at call time.
 
     num_devices = jax.local_device_count()
   num_devices = _check_count("num_devices", num_devices, minimum=1)
+  if batch_size is not None:
+    _check_divisible(batch_size, num_devices)
+  if num_batches is not None:
+    num_batches = _check_count("num_batches", num_batches, minimum=0)
+  ids = _row_ids(index_key, index_offset, mask_key)
+  reserved = (mask_key,) if ids is None else (mask_key, ids.key)
+  fitter = ShapeFitter.create(pad_shapes, length_keys, pad_value, reserved)
+  return PaddedBatches(
+    source, batch_size, mask_key, pad_value, num_batches, batched, ids, fitter, num_devices
+  )
+
+
+def _check_divisible(batch_size: int, num_devices: int) -> None:
   if batch_size % num_devices:
     lower = batch_size // num_devices * num_devices
     options = f"{lower} or {lower + num_devices}" if lower else f"{num_devices}"
     raise ValueError(
       f"batch_size {batch_size} is not divisible by {num_devices} devices; use {options}"
     )
-  if num_batches is not None:
-    num_batches = _check_count("num_batches", num_batches, minimum=0)
-  ids = _row_ids(index_key, index_offset, mask_key)
-  return PaddedBatches(source, batch_size, mask_key, pad_value, num_batches, batched, ids)
 
 
 def _row_ids(index_key: Any, index_offset: Any, mask_key: str) -> RowIds | None:
@@ -117,7 +152,7 @@ class PaddedBatches(cabc.Iterable):
   """The iterable returned by `pad_batches`; each ``iter()`` re-reads the source (a one-shot one raises).
 
   Attributes:
-    batch_size: rows per batch.
+    batch_size: rows per batch (with ``batch_size=None``: the source's, rounded up to the device count).
     mask_key: top-level key of the bool ``[batch_size]`` mask.
     pad_value: the scalar or per-key dict padded rows hold.
     num_batches: the fixed number of batches, or None.
@@ -125,8 +160,18 @@ class PaddedBatches(cabc.Iterable):
     index_offset: the id of the source's first row.
   """
 
-  def __init__(self, source, batch_size, mask_key, pad_value, num_batches, batched, ids=None):
-    self.batch_size = batch_size
+  def __init__(
+    self,
+    source,
+    batch_size,
+    mask_key,
+    pad_value,
+    num_batches,
+    batched,
+    ids=None,
+    fitter=None,
+    num_devices=1,
+  ):
     self.mask_key = mask_key
     self.pad_value = pad_value
     self.num_batches = num_batches
@@ -135,10 +180,15 @@ class PaddedBatches(cabc.Iterable):
     self._ids = ids
     self._source_type = type(source).__name__
     self._source = sources.open_source(source, mask_key=mask_key, batched=batched)
+    self._fitter = fitter
+    self._source.shape_fitter = fitter
     if self._source.spec is not None:
       self._source.spec.check_pad_keys(pad_value)
       if ids is not None:
         check_index_key(self._source.spec.leaves, ids.key)
+      if fitter is not None:
+        fitter.check_spec(self._source.spec)
+    self.batch_size = batch_size if batch_size is not None else self._source_batch_size(num_devices)
     real = None if num_batches is None else self._num_real_batches()
     if real is not None and real > num_batches:
       raise ValueError(
@@ -191,6 +241,17 @@ class PaddedBatches(cabc.Iterable):
       + ")"
     )
 
+  def _source_batch_size(self, num_devices: int) -> int:
+    """``batch_size=None``: the rows of the source's first batch, rounded up to a multiple of `num_devices`."""
+    rows = self._source.batch_rows()
+    if not rows:
+      found = "is not batched, or holds no batch" if rows is None else "has a first batch of 0 rows"
+      raise ValueError(
+        f"batch_size=None takes the batch size of an already batched source, but this {self._source_type} "
+        f"({self._source.description}) {found}; pass batch_size= (a multiple of the device count)"
+      )
+    return -(-rows // num_devices) * num_devices
+
   def _num_real_batches(self) -> int | None:
     """Number of batches the source fills, or None when unknown without reading it."""
     rows = self._source.num_rows()
@@ -217,14 +278,17 @@ class PaddedBatches(cabc.Iterable):
       yield unflatten(flat)
     if self.num_batches is None or count == self.num_batches:
       return
+    if row_spec is not None and self._fitter is not None:
+      row_spec = self._fitter.fixed_spec(row_spec)
     if row_spec is None or row_spec.has_unknown_sizes:
       raise ValueError(
         f"num_batches={self.num_batches} needs all-padding batches, but the source was empty and its "
         "fields are unknown; pass a Mapping or a tf.data.Dataset with static shapes, or num_batches=None"
       )
     padded_spec = row_spec.padded_to(self.batch_size, self.mask_key)
+    pad_value = self.pad_value if self._fitter is None else self._fitter.pad_values(row_spec)
     for _ in range(self.num_batches - count):
-      batch = padded_spec.padding_batch(self.pad_value)
+      batch = padded_spec.padding_batch(pad_value)
       if self._ids is not None:  # no real row: every id is -1
         batch[self._ids.key] = row_ids(0, 0, self.batch_size)
       yield batch

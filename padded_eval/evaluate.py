@@ -63,7 +63,9 @@ class InvalidValuesWarning(RuntimeWarning):
 # --- host-side batch checks (each batch must match the first: no recompilation) -------
 
 
-def _checked_batches(batches: cabc.Iterator, mask_key: str, backend: backends.Backend):
+def _checked_batches(
+  batches: cabc.Iterator, mask_key: str, backend: backends.Backend, mask_fn: Callable | None = None
+):
   """Yields ``batches``, each checked; the first fixes the `BatchSpec` every later one must match.
 
   The one place where batches are checked: a batch that fails raises ValueError when it
@@ -72,7 +74,7 @@ def _checked_batches(batches: cabc.Iterator, mask_key: str, backend: backends.Ba
   spec = None
   for index, batch in enumerate(batches):
     if spec is None:
-      spec = BatchSpec.from_batch(batch, mask_key, index)
+      spec = BatchSpec.from_batch(batch, mask_key, index, mask_fn=mask_fn)
       spec.check_divisible(backend.num_shards, _shards(backend))
     else:
       spec.check(batch, index)
@@ -128,6 +130,7 @@ def masked_eval(
   outputs: bool = False,
   checkpoint_dir: Any = None,
   checkpoint_every: int = 100,
+  mask_fn: Callable[[Any], Any] | None = None,
 ) -> dict[str, Any] | tuple[dict[str, Any], Any]:
   """Evaluates ``step_fn`` over every real row of ``batches``, exactly, compiling once.
 
@@ -146,7 +149,8 @@ def masked_eval(
       (already replicated ``jax.Array``s are not copied again).
     batches: an iterable of dict batches whose every leaf is ``[B, ...]`` with the
       same ``B``, shapes and dtypes in every batch, and ``batch[mask_key]`` bool
-      ``[B]`` True for real rows (as ``pe.pad_batches`` yields).
+      ``[B]`` True for real rows (as ``pe.pad_batches`` yields); with ``mask_fn``,
+      any pytrees (see ``mask_fn``).
     backend: ``"pmap"``, ``"shard_map"`` or ``"jit"``.
     axis_name: the mapped axis name ``step_fn`` may use in collectives (pmap), and
       the name of the default mesh's one axis. With an explicit ``mesh`` it must be one
@@ -188,6 +192,20 @@ def masked_eval(
       again returns it without reading ``batches``. See `padded_eval.checkpoint`. Not
       with ``outputs=True``.
     checkpoint_every: steps between two saves (>= 1).
+    mask_fn: ``mask_fn(batch) -> bool [rows, ...]``: the real elements of a batch that
+      need not be a dict: with it, ``batches`` may be any pytree (a jraph
+      ``GraphsTuple``, a tuple, a dataclass) whose every leaf has the batch's rows as
+      leading axis ``[B, ...]``, with the same structure, shapes and dtypes in every
+      batch, and ``mask_key`` is not used. The driver calls it inside the step, on the
+      rows ``step_fn`` sees, and counts its True elements as ``num_examples`` (so a
+      ``[rows, G]`` mask of graphs counts graphs); on the host it is called on batch 0
+      (its result must be bool with leading size ``B``) and, with ``progress``, on every
+      batch. ``step_fn`` applies the same mask to its metrics. Graphs: stack one padded
+      ``GraphsTuple`` per row (e.g. one per device) on a new leading axis, and pass
+      ``mask_fn=jax.vmap(jraph.get_graph_padding_mask)`` (HOWTO.md, "Graphs"). A
+      function, not a lambda made anew per call, keeps the compiled step cached. Not
+      with ``outputs=True``, ``checkpoint_dir`` or several processes (the all-padding
+      batches of the multi-host lockstep need a mask key).
 
   Returns:
     ``metric.compute_logs()`` with scalars as Python floats and arrays as numpy
@@ -212,7 +230,11 @@ def masked_eval(
       differ between processes (on every process, naming the one that differs);
       ``on_invalid="raise"`` and invalid values counted; ``checkpoint_dir`` written for
       another evaluation (naming what differs: metric, batch structure or size, params
-      structure, backend layout, process count), or given with ``outputs=True``.
+      structure, backend layout, process count), or given with ``outputs=True``;
+      ``mask_fn`` not callable, or given with ``outputs=True``, ``checkpoint_dir`` or
+      several processes; with ``mask_fn``, a batch whose leaves do not share a leading
+      size, or whose structure differs from the first, or a ``mask_fn`` result on
+      batch 0 that is not bool ``[B, ...]``.
     TimeoutError: several processes: another process did not arrive, or a step did
       not finish, within ``timeout`` seconds.
     RuntimeError: several processes: a step failed, e.g. because another process died.
@@ -235,6 +257,7 @@ def masked_eval(
   check_choice("on_invalid", on_invalid, ON_INVALID)
   if not isinstance(outputs, bool):
     raise ValueError(f"outputs must be True or False; got {outputs!r}")
+  _check_mask_fn(mask_fn, outputs, checkpoint_dir)
   total = _length(batches)  # before iterating
   saver = _saver(checkpoint_dir, checkpoint_every, outputs, runner, params, timeout)
   if saver.result is not None:
@@ -242,15 +265,16 @@ def masked_eval(
   source = saver.skip(batches, mask_key)
   padding = _padding_fills(batches)
   feed = _step_feed(
-    source, total, runner, backend, mask_key, steps_in_flight, timeout, saver, padding
+    source, total, runner, backend, mask_key, steps_in_flight, timeout, saver, padding, mask_fn
   )
   inputs = iter(feed)
   first = _first_input(inputs)
-  compiled = step_cache.cached_step(step_fn, runner, mask_key, outputs)
+  row_mask = mask_key if mask_fn is None else mask_fn
+  compiled = step_cache.cached_step(step_fn, runner, row_mask, outputs)
   host_params, params, placed = params, runner.place_params(params), runner.place_batch(first)
   empty = compiled.empty_state(params, placed.batch, _empty_state)
   state = saver.restore(empty, first.batch, host_params, runner)
-  bar = _ProgressBar(total, mask_key) if progress else _NoProgressBar()
+  bar = _ProgressBar(total, row_mask) if progress else _NoProgressBar()
   bar.add(first.batch)
   rows = RowOutputs(runner.row_axes, mask_key, total) if outputs else NoOutputs()
   try:
@@ -267,6 +291,30 @@ def masked_eval(
   results = _results(metric, count)
   saver.finish(results)
   return (results, rows.result()) if outputs else results
+
+
+def _check_mask_fn(mask_fn, outputs, checkpoint_dir) -> None:
+  """Raises ValueError for a ``mask_fn`` that is not callable or comes with what it does not support."""
+  if mask_fn is None:
+    return
+  if not callable(mask_fn):
+    raise ValueError(
+      f"mask_fn must be a function batch -> bool [rows, ...] or None; got {mask_fn!r}"
+    )
+  unsupported = [
+    name
+    for name, given in [
+      ("outputs=True", outputs is True),
+      ("checkpoint_dir", checkpoint_dir is not None),
+      (f"{jax.process_count()} processes", jax.process_count() > 1),
+    ]
+    if given
+  ]
+  if unsupported:
+    raise ValueError(
+      f"mask_fn cannot be combined with {', '.join(unsupported)}; pass dict batches with a mask "
+      "key instead (pe.pad_batches, mask_key=)"
+    )
 
 
 def _saver(checkpoint_dir, every, outputs, runner, params, timeout):
@@ -318,7 +366,9 @@ def _padding_fills(batches) -> dict:
   return {} if index_key is None else {index_key: -1}
 
 
-def _step_feed(batches, length, runner, name, mask_key, steps_in_flight, timeout, saver, padding):
+def _step_feed(
+  batches, length, runner, name, mask_key, steps_in_flight, timeout, saver, padding, mask_fn=None
+):
   """The checked ``batches`` (an iterator, ``length`` of them if known) as step inputs, with
   the wait: one process, or several in lockstep (all-padding batches filled per ``padding``)."""
   settings = {  # must be equal on every process
@@ -334,7 +384,7 @@ def _step_feed(batches, length, runner, name, mask_key, steps_in_flight, timeout
   if timeout is not None:
     distributed.check_timeout(timeout)
   return distributed.step_feed(
-    _checked_batches(batches, mask_key, runner),
+    _checked_batches(batches, mask_key, runner, mask_fn),
     length,
     mask_key=mask_key,
     settings=settings,
@@ -409,16 +459,17 @@ def _length(batches) -> int | None:
 class _ProgressBar:
   """A tqdm bar over batches showing real examples per second (counted on the host)."""
 
-  def __init__(self, total: int | None, mask_key: str):
+  def __init__(self, total: int | None, mask_key: Any):
     import tqdm  # imported only when asked for
 
     self._bar = tqdm.tqdm(total=total, unit="batch", desc="masked_eval")
-    self._mask_key = mask_key
+    self._mask_key = mask_key  # a key, or a mask_fn
     self._examples = 0
     self._start = time.perf_counter()
 
   def add(self, batch) -> None:
-    self._examples += int(np.count_nonzero(np.asarray(batch[self._mask_key])))
+    mask = self._mask_key(batch) if callable(self._mask_key) else batch[self._mask_key]
+    self._examples += int(np.count_nonzero(np.asarray(mask)))
     elapsed = max(time.perf_counter() - self._start, 1e-9)
     self._bar.set_postfix(
       examples=self._examples, ex_per_s=f"{self._examples / elapsed:.0f}", refresh=False

@@ -154,20 +154,24 @@ def _count_compile(what: Hashable) -> None:
 _cache: collections.OrderedDict = collections.OrderedDict()
 
 
-def cached_step(step_fn: Callable, backend: Any, mask_key: str, outputs: bool) -> CachedStep:
+def cached_step(
+  step_fn: Callable, backend: Any, mask_key: str | Callable, outputs: bool
+) -> CachedStep:
   """The compiled step of ``step_fn`` on ``backend``, compiled on the first call for its key.
 
   Args:
     step_fn: the user's step function.
     backend: a `padded_eval.backends.Backend` (hashable).
-    mask_key: the batch key of the mask.
+    mask_key: the batch key of the mask, or ``masked_eval``'s ``mask_fn`` (keyed like
+      ``step_fn``: equal partials share a compilation).
     outputs: whether ``step_fn`` returns per-row outputs.
 
   Returns:
     The `CachedStep` for ``(step_key(step_fn), backend, mask_key, outputs)``; the cache keeps
     the `CACHE_SIZE` most recently used.
   """
-  key = (step_key(step_fn), backend, mask_key, outputs)
+  mask = step_key(mask_key) if callable(mask_key) else mask_key
+  key = (step_key(step_fn), backend, mask, outputs)
   found = _cache.get(key)
   if found is None:
     compiled = backend.compile_step(step_fn, mask_key, outputs)

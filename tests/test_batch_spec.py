@@ -102,7 +102,8 @@ def test_check_accepts_an_equal_batch_whatever_its_key_order():
     ),
     (
       padded(features=4),
-      r"^batch 1: key 'x' has shape \(8, 4\); expected \[8, 3\] like batch 0\. Every batch needs",
+      r"^batch 1: key 'x' has shape \(8, 4\); expected \[8, 3\] like batch 0\. Its trailing sizes vary "
+      r"between batches .*pe\.pad_batches\(\.\.\., pad_shapes=\{'x': \(4,\)\}\)",
     ),
     (
       padded(label_dtype=np.int64),
@@ -121,7 +122,10 @@ def test_rows_specs_compare_without_row_counts():
     BatchSpec.of_rows(flatten({"x": np.zeros((5, 3)), "s": np.array(["abcd"] * 5)})), 1
   )
   with pytest.raises(
-    ValueError, match=r"^batch 2: key 'x' has shape \(5, 2\); expected \[rows, 3\] like batch 0$"
+    ValueError,
+    match=r"^batch 2: key 'x' has shape \(5, 2\); expected \[rows, 3\] like batch 0\. Its "
+    r"trailing sizes vary between batches \(variable lengths\?\): pad them to fixed sizes, e\.g\. "
+    r"pe\.pad_batches\(\.\.\., pad_shapes=\{'x': \(3,\)\}\)",
   ):
     first.check_same(
       BatchSpec.of_rows(flatten({"x": np.zeros((5, 2)), "s": np.array(["a"] * 5)})), 2

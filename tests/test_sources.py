@@ -96,7 +96,9 @@ def test_iterable_source_checks_each_batch_against_the_first():
   chunks = IterableSource(batches, mask_key="mask").chunks()
   next(chunks), next(chunks)
   with pytest.raises(
-    ValueError, match=r"^batch 2: key 'x' has shape \(1, 4\); expected \[rows, 3\] like batch 0$"
+    ValueError,
+    match=r"^batch 2: key 'x' has shape \(1, 4\); expected \[rows, 3\] like batch 0\. .*"
+    r"pad_shapes=\{'x': \(4,\)\}",
   ):
     next(chunks)
 

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import abc
 import collections.abc as cabc
+import functools
 import itertools
 from collections.abc import Generator, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from padded_eval.batch_spec import BatchSpec, FlatBatch, flatten, path_name
 from padded_eval.sources.array_like import to_numpy
+
+if TYPE_CHECKING:
+  from padded_eval.sources.shapes import ShapeFitter
 
 __all__ = [
   "ID_DTYPE",
@@ -45,11 +49,20 @@ class Source(abc.ABC):
   and reject a key equal to `mask_key`), `spec`, `num_rows` and `chunks`, and is registered with
   `padded_eval.sources.register`.
 
+  A kind that reads batches of its own (an iterable, a loader) passes them through `checked_chunks`, which
+  flattens them, applies `shape_fitter` and checks each against the first; `padded` applies `shape_fitter` to the
+  chunks of a kind that does not (`fits_shapes` False).
+
   Attributes:
     description: how error messages name the kind, e.g. ``"a Mapping of arrays"``.
+    shape_fitter: ``pad_batches(..., pad_shapes=...)``'s `padded_eval.sources.shapes.ShapeFitter`, set after
+      the source is wrapped; None pads no axis.
+    fits_shapes: whether `chunks` already applies `shape_fitter` (through `checked_chunks`).
   """
 
   description: str = "a data source"
+  shape_fitter: ShapeFitter | None = None
+  fits_shapes: bool = False
 
   @classmethod
   @abc.abstractmethod
@@ -83,6 +96,40 @@ class Source(abc.ABC):
       ValueError: a chunk that breaks the contract (see `flatten_rows`, `BatchSpec.check_same`), or a one-shot
         source read a second time.
     """
+
+  def batch_rows(self) -> int | None:
+    """Rows of the source's first batch (``pad_batches(batch_size=None)``), or None if it is not batched.
+
+    The default: None (a source of rows). A batched kind reads (or peeks at) its first batch.
+    """
+    return None
+
+  def checked_chunks(self, batches: cabc.Iterable, mask_key: str, where: str) -> Iterator[Chunk]:
+    """Flattens each batch (`flatten_rows`, with `shape_fitter` applied) and checks it against the first.
+
+    Args:
+      batches: the source's batches, Mappings of array-likes ``[rows, ...]``.
+      mask_key: the mask's key (no batch may have it).
+      where: how messages name batch ``i``: a format string with ``{index}``, e.g. ``"batch {index}"``.
+
+    Yields:
+      ``(flat, rows)`` chunks.
+
+    Raises:
+      ValueError: see `flatten_rows`, `BatchSpec.check_same` and `ShapeFitter.fit`.
+    """
+    first, row = None, 0
+    for index, batch in enumerate(batches):
+      fit = None
+      if self.shape_fitter is not None:
+        fit = functools.partial(self.shape_fitter.fit, first_row=row)
+      flat, rows = flatten_rows(batch, mask_key, where.format(index=index), fit=fit)
+      if first is None:
+        first = BatchSpec.of_rows(flat)
+      else:
+        first.check_rows(flat, index)
+      row += rows
+      yield flat, rows
 
   def chunks_for(self, batch_size: int) -> Iterator[Chunk]:
     """Like `chunks`, in chunk sizes suited to `batch_size` where the source can choose them.
@@ -135,12 +182,16 @@ class Source(abc.ABC):
     """
     start = start_batch * batch_size
     chunks = self.chunks_from(batch_size, start)
+    if self.shape_fitter is not None and not self.fits_shapes:
+      chunks = _fitted(chunks, self.shape_fitter, start)
     first = next(chunks, None)
     if first is None:
       return self.spec
     if ids is not None:
       check_index_key(first[0], ids.key)
     row_spec = BatchSpec.of_rows(first[0], unknown_rows=True)
+    if self.shape_fitter is not None:  # lengths fields pad with 0
+      pad_value = self.shape_fitter.pad_values(row_spec)
     fills = row_spec.fills(pad_value)
     for flat, rows in rechunk(itertools.chain([first], chunks), batch_size):
       batch = pad(flat, rows, batch_size, mask_key, fills)
@@ -149,6 +200,13 @@ class Source(abc.ABC):
       start += rows
       yield batch
     return row_spec
+
+
+def _fitted(chunks: Iterator[Chunk], fitter: ShapeFitter, first_row: int) -> Iterator[Chunk]:
+  """`chunks` with `fitter` applied (row numbers from `first_row`, for messages)."""
+  for flat, rows in chunks:
+    yield fitter.fit(flat, first_row), rows
+    first_row += rows
 
 
 class RowIds(NamedTuple):
@@ -193,7 +251,11 @@ def check_index_key(flat: FlatBatch | cabc.Iterable, index_key: str) -> None:
 
 
 def flatten_rows(
-  batch: Any, mask_key: str, where: str, convert: bool = True
+  batch: Any,
+  mask_key: str,
+  where: str,
+  convert: bool = True,
+  fit: cabc.Callable[[FlatBatch], FlatBatch] | None = None,
 ) -> tuple[FlatBatch, int]:
   """Checks one batch of a source (any number of rows, no mask yet) and flattens it.
 
@@ -202,6 +264,7 @@ def flatten_rows(
     mask_key: the key the mask will take; the batch may not have it.
     where: how messages name the batch, e.g. ``"batch 3"`` or ``"the source"``.
     convert: turn leaves into numpy arrays with `to_numpy` (else only their shapes are read).
+    fit: applied to the flat batch before anything else is read (`ShapeFitter.fit`: ragged keys become arrays).
 
   Returns:
     ``(flat, rows)``: the flat batch and its leading size.
@@ -217,6 +280,8 @@ def flatten_rows(
       f"{where} has a key {mask_key!r} equal to mask_key; rename it or pass another mask_key="
     )
   flat = flatten(batch, convert=False)
+  if fit is not None:
+    flat = fit(flat)
   if convert:
     flat = {path: to_numpy(leaf) for path, leaf in flat.items()}
   if not flat:

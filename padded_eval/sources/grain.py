@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from padded_eval.batch_spec import BatchSpec, flatten, unflatten
+from padded_eval.batch_spec import flatten, unflatten
 from padded_eval.sources.array_like import to_numpy
-from padded_eval.sources.base import Chunk, Source, drop_rows, flatten_rows
+from padded_eval.sources.base import Chunk, Source, drop_rows
 
 __all__ = ["CHUNK_ROWS", "GrainSource", "grain_kind"]
 
@@ -51,6 +51,7 @@ class GrainSource(Source):
   """Reads a grain dataset or DataLoader; re-iterating starts a new pass (grain datasets are re-iterable)."""
 
   description = "a grain dataset or DataLoader"
+  fits_shapes = True
 
   @classmethod
   def accepts(cls, obj: Any) -> bool:
@@ -109,11 +110,14 @@ class GrainSource(Source):
 
   def chunks_for(self, batch_size: int) -> Iterator[Chunk]:
     """Starts a new pass: batches as they come, or rows stacked `batch_size` at a time (a multiple of it for a
-    `MapDataset`, whose reader threads each build one chunk)."""
+    `MapDataset`, whose reader threads each build one chunk). With `shape_fitter` (``pad_shapes``), unbatched
+    rows are stacked here (the keys to pad as ragged lists), not by grain's ``.batch``."""
     if self._batched:
       elements = iter(self._data)
-    elif self._kind == "DataLoader":
-      elements = _stacked(iter(self._data), batch_size)
+    elif self._kind == "DataLoader" or self.shape_fitter is not None:
+      # rows of varying lengths (pad_shapes) are stacked here, as ragged lists for the fitter
+      ragged = () if self.shape_fitter is None else tuple(self.shape_fitter.sizes)
+      elements = _stacked(iter(self._data), batch_size, ragged)
     elif self._kind == "MapDataset" and not self._filtered:
       elements = iter(self._data.batch(batch_size * max(1, CHUNK_ROWS // batch_size)))
     else:  # grain batches a filtered MapDataset only as an IterDataset
@@ -133,15 +137,16 @@ class GrainSource(Source):
     seeked._data = self._data[min(start_row, len(self._data)) - 1 :]
     return drop_rows(seeked.chunks_for(batch_size), 1)
 
+  def batch_rows(self) -> int | None:
+    """Rows of the first batch of a batched pipeline (read once), else None."""
+    if not self._batched:
+      return None
+    first = next(self.chunks(), None)
+    return None if first is None else first[1]
+
   def _checked(self, elements: Iterator[Any]) -> Iterator[Chunk]:
-    first = None
-    for index, element in enumerate(elements):
-      flat, rows = flatten_rows(_named(element, index), self._mask_key, f"batch {index}")
-      if first is None:
-        first = BatchSpec.of_rows(flat)
-      else:
-        first.check_rows(flat, index)
-      yield flat, rows
+    named = (_named(element, index) for index, element in enumerate(elements))
+    return self.checked_chunks(named, self._mask_key, "batch {index}")
 
 
 def _named(element: Any, index: int) -> Any:
@@ -229,17 +234,19 @@ def _count(records: int) -> str:
   return "infinitely many" if records >= sys.maxsize else str(records)
 
 
-def _stacked(rows: Iterator[Any], chunk_rows: int) -> Iterator[dict]:
-  """Stacks single-row dicts into chunks of `chunk_rows` rows (the last may be short)."""
+def _stacked(rows: Iterator[Any], chunk_rows: int, ragged: tuple = ()) -> Iterator[dict]:
+  """Stacks single-row dicts into chunks of `chunk_rows` rows (the last may be short); the keys in `ragged`
+  become lists of rows."""
   pending: list = []
   for index, row in enumerate(rows):
     pending.append(flatten(_named(row, index), convert=False))
     if len(pending) == chunk_rows:
-      yield _stack(pending)
+      yield _stack(pending, ragged)
       pending = []
   if pending:
-    yield _stack(pending)
+    yield _stack(pending, ragged)
 
 
-def _stack(rows: list) -> dict:
-  return unflatten({path: np.stack([to_numpy(row[path]) for row in rows]) for path in rows[0]})
+def _stack(rows: list, ragged: tuple = ()) -> dict:
+  stack = lambda path, leaves: leaves if path in ragged else np.stack(leaves)
+  return unflatten({path: stack(path, [to_numpy(row[path]) for row in rows]) for path in rows[0]})

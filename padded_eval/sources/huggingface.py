@@ -22,8 +22,7 @@ import collections.abc as cabc
 from collections.abc import Iterator
 from typing import Any
 
-from padded_eval.batch_spec import BatchSpec
-from padded_eval.sources.base import Chunk, Source, flatten_rows
+from padded_eval.sources.base import Chunk, Source
 
 __all__ = ["CHUNK_ROWS", "HuggingFaceSource", "hf_kind"]
 
@@ -44,6 +43,7 @@ class HuggingFaceSource(Source):
   """Reads a `datasets.Dataset` or `IterableDataset` column by column; every pass re-reads it."""
 
   description = "a Hugging Face dataset"
+  fits_shapes = True
 
   @classmethod
   def accepts(cls, obj: Any) -> bool:
@@ -90,19 +90,18 @@ class HuggingFaceSource(Source):
     return self._checked(self._dataset.iter(batch_size=chunk_rows))
 
   def _checked(self, batches: Iterator[Any]) -> Iterator[Chunk]:
-    first = None
-    for index, batch in enumerate(batches):
-      if not isinstance(batch, cabc.Mapping):
-        raise ValueError(
-          f"chunk {index} of the Hugging Face dataset is a {type(batch).__name__}; expected a dict of columns "
-          "(a format or transform that returns one)"
-        )
-      flat, rows = flatten_rows(batch, self._mask_key, f"chunk {index} of the dataset")
-      if first is None:
-        first = BatchSpec.of_rows(flat)
-      else:
-        first.check_rows(flat, index)
-      yield flat, rows
+    return self.checked_chunks(_mappings(batches), self._mask_key, "chunk {index} of the dataset")
+
+
+def _mappings(batches: Iterator[Any]) -> Iterator[cabc.Mapping]:
+  """The chunks, each checked to be a Mapping of columns."""
+  for index, batch in enumerate(batches):
+    if not isinstance(batch, cabc.Mapping):
+      raise ValueError(
+        f"chunk {index} of the Hugging Face dataset is a {type(batch).__name__}; expected a dict of columns "
+        "(a format or transform that returns one)"
+      )
+    yield batch
 
 
 def _numpy_formatted(dataset: Any, kind: str) -> Any:

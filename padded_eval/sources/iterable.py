@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import collections.abc as cabc
+import functools
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from padded_eval.batch_spec import BatchSpec
 from padded_eval.sources.base import Chunk, Source, flatten_rows
 
 __all__ = ["IterableSource"]
@@ -19,6 +20,7 @@ class IterableSource(Source):
   """
 
   description = "an iterable of Mappings"
+  fits_shapes = True
 
   @classmethod
   def accepts(cls, obj: Any) -> bool:
@@ -40,10 +42,11 @@ class IterableSource(Source):
   def num_rows(self) -> int | None:
     if not isinstance(self._batches, cabc.Sequence):
       return None
-    return sum(
-      flatten_rows(batch, self._mask_key, f"batch {index}", convert=False)[1]
-      for index, batch in enumerate(self._batches)
-    )
+    total = 0
+    for index, batch in enumerate(self._batches):
+      fit = self._fit(total)
+      total += flatten_rows(batch, self._mask_key, f"batch {index}", convert=False, fit=fit)[1]
+    return total
 
   def chunks(self) -> Iterator[Chunk]:
     """Starts a new read of the batches.
@@ -63,12 +66,25 @@ class IterableSource(Source):
       self._read = True
     return self._checked(iter(self._batches))
 
-  def _checked(self, batches: Iterator) -> Iterator[Chunk]:
-    first = None
-    for index, batch in enumerate(batches):
-      flat, rows = flatten_rows(batch, self._mask_key, f"batch {index}")
+  def batch_rows(self) -> int | None:
+    """Rows of the first batch (a one-shot iterator is peeked at: its first batch is kept for the read)."""
+    if self._one_shot and not self._read:
+      first = next(self._batches, None)
       if first is None:
-        first = BatchSpec.of_rows(flat)
-      else:
-        first.check_rows(flat, index)
-      yield flat, rows
+        return None
+      self._batches = itertools.chain([first], self._batches)
+    else:
+      first = next(iter(self._batches), None)
+    if first is None:
+      return None
+    return flatten_rows(first, self._mask_key, "batch 0", convert=False, fit=self._fit(0))[1]
+
+  def _fit(self, first_row: int):
+    return (
+      None
+      if self.shape_fitter is None
+      else functools.partial(self.shape_fitter.fit, first_row=first_row)
+    )
+
+  def _checked(self, batches: Iterator) -> Iterator[Chunk]:
+    return self.checked_chunks(batches, self._mask_key, "batch {index}")

@@ -100,11 +100,39 @@ class TfDataSource(Source):
     size = leading.pop() if len(leading) == 1 else None
     return None if size is None else cardinality * size
 
+  def batch_rows(self) -> int | None:
+    """The static batch size, else the rows of the first element; None if the dataset is not batched."""
+    if not self._batched:
+      return None
+    leading = {spec.shape[0] for spec in self._tensor_specs.values()}
+    if len(leading) == 1 and None not in leading:
+      return leading.pop()
+    first = next(self._numpy(self._dataset.take(1)), None)
+    return None if first is None else len(next(iter(first.values())))
+
   def chunks(self) -> Iterator[Chunk]:
-    """The elements as numpy chunks (an unbatched dataset in chunks of `CHUNK_ROWS`)."""
-    dataset = self._dataset if self._batched else self._dataset.batch(CHUNK_ROWS)
+    """The elements as numpy chunks (an unbatched dataset in chunks of `CHUNK_ROWS`; with `shape_fitter`,
+    unbatched rows of varying lengths are batched with ``padded_batch``, padded with the pad value)."""
+    if self._batched:
+      dataset = self._dataset
+    elif self.shape_fitter is None:
+      dataset = self._dataset.batch(CHUNK_ROWS)
+    else:
+      dataset = self._dataset.padded_batch(CHUNK_ROWS, padding_values=self._padding_values())
     for flat in self._numpy(dataset):
       yield flat, len(next(iter(flat.values())))
+
+  def _padding_values(self) -> dict:
+    """``padded_batch``'s padding values: each key's pad value (see `BatchSpec.fills`)."""
+    import tensorflow as tf
+
+    fills = self._spec.fills(self.shape_fitter.pad_value)
+    return unflatten(
+      {
+        path: tf.constant(fills[path], dtype=spec.dtype)
+        for path, spec in self._tensor_specs.items()
+      }
+    )
 
   def padded(
     self,
@@ -117,11 +145,16 @@ class TfDataSource(Source):
     """Re-chunks and pads in the tf.data graph (the row ids too); see `Source.padded`. Batches before
     `start_batch` are skipped in the graph (``Dataset.skip``), before padding.
 
+    With `shape_fitter` (``pad_shapes``), batches of varying shapes are re-chunked and padded in numpy
+    (`Source.padded`), since ``Dataset.rebatch`` cannot join them.
+
     Returns:
       (as the generator's return value) the row spec of the first batch (real sizes), else the static one.
     """
     import tensorflow as tf
 
+    if self.shape_fitter is not None:  # batches of varying shapes: padded in numpy, as every source
+      return (yield from super().padded(batch_size, mask_key, pad_value, ids, start_batch))
     if ids is not None:
       check_index_key(self._tensor_specs, ids.key)
     if self._batched:  # rebatch checks that a batch's leading sizes agree (see _explain)

@@ -17,8 +17,7 @@ import collections.abc as cabc
 from collections.abc import Iterator
 from typing import Any
 
-from padded_eval.batch_spec import BatchSpec
-from padded_eval.sources.base import Chunk, Source, flatten_rows
+from padded_eval.sources.base import Chunk, Source
 
 __all__ = ["TorchLoaderSource", "is_torch_loader"]
 
@@ -35,6 +34,7 @@ class TorchLoaderSource(Source):
   """Reads a torch DataLoader batch by batch, each checked against the first."""
 
   description = "a torch DataLoader"
+  fits_shapes = True
 
   @classmethod
   def accepts(cls, obj: Any) -> bool:
@@ -79,17 +79,21 @@ class TorchLoaderSource(Source):
     """
     return self._checked(iter(self._loader))
 
+  def batch_rows(self) -> int | None:
+    """Rows of the loader's first batch (read once)."""
+    first = next(self.chunks(), None)
+    return None if first is None else first[1]
+
   def _checked(self, batches: Iterator[Any]) -> Iterator[Chunk]:
-    first = None
-    for index, batch in enumerate(batches):
-      if not isinstance(batch, cabc.Mapping):
-        raise ValueError(_unnamed_message(batch, index))
-      flat, rows = flatten_rows(batch, self._mask_key, f"batch {index}")
-      if first is None:
-        first = BatchSpec.of_rows(flat)
-      else:
-        first.check_rows(flat, index)
-      yield flat, rows
+    return self.checked_chunks(_named(batches), self._mask_key, "batch {index}")
+
+
+def _named(batches: Iterator[Any]) -> Iterator[cabc.Mapping]:
+  """The batches, each checked to be a Mapping (a ValueError that says how to name the fields)."""
+  for index, batch in enumerate(batches):
+    if not isinstance(batch, cabc.Mapping):
+      raise ValueError(_unnamed_message(batch, index))
+    yield batch
 
 
 def _check_sampler(sampler: Any) -> None:
