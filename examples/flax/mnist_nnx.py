@@ -39,8 +39,8 @@ def make_model(seed: int = 0) -> TinyCNN:
   """A TinyCNN with non-trivial batch-norm statistics (so that eval mode matters)."""
   model = TinyCNN(nnx.Rngs(seed))
   rng = np.random.default_rng(seed)
-  model.batch_norm.mean.value = rng.normal(size=16).astype(np.float32)
-  model.batch_norm.var.value = rng.uniform(0.5, 2.0, size=16).astype(np.float32)
+  model.batch_norm.mean[...] = rng.normal(size=16).astype(np.float32)
+  model.batch_norm.var[...] = rng.uniform(0.5, 2.0, size=16).astype(np.float32)
   return model
 
 
@@ -122,7 +122,7 @@ def reference(model: TinyCNN, split: dict[str, np.ndarray]) -> tuple[dict[str, f
   """
 
   def f64(variable):
-    return np.asarray(variable.value, np.float64)
+    return np.asarray(variable[...], np.float64)
 
   x = split["image"].reshape(len(split["image"]), -1).astype(np.float64) / 255
   hidden = x @ f64(model.linear1.kernel) + f64(model.linear1.bias)
