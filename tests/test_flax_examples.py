@@ -59,9 +59,19 @@ def test_original_drops_the_last_partial_batch(name):
   assert max(errors) > 100 * RTOL, errors  # the silent error, far beyond float32 noise
 
 
-def test_mnist_drops_107_of_1003_rows():
-  original, converted, (_, rows) = _runs("mnist_nnx")
-  assert (rows, rows - original.rows, converted.rows) == (1003, 107, 1003)
+# The figures HOWTO.md quotes: (rows the eval covers, rows the original never sees).
+HOWTO_FIGURES = {
+  "mnist_nnx": (1003, 107),
+  "imagenet": (1003, 107),
+  "lm1b": (820, 52),
+  "gemma": (795, 27),
+}
+
+
+@pytest.mark.parametrize("name", DROPS_ROWS)
+def test_the_figures_howto_quotes(name):
+  original, converted, (_, rows) = _runs(name)
+  assert (rows, rows - original.rows, converted.rows) == (*HOWTO_FIGURES[name], rows)
 
 
 def test_sst2_original_is_right_but_compiles_per_longest_length():
@@ -72,7 +82,7 @@ def test_sst2_original_is_right_but_compiles_per_longest_length():
     np.testing.assert_allclose(original.metrics[key], value, rtol=RTOL, err_msg=key)
   batches = list(module.original_get_batches(examples, module.BATCH_SIZE).as_numpy_iterator())
   shapes = {b["token_ids"].shape for b in batches}
-  assert len(shapes) > 2 and original.traces == len(shapes)  # one trace per batch shape
+  assert original.traces == len(shapes) == 6  # one trace per batch shape (HOWTO.md quotes 6)
   assert converted.traces == 1
 
 
