@@ -1,4 +1,4 @@
-"""The converted Flax examples (examples/flax/) against numpy float64 and against the originals.
+"""The converted Flax examples (examples/from_flax/) against numpy float64 and against the originals.
 
 Each example's data has 1003 rows (or what its length filter keeps), which divides neither
 its batch size nor the 8 devices. The converted loop must match the float64 reference over
@@ -18,7 +18,7 @@ ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 if ROOT not in sys.path:  # `examples` is a folder of the repository, not of the package
   sys.path.insert(0, ROOT)
 
-from examples.flax import common, report  # noqa: E402
+from examples.from_flax import common, report  # noqa: E402
 
 RTOL = 1e-6  # float32 model outputs against float64 numpy; measured errors are below 1e-7
 BATCH_SIZES = {"mnist_nnx": 128, "imagenet": 128, "lm1b": 64, "gemma": 64}
@@ -27,7 +27,7 @@ DROPS_ROWS = tuple(BATCH_SIZES)
 
 @functools.cache
 def _example(name):
-  module = importlib.import_module(f"examples.flax.{name}")
+  module = importlib.import_module(f"examples.from_flax.{name}")
   return module, module.make_inputs()
 
 
@@ -93,6 +93,7 @@ def test_gemma_original_traces_twice():
   assert original.traces == 2
 
 
+@pytest.mark.slow  # two more compilations; jit is the converted mnist run above
 @pytest.mark.parametrize("backend", ["pmap", "shard_map"])
 def test_nnx_module_as_params_on_every_backend(backend):
   module, inputs = _example("mnist_nnx")
@@ -105,5 +106,5 @@ def test_nnx_module_as_params_on_every_backend(backend):
 
 def test_conversion_diffs_are_small_and_counted():
   for name in report.EXAMPLES:
-    changed = report.conversion_diff(importlib.import_module(f"examples.flax.{name}"))
+    changed = report.conversion_diff(importlib.import_module(f"examples.from_flax.{name}"))
     assert 0 < len(changed) < 60, (name, changed)

@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import padded_eval as pe
-from examples.flax import common
+from examples.from_flax import common
 
 BATCH_SIZE = 64  # eval_per_device_batch_size 8 x 8 devices
 

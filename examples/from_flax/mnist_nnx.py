@@ -13,7 +13,7 @@ import tensorflow as tf
 from flax import nnx
 
 import padded_eval as pe
-from examples.flax import common
+from examples.from_flax import common
 
 BATCH_SIZE = 128
 IMAGE_SHAPE = (8, 8, 1)  # a tiny stand-in for 28 x 28 digits

@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import padded_eval as pe
-from examples.flax import common
+from examples.from_flax import common
 
 PAD_ID = 0
 VOCAB_SIZE = 24

@@ -1,6 +1,6 @@
 """Side by side, per converted Flax example: lines changed, numbers, traces and eval time.
 
-Run from the repository root: ``python -m examples.flax.report`` (8 virtual CPU devices are set
+Run from the repository root: ``python -m examples.from_flax.report`` (8 virtual CPU devices are set
 up unless ``XLA_FLAGS`` says otherwise). Times are wall times on this machine, compilation
 included in the first ("cold") call; the ratio is converted over original.
 """
@@ -50,9 +50,9 @@ def compare(name: str) -> dict:
     ``{"original", "converted"}``: the cold and warm `common.EvalRun` pairs;
     ``"reference"``: ``(metrics, rows)``; ``"diff"``: `conversion_diff`'s lines.
   """
-  from examples.flax import common
+  from examples.from_flax import common
 
-  module = importlib.import_module(f"examples.flax.{name}")
+  module = importlib.import_module(f"examples.from_flax.{name}")
   inputs = module.make_inputs()
   runs = {}
   for role in ("original", "converted"):

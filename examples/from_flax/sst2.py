@@ -14,7 +14,7 @@ import numpy as np
 from flax import linen as nn
 
 import padded_eval as pe
-from examples.flax import common
+from examples.from_flax import common
 
 BATCH_SIZE = 64
 VOCAB_SIZE = 40

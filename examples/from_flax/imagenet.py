@@ -22,7 +22,7 @@ from flax import linen as nn
 from flax.training import common_utils
 
 import padded_eval as pe
-from examples.flax import common
+from examples.from_flax import common
 
 BATCH_SIZE = 128  # per host; a multiple of the 8 local devices
 IMAGE_SHAPE = (4, 4, 3)
