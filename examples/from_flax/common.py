@@ -4,8 +4,8 @@ Each module of this folder converts the eval loop of one of Flax's examples (goo
 ``examples/``) to padded_eval. Each has a tiny model, small offline data whose size divides
 neither the batch size nor 8, ``original_eval`` (the structure of today's Flax loop, with its
 wrong number), ``converted_eval`` (the same pipeline and model, evaluated with padded_eval) and
-``reference`` (numpy float64 over every row). ``python -m examples.from_flax.report`` prints them side
-by side; ``tests/test_flax_examples.py`` checks them.
+``reference`` (numpy float64 over every row). ``python -m examples.from_flax.report`` prints them
+side by side; ``tests/test_flax_examples.py`` checks them.
 """
 
 import dataclasses

@@ -54,15 +54,18 @@ def make_inputs(seed: int = 5) -> tuple:
 
 
 def pad_tokens(tokens):
+  """Pads one row's tokens to MAX_EVAL_TARGET_LENGTH with PAD_ID."""
   return np.pad(tokens, (0, MAX_EVAL_TARGET_LENGTH - len(tokens)), constant_values=PAD_ID)
 
 
 def shift_target_left(batch):
+  """The example's teacher-forcing shift: targets[t] = inputs[t + 1]."""
   targets = np.pad(batch["targets"][..., 1:], [(0, 0), (0, 1)], constant_values=PAD_ID)
   return dict(batch, targets=targets)
 
 
 def eval_dataset(texts):
+  """The texts as a grain MapDataset, without those longer than the eval length."""
   ds = grain.MapDataset.source([{"inputs": t, "targets": t} for t in texts])
   return ds.filter(lambda x: max(len(x["inputs"]), len(x["targets"])) <= MAX_EVAL_TARGET_LENGTH)
 
@@ -72,6 +75,7 @@ ORIGINAL_TRACES = common.TraceCounter()
 
 
 def original_preprocess_data(texts, batch_size, data_sharding):
+  """The example's eval pipeline: pad, batch with drop_remainder=True, shift, move."""
   ds = eval_dataset(texts).to_iter_dataset()
   ds = ds.map(lambda x: {k: pad_tokens(v) for k, v in x.items()})
   ds = ds.batch(batch_size, drop_remainder=True)
@@ -81,6 +85,7 @@ def original_preprocess_data(texts, batch_size, data_sharding):
 
 @ORIGINAL_TRACES
 def original_eval_step(model, batch, eval_metrics, pad_id=PAD_ID):
+  """The example's step: a MultiMetric of per-sample losses scaled to the token mean."""
   inputs, targets = batch["inputs"], batch["targets"]
   input_mask = inputs > pad_id
   weights = input_mask.astype(jnp.float32)
@@ -94,6 +99,7 @@ def original_eval_step(model, batch, eval_metrics, pad_id=PAD_ID):
 
 
 def original_eval(model, texts, mesh, num_eval_steps=2_000):
+  """The example's evaluate: num_eval_steps jitted steps; returns (metrics, rows)."""
   data_sharding = NamedSharding(mesh, P("fsdp"))
   eval_ds = original_preprocess_data(texts, EVAL_BATCH_SIZE, data_sharding)
   jit_eval_step = jax.jit(original_eval_step, static_argnames=("pad_id",))
@@ -119,6 +125,7 @@ METRICS = pe.Metrics(
 
 
 def converted_preprocess_data(texts, batch_size):
+  """The same pipeline without drop_remainder and without the move."""
   ds = eval_dataset(texts).to_iter_dataset()
   ds = ds.map(lambda x: {k: pad_tokens(v) for k, v in x.items()})
   ds = ds.batch(batch_size, drop_remainder=False)
@@ -127,6 +134,7 @@ def converted_preprocess_data(texts, batch_size):
 
 @CONVERTED_TRACES
 def converted_eval_step(model, batch, pad_id=PAD_ID):
+  """Masked token statistics of one batch: real row and real token."""
   inputs, targets = batch["inputs"], batch["targets"]
   tokens = batch["mask"][:, None] & (inputs > pad_id)
   logits = model(inputs)
@@ -135,6 +143,7 @@ def converted_eval_step(model, batch, pad_id=PAD_ID):
 
 
 def converted_eval(model, texts, mesh, backend="jit"):
+  """Every kept text, exactly, jit over the mesh, nnx model as params."""
   batches = pe.pad_batches(converted_preprocess_data(texts, EVAL_BATCH_SIZE), EVAL_BATCH_SIZE)
   results = pe.masked_eval(converted_eval_step, model, batches, backend=backend, mesh=mesh)
   rows = results.pop("num_examples")

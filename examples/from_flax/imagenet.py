@@ -63,6 +63,7 @@ def make_validation_split(num_rows: int = common.NUM_ROWS, seed: int = 2) -> dic
 
 
 def decode_example(example):  # preprocess_for_eval: cast and normalize
+  """The eval preprocessing stand-in: float image normalized per channel."""
   image = (tf.cast(example["image"], tf.float32) - MEAN_RGB) / STDDEV_RGB
   return {"image": image, "label": example["label"]}
 
@@ -72,6 +73,7 @@ ORIGINAL_TRACES = common.TraceCounter()
 
 
 def original_create_split(split, batch_size, prefetch=10):
+  """The example's create_split(train=False): n // hosts rows, drop_remainder, repeat."""
   split_size = len(split["label"]) // jax.process_count()
   start = jax.process_index() * split_size
   ds = tf.data.Dataset.from_tensor_slices(
@@ -84,6 +86,7 @@ def original_create_split(split, batch_size, prefetch=10):
 
 
 def prepare_tf_data(xs):
+  """The example's reshape of a host batch to [local devices, per device, ...]."""
   local_device_count = jax.local_device_count()
 
   def _prepare(x):
@@ -94,12 +97,14 @@ def prepare_tf_data(xs):
 
 
 def original_create_input_iter(split, batch_size):
+  """The example's eval iterator: prepare_tf_data, then prefetch_to_device."""
   it = map(prepare_tf_data, original_create_split(split, batch_size))
   return jax_utils.prefetch_to_device(it, 2)
 
 
 @ORIGINAL_TRACES
 def original_eval_step(variables, batch):
+  """The example's step: pmean of the batch-mean loss and accuracy."""
   logits = MODEL.apply(variables, batch["image"], train=False, mutable=False)
   one_hot = common_utils.onehot(batch["label"], num_classes=NUM_CLASSES)
   metrics = {
@@ -110,6 +115,7 @@ def original_eval_step(variables, batch):
 
 
 def original_eval(variables, split, batch_size=BATCH_SIZE):
+  """The example's loop: steps_per_eval pmapped steps, averaged; returns (metrics, rows)."""
   eval_iter = original_create_input_iter(split, batch_size)
   steps_per_eval = len(split["label"]) // batch_size
   p_eval_step = jax.pmap(original_eval_step, in_axes=(None, 0), axis_name="batch")
@@ -127,6 +133,7 @@ METRICS = pe.Metrics({"accuracy": pe.metrics.Accuracy(), "loss": pe.metrics.Mean
 
 
 def converted_create_split(split, batch_size, prefetch=10):
+  """The eval split of this process, batched without drop_remainder or repeat."""
   share = pe.process_slice(len(split["label"]))
   ds = tf.data.Dataset.from_tensor_slices({k: v[share] for k, v in split.items()})
   ds = ds.map(decode_example, num_parallel_calls=tf.data.AUTOTUNE)
@@ -136,6 +143,7 @@ def converted_create_split(split, batch_size, prefetch=10):
 
 @CONVERTED_TRACES
 def converted_eval_step(variables, batch):
+  """Masked per-example statistics of one device's rows."""
   logits = MODEL.apply(variables, batch["image"], train=False, mutable=False)
   one_hot = common_utils.onehot(batch["label"], num_classes=NUM_CLASSES)
   loss = optax.softmax_cross_entropy(logits=logits, labels=one_hot)
@@ -143,6 +151,7 @@ def converted_eval_step(variables, batch):
 
 
 def converted_eval(variables, split, batch_size=BATCH_SIZE, backend="pmap"):
+  """Every row, exactly, on the pmap backend; returns (metrics, rows)."""
   batches = pe.pad_batches(converted_create_split(split, batch_size), batch_size)
   results = pe.masked_eval(converted_eval_step, variables, batches, backend=backend)
   rows = results.pop("num_examples")

@@ -68,6 +68,7 @@ def make_inputs(seed: int = 3) -> tuple:
 
 
 def eval_dataset(sentences, max_length):
+  """Tokenized sentences, without those longer than max_length."""
   ds = common.tf_sequences([{"inputs": s} for s in sentences])
   return ds.filter(lambda x: tf.shape(x["inputs"])[0] < max_length + 1)
 
@@ -77,6 +78,7 @@ ORIGINAL_TRACES = common.TraceCounter()
 
 
 def original_eval_pipeline(sentences, batch_size, max_length):
+  """The example's eval pipeline: padded_batch to max_length, drop_remainder=True."""
   ds = eval_dataset(sentences, max_length)
   ds = ds.padded_batch(batch_size, padded_shapes={"inputs": max_length}, drop_remainder=True)
   return ds.prefetch(tf.data.AUTOTUNE)
@@ -84,6 +86,7 @@ def original_eval_pipeline(sentences, batch_size, max_length):
 
 @ORIGINAL_TRACES
 def original_eval_step(params, batch, config):
+  """The example's step: token sums of loss and accuracy, and their denominator."""
   inputs = batch["inputs"]
   weights = jnp.where(inputs > 0, 1.0, 0.0)
   logits = TinyLM(config).apply({"params": params}, inputs)
@@ -93,6 +96,7 @@ def original_eval_step(params, batch, config):
 
 
 def original_eval(params, sentences, config, mesh, num_eval_steps=1_000):
+  """The example's evaluate: num_eval_steps jitted steps, summed, divided once."""
   eval_ds = original_eval_pipeline(sentences, BATCH_SIZE, config.max_eval_target_length)
   data_sharding = NamedSharding(mesh, P("data"))
   jit_eval_step = jax.jit(
@@ -126,6 +130,7 @@ METRICS = pe.Metrics(
 
 
 def converted_eval_pipeline(sentences, batch_size, max_length):
+  """The same pipeline without drop_remainder."""
   ds = eval_dataset(sentences, max_length)
   ds = ds.padded_batch(batch_size, padded_shapes={"inputs": max_length})
   return ds.prefetch(tf.data.AUTOTUNE)
@@ -133,6 +138,7 @@ def converted_eval_pipeline(sentences, batch_size, max_length):
 
 @CONVERTED_TRACES
 def converted_eval_step(params, batch, config):
+  """Masked token statistics of one batch: real sentence and real token."""
   inputs = batch["inputs"]
   tokens = batch["mask"][:, None] & (inputs > 0)
   logits = TinyLM(config).apply({"params": params}, inputs)
@@ -141,6 +147,7 @@ def converted_eval_step(params, batch, config):
 
 
 def converted_eval(params, sentences, config, mesh, backend="jit"):
+  """Every kept sentence, exactly, jit over the mesh; returns (metrics, rows)."""
   eval_ds = converted_eval_pipeline(sentences, BATCH_SIZE, config.max_eval_target_length)
   batches = pe.pad_batches(eval_ds, BATCH_SIZE)
   step = functools.partial(converted_eval_step, config=config)

@@ -54,6 +54,7 @@ def make_test_split(num_rows: int = common.NUM_ROWS, seed: int = 1) -> dict[str,
 
 
 def normalize(sample):
+  """Scales the uint8 image to [0, 1] floats, as the example's map does."""
   return {"image": tf.cast(sample["image"], tf.float32) / 255, "label": sample["label"]}
 
 
@@ -62,6 +63,7 @@ ORIGINAL_TRACES = common.TraceCounter()
 
 
 def original_test_ds(split, batch_size):
+  """The example's test pipeline: normalized, batched with drop_remainder=True."""
   ds = tf.data.Dataset.from_tensor_slices(split).map(normalize)
   return ds.batch(batch_size, drop_remainder=True).prefetch(1)
 
@@ -69,12 +71,14 @@ def original_test_ds(split, batch_size):
 @nnx.jit
 @ORIGINAL_TRACES
 def original_eval_step(model, metrics, batch):
+  """The example's step: updates the MultiMetric in place with the batch-mean loss."""
   logits = model(batch["image"])
   loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
   metrics.update(loss=loss, logits=logits, labels=batch["label"])
 
 
 def original_eval(model, split, batch_size=BATCH_SIZE):
+  """The example's loop; returns (metrics, rows seen)."""
   metrics = nnx.MultiMetric(accuracy=nnx.metrics.Accuracy(), loss=nnx.metrics.Average("loss"))
   model.eval()
   rows = 0
@@ -90,18 +94,21 @@ METRICS = pe.Metrics({"accuracy": pe.metrics.Accuracy(), "loss": pe.metrics.Mean
 
 
 def converted_test_ds(split, batch_size):
+  """The same pipeline without drop_remainder."""
   ds = tf.data.Dataset.from_tensor_slices(split).map(normalize)
   return ds.batch(batch_size).prefetch(1)
 
 
 @CONVERTED_TRACES
 def converted_eval_step(model, batch):
+  """Masked per-example statistics of one batch (a Metric, no in-place update)."""
   logits = model(batch["image"])
   loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
   return METRICS.batch_updates(preds=logits, target=batch["label"], loss=loss, mask=batch["mask"])
 
 
 def converted_eval(model, split, batch_size=BATCH_SIZE, backend="jit"):
+  """Every row, exactly, with the nnx Module as params; returns (metrics, rows)."""
   model.eval()
   batches = pe.pad_batches(converted_test_ds(split, batch_size), batch_size)
   results = pe.masked_eval(converted_eval_step, model, batches, backend=backend)

@@ -5,11 +5,13 @@ up unless ``XLA_FLAGS`` says otherwise). Times are wall times on this machine, c
 included in the first ("cold") call; the ratio is converted over original.
 """
 
+import ast
 import difflib
 import importlib
 import inspect
 import os
 import re
+import textwrap
 
 EXAMPLES = ("mnist_nnx", "imagenet", "lm1b", "sst2", "gemma")
 _ROLE = re.compile(r"\b(original|converted)_|\b(ORIGINAL|CONVERTED)_")
@@ -18,8 +20,8 @@ _ROLE = re.compile(r"\b(original|converted)_|\b(ORIGINAL|CONVERTED)_")
 def conversion_diff(module) -> list[str]:
   """The unified diff from a module's ``ORIGINAL`` functions to its ``CONVERTED`` ones.
 
-  The ``original_``/``converted_`` prefixes and the trace-counting decorators are left out,
-  so the diff holds the edits a user makes.
+  The ``original_``/``converted_`` prefixes, the docstrings and the trace-counting decorators
+  are left out, so the diff holds the edits a user makes.
 
   Args:
     module: an example module with ``ORIGINAL`` and ``CONVERTED`` tuples of functions.
@@ -31,13 +33,25 @@ def conversion_diff(module) -> list[str]:
   def source(functions):
     lines = []
     for fn in functions:
-      for line in inspect.getsource(fn).splitlines():
-        if not line.lstrip().startswith("@") or "TRACES" not in line:
+      code = inspect.getsource(fn).splitlines()
+      docstring = _docstring_lines(code)
+      for number, line in enumerate(code):
+        counter = line.lstrip().startswith("@") and "TRACES" in line
+        if not counter and number not in docstring:
           lines.append(_ROLE.sub("", line))
     return lines
 
   diff = difflib.unified_diff(source(module.ORIGINAL), source(module.CONVERTED), lineterm="", n=0)
   return [d for d in diff if d[:1] in "+-" and not d.startswith(("+++", "---"))]
+
+
+def _docstring_lines(code: list[str]) -> range:
+  """The 0-based line numbers of a function source's docstring (empty if it has none)."""
+  function = ast.parse(textwrap.dedent("\n".join(code))).body[0]
+  first = function.body[0]
+  if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)):
+    return range(0)
+  return range(first.lineno - 1, first.end_lineno)
 
 
 def compare(name: str) -> dict:

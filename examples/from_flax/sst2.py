@@ -55,6 +55,7 @@ def make_inputs(seed: int = 4) -> tuple[dict, list[dict]]:
 
 
 def sigmoid_cross_entropy(labels, logits):
+  """Per-element sigmoid cross entropy of logits against 0/1 labels."""
   return jnp.maximum(logits, 0) - logits * labels + jnp.log1p(jnp.exp(-jnp.abs(logits)))
 
 
@@ -63,6 +64,7 @@ ORIGINAL_TRACES = common.TraceCounter()
 
 
 def original_get_batches(examples, batch_size):
+  """The example's get_batches: each batch padded to its longest sentence."""
   padded_shapes = dict(PADDED_SHAPES)
   return common.tf_sequences(examples).padded_batch(batch_size, padded_shapes=padded_shapes)
 
@@ -70,6 +72,7 @@ def original_get_batches(examples, batch_size):
 @jax.jit
 @ORIGINAL_TRACES
 def original_eval_step(params, batch):
+  """The example's step: sums of loss and hits, and the batch's row count."""
   logits = MODEL.apply({"params": params}, batch["token_ids"], batch["length"])
   labels = jnp.expand_dims(batch["label"], axis=1)
   loss = sigmoid_cross_entropy(labels, logits)
@@ -78,6 +81,7 @@ def original_eval_step(params, batch):
 
 
 def original_eval(params, examples, batch_size=BATCH_SIZE):
+  """The example's evaluate_model: totals divided once; returns (metrics, rows)."""
   batch_metrics = []
   for batch in original_get_batches(examples, batch_size).as_numpy_iterator():
     batch_metrics.append(original_eval_step(params, batch))
@@ -96,6 +100,7 @@ METRICS = pe.Metrics(
 
 
 def converted_get_batches(examples, batch_size, fixed_pad_length=FIXED_PAD_LENGTH):
+  """The same pipeline with the example's fixed_pad_length."""
   padded_shapes = dict(PADDED_SHAPES)
   padded_shapes["token_ids"] = fixed_pad_length
   return common.tf_sequences(examples).padded_batch(batch_size, padded_shapes=padded_shapes)
@@ -103,6 +108,7 @@ def converted_get_batches(examples, batch_size, fixed_pad_length=FIXED_PAD_LENGT
 
 @CONVERTED_TRACES
 def converted_eval_step(params, batch):
+  """Masked per-sentence statistics of one batch."""
   logits = MODEL.apply({"params": params}, batch["token_ids"], batch["length"])[:, 0]
   loss = sigmoid_cross_entropy(batch["label"], logits)
   predicted = (logits >= 0.0).astype(jnp.int32)
@@ -112,6 +118,7 @@ def converted_eval_step(params, batch):
 
 
 def converted_eval(params, examples, batch_size=BATCH_SIZE, backend="jit"):
+  """Every sentence, exactly, one compilation; returns (metrics, rows)."""
   batches = pe.pad_batches(converted_get_batches(examples, batch_size), batch_size)
   results = pe.masked_eval(converted_eval_step, params, batches, backend=backend)
   rows = results.pop("num_examples")
