@@ -87,8 +87,8 @@ def test_sst2_original_is_right_but_compiles_per_longest_length():
 
 
 def test_gemma_original_traces_twice():
-  # jax.jit of the example's step: the MultiMetric's empty state and its updated state
-  # differ in type, so the second batch traces the step again.
+  # jax.jit of the example's step, batches on the mesh: the second batch traces it again
+  # (HOWTO.md says so).
   original, _, _ = _runs("gemma")
   assert original.traces == 2
 
