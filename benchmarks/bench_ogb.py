@@ -6,8 +6,8 @@ budgets would be) through a message-passing model to 128 task logits: ``--model 
 size of flax's examples/ogbg_molpcba default config).
 The bare loop only computes the model's outputs on each batch (what the unconverted eval
 pays before its host-side metric); ``masked_eval`` also accumulates ``AUPRC(task=
-"multilabel", num_classes=128, average="ogb")`` with the default bins (2_049 for 128
-tasks, a 4 MiB state) and, with ``--bins``, other sizes (65_537: 128 MiB, the old
+"multilabel", num_classes=128, average="ogb")`` with the default bins (4_097 for 128
+tasks, an 8 MiB state) and, with ``--bins``, other sizes (65_537: 128 MiB, the old
 default). The original loop (outputs to the host, OGB's rule with scikit-learn at the
 end) and ``masked_eval`` with a trivial Mean (the driver's own cost) are timed too.
 Prints seconds per eval, the ratio to the bare loop (same process, runs interleaved) and

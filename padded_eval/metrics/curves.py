@@ -19,8 +19,8 @@ Bins (``binning``), monotone in the score:
   examples (logits ~ N(0, s) + s for positives, s in {1, 4, 12}), 4_097 bins gave a
   macro AP 3e-5 to 3e-4 off scikit-learn (``"logit"``: 8e-5 to 2e-3); on ogbg-molpcba-
   like labels (0.5-10% positive, 40% missing, logits ~ N(-3, s) + 2s for positives, s
-  in {1, 2, 4}, 4_000 rows), OGB's mean AP was 7e-4 to 1.1e-3 off with the default
-  2_049 bins (bound 2.5e-3 to 3.7e-3) and 4e-4 to 5e-4 with 4_097.
+  in {1, 2, 4}, 4_000 rows), OGB's mean AP was 4e-4 to 5e-4 off with the default
+  4_097 bins (bound 1.4e-3 to 1.9e-3), and 7e-4 to 1.1e-3 with 2_049.
 * ``"linear"``: ``bin = round(clip(p, 0, 1) * (num_thresholds - 1))`` (``p`` = sigmoid of
   logits with ``from_logits=True``), bins centred on the grid ``k / (num_thresholds - 1)``.
   Exact mode: scores on that grid (hard 0/1 labels, scores rounded to 4 decimals with
@@ -58,14 +58,15 @@ elements that are invalid are counted by kind
 ``"nan score"`` and ``"probability outside [0, 1]"`` (without ``from_logits``).
 Memory: ``16 * L * num_thresholds`` bytes. ``num_thresholds=None`` (default) is 65_537
 bins (1 MiB per class) for binary and multiclass; for multilabel, the most ``2**k + 1``
-bins (at least 257, at most 65_537) whose state fits 8 MiB: 65_537 up to 7 labels,
-32_769 from 8, 16_385 from 16, 8_193 from 32, 4_097 from 64, 2_049 (4 MiB) from 128
-(ogbg-molpcba's 128 tasks) to 255, 1_025 from 256, and so on. The state is rewritten
-at every batch, so its size is the update's cost: on a shared 2-core CPU, batches of 256
+bins (at least 257, at most 65_537) whose state fits 16 MiB: 65_537 up to 15 labels,
+32_769 from 16, 16_385 from 32, 8_193 from 64, 4_097 (8 MiB) from 128 (ogbg-molpcba's
+128 tasks) to 255, 2_049 from 256, 1_025 from 512, and so on. The state is rewritten at
+every batch, so its size is the update's cost: on a shared 2-core CPU, batches of 256
 graphs and 128 tasks through a tiny model (benchmarks/bench_ogb.py), ``masked_eval``
-with the default 2_049 bins took 1.8x the time of a bare jitted loop computing only the
-model's outputs (with a Mean instead: 1.4x; 4_097 bins: 2.4x; 65_537: 43x), and 0.65x
-that of the original loop (outputs to the host, scikit-learn per task at the end). Fewer bins mean more ties:
+with the default 4_097 bins took 0.87x the time of the original loop (outputs to the
+host, scikit-learn per task at the end) and 2.4x that of a bare jitted loop computing
+only the model's outputs (with a Mean instead: 1.4x; 2_049 bins: 1.8x; 1_025: 1.4x;
+65_537: 43x); a bigger model makes the metric's share smaller. Fewer bins mean more ties:
 :meth:`AUROC.error_bound` and :meth:`AUPRC.error_bound` bound the error from the state.
 
 OGB's mean average precision (``average="ogb"``, multilabel only): the mean over tasks
@@ -116,8 +117,8 @@ from padded_eval.metrics.classification_inputs import (
 from padded_eval.metrics.formatting import SCORE_INVALID_KINDS, nan_missing_labels, probabilities
 
 DEFAULT_NUM_THRESHOLDS = 65_537
-#: The default state of a multilabel metric stays within this many bytes (8 MiB).
-MAX_DEFAULT_STATE_BYTES = 8 * 2**20
+#: The default state of a multilabel metric stays within this many bytes (16 MiB).
+MAX_DEFAULT_STATE_BYTES = 16 * 2**20
 BYTES_PER_BIN = 16  # positives and negatives, two int32 limbs each
 CURVE_AVERAGES = AVERAGES + ("ogb",)
 BINNINGS = ("logit", "symlog", "linear")
@@ -128,7 +129,7 @@ MAX_NUM_THRESHOLDS = 1 << 21  # suffix sums of 10-bit limb pieces stay below 2**
 
 def default_num_thresholds(task: str, num_classes) -> int:
   """The default bins: 65_537, or for multilabel the most ``2**k + 1`` whose state fits
-  :data:`MAX_DEFAULT_STATE_BYTES` (2_049 for 128 labels: 4 MiB), at least 257."""
+  :data:`MAX_DEFAULT_STATE_BYTES` (4_097 for 128 labels: 8 MiB), at least 257."""
   labels = num_classes if task == "multilabel" and isinstance(num_classes, int) else 1
   bins = DEFAULT_NUM_THRESHOLDS
   while bins > 257 and BYTES_PER_BIN * max(labels, 1) * bins > MAX_DEFAULT_STATE_BYTES:
