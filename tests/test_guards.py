@@ -101,6 +101,7 @@ def test_example_count_counts_rows_of_any_layout():
   want = int(np.sum(token_mask.any(axis=1)))
   assert M.Mean().update(values=tokens, mask=token_mask).example_count() == want
   assert M.Mean().update(values=tokens).example_count() == 12  # no mask: every row
+  assert M.Mean().update(values=np.float32(2.0)).example_count() == 0  # a scalar: no rows
   weights = np.where(np.arange(12) < 5, 1.0, 0.0).astype(np.float32)
   assert M.Mean().update(values=tokens, weights=weights).example_count() == 5
   labels = rng.integers(0, 2, (12, 4)).astype(np.int32)
@@ -190,3 +191,13 @@ def test_masked_eval_names_the_collection_member_that_forgot(backend):
   with pytest.raises(ValueError, match=r"'accuracy' counted 1024") as caught:
     pe.masked_eval(_step(with_mask=False, collection=True), params, batches, backend=backend)
   assert "x0" not in str(caught.value)
+
+
+def test_losses_report_rows_too():
+  preds, target = np.ones((6, 3), np.float32), np.zeros((6, 3), np.float32)
+  mask = np.arange(6) < 4
+  losses = pe.Losses([pe.losses.MeanSquaredError()])
+  assert losses.update(preds=preds, target=target, mask=mask).example_report() == [
+    ("meansquarederror", 4)
+  ]
+  assert losses.update(preds=preds, target=target).example_report() == [("meansquarederror", 6)]

@@ -142,7 +142,7 @@ class Metric(KeywordReader, abc.ABC):
     kwargs = self._checked_inputs(self.routed(kwargs))
     batch_state = dict(self._batch_state(**kwargs))
     if ROWS_FIELD in self._state_fields and ROWS_FIELD not in batch_state:
-      reference = [kwargs[key] for key in self.required_inputs()]
+      reference = [kwargs.get(key) for key in self.row_inputs()]
       batch_state[ROWS_FIELD] = ExactCount.of(
         real_rows(kwargs.get("mask"), kwargs.get("weights"), reference)
       )
@@ -227,7 +227,8 @@ class Metric(KeywordReader, abc.ABC):
     of a ``[B, ...]`` batch). A row counts when ``mask`` (``[B]`` or a prefix such as a
     token mask ``[B, T]``) is True somewhere in it and, with ``weights``, a weight in
     it is nonzero; without ``mask`` (and ``weights``) every row counts. So a token-level
-    or multilabel metric still counts rows, not elements. ``masked_eval`` compares
+    or multilabel metric still counts rows, not elements; an update whose inputs are
+    scalars counts none (a batch-mean loss has no rows to count). ``masked_eval`` compares
     this with its ``num_examples``: a larger count means padded rows were counted
     (an update without ``mask=batch["mask"]``).
 
@@ -239,6 +240,11 @@ class Metric(KeywordReader, abc.ABC):
     if ROWS_FIELD not in self._state_fields:
       return None
     return int(getattr(self, ROWS_FIELD).to_numpy())
+
+  def row_inputs(self) -> tuple[str, ...]:
+    """The update keywords whose leading axis is the row axis (default: the required
+    inputs). A metric that reads its inputs through another object overrides it."""
+    return self.required_inputs()
 
   def example_report(self) -> list[tuple[str, int]]:
     """``(metric name, example count)`` of this metric and every member that can say.
@@ -347,14 +353,17 @@ def real_rows(mask, weights, inputs) -> jax.Array:
     mask: None or bool, a prefix of the inputs' shape (``[B]``, ``[B, T]``, ...).
     weights: None or float, a prefix of the inputs' shape; a row whose weights are
       all 0 is not counted.
-    inputs: the update's required inputs; the first with a leading axis gives ``B``
-      (a scalar update is one row).
+    inputs: the update's row inputs (:meth:`Metric.row_inputs`); the first array with a
+      leading axis gives ``B``. Without one (scalars, pytrees) no row is counted: such
+      an update cannot say.
 
   Returns:
     int32 scalar: the number of real rows.
   """
-  shapes = [jnp.shape(x) for x in inputs if jnp.ndim(x) > 0]
-  rows = shapes[0][0] if shapes else 1
+  shapes = [x.shape for x in inputs if len(getattr(x, "shape", ())) > 0]
+  if not shapes:
+    return jnp.zeros((), jnp.int32)
+  rows = shapes[0][0]
   real = jnp.ones((rows,), bool)
   if mask is not None:
     real &= _row_flags(jnp.asarray(mask).astype(bool), rows)
