@@ -46,9 +46,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from padded_eval.accumulate import ExactSum
+from padded_eval.accumulate import ExactCount, ExactSum
 from padded_eval.losses import Loss, safe_mean
-from padded_eval.metrics.base import Metric, empty_sum, is_state, state
+from padded_eval.metrics.base import Metric, empty_count, empty_sum, is_state, state
 
 # --- names -------------------------------------------------------------------------------
 
@@ -127,6 +127,7 @@ class LossAverage(Metric):
   loss: Loss = None
   total: ExactSum = state(empty_sum)
   weight: ExactSum = state(empty_sum)
+  example_rows: ExactCount = state(empty_count)  # Metric.example_count (masked_eval's check)
 
   def __post_init__(self):
     if self.name is None and isinstance(self.loss, Loss):
@@ -136,6 +137,9 @@ class LossAverage(Metric):
   def _check_config(self):
     if not isinstance(self.loss, Loss):
       raise ValueError(f"loss must be a padded_eval.losses.Loss; got {self.loss!r}")
+
+  def row_inputs(self) -> tuple[str, ...]:
+    return self.loss.required_inputs()  # a regularizer's parameters have no rows
 
   def _batch_state(self, **kwargs):
     total, weight = self.loss.batch_terms(**kwargs)

@@ -287,6 +287,7 @@ def masked_eval(
   feed.wait_final(state)
   metric, count = runner.to_host(state)
   bar.close()
+  _check_example_counts(metric, int(count.to_numpy()), on_invalid)
   _report_invalid(metric, on_invalid)
   results = _results(metric, count)
   saver.finish(results)
@@ -404,6 +405,28 @@ def _first_input(inputs: cabc.Iterator) -> backends.StepInput:
       "is fine: pe.pad_batches(..., num_batches=1))"
     )
   return first
+
+
+def _check_example_counts(metric: Metric, num_examples: int, on_invalid: str) -> None:
+  """Raises or warns (per ``on_invalid``) if a metric counted more rows than were real.
+
+  Each metric (each member of a collection) that can say reports the rows it counted
+  (``Metric.example_report()``); more than ``num_examples`` means it counted padded
+  rows, the sign of an update without ``mask=batch["mask"]``.
+  """
+  report = [] if on_invalid == "ignore" else metric.example_report()
+  over = [(name, n) for name, n in report if n > num_examples]
+  if not over:
+    return
+  counted = "; ".join(f"{name!r} counted {n} rows" for name, n in over)
+  message = (
+    f"masked_eval: {counted}, but the batches held {num_examples} real rows: padded rows "
+    'were counted. Pass mask=batch["mask"] to every metric\'s update / batch_updates in '
+    "step_fn"
+  )
+  if on_invalid == "raise":
+    raise ValueError(f"{message} (on_invalid='warn' or 'ignore' skips this check)")
+  warnings.warn(message, InvalidValuesWarning, stacklevel=3)
 
 
 def _report_invalid(metric: Metric, on_invalid: str) -> None:

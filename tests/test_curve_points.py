@@ -47,7 +47,14 @@ def _binary(rng, n=3000, *, from_logits=False, grid=None):
 
 @pytest.mark.parametrize(
   "binning, from_logits, num_thresholds",
-  [("logit", False, 65_537), ("logit", True, 4097), ("linear", False, 4097), ("linear", True, 513)],
+  [
+    ("logit", False, 65_537),
+    ("logit", True, 4097),
+    ("linear", False, 4097),
+    ("linear", True, 513),
+    ("symlog", False, 4097),
+    ("symlog", True, 4097),
+  ],
 )
 def test_roc_and_pr_rates_are_those_of_score_at_least_threshold(
   binning, from_logits, num_thresholds
@@ -220,6 +227,10 @@ def test_bin_edges_are_the_lowest_score_of_each_bin():
   np.testing.assert_allclose(edges, [0.0, 0.125, 0.375, 0.625, 0.875])
   logit_edges = M.AUROC(5, from_logits=True).bin_edges()
   np.testing.assert_allclose(logit_edges, [-np.inf, -48.0, -16.0, 16.0, 48.0])
+  symlog_edges = M.AUROC(5, from_logits=True, binning="symlog").bin_edges()
+  half = np.log1p(64.0) / 2  # bins of sign(z) log1p(|z|) centred on -2h, -h, 0, h, 2h
+  z = np.array([-1.5, -0.5, 0.5, 1.5]) * half
+  np.testing.assert_allclose(symlog_edges, [-np.inf, *(np.sign(z) * np.expm1(np.abs(z)))])
 
 
 # --- calibration bins ---------------------------------------------------------------------

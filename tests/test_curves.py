@@ -80,7 +80,8 @@ def _curve_reference(kind, task, average, ignore=None):
 
 def _curve_case(kind, task, average="macro", *, logits=False, ignore=None, suffix=""):
   cls = M.AUROC if kind == "auroc" else M.AUPRC
-  grid = {"num_thresholds": 1025} if logits else {"num_thresholds": 1001, "binning": "linear"}
+  logit_grid = {"num_thresholds": 1025, "binning": "logit"}  # logits k / 8: a bin each
+  grid = logit_grid if logits else {"num_thresholds": 1001, "binning": "linear"}
   make = lambda: cls(
     task=task,
     num_classes=None if task == "binary" else C,

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from padded_eval import validation
 from padded_eval.accumulate import ExactCount, ExactSum
 from padded_eval.metrics.averages import weighted_totals, zero_total
-from padded_eval.metrics.base import Metric, invalid_state, state
+from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 from padded_eval.metrics.classification_inputs import check_flag, config_field
 from padded_eval.metrics.formatting import (
   INVALID_KINDS,
@@ -28,13 +28,18 @@ class Accuracy(Metric):
       highest scores (ties broken towards the lower class index, like ``lax.top_k``;
       NaN scores count as worst and are never a hit).
     task: ``"multiclass"`` (default) or ``"binary"``.
-    threshold: binary only: a probability (``sigmoid`` of logits) ``> threshold``
-      predicts 1.
-    from_logits: binary only: ``preds`` are logits.
+    threshold: binary only: a probability ``> threshold`` predicts 1 (default 0.5, like
+      torchmetrics' ``BinaryAccuracy``). The threshold is always a probability: with
+      ``from_logits=True`` it is compared with ``sigmoid(preds)``. Nothing is guessed
+      from the values (torchmetrics applies a sigmoid when a value falls outside
+      ``[0, 1]``; here probabilities outside ``[0, 1]`` are counted as invalid instead).
+    from_logits: binary only: ``preds`` are logits (default False: probabilities).
 
   Update keywords: ``target`` ``[...]`` int class ids (0/1 for binary; float targets are
   refused); ``preds``: multiclass ``[...]`` int class ids or ``[..., C]`` float scores
-  (float preds shaped like the target are refused: use ``task="binary"``); binary
+  (float preds shaped like the target, and ``target.shape + [1]`` preds, are refused
+  with a ``ValueError``: one score per row is a binary model's, use
+  ``Accuracy(task="binary", threshold=...)``); binary
   ``[...]`` or ``[..., 1]`` probabilities or logits; ``mask`` and ``weights`` a prefix of
   ``target``'s shape.
 
@@ -52,6 +57,7 @@ class Accuracy(Metric):
   correct: ExactSum = state(zero_total)
   weight: ExactSum = state(zero_total)
   invalid: ExactCount = state(invalid_state)
+  example_rows: ExactCount = state(empty_count)
 
   invalid_kinds: ClassVar[tuple[str, ...]] = INVALID_KINDS
 
@@ -89,6 +95,7 @@ class Accuracy(Metric):
     return guess == elements.truth[..., 0], elements.valid[..., 0], bad
 
   def _class_hits(self, preds, target, mask):
+    check_class_preds(preds, target)
     if preds.shape == target.shape:
       if self.top_k != 1:
         raise ValueError(
@@ -111,6 +118,32 @@ class Accuracy(Metric):
   def compute(self) -> jax.Array:
     """Weighted accuracy over real elements; NaN if none was seen."""
     return self.correct.total() / self.weight.total()
+
+
+def check_class_preds(preds: jax.Array, target: jax.Array) -> None:
+  """Refuses multiclass ``preds`` that are one probability or logit per row.
+
+  Float ``preds`` of ``target``'s shape, or ``[..., 1]`` scores (one class), are what a
+  binary model outputs; read as class ids or as one-class scores they would give a
+  silently wrong accuracy.
+
+  Raises:
+    ValueError: float ``preds`` shaped like ``target``, or ``preds`` ``target.shape + [1]``.
+  """
+  one_score = preds.shape == target.shape + (1,)
+  if not one_score and (preds.shape != target.shape or _holds_ints(preds)):
+    return
+  raise ValueError(
+    f"Accuracy (task='multiclass'): preds has shape {preds.shape} and dtype {preds.dtype}, "
+    f"target {target.shape}: one score per row is not a class id. Pass logits or "
+    f"probabilities [..., C] for C >= 2 classes (target.shape + [C]), int class ids of "
+    f'target\'s shape, or for a binary model use Accuracy(task="binary", threshold=0.5) '
+    "(add from_logits=True for logits)"
+  )
+
+
+def _holds_ints(preds: jax.Array) -> bool:
+  return bool(jnp.issubdtype(preds.dtype, jnp.integer))
 
 
 def _any_hit(predicted: jax.Array, labels: jax.Array) -> jax.Array:

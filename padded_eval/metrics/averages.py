@@ -11,9 +11,9 @@ import abc
 import jax
 import jax.numpy as jnp
 
-from padded_eval.accumulate import ExactSum, upcast
+from padded_eval.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import element_weights
-from padded_eval.metrics.base import Metric, state
+from padded_eval.metrics.base import Metric, empty_count, state
 
 
 def zero_total(_metric=None) -> ExactSum:
@@ -54,6 +54,7 @@ class WeightedMean(Metric):
   power = 1
   total: ExactSum = state(zero_total)
   weight: ExactSum = state(zero_total)
+  example_rows: ExactCount = state(empty_count)
 
   @abc.abstractmethod
   def _values(self, **kwargs) -> tuple[jax.Array, str]:

@@ -140,7 +140,13 @@ class Metric(KeywordReader, abc.ABC):
         :mod:`padded_eval.validation`).
     """
     kwargs = self._checked_inputs(self.routed(kwargs))
-    return self.replace_state(**self._batch_state(**kwargs))
+    batch_state = dict(self._batch_state(**kwargs))
+    if ROWS_FIELD in self._state_fields and ROWS_FIELD not in batch_state:
+      reference = [kwargs.get(key) for key in self.row_inputs()]
+      batch_state[ROWS_FIELD] = ExactCount.of(
+        real_rows(kwargs.get("mask"), kwargs.get("weights"), reference)
+      )
+    return self.replace_state(**batch_state)
 
   # --- inputs ---------------------------------------------------------------------------
 
@@ -199,14 +205,57 @@ class Metric(KeywordReader, abc.ABC):
     Members of a collection are named by their key in it (``"train/accuracy"``).
     """
     report = [(self.name, kind, n) for kind, n in self.invalid_counts().items() if n]
+    for key, child in self._member_metrics():
+      for name, kind, n in child.invalid_report():
+        report.append((_member_name(key, child, name), kind, n))
+    return report
+
+  def _member_metrics(self):
+    """``(key or None, metric)`` for every metric held in the state (collections)."""
     for value in self._state().values():
       children = value.items() if isinstance(value, Mapping) else [(None, value)]
       for key, child in children:
         if isinstance(child, Metric):
-          for name, kind, n in child.invalid_report():
-            if key is not None:
-              name = key if name == child.name else f"{key}/{name}"
-            report.append((name, kind, n))
+          yield key, child
+
+  # --- example counts (the misuse check of masked_eval) -------------------------------
+
+  def example_count(self) -> int | None:
+    """The exact number of rows this metric counted as real, or None if it cannot say.
+
+    A *row* is an entry of the leading axis of the update's inputs (the example axis
+    of a ``[B, ...]`` batch). A row counts when ``mask`` (``[B]`` or a prefix such as a
+    token mask ``[B, T]``) is True somewhere in it and, with ``weights``, a weight in
+    it is nonzero; without ``mask`` (and ``weights``) every row counts. So a token-level
+    or multilabel metric still counts rows, not elements; an update whose inputs are
+    scalars counts none (a batch-mean loss has no rows to count). ``masked_eval`` compares
+    this with its ``num_examples``: a larger count means padded rows were counted
+    (an update without ``mask=batch["mask"]``).
+
+    Metrics declare the count with a state field ``example_rows =
+    state(empty_count)``; :meth:`batch_updates` fills it. None (exempt) for metrics
+    without it: collections (their members report, see :meth:`example_report`) and
+    metrics defined outside :mod:`padded_eval.metrics` that do not declare it.
+    """
+    if ROWS_FIELD not in self._state_fields:
+      return None
+    return int(getattr(self, ROWS_FIELD).to_numpy())
+
+  def row_inputs(self) -> tuple[str, ...]:
+    """The update keywords whose leading axis is the row axis (default: the required
+    inputs). A metric that reads its inputs through another object overrides it."""
+    return self.required_inputs()
+
+  def example_report(self) -> list[tuple[str, int]]:
+    """``(metric name, example count)`` of this metric and every member that can say.
+
+    Members of a collection are named by their key in it, as in :meth:`invalid_report`.
+    """
+    count = self.example_count()
+    report = [] if count is None else [(self.name, count)]
+    for key, child in self._member_metrics():
+      for name, n in child.example_report():
+        report.append((_member_name(key, child, name), n))
     return report
 
   def update(self, **kwargs) -> Metric:
@@ -269,6 +318,58 @@ def _unflatten_for(cls):
     return metric
 
   return unflatten
+
+
+def _member_name(key, child: Metric, name: str) -> str:
+  """``name`` (reported by ``child``) as seen from the collection holding it at ``key``."""
+  if key is None:
+    return name
+  return key if name == child.name else f"{key}/{name}"
+
+
+#: The state field holding a metric's count of real rows (:meth:`Metric.example_count`).
+ROWS_FIELD = "example_rows"
+
+
+def empty_count(metric: Metric) -> ExactCount:
+  """An empty scalar :class:`~padded_eval.accumulate.ExactCount`: ``example_rows =
+  state(empty_count)``."""
+  del metric  # the same for every configuration
+  return ExactCount.zeros()
+
+
+def _row_flags(values, rows: int) -> jax.Array:
+  """bool ``[rows]``: the rows of ``values`` (a prefix of the inputs' shape) with any True."""
+  values = jnp.asarray(values)
+  if values.ndim == 0:
+    return jnp.broadcast_to(values, (rows,))
+  return jnp.any(values.reshape(values.shape[0], -1), axis=-1)
+
+
+def real_rows(mask, weights, inputs) -> jax.Array:
+  """int32 count of the rows an update counts as real (see :meth:`Metric.example_count`).
+
+  Args:
+    mask: None or bool, a prefix of the inputs' shape (``[B]``, ``[B, T]``, ...).
+    weights: None or float, a prefix of the inputs' shape; a row whose weights are
+      all 0 is not counted.
+    inputs: the update's row inputs (:meth:`Metric.row_inputs`); the first array with a
+      leading axis gives ``B``. Without one (scalars, pytrees) no row is counted: such
+      an update cannot say.
+
+  Returns:
+    int32 scalar: the number of real rows.
+  """
+  shapes = [x.shape for x in inputs if len(getattr(x, "shape", ())) > 0]
+  if not shapes:
+    return jnp.zeros((), jnp.int32)
+  rows = shapes[0][0]
+  real = jnp.ones((rows,), bool)
+  if mask is not None:
+    real &= _row_flags(jnp.asarray(mask).astype(bool), rows)
+  if weights is not None:
+    real &= _row_flags(jnp.asarray(weights) != 0, rows)
+  return jnp.sum(real, dtype=jnp.int32)
 
 
 def invalid_state(metric: Metric) -> ExactCount:

@@ -304,6 +304,16 @@ class Bootstrap(Metric):
       for name, kind, n in self.point.invalid_report()
     ]
 
+  def example_count(self) -> int | None:
+    """The wrapped metric's count of real rows (None if it cannot say)."""
+    return self.point.example_count()
+
+  def example_report(self) -> list[tuple[str, int]]:
+    """The wrapped metric's example counts, named by this metric's name."""
+    return [
+      (self.name if name == self.point.name else name, n) for name, n in self.point.example_report()
+    ]
+
 
 def with_weights(kwargs: dict, counts: jax.Array) -> dict:
   """``kwargs`` with ``weights`` = ``counts`` (float32 ``[B]``) times the caller's weights."""

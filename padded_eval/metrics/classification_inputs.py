@@ -22,7 +22,7 @@ import numpy as np
 
 from padded_eval import validation
 from padded_eval.accumulate import ExactCount
-from padded_eval.metrics.base import Metric, invalid_state, state
+from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 from padded_eval.metrics.formatting import INVALID_KINDS, format_inputs
 
 TASKS = ("binary", "multiclass", "multilabel")
@@ -94,6 +94,7 @@ class ClassificationMetric(Metric):
   from_logits: bool = config_field(False)
   ignore_index: int | None = config_field(None)
   invalid: ExactCount = state(invalid_state)
+  example_rows: ExactCount = state(empty_count)
 
   invalid_kinds: ClassVar[tuple[str, ...]] = INVALID_KINDS
   _tasks: ClassVar[tuple[str, ...]] = TASKS

@@ -149,6 +149,21 @@ def _probability_out_of_range(scores) -> jax.Array:
   return ~jnp.isnan(scores) & ((scores < 0) | (scores > 1))
 
 
+def nan_missing_labels(target, mask):
+  """``(int32 target, mask [..., L])`` of float multilabel labels with NaN for missing.
+
+  NaN is a missing label: the element is masked out, neither counted nor invalid (OGB's
+  ``y_true == y_true``). 0.0 and 1.0 are the labels; any other value becomes 2, an
+  invalid ``"target out of range"``. Int targets are returned as they are.
+  """
+  target = jnp.asarray(target)
+  if jnp.issubdtype(target.dtype, jnp.integer) or target.dtype == jnp.bool_:
+    return target, mask
+  labelled = ~jnp.isnan(target)
+  labels = jnp.where(target == 1, 1, jnp.where(target == 0, 0, 2)).astype(jnp.int32)
+  return labels, broadcast_mask(mask, target.shape, "target") & labelled
+
+
 # --- the formatters ------------------------------------------------------------------
 
 

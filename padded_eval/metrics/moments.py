@@ -29,10 +29,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from padded_eval.accumulate import Accumulator, ExactSum, register_accumulator, upcast
+from padded_eval.accumulate import Accumulator, ExactCount, ExactSum, register_accumulator, upcast
 from padded_eval.floats import ZERO_EXPONENT, frexp, ldexp
 from padded_eval.masking import element_weights
-from padded_eval.metrics.base import Metric, state
+from padded_eval.metrics.base import Metric, empty_count, state
 from padded_eval.validation import check_choice
 
 
@@ -242,6 +242,7 @@ class Std(Metric):
   ddof: int = 0
   argname: str = "values"
   moments: Moments = state(lambda self: Moments.zeros((), 1))
+  example_rows: ExactCount = state(empty_count)
 
   def required_inputs(self) -> tuple[str, ...]:
     return (self.argname,)
@@ -296,6 +297,7 @@ class R2Score(Metric):
   multioutput: str = "uniform_average"
   target_moments: Moments = state(lambda self: Moments.zeros(self._output_shape(), 1))
   residual: ExactSum = state(lambda self: ExactSum.zeros(self._output_shape()))
+  example_rows: ExactCount = state(empty_count)
 
   def _output_shape(self) -> tuple[int, ...]:
     return () if self.num_outputs == 1 else (self.num_outputs,)
@@ -350,6 +352,8 @@ class PearsonCorrelation(Metric):
   moments: Moments = state(
     lambda self: Moments.zeros(() if self.num_outputs == 1 else (self.num_outputs,), 2)
   )
+
+  example_rows: ExactCount = state(empty_count)
 
   def _check_config(self):
     _check_num_outputs(self.num_outputs)
