@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from padded_eval import placement
 from padded_eval import sharding as sharding_lib
 from padded_eval.accumulate import ExactCount
 from padded_eval.outputs import split_step_result
@@ -205,11 +206,6 @@ def _restack(tree):
   return jax.tree.map(lambda x: x[None], tree)
 
 
-def _stacked(state, copies: int):
-  # np.array copies: every leaf gets its own buffers, so none is donated twice.
-  return jax.tree.map(lambda x: np.stack([np.array(x)] * copies), state)
-
-
 @functools.lru_cache(maxsize=64)
 def _finalize_program(backend: Backend) -> Callable:
   """The compiled finalize of ``backend``, shared by every step function on it."""
@@ -260,7 +256,8 @@ class _OnMesh(abc.ABC):
     return cls(mesh, axes)
 
   def place_params(self, params):
-    return jax.device_put(params, self.replicated)
+    leaves, treedef = jax.tree.flatten(params)
+    return jax.tree.unflatten(treedef, placement.place_reusing(leaves, self.replicated))
 
   def place_batch(self, inputs):
     return sharding_lib.global_batch(inputs, self.mesh, self.data_axes)
@@ -288,14 +285,19 @@ class _OnMesh(abc.ABC):
     return np.concatenate([np.asarray(blocks[start]) for start in sorted(blocks)])
 
   def place_state(self, state):
-    return self.place_saved_state(_stacked(state, self.num_shards))
+    placed = placement.place_empty(state, self.split, self.num_shards)
+    return (
+      self.place_saved_state(placement.stacked(state, self.num_shards))
+      if placed is None
+      else placed
+    )
 
   @abc.abstractmethod
   def finalize_program(self) -> Callable:
     """The uncached compiled reduce of the carried state; `finalize` caches it per backend."""
 
   def to_host(self, state):
-    return jax.device_get(jax.tree.map(lambda x: x.addressable_shards[0].data, state))
+    return jax.device_get(jax.tree.map(lambda x: x.addressable_data(0), state))
 
 
 class PmapBackend(_OnMesh):
@@ -315,7 +317,7 @@ class PmapBackend(_OnMesh):
 
   def place_params(self, params):
     # jax.pmap misaligns in_axes=None for an argument without leaves (None, {}): anchor it.
-    return jax.device_put((np.zeros((), np.int32), params), self.replicated)
+    return super().place_params((placement.anchor(), params))
 
   def place_batch(self, inputs):
     return jax.device_put(sharding_lib.shard(inputs, self.num_shards), self.split)
@@ -390,7 +392,8 @@ class JitBackend(_OnMesh):
   """``jax.jit`` of the global batch; one replicated state whose sums XLA makes global."""
 
   def place_state(self, state):
-    return self.place_saved_state(jax.tree.map(np.array, state))
+    placed = placement.place_empty(state, self.replicated, None)
+    return self.place_saved_state(jax.tree.map(np.array, state)) if placed is None else placed
 
   def place_saved_state(self, state):
     return jax.device_put(state, self.replicated)

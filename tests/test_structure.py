@@ -41,6 +41,7 @@ LAYERS = {
   "padded_eval.data": 5,
   "padded_eval.datasets": 5,
   "padded_eval.sharding": 5,
+  "padded_eval.placement": 5,
   "padded_eval.coordination": 6,
   "padded_eval.distributed": 6,
   "padded_eval.backends": 6,
