@@ -262,7 +262,14 @@ class _OnMesh(abc.ABC):
   def place_batch(self, inputs):
     return sharding_lib.global_batch(inputs, self.mesh, self.data_axes)
 
+  per_shard_state = True  # the carried leaves are [shards, ...]: one partial state per shard
+  keeps_device_axis = False  # the finalized leaves keep a leading axis of size 1 (pmap)
+
   def finalize(self, state):
+    if self.per_shard_state:  # small and one process: no collective (placement module)
+      combined = placement.combined_on_one_device(state, self.keeps_device_axis)
+      if combined is not None:
+        return combined
     return _finalize_program(self)(state)
 
   @property
@@ -285,12 +292,7 @@ class _OnMesh(abc.ABC):
     return np.concatenate([np.asarray(blocks[start]) for start in sorted(blocks)])
 
   def place_state(self, state):
-    placed = placement.place_empty(state, self.split, self.num_shards)
-    return (
-      self.place_saved_state(placement.stacked(state, self.num_shards))
-      if placed is None
-      else placed
-    )
+    return self.place_saved_state(placement.stacked(state, self.num_shards))
 
   @abc.abstractmethod
   def finalize_program(self) -> Callable:
@@ -304,6 +306,7 @@ class PmapBackend(_OnMesh):
   """``jax.pmap`` over the local devices; one partial state per device."""
 
   row_axes = 2  # a step's per_row output is [devices, rows per device, ...]
+  keeps_device_axis = True
 
   @classmethod
   def create(cls, axis_name, mesh, data_axes=None):
@@ -351,6 +354,8 @@ class ShardMapBackend(_OnMesh):
   """``jax.shard_map`` over the mesh; one partial state per shard of the data axis."""
 
   def place_saved_state(self, state):
+    if jax.process_count() == 1:  # this process's part is the whole: one transfer
+      return jax.device_put(state, self.split)
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.split, x), state)
 
   def compile_step(self, step_fn, mask_key, outputs=False):
@@ -391,9 +396,10 @@ class ShardMapBackend(_OnMesh):
 class JitBackend(_OnMesh):
   """``jax.jit`` of the global batch; one replicated state whose sums XLA makes global."""
 
+  per_shard_state = False
+
   def place_state(self, state):
-    placed = placement.place_empty(state, self.replicated, None)
-    return self.place_saved_state(jax.tree.map(np.array, state)) if placed is None else placed
+    return self.place_saved_state(jax.tree.map(np.array, state))
 
   def place_saved_state(self, state):
     return jax.device_put(state, self.replicated)

@@ -8,10 +8,10 @@ computing. Two of them are the same on every call of a training loop's validatio
   array itself lives and hands it out again. A ``jax.Array`` cannot change in place (donating
   it deletes it, which is checked), so the copy stays equal to it. numpy arrays and Python
   scalars can change, and are placed on every call.
-* the empty carried state: `place_empty` makes it on the devices with one cached compiled
-  program (constant fills, no host-to-device copy) instead of copying host arrays.
 
-Both are for one process; with several processes the callers place as before.
+The per-shard partial states of a short evaluation are small: `combined_on_one_device` fetches
+them and combines them in one single-device program, instead of a collective across every
+device. Both are for one process; with several processes the callers do as before.
 """
 
 from __future__ import annotations
@@ -25,7 +25,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["PLACED_CACHE_SIZE", "anchor", "place_empty", "place_reusing", "stacked"]
+__all__ = [
+  "PLACED_CACHE_SIZE",
+  "SMALL_STATE_BYTES",
+  "anchor",
+  "combined_on_one_device",
+  "place_reusing",
+  "stacked",
+]
 
 PLACED_CACHE_SIZE = 4096
 """The most replicated copies of params leaves kept (least recently used dropped first)."""
@@ -92,62 +99,6 @@ def _remember(leaf: Any, sharding, copy: jax.Array) -> None:
     _placed.popitem(last=False)
 
 
-_empty_programs: dict = {}  # (treedef, leaf fills, sharding, copies) -> compiled program
-
-
-def place_empty(state: Any, sharding: jax.sharding.Sharding, copies: int | None) -> Any | None:
-  """The host pytree ``state`` on the devices, made there by a cached compiled program.
-
-  Args:
-    state: a pytree of numpy arrays (an empty carried state).
-    sharding: the sharding of every placed leaf.
-    copies: stack this many copies on a new leading axis (one per shard), or None for none.
-
-  Returns:
-    The placed pytree, with fresh buffers on every call (the step may donate them): equal,
-    bit for bit, to ``jax.device_put(stacked state, sharding)``; or None where it cannot be
-    made so (several processes, a tree whose structure is not hashable).
-  """
-  if jax.process_count() > 1:
-    return None
-  leaves, treedef = jax.tree.flatten(state)
-  leaves = [np.asarray(x) for x in leaves]
-  key = (treedef, tuple(_fill_key(x) for x in leaves), sharding, copies)
-  try:
-    program = _empty_programs.get(key)
-  except TypeError:  # a metric configuration that cannot be hashed
-    return None
-  if program is None:
-    program = _empty_programs[key] = _empty_program(leaves, treedef, sharding, copies)
-  return program()
-
-
-def _fill_key(leaf: np.ndarray) -> tuple:
-  """(shape, dtype, the one value's bytes) for a leaf of one repeated value, else its bytes."""
-  flat = leaf.reshape(-1)
-  if flat.size and leaf.dtype.itemsize in (1, 2, 4, 8):
-    words = flat.view(f"u{leaf.dtype.itemsize}")
-    if np.all(words == words[0]):
-      return ("fill", leaf.shape, leaf.dtype.str, flat[:1].tobytes())
-  return ("array", leaf.shape, leaf.dtype.str, leaf.tobytes())
-
-
-def _empty_program(leaves: list, treedef, sharding, copies: int | None):
-  lead = () if copies is None else (copies,)
-  values = [np.array(x) for x in leaves]  # owned: the program's constants
-
-  def make():
-    made = [
-      jnp.full(lead + x.shape, x.reshape(-1)[0], x.dtype)
-      if _fill_key(x)[0] == "fill"
-      else jnp.broadcast_to(jnp.asarray(x), lead + x.shape)
-      for x in values
-    ]
-    return jax.tree.unflatten(treedef, made)
-
-  return jax.jit(make, out_shardings=sharding)
-
-
 def stacked(state: Any, copies: int) -> Any:
   """``state``'s numpy leaves stacked ``copies`` times on a new leading axis (one per shard).
 
@@ -160,3 +111,39 @@ def stacked(state: Any, copies: int) -> Any:
 def anchor() -> jax.Array:
   """One int32 zero on the default device (pmap's anchor for params without leaves)."""
   return jnp.zeros((), jnp.int32)
+
+
+SMALL_STATE_BYTES = 1 << 20
+"""Per-shard partial states up to this many bytes in all are combined on one device
+(`combined_on_one_device`) rather than by a collective across the devices."""
+
+
+def combined_on_one_device(state: Any, keep_axis: bool = False) -> Any | None:
+  """Per-shard partial states combined exactly on one device, without a collective.
+
+  On CPU devices that share few cores, a program with collectives costs a rendezvous of
+  every device (milliseconds under load); a small state is cheaper to fetch whole and combine
+  with ``aggregate()`` (the same exact totals as ``reduce``) in one single-device program.
+
+  Args:
+    state: a pytree of metrics and accumulators (objects with ``aggregate()``) whose
+      leaves are ``[shards, ...]`` device arrays, one partial state per shard.
+    keep_axis: keep a leading axis of size 1 on every combined leaf (pmap's layout).
+
+  Returns:
+    The combined state on the default device, or None where the collective should do it:
+    several processes (the other parts are elsewhere), or more than `SMALL_STATE_BYTES`.
+  """
+  if jax.process_count() > 1:
+    return None
+  if sum(x.nbytes for x in jax.tree.leaves(state)) > SMALL_STATE_BYTES:
+    return None
+  return _aggregate(jax.device_get(state), keep_axis)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _aggregate(state: Any, keep_axis: bool) -> Any:
+  combined = jax.tree.map(
+    lambda part: part.aggregate(), state, is_leaf=lambda x: hasattr(x, "aggregate")
+  )
+  return jax.tree.map(lambda x: x[None], combined) if keep_axis else combined

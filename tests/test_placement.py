@@ -1,0 +1,152 @@
+"""What masked_eval reuses between calls (padded_eval.placement): replicated copies of jax.Array
+params, and small per-shard states combined on one device instead of by a collective.
+
+References are numpy (float64, or exact integer counts); padded rows hold NaN/inf garbage.
+"""
+
+import gc
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import padded_eval as pe
+from padded_eval import placement
+
+FEATURES, CLASSES = 6, 5
+
+
+def dataset(rows, seed=0):
+  rng = np.random.default_rng(seed)
+  return {
+    "x": rng.normal(size=(rows, FEATURES)).astype(np.float32),
+    "y": rng.integers(0, CLASSES, rows).astype(np.int32),
+  }
+
+
+def garbage_padded(data, batch_size):
+  """pe.pad_batches, with NaN/inf in the features and out-of-range labels in padded rows."""
+  for batch in pe.pad_batches(data, batch_size):
+    x, y = batch["x"].copy(), batch["y"].copy()
+    x[~batch["mask"]] = np.where(np.arange(FEATURES) % 2, np.nan, np.inf)
+    y[~batch["mask"]] = 10**6
+    yield {**batch, "x": x, "y": y}
+
+
+def step(params, batch):
+  logits = batch["x"] @ params["w"] + params["b"]
+  return pe.collections.Metrics([pe.metrics.Accuracy(), pe.metrics.Mean()]).batch_updates(
+    preds=logits,
+    target=batch["y"],
+    values=jnp.tanh(logits).sum(-1),
+    mask=batch["mask"],
+  )
+
+
+def reference(data, w, b):
+  logits = data["x"].astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
+  correct = int(np.sum(np.argmax(logits, -1) == data["y"]))
+  return correct, float(np.mean(np.tanh(logits).sum(-1)))
+
+
+def check(got, data, w, b):
+  correct, mean = reference(data, w, b)
+  assert got["num_examples"] == len(data["y"])
+  assert round(got["accuracy"] * len(data["y"])) == correct
+  np.testing.assert_allclose(got["mean"], mean, rtol=1e-5, atol=1e-6)
+
+
+def weights(seed):
+  rng = np.random.default_rng(seed)
+  w = rng.normal(size=(FEATURES, CLASSES)).astype(np.float32)
+  return w, rng.normal(size=CLASSES).astype(np.float32)
+
+
+# --- replicated copies of params -----------------------------------------------------------
+
+
+def test_a_jax_array_is_placed_once_and_its_copy_reused():
+  mesh = Mesh(np.array(jax.devices()), ("batch",))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  source = jnp.arange(4.0)  # uncommitted, one device
+  first = placement.place_reusing([source], replicated)[0]
+  again = placement.place_reusing([source], replicated)[0]
+  assert again is first and first.sharding.is_fully_replicated
+  np.testing.assert_array_equal(np.asarray(again), np.arange(4.0))
+  other = placement.place_reusing([jnp.arange(4.0) + 1], replicated)[0]
+  assert other is not first
+  np.testing.assert_array_equal(np.asarray(other), np.arange(4.0) + 1)
+
+
+def test_numpy_and_deleted_arrays_are_placed_again():
+  mesh = Mesh(np.array(jax.devices()), ("batch",))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  host = np.arange(3.0, dtype=np.float32)
+  first = placement.place_reusing([host], replicated)[0]
+  host[:] = 7.0  # numpy can change in place: never reused
+  np.testing.assert_array_equal(np.asarray(placement.place_reusing([host], replicated)[0]), 7.0)
+  assert np.asarray(first)[0] == 0.0
+
+  source = jnp.ones(3)
+  copy = placement.place_reusing([source], replicated)[0]
+  source.delete()  # as donation does
+  fresh = jnp.full(3, 2.0)
+  assert placement.place_reusing([fresh], replicated)[0] is not copy
+
+
+def test_a_copy_is_dropped_with_its_source():
+  mesh = Mesh(np.array(jax.devices()), ("batch",))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  before = len(placement._placed)  # noqa: SLF001 - the cache's size
+  source = jnp.arange(5.0)
+  placement.place_reusing([source], replicated)
+  assert len(placement._placed) == before + 1  # noqa: SLF001
+  del source
+  gc.collect()
+  assert len(placement._placed) == before  # noqa: SLF001
+
+
+@pytest.mark.parametrize("backend", ["pmap", "shard_map", "jit"])
+def test_repeated_calls_with_new_and_same_params_are_exact(backend):
+  data = dataset(203, seed=3)
+  for seed in (1, 1, 2):
+    w, b = weights(seed)
+    params = {"w": jnp.asarray(w), "b": jnp.asarray(b)}
+    for _ in range(2):  # the second call reuses the placed params
+      got = pe.masked_eval(step, params, garbage_padded(data, 32), backend=backend)
+      check(got, data, w, b)
+
+
+def test_numpy_params_changed_in_place_between_calls():
+  data = dataset(77, seed=4)
+  w, b = weights(5)
+  params = {"w": w.copy(), "b": b.copy()}
+  check(pe.masked_eval(step, params, garbage_padded(data, 16), backend="jit"), data, w, b)
+  params["w"] *= -1.0
+  got = pe.masked_eval(step, params, garbage_padded(data, 16), backend="jit")
+  check(got, data, -w, b)
+
+
+# --- small states combined on one device, large ones by the collective ------------------------
+
+
+@pytest.mark.parametrize("backend", ["pmap", "shard_map"])
+@pytest.mark.parametrize("limit", [placement.SMALL_STATE_BYTES, 0])
+def test_final_combine_on_one_device_or_by_collective_is_exact(backend, limit, monkeypatch):
+  monkeypatch.setattr(placement, "SMALL_STATE_BYTES", limit)
+  data = dataset(301, seed=6)
+  w, b = weights(7)
+  got = pe.masked_eval(step, {"w": w, "b": b}, garbage_padded(data, 40), backend=backend)
+  check(got, data, w, b)
+
+
+def test_combined_on_one_device_declines_large_states(monkeypatch):
+  mesh = Mesh(np.array(jax.devices()), ("batch",))
+  split = NamedSharding(mesh, PartitionSpec("batch"))
+  state = (pe.accumulate.ExactCount.of(jax.device_put(jnp.arange(8, dtype=jnp.int32), split)),)
+  combined = placement.combined_on_one_device(state)
+  assert int(combined[0].to_numpy()) == 28
+  monkeypatch.setattr(placement, "SMALL_STATE_BYTES", 8)
+  assert placement.combined_on_one_device(state) is None
