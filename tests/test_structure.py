@@ -46,6 +46,7 @@ LAYERS = {
   "padded_eval.distributed": 6,
   "padded_eval.backends": 6,
   "padded_eval.step_cache": 6,
+  "padded_eval.step_parts": 6,
   "padded_eval.checkpoint": 6,
   "padded_eval.evaluate": 6,
   "padded_eval.outputs": 6,
