@@ -73,10 +73,13 @@ class CompiledStep:
       that is ready when the step has finished, and each ``sync`` array summed over all
       shards. ``per_row`` is what ``step_fn`` returned next to its metric (``outputs=True``),
       rows split over the data axis like the batch; None without outputs.
+    step_keeping_state: the same step without donating ``state``: for a small empty state
+      that is placed once and reused by every call (`padded_eval.placement.placed_once`).
   """
 
   state_shapes: Callable
   step: Callable
+  step_keeping_state: Callable
 
 
 @runtime_checkable
@@ -231,7 +234,8 @@ class _OnMesh(abc.ABC):
     return np.concatenate([np.asarray(blocks[start]) for start in sorted(blocks)])
 
   def place_state(self, state):
-    return self.place_saved_state(placement.stacked(state, self.num_shards))
+    place = lambda: self.place_saved_state(placement.stacked(state, self.num_shards))
+    return placement.placed_once(state, self, place)
 
   @abc.abstractmethod
   def finalize_program(self) -> Callable:
@@ -277,24 +281,22 @@ class PmapBackend(_OnMesh):
     )
     merge = unanchored(step_parts.merge_step(inner, mask_key, sync_total))
     if jax.process_count() > 1:  # pmap's axis spans every process's devices
-      step = jax.pmap(merge, axis, in_axes=(None, 0, 0), donate_argnums=1)
+      make = lambda donate: jax.pmap(merge, axis, in_axes=(None, 0, 0), donate_argnums=donate)
     else:  # what jax.pmap runs, without its Python work on every call
-      step = jax.jit(
-        jax.shard_map(
-          lambda params, *blocks: step_parts.restack(merge(params, *step_parts.unstack(blocks))),
-          mesh=self.mesh,
-          in_specs=(PartitionSpec(), self.split.spec, self.split.spec),
-          out_specs=self.split.spec,
-          check_vma=False,
-        ),
-        donate_argnums=1,
+      mapped = jax.shard_map(
+        lambda params, *blocks: step_parts.restack(merge(params, *step_parts.unstack(blocks))),
+        mesh=self.mesh,
+        in_specs=(PartitionSpec(), self.split.spec, self.split.spec),
+        out_specs=self.split.spec,
+        check_vma=False,
       )
+      make = lambda donate: jax.jit(mapped, donate_argnums=donate)
 
     def state_shapes(params, batch):  # per-device copies: drop the leading device axis
       shapes = jax.eval_shape(statistics, params, batch)
       return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), shapes)
 
-    return CompiledStep(state_shapes, step)
+    return CompiledStep(state_shapes, make(1), make(()))
 
   def finalize_program(self):
     return jax.pmap(step_parts.reduce_state(self.data_axis), self.data_axis)
@@ -333,7 +335,7 @@ class ShardMapBackend(_OnMesh):
       out_specs=(split, split, split),
     )
     state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
-    return CompiledStep(state_shapes, jax.jit(step, donate_argnums=1))
+    return CompiledStep(state_shapes, jax.jit(step, donate_argnums=1), jax.jit(step))
 
   def finalize_program(self):
     return jax.jit(
@@ -352,7 +354,8 @@ class JitBackend(_OnMesh):
   per_shard_state = False
 
   def place_state(self, state):
-    return self.place_saved_state(jax.tree.map(np.array, state))
+    place = lambda: self.place_saved_state(jax.tree.map(np.array, state))
+    return placement.placed_once(state, self, place)
 
   def place_saved_state(self, state):
     return jax.device_put(state, self.replicated)
@@ -366,10 +369,10 @@ class JitBackend(_OnMesh):
     statistics = jax.jit(step_parts.batch_statistics(inner, mask_key, None))
     # per_row stays split like the batch: each process reads back its own rows
     shardings = (self.replicated, self.replicated, self.split)
-    step = jax.jit(
-      step_parts.merge_step(inner, mask_key, jnp.sum), donate_argnums=1, out_shardings=shardings
-    )
-    return CompiledStep(lambda params, batch: jax.eval_shape(statistics, params, batch), step)
+    merge = step_parts.merge_step(inner, mask_key, jnp.sum)
+    make = lambda donate: jax.jit(merge, donate_argnums=donate, out_shardings=shardings)
+    state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
+    return CompiledStep(state_shapes, make(1), make(()))
 
   def finalize_program(self):
     return lambda state: state  # already global: XLA reduced every step's sums across the mesh

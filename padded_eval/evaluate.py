@@ -253,10 +253,9 @@ def masked_eval(
   bar = _ProgressBar(total, mask_key) if progress else _NoProgressBar()
   bar.add(first.batch)
   rows = RowOutputs(runner.row_axes, mask_key, total) if outputs else NoOutputs()
+  step = compiled.step_for(empty)  # small states: placed once, not donated
   try:
-    state = _run_steps(
-      compiled.step, params, state, (first, placed), inputs, feed, runner, bar, rows, saver
-    )
+    state = _run_steps(step, params, state, (first, placed), inputs, feed, runner, bar, rows, saver)
   finally:
     saver.close()
   state = runner.finalize(state)  # the one reduction across devices (and processes)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import functools
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -27,10 +28,13 @@ import numpy as np
 
 __all__ = [
   "PLACED_CACHE_SIZE",
+  "PLACED_STATES",
   "SMALL_STATE_BYTES",
   "anchor",
   "combined_on_one_device",
   "place_reusing",
+  "placed_once",
+  "reusable_state",
   "stacked",
 ]
 
@@ -97,6 +101,48 @@ def _remember(leaf: Any, sharding, copy: jax.Array) -> None:
   _placed[key] = (weakref.ref(leaf, lambda _, key=key: _forget(key)), copy)
   while len(_placed) > PLACED_CACHE_SIZE:
     _placed.popitem(last=False)
+
+
+_placed_states: collections.OrderedDict = collections.OrderedDict()  # (id, owner) -> (host, placed)
+PLACED_STATES = 64
+"""The most placed empty states kept (one per compiled step and input shapes in use)."""
+
+
+def reusable_state(state: Any) -> bool:
+  """Whether the empty ``state`` is placed once and reused (`placed_once`): one process, and at
+  most `SMALL_STATE_BYTES` (host leaves, one shard). The step that takes it must not donate it.
+  """
+  if jax.process_count() > 1:
+    return False
+  return sum(np.asarray(x).nbytes for x in jax.tree.leaves(state)) <= SMALL_STATE_BYTES
+
+
+def placed_once(state: Any, owner: Any, place: Callable[[], Any]) -> Any:
+  """``place()``, the placed empty ``state``, made once per ``(state, owner)`` where reusable.
+
+  Args:
+    state: the host empty state; the same object on every call (the compiled-step cache's).
+    owner: what places it (a backend: the same state placed by another is another entry).
+    place: makes the placed state.
+
+  Returns:
+    The placed state: the one made before for this ``state`` and ``owner`` when
+    `reusable_state` (its buffers are never donated: the step is
+    ``CompiledStep.step_keeping_state``), else a fresh ``place()``.
+  """
+  if not reusable_state(state):
+    return place()
+  key = (id(state), owner)
+  entry = _placed_states.get(key)
+  if entry is not None and entry[0] is state:
+    if not any(leaf.is_deleted() for leaf in jax.tree.leaves(entry[1])):
+      _placed_states.move_to_end(key)
+      return entry[1]
+  placed = place()
+  _placed_states[key] = (state, placed)
+  while len(_placed_states) > PLACED_STATES:
+    _placed_states.popitem(last=False)
+  return placed
 
 
 def stacked(state: Any, copies: int) -> Any:

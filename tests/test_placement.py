@@ -133,9 +133,11 @@ def test_numpy_params_changed_in_place_between_calls():
 # --- small states combined on one device, large ones by the collective ------------------------
 
 
-@pytest.mark.parametrize("backend", ["pmap", "shard_map"])
+@pytest.mark.parametrize("backend", ["pmap", "shard_map", "jit"])
 @pytest.mark.parametrize("limit", [placement.SMALL_STATE_BYTES, 0])
-def test_final_combine_on_one_device_or_by_collective_is_exact(backend, limit, monkeypatch):
+def test_small_and_large_states_are_exact(backend, limit, monkeypatch):
+  """Small: the empty state placed once (a step that keeps it) and one-device combine; large
+  (limit 0): a fresh state donated to the step, and the collective reduce."""
   monkeypatch.setattr(placement, "SMALL_STATE_BYTES", limit)
   data = dataset(301, seed=6)
   w, b = weights(7)
@@ -151,3 +153,22 @@ def test_combined_on_one_device_declines_large_states(monkeypatch):
   assert int(combined[0].to_numpy()) == 28
   monkeypatch.setattr(placement, "SMALL_STATE_BYTES", 8)
   assert placement.combined_on_one_device(state) is None
+
+
+@pytest.mark.parametrize("backend", ["pmap", "shard_map", "jit"])
+def test_the_reused_empty_state_is_never_donated_or_changed(backend):
+  data = dataset(90, seed=8)
+  w, b = weights(9)
+  for _ in range(3):
+    got = pe.masked_eval(step, {"w": w, "b": b}, garbage_padded(data, 24), backend=backend)
+    check(got, data, w, b)
+  reused = [placed for host, placed in placement._placed_states.values()]  # noqa: SLF001
+  assert reused
+  for placed in reused:
+    for leaf in jax.tree.leaves(placed):
+      assert not leaf.is_deleted()
+  hosts = [host for host, placed in placement._placed_states.values()]  # noqa: SLF001
+  for host, placed in zip(hosts, reused):
+    for want, leaf in zip(jax.tree.leaves(host), jax.tree.leaves(placed)):
+      got_leaf = np.asarray(leaf)
+      np.testing.assert_array_equal(got_leaf, np.broadcast_to(want, got_leaf.shape))
