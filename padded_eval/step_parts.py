@@ -71,7 +71,8 @@ def batch_statistics(inner: Callable, mask_key: str, axis: str | None) -> Callab
 
 
 def merge_step(inner: Callable, mask_key: str, sync_total: Callable) -> Callable:
-  """``(params, state, inputs) -> (state, token, per_row)``: merges one batch into ``state`` locally."""
+  """``(params, state, inputs) -> (state, token, per_row)``: one batch merged into ``state``,
+  locally (no collective but ``sync_total`` of the multi-host flags)."""
 
   def masked_eval_step(params, state, inputs: Any):  # inputs: a backends.StepInput
     metric_total, count_total = state
