@@ -8,10 +8,16 @@ computing. Two of them are the same on every call of a training loop's validatio
   array itself lives and hands it out again. A ``jax.Array`` cannot change in place (donating
   it deletes it, which is checked), so the copy stays equal to it. numpy arrays and Python
   scalars can change, and are placed on every call.
+* the empty carried state, when small: `placed_once` places it once and hands out the same
+  device arrays again; the step that takes it does not donate it
+  (``CompiledStep.step_keeping_state``), so it stays empty. (A compiled program making it
+  on the devices was slower than copying it: every program over all devices costs a launch
+  on each.)
 
-The per-shard partial states of a short evaluation are small: `combined_on_one_device` fetches
-them and combines them in one single-device program, instead of a collective across every
-device. Both are for one process; with several processes the callers do as before.
+The per-shard partial states of a short evaluation are small too: `combined_on_one_device`
+fetches them and combines them in one single-device program, instead of a collective across
+every device. All of this is for one process; with several processes the callers do as
+before.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import numpy as np
 __all__ = [
   "PLACED_CACHE_SIZE",
   "PLACED_STATES",
+  "REUSED_STATE_BYTES",
   "SMALL_STATE_BYTES",
   "anchor",
   "combined_on_one_device",
@@ -107,14 +114,18 @@ _placed_states: collections.OrderedDict = collections.OrderedDict()  # (id, owne
 PLACED_STATES = 64
 """The most placed empty states kept (one per compiled step and input shapes in use)."""
 
+REUSED_STATE_BYTES = 1 << 16
+"""Empty states up to this many bytes per shard are placed once and kept (`placed_once`): at
+most `PLACED_STATES` of them stay on the devices between calls."""
+
 
 def reusable_state(state: Any) -> bool:
   """Whether the empty ``state`` is placed once and reused (`placed_once`): one process, and at
-  most `SMALL_STATE_BYTES` (host leaves, one shard). The step that takes it must not donate it.
+  most `REUSED_STATE_BYTES` (host leaves, one shard). The step that takes it must not donate it.
   """
   if jax.process_count() > 1:
     return False
-  return sum(np.asarray(x).nbytes for x in jax.tree.leaves(state)) <= SMALL_STATE_BYTES
+  return sum(np.asarray(x).nbytes for x in jax.tree.leaves(state)) <= REUSED_STATE_BYTES
 
 
 def placed_once(state: Any, owner: Any, place: Callable[[], Any]) -> Any:

@@ -134,11 +134,12 @@ def test_numpy_params_changed_in_place_between_calls():
 
 
 @pytest.mark.parametrize("backend", ["pmap", "shard_map", "jit"])
-@pytest.mark.parametrize("limit", [placement.SMALL_STATE_BYTES, 0])
+@pytest.mark.parametrize("limit", [1 << 16, 0])
 def test_small_and_large_states_are_exact(backend, limit, monkeypatch):
   """Small: the empty state placed once (a step that keeps it) and one-device combine; large
   (limit 0): a fresh state donated to the step, and the collective reduce."""
   monkeypatch.setattr(placement, "SMALL_STATE_BYTES", limit)
+  monkeypatch.setattr(placement, "REUSED_STATE_BYTES", limit)
   data = dataset(301, seed=6)
   w, b = weights(7)
   got = pe.masked_eval(step, {"w": w, "b": b}, garbage_padded(data, 40), backend=backend)
