@@ -173,3 +173,29 @@ def test_the_reused_empty_state_is_never_donated_or_changed(backend):
     for want, leaf in zip(jax.tree.leaves(host), jax.tree.leaves(placed)):
       got_leaf = np.asarray(leaf)
       np.testing.assert_array_equal(got_leaf, np.broadcast_to(want, got_leaf.shape))
+
+
+@pytest.mark.parametrize("backend", ["pmap", "shard_map"])
+def test_pmap_and_shard_map_steps_run_no_collective(backend):
+  """Per-shard partial states: the compiled step has no collective; the reduce is once, at the
+  end (on one device when small, so a short evaluation runs no collective at all)."""
+  import re
+
+  from padded_eval import backends, step_cache
+
+  data = dataset(64, seed=10)
+  w, b = weights(11)
+  runner = backends.make_backend(backend, "batch", None)
+  cached = step_cache.cached_step(step, runner, "mask", False)
+  params = runner.place_params({"w": w, "b": b})
+  placed = runner.place_batch(backends.StepInput(next(garbage_padded(data, 32))))
+  pe.masked_eval(step, {"w": w, "b": b}, garbage_padded(data, 32), backend=backend)
+
+  def not_called(shapes):
+    raise AssertionError("the empty state comes from the call above")
+
+  empty = cached.empty_state(params, placed.batch, not_called)
+  state = runner.place_state(empty)
+  text = cached.step_for(empty).lower(params, state, placed).compile().as_text()
+  collective = r" (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(-start)?\("
+  assert not re.findall(collective, text)
