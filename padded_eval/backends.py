@@ -7,7 +7,9 @@ to the host. The driver (`padded_eval.evaluate`) never tests the backend's name:
 calls these methods. Adding a backend is one class here plus one line in `BACKENDS`.
 
 * `PmapBackend` (``"pmap"``): ``jax.pmap`` over the local devices; ``step_fn`` sees one
-  device's rows ``[B // devices, ...]``.
+  device's rows ``[B // devices, ...]``. With one process the step is what ``jax.pmap``
+  runs (``jax.jit`` of a ``jax.shard_map``), called directly: pmap's per-call Python is
+  a noticeable part of a short evaluation.
 * `ShardMapBackend` (``"shard_map"``): ``jax.shard_map`` over a mesh; rows are split over
   the mesh's data axes (`padded_eval.sharding.data_axes`) and replicated over the others;
   ``step_fn`` sees one shard and whole, replicated params.
@@ -17,7 +19,10 @@ calls these methods. Adding a backend is one class here plus one line in `BACKEN
 
 Under pmap and shard_map every shard of the data axis carries its own partial state
 (stacked on a leading axis): a step merges locally and runs no collective; `finalize`
-reduces the partial states exactly (``Metric.reduce``), the one collective of a call.
+reduces the partial states exactly, once: small states (one process) are fetched and
+combined with ``aggregate()`` in one single-device program
+(`padded_eval.placement.combined_on_one_device`), larger ones by ``Metric.reduce``, the one
+collective of a call. The pieces of the step itself are in `padded_eval.step_parts`.
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from padded_eval import placement, step_parts
 from padded_eval import sharding as sharding_lib
-from padded_eval.accumulate import ExactCount
-from padded_eval.outputs import split_step_result
+from padded_eval.step_parts import checked_step_fn
 from padded_eval.validation import check_choice
 
 __all__ = ["BACKENDS", "Backend", "CompiledStep", "StepInput", "checked_step_fn", "make_backend"]
@@ -68,10 +73,13 @@ class CompiledStep:
       that is ready when the step has finished, and each ``sync`` array summed over all
       shards. ``per_row`` is what ``step_fn`` returned next to its metric (``outputs=True``),
       rows split over the data axis like the batch; None without outputs.
+    step_keeping_state: the same step without donating ``state``: for a small empty state
+      that is placed once and reused by every call (`padded_eval.placement.placed_once`).
   """
 
   state_shapes: Callable
   step: Callable
+  step_keeping_state: Callable
 
 
 @runtime_checkable
@@ -140,82 +148,6 @@ class Backend(Protocol):
     ...
 
 
-# --- the step, written once for every backend -----------------------------------------
-
-
-def checked_step_fn(step_fn: Callable, mask_key: str = "mask", outputs: bool = False) -> Callable:
-  """``(params, batch) -> (metric, per_row)`` from ``step_fn``, checked at trace time.
-
-  Args:
-    step_fn: the user's step: returns a Metric, or with ``outputs`` ``(metric, per_row)``.
-    mask_key: the batch key of the mask (its length is the rows ``per_row`` must have), or a
-      ``mask_fn(batch) -> bool [rows, ...]`` (``masked_eval(mask_fn=...)``).
-    outputs: whether ``step_fn`` returns per-row outputs.
-
-  Returns:
-    The wrapped step; ``per_row`` is None without ``outputs``. It raises ValueError (see
-    `padded_eval.outputs.split_step_result`) when ``step_fn`` returns the wrong thing.
-  """
-
-  @functools.wraps(step_fn)
-  def checked(params, batch):
-    rows = np.shape(_row_mask(batch, mask_key))[0]
-    return split_step_result(step_fn(params, batch), outputs, rows)
-
-  return checked
-
-
-def _row_mask(batch, mask_key):
-  """The bool mask of real rows: ``batch[mask_key]``, or ``mask_key(batch)`` for a ``mask_fn``."""
-  return mask_key(batch) if callable(mask_key) else batch[mask_key]
-
-
-def _row_count(batch, mask_key) -> ExactCount:
-  return ExactCount.of(jnp.sum(_row_mask(batch, mask_key), dtype=jnp.int32))
-
-
-def _statistics(inner: Callable, mask_key: str, axis: str | None) -> Callable:
-  """``(params, batch) -> (metric, row count)`` of one batch, reduced over ``axis`` if given."""
-
-  def statistics(params, batch):
-    metric, count = inner(params, batch)[0], _row_count(batch, mask_key)
-    if axis is not None:
-      metric, count = metric.reduce(axis), count.reduce(axis)
-    return metric, count
-
-  return statistics
-
-
-def _merge_step(inner: Callable, mask_key: str, sync_total: Callable) -> Callable:
-  """``(params, state, inputs) -> (state, token, per_row)``: merges one batch into ``state`` locally."""
-
-  def masked_eval_step(params, state, inputs: StepInput):
-    metric_total, count_total = state
-    metric, per_row = inner(params, inputs.batch)
-    count_total = count_total.merge(_row_count(inputs.batch, mask_key))
-    token = (count_total.total(), tuple(sync_total(flag) for flag in inputs.sync))
-    return (metric_total.merge(metric), count_total), token, per_row
-
-  return masked_eval_step
-
-
-def _reduce_state(axis: str) -> Callable:
-  return lambda state: (state[0].reduce(axis), state[1].reduce(axis))
-
-
-def _unstack(tree):
-  return jax.tree.map(lambda x: x[0], tree)
-
-
-def _restack(tree):
-  return jax.tree.map(lambda x: x[None], tree)
-
-
-def _stacked(state, copies: int):
-  # np.array copies: every leaf gets its own buffers, so none is donated twice.
-  return jax.tree.map(lambda x: np.stack([np.array(x)] * copies), state)
-
-
 @functools.lru_cache(maxsize=64)
 def _finalize_program(backend: Backend) -> Callable:
   """The compiled finalize of ``backend``, shared by every step function on it."""
@@ -266,12 +198,20 @@ class _OnMesh(abc.ABC):
     return cls(mesh, axes)
 
   def place_params(self, params):
-    return jax.device_put(params, self.replicated)
+    leaves, treedef = jax.tree.flatten(params)
+    return jax.tree.unflatten(treedef, placement.place_reusing(leaves, self.replicated))
 
   def place_batch(self, inputs):
     return sharding_lib.global_batch(inputs, self.mesh, self.data_axes)
 
+  per_shard_state = True  # the carried leaves are [shards, ...]: one partial state per shard
+  keeps_device_axis = False  # the finalized leaves keep a leading axis of size 1 (pmap)
+
   def finalize(self, state):
+    if self.per_shard_state:  # small and one process: no collective (placement module)
+      combined = placement.combined_on_one_device(state, self.keeps_device_axis)
+      if combined is not None:
+        return combined
     return _finalize_program(self)(state)
 
   @property
@@ -294,20 +234,22 @@ class _OnMesh(abc.ABC):
     return np.concatenate([np.asarray(blocks[start]) for start in sorted(blocks)])
 
   def place_state(self, state):
-    return self.place_saved_state(_stacked(state, self.num_shards))
+    place = lambda: self.place_saved_state(placement.stacked(state, self.num_shards))
+    return placement.placed_once(state, self, place)
 
   @abc.abstractmethod
   def finalize_program(self) -> Callable:
     """The uncached compiled reduce of the carried state; `finalize` caches it per backend."""
 
   def to_host(self, state):
-    return jax.device_get(jax.tree.map(lambda x: x.addressable_shards[0].data, state))
+    return jax.device_get(jax.tree.map(lambda x: x.addressable_data(0), state))
 
 
 class PmapBackend(_OnMesh):
   """``jax.pmap`` over the local devices; one partial state per device."""
 
   row_axes = 2  # a step's per_row output is [devices, rows per device, ...]
+  keeps_device_axis = True
 
   @classmethod
   def create(cls, axis_name, mesh, data_axes=None):
@@ -321,7 +263,7 @@ class PmapBackend(_OnMesh):
 
   def place_params(self, params):
     # jax.pmap misaligns in_axes=None for an argument without leaves (None, {}): anchor it.
-    return jax.device_put((np.zeros((), np.int32), params), self.replicated)
+    return super().place_params((placement.anchor(), params))
 
   def place_batch(self, inputs):
     return jax.device_put(sharding_lib.shard(inputs, self.num_shards), self.split)
@@ -334,18 +276,30 @@ class PmapBackend(_OnMesh):
     axis = self.data_axis
     sync_total = lambda flag: jax.lax.psum(jnp.sum(flag), axis)
     unanchored = lambda fn: lambda anchored, *args: fn(anchored[1], *args)
-    statistics = jax.pmap(unanchored(_statistics(inner, mask_key, axis)), axis, in_axes=(None, 0))
-    step = _merge_step(inner, mask_key, sync_total)
-    step = jax.pmap(unanchored(step), axis, in_axes=(None, 0, 0), donate_argnums=1)
+    statistics = jax.pmap(
+      unanchored(step_parts.batch_statistics(inner, mask_key, axis)), axis, in_axes=(None, 0)
+    )
+    merge = unanchored(step_parts.merge_step(inner, mask_key, sync_total))
+    if jax.process_count() > 1:  # pmap's axis spans every process's devices
+      make = lambda donate: jax.pmap(merge, axis, in_axes=(None, 0, 0), donate_argnums=donate)
+    else:  # what jax.pmap runs, without its Python work on every call
+      mapped = jax.shard_map(
+        lambda params, *blocks: step_parts.restack(merge(params, *step_parts.unstack(blocks))),
+        mesh=self.mesh,
+        in_specs=(PartitionSpec(), self.split.spec, self.split.spec),
+        out_specs=self.split.spec,
+        check_vma=False,
+      )
+      make = lambda donate: jax.jit(mapped, donate_argnums=donate)
 
     def state_shapes(params, batch):  # per-device copies: drop the leading device axis
       shapes = jax.eval_shape(statistics, params, batch)
       return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), shapes)
 
-    return CompiledStep(state_shapes, step)
+    return CompiledStep(state_shapes, make(1), make(()))
 
   def finalize_program(self):
-    return jax.pmap(_reduce_state(self.data_axis), self.data_axis)
+    return jax.pmap(step_parts.reduce_state(self.data_axis), self.data_axis)
 
   def to_host(self, state):  # index on the host: x[0] on the device is one dispatch per leaf
     return jax.tree.map(lambda x: x[0], super().to_host(state))
@@ -355,22 +309,24 @@ class ShardMapBackend(_OnMesh):
   """``jax.shard_map`` over the mesh; one partial state per shard of the data axis."""
 
   def place_saved_state(self, state):
+    if jax.process_count() == 1:  # this process's part is the whole: one transfer
+      return jax.device_put(state, self.split)
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.split, x), state)
 
   def compile_step(self, step_fn, mask_key, outputs=False):
     inner, axis = jax.jit(checked_step_fn(step_fn, mask_key, outputs)), self.data_axis
     replicated, split = PartitionSpec(), sharding_lib.partition_spec(self.data_axes)
     statistics = jax.shard_map(
-      _statistics(inner, mask_key, axis),
+      step_parts.batch_statistics(inner, mask_key, axis),
       mesh=self.mesh,
       in_specs=(replicated, split),
       out_specs=replicated,
     )
-    merge = _merge_step(inner, mask_key, lambda flag: jax.lax.psum(jnp.sum(flag), axis))
+    merge = step_parts.merge_step(inner, mask_key, lambda flag: jax.lax.psum(jnp.sum(flag), axis))
 
     def shard_step(params, state, inputs):  # state: this shard's [1, ...] block
-      state, token, per_row = merge(params, _unstack(state), inputs)
-      return _restack(state), jax.tree.map(lambda x: jnp.reshape(x, (1,)), token), per_row
+      state, token, per_row = merge(params, step_parts.unstack(state), inputs)
+      return step_parts.restack(state), jax.tree.map(lambda x: jnp.reshape(x, (1,)), token), per_row
 
     step = jax.shard_map(
       shard_step,
@@ -379,12 +335,12 @@ class ShardMapBackend(_OnMesh):
       out_specs=(split, split, split),
     )
     state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
-    return CompiledStep(state_shapes, jax.jit(step, donate_argnums=1))
+    return CompiledStep(state_shapes, jax.jit(step, donate_argnums=1), jax.jit(step))
 
   def finalize_program(self):
     return jax.jit(
       jax.shard_map(
-        lambda state: _reduce_state(self.data_axis)(_unstack(state)),
+        lambda state: step_parts.reduce_state(self.data_axis)(step_parts.unstack(state)),
         mesh=self.mesh,
         in_specs=sharding_lib.partition_spec(self.data_axes),
         out_specs=PartitionSpec(),
@@ -395,8 +351,11 @@ class ShardMapBackend(_OnMesh):
 class JitBackend(_OnMesh):
   """``jax.jit`` of the global batch; one replicated state whose sums XLA makes global."""
 
+  per_shard_state = False
+
   def place_state(self, state):
-    return self.place_saved_state(jax.tree.map(np.array, state))
+    place = lambda: self.place_saved_state(jax.tree.map(np.array, state))
+    return placement.placed_once(state, self, place)
 
   def place_saved_state(self, state):
     return jax.device_put(state, self.replicated)
@@ -407,11 +366,13 @@ class JitBackend(_OnMesh):
 
   def compile_step(self, step_fn, mask_key, outputs=False):
     inner = jax.jit(checked_step_fn(step_fn, mask_key, outputs))
-    statistics = jax.jit(_statistics(inner, mask_key, None))
+    statistics = jax.jit(step_parts.batch_statistics(inner, mask_key, None))
     # per_row stays split like the batch: each process reads back its own rows
     shardings = (self.replicated, self.replicated, self.split)
-    step = jax.jit(_merge_step(inner, mask_key, jnp.sum), donate_argnums=1, out_shardings=shardings)
-    return CompiledStep(lambda params, batch: jax.eval_shape(statistics, params, batch), step)
+    merge = step_parts.merge_step(inner, mask_key, jnp.sum)
+    make = lambda donate: jax.jit(merge, donate_argnums=donate, out_shardings=shardings)
+    state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
+    return CompiledStep(state_shapes, make(1), make(()))
 
   def finalize_program(self):
     return lambda state: state  # already global: XLA reduced every step's sums across the mesh

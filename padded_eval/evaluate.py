@@ -6,9 +6,10 @@ padded batch) into one compiled function
     (params, state, step input) -> (state merged with this batch's statistics, token)
 
 whose carried ``state`` (the metric and an exact count of real rows) stays on the
-devices, with its buffers donated from step to step. Where the work runs is a
-`padded_eval.backends.Backend` (``"pmap"``, ``"shard_map"``, ``"jit"``): it places
-params, batches and state, compiles the step, and reduces the per-device partial
+devices, with its buffers donated from step to step (a small empty state is placed
+once per process and reused, so those steps keep it: `padded_eval.placement`). Where
+the work runs is a `padded_eval.backends.Backend` (``"pmap"``, ``"shard_map"``, ``"jit"``):
+it places params, batches and state, compiles the step, and reduces the per-device partial
 states exactly, once, after the last step (`Backend.finalize`). Batches are placed on
 the devices while the previous step runs, at most two steps are in flight (step t-1
 is waited for after step t is dispatched), and the state comes to the host once, at
@@ -146,7 +147,9 @@ def masked_eval(
       buffers, no copy, no gather outside what ``step_fn``'s own ops need; every other leaf
       (numpy, Python scalars, arrays elsewhere) is replicated over the mesh. Under
       ``"pmap"`` and ``"shard_map"`` ``step_fn`` sees whole params: they are replicated
-      (already replicated ``jax.Array``s are not copied again).
+      (already replicated ``jax.Array``s are not copied again). The replicated copy of a
+      ``jax.Array`` leaf is kept while that array lives and reused by later calls
+      (`padded_eval.placement`); numpy leaves are copied on every call.
     batches: an iterable of dict batches whose every leaf is ``[B, ...]`` with the
       same ``B``, shapes and dtypes in every batch, and ``batch[mask_key]`` bool
       ``[B]`` True for real rows (as ``pe.pad_batches`` yields); with ``mask_fn``,
@@ -277,10 +280,9 @@ def masked_eval(
   bar = _ProgressBar(total, row_mask) if progress else _NoProgressBar()
   bar.add(first.batch)
   rows = RowOutputs(runner.row_axes, mask_key, total) if outputs else NoOutputs()
+  step = compiled.step_for(empty)  # small states: placed once, not donated
   try:
-    state = _run_steps(
-      compiled.step, params, state, (first, placed), inputs, feed, runner, bar, rows, saver
-    )
+    state = _run_steps(step, params, state, (first, placed), inputs, feed, runner, bar, rows, saver)
   finally:
     saver.close()
   state = runner.finalize(state)  # the one reduction across devices (and processes)

@@ -13,6 +13,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from padded_eval import placement
+
 __all__ = [
   "DATA_AXIS_NAMES",
   "data_axes",
@@ -84,7 +86,8 @@ def keep_or_replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
   a mesh with the same devices in the same order, e.g. params sharded over ``("fsdp",)``) is kept
   as it is: the same object, no copy, no gather. Every other leaf (numpy arrays, Python scalars,
   arrays on other devices or uncommitted ones) is replicated over the mesh, in one
-  ``jax.device_put``.
+  ``jax.device_put``; the replicated copy of a ``jax.Array`` leaf is kept while that array
+  lives and reused by later calls (`padded_eval.placement.place_reusing`).
 
   Args:
     tree: any pytree (params).
@@ -98,7 +101,7 @@ def keep_or_replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
   moved = [i for i, leaf in enumerate(leaves) if not _laid_out_on(leaf, devices)]
   if moved:
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    for i, placed in zip(moved, jax.device_put([leaves[i] for i in moved], replicated)):
+    for i, placed in zip(moved, placement.place_reusing([leaves[i] for i in moved], replicated)):
       leaves[i] = placed
   return jax.tree.unflatten(treedef, leaves)
 
@@ -244,14 +247,14 @@ def global_batch(
   local_shards = int(np.prod([mesh.local_mesh.shape[a] for a in axes]))
   what = f"mesh axis {axes[0]!r}" if len(axes) == 1 else f"mesh axes {axes!r}"
   _reject_strings(batch)
-
-  def make(path, leaf):
+  batch = _as_arrays(batch)
+  for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]:
     _check_divisible(
       path, leaf, local_shards, f"{local_shards}, this process's shards along {what}"
     )
-    return jax.make_array_from_process_local_data(sharding, leaf)
-
-  return jax.tree_util.tree_map_with_path(make, _as_arrays(batch))
+  if jax.process_count() == 1:  # the local rows are all the rows: one transfer for the tree
+    return jax.device_put(batch, sharding)
+  return jax.tree.map(lambda leaf: jax.make_array_from_process_local_data(sharding, leaf), batch)
 
 
 def _as_arrays(tree: Any) -> Any:

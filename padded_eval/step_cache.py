@@ -24,6 +24,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from padded_eval import placement
+
 __all__ = [
   "RECOMPILES_BEFORE_WARNING",
   "CachedStep",
@@ -97,7 +99,7 @@ def _origin(fn: Callable) -> Any:
 
 def _shapes_key(tree: Any) -> Hashable:
   leaves, treedef = jax.tree.flatten(tree)
-  return treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in leaves)
+  return treedef, tuple((np.shape(x), getattr(x, "dtype", type(x))) for x in leaves)
 
 
 _compiles: collections.Counter = collections.Counter()  # (origin, backend, ..., shapes) -> count
@@ -135,6 +137,16 @@ class CachedStep:
       empty = make_empty(self.compiled.state_shapes(params, batch))
       found = self._empty[key] = jax.tree.map(np.asarray, empty)
     return found
+
+  def step_for(self, empty: Any) -> Callable:
+    """The step to run from the host empty state ``empty`` (as `empty_state` returned it).
+
+    Returns:
+      ``compiled.step_keeping_state`` where the backend places ``empty`` once and reuses it
+      (`padded_eval.placement.reusable_state`: small, one process), else ``compiled.step``,
+      which donates the state.
+    """
+    return self.compiled.step_keeping_state if placement.reusable_state(empty) else self.step
 
 
 def _count_compile(what: Hashable) -> None:
@@ -198,7 +210,8 @@ def metric_logs(metric: Any) -> dict:
     metric: a `padded_eval.metrics.Metric` (or collection) with host leaves.
 
   Returns:
-    The logs, as ``metric.compute_logs()`` returns them (arrays instead of Python numbers).
+    The logs, as ``metric.compute_logs()`` returns them; from the jitted program, fetched to
+    the host in one transfer (numpy arrays instead of Python numbers).
   """
   try:
     key = _shapes_key(metric)
@@ -215,5 +228,5 @@ def metric_logs(metric: Any) -> dict:
       _logs_programs[key] = None
       return metric.compute_logs()
     _logs_programs[key] = program
-    return logs
-  return program(metric)
+    return jax.device_get(logs)
+  return jax.device_get(program(metric))
