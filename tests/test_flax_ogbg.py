@@ -86,6 +86,14 @@ def test_converted_matches_float64_reference_with_one_trace():
   assert bound < 3 * MAP_TOLERANCE  # informative (2.2e-3 here; the bound is not tight)
 
 
+def test_a_second_eval_reuses_the_compiled_step():
+  # mask_fn is one module-level object: a new jax.vmap per call would re-trace and recompile.
+  _runs()
+  params, graphs = _inputs()
+  again = common.run_counted(ogbg.CONVERTED_TRACES, ogbg.converted_eval, params, graphs)
+  assert again.traces == 0
+
+
 def test_hand_driven_state_gives_the_same_values():
   _, converted, _ = _runs()
   values = _converted_state().compute()

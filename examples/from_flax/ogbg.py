@@ -186,6 +186,10 @@ METRICS = pe.Metrics(
 )
 
 
+REAL_GRAPHS = jax.vmap(jraph.get_graph_padding_mask)  # mask_fn: [rows, graphs]; one object, one
+# compilation (masked_eval caches its compiled loop per step_fn and mask_fn)
+
+
 def converted_get_batches(graphs, batch_size, rows=1):
   """The same padded GraphsTuples, ``rows`` of them stacked on a new leading axis."""
   budget = padding_budget(graphs, batch_size)
@@ -225,7 +229,7 @@ def converted_eval(params, graphs, batch_size=BATCH_SIZE, backend="jit", rows=1)
     converted_get_batches(graphs, batch_size, rows),
     backend=backend,
     mesh=one_device if backend == "jit" else None,
-    mask_fn=jax.vmap(jraph.get_graph_padding_mask),
+    mask_fn=REAL_GRAPHS,
   )
   return results, results.pop("num_examples")
 
