@@ -117,7 +117,10 @@ def graph_batches(graphs, batch_size):
   budget = padding_budget(graphs, batch_size)
   example = jraph.pad_with_graphs(graphs[0], *budget)
   spec = jax.tree.map(lambda leaf: tf.TensorSpec(leaf.shape, leaf.dtype), example)
-  batching = lambda: jraph.dynamically_batch(iter(graphs), *budget)  # noqa: E731
+
+  def batching():
+    return jraph.dynamically_batch(iter(graphs), *budget)
+
   return tf.data.Dataset.from_generator(batching, output_signature=spec)
 
 
