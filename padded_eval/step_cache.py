@@ -154,10 +154,11 @@ def _count_compile(what: Hashable) -> None:
   if _compiles[what] == RECOMPILES_BEFORE_WARNING:
     warnings.warn(
       f"masked_eval compiled the same step code {RECOMPILES_BEFORE_WARNING} times for the same "
-      "input shapes: the step function is a new object on every call (a lambda or closure "
-      "defined inside a function, or a functools.partial with unhashable arguments), so every "
-      "call traces and compiles again. Define the step at module level, or pass "
-      "functools.partial(step, **hashable_args) (e.g. a frozen dataclass or tuple config).",
+      "input shapes: the step function (or mask_fn) is a new object on every call (a lambda, "
+      "a closure or a jax.vmap defined inside a function, or a functools.partial with "
+      "unhashable arguments), so every call traces and compiles again. Define the step and "
+      "mask_fn once at module level, or pass functools.partial(step, **hashable_args) (e.g. a "
+      "frozen dataclass or tuple config).",
       RecompileWarning,
       stacklevel=4,
     )
@@ -187,7 +188,8 @@ def cached_step(
   found = _cache.get(key)
   if found is None:
     compiled = backend.compile_step(step_fn, mask_key, outputs)
-    found = _cache[key] = CachedStep(compiled, step_fn, key[1:])
+    origin = _origin(mask_key) if callable(mask_key) else mask_key  # a new mask_fn per call too
+    found = _cache[key] = CachedStep(compiled, step_fn, (backend, origin, outputs))
     while len(_cache) > CACHE_SIZE:
       _cache.popitem(last=False)
   else:

@@ -115,13 +115,15 @@ def step_fn(params, batch):
 def output_step(params, batch):
   """`step_fn` plus per-row outputs: the logits and the row ids. Also counts, over EVERY row
   (no mask), the rows whose id is not -1 exactly when the row is padding: the all-padding
-  batches of the multi-host lockstep must carry -1 ids too."""
+  batches of the multi-host lockstep must carry -1 ids too. The count is one scalar per
+  batch (a metric fed only scalars counts no rows, so masked_eval's check that no metric
+  counted padded rows does not apply to it)."""
   import padded_eval as pe
 
   metrics = step_fn(params, batch)
   misplaced = (batch["index"] == -1) == batch["mask"]
   counter = pe.metrics.Mean("misplaced_ids").batch_updates(
-    misplaced_ids=misplaced.astype("float32")
+    misplaced_ids=misplaced.astype("float32").sum()
   )
   merged = pe.Metrics({**metrics.children, "misplaced_ids": counter})
   return merged.replace_state(children={**metrics.children, "misplaced_ids": counter}), {

@@ -260,3 +260,17 @@ def test_a_step_rebuilt_every_call_warns_on_the_third_compilation():
     got = evaluate(1.0)
   assert len(count) == 3
   assert_close(got["mean"], data, w)
+
+
+def test_a_mask_fn_rebuilt_every_call_warns_on_the_third_compilation():
+  data, w = dataset(24, seed=7), weights(seed=7)
+  step = functools.partial(configured_step, scale=1.0, names=())
+
+  def evaluate():
+    mask_fn = jax.jit(lambda batch: batch["mask"])  # a new function object each call
+    return pe.masked_eval(step, {"w": w}, garbage_padded(data, 8), backend="jit", mask_fn=mask_fn)
+
+  evaluate(), evaluate()
+  with pytest.warns(pe.RecompileWarning, match="mask_fn"):
+    got = evaluate()
+  assert_close(got["mean"], data, w)
