@@ -29,6 +29,7 @@ import concurrent.futures
 import json
 import os
 import re
+import threading
 from typing import Any
 
 import jax
@@ -139,7 +140,6 @@ class CheckpointDir:
     self.root = os.fspath(directory)
     self.path = os.path.join(self.root, f"process_{jax.process_index()}")
     os.makedirs(self.path, exist_ok=True)
-    self._executor: concurrent.futures.ThreadPoolExecutor | None = None
     self._pending: concurrent.futures.Future | None = None
     self.resumed_from = 0
 
@@ -186,9 +186,7 @@ class CheckpointDir:
     """
     self.wait()
     copied = _copy(state)  # dispatched; the thread's fetch waits for it, the main thread never does
-    if self._executor is None:
-      self._executor = concurrent.futures.ThreadPoolExecutor(1, "padded_eval-checkpoint")
-    self._pending = self._executor.submit(self._write, copied, header, local_part)
+    self._pending = _in_daemon_thread(self._write, copied, header, local_part)
 
   def _write(self, state: Any, header: dict, local_part) -> None:
     leaves = [local_part(leaf) for leaf in jax.tree.leaves(state)]
@@ -222,14 +220,17 @@ class CheckpointDir:
     _atomic_write(os.path.join(self.path, _RESULT), [json.dumps(stored).encode()])
     self._prune(keep_from=np.iinfo(np.int64).max)
 
-  def close(self) -> None:
-    """Waits for the write in flight and stops the writer thread."""
-    try:
+  def close(self, wait: bool = True) -> None:
+    """Waits for the write in flight (re-raising its error), or with ``wait=False`` leaves it.
+
+    ``masked_eval`` leaves it when a step failed: the write may be fetching a state whose step
+    never finishes (another process died inside a collective), and waiting would hang past
+    every deadline. The writer is a daemon thread, so it cannot keep the process alive; a
+    write never finished leaves at most a ``.tmp`` file, never a checkpoint.
+    """
+    if wait:
       self.wait()
-    finally:
-      if self._executor is not None:
-        self._executor.shutdown()
-        self._executor = None
+    self._pending = None
 
   def _step_path(self, steps: int) -> str:
     return os.path.join(self.path, f"step_{steps:010d}.state")
@@ -358,8 +359,8 @@ class NoSaver:
   def after_step(self, state: Any, batches_consumed: int) -> None:
     del state, batches_consumed
 
-  def close(self) -> None:
-    pass
+  def close(self, wait: bool = True) -> None:
+    del wait
 
   def finish(self, results: dict) -> None:
     del results
@@ -473,11 +474,27 @@ class Saver(NoSaver):
     header = {"steps": self._steps, "batches": batches_consumed, "fingerprint": self._found}
     self._dir.save_async(state, header, self._runner.local_part)
 
-  def close(self) -> None:
-    self._dir.close()
+  def close(self, wait: bool = True) -> None:
+    """Ends the saving: waits for the write in flight, or leaves it (``wait=False``, after a
+    failed step; see `CheckpointDir.close`)."""
+    self._dir.close(wait)
 
   def finish(self, results: dict) -> None:
     self._dir.finish(results, self._found)
+
+
+def _in_daemon_thread(fn, *args) -> concurrent.futures.Future:
+  """Runs ``fn(*args)`` in a new daemon thread; the Future holds its result or error."""
+  future: concurrent.futures.Future = concurrent.futures.Future()
+
+  def run():
+    try:
+      future.set_result(fn(*args))
+    except BaseException as error:  # handed to whoever waits
+      future.set_exception(error)
+
+  threading.Thread(target=run, name="padded_eval-checkpoint", daemon=True).start()
+  return future
 
 
 def _dropped(batches, count: int):

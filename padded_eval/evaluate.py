@@ -283,8 +283,10 @@ def masked_eval(
   step = compiled.step_for(empty)  # small states: placed once, not donated
   try:
     state = _run_steps(step, params, state, (first, placed), inputs, feed, runner, bar, rows, saver)
-  finally:
-    saver.close()
+  except BaseException:
+    saver.close(wait=False)  # a save in flight may wait on the failed step forever
+    raise
+  saver.close()
   state = runner.finalize(state)  # the one reduction across devices (and processes)
   feed.wait_final(state)
   metric, count = runner.to_host(state)

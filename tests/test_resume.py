@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import _resume_worker as w
@@ -252,3 +253,45 @@ def test_skip_equals_the_batches_after_those_skipped(num_batches):
       for got, want in zip(rest, whole[skipped:]):
         for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
           np.testing.assert_array_equal(got_leaf, want_leaf, err_msg=f"{name}, skip {skipped}")
+
+
+def test_a_failed_run_does_not_wait_for_a_save_that_cannot_finish(
+  data, params, tmp_path, monkeypatch
+):
+  """A save in flight fetches a state whose step may never finish (another process died inside
+  its collective): the failing run must raise at once, not wait for that save. Here the fetch
+  blocks until the test releases it, and the source fails two batches later."""
+  from padded_eval import backends
+
+  release = threading.Event()
+  fetch = backends._OnMesh.local_part
+
+  def stuck_fetch(self, leaf):
+    release.wait()
+    return fetch(self, leaf)
+
+  monkeypatch.setattr(backends._OnMesh, "local_part", stuck_fetch)
+  raised = []
+
+  def run():
+    try:
+      pe.masked_eval(
+        w.step_fn,
+        params,
+        w.batches(data, fail_at=3),
+        backend="jit",
+        checkpoint_dir=tmp_path / "ckpt",
+        checkpoint_every=1,
+      )
+    except RuntimeError as error:
+      raised.append(str(error))
+
+  thread = threading.Thread(target=run, daemon=True)
+  thread.start()
+  thread.join(60)
+  finished = not thread.is_alive()
+  release.set()
+  assert finished, "masked_eval waited for a save whose fetch never finished"
+  assert raised == ["preempted"]
+  leftovers = os.listdir(tmp_path / "ckpt" / "process_0")
+  assert not [name for name in leftovers if name.startswith("step_")], leftovers
