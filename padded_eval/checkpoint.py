@@ -220,17 +220,27 @@ class CheckpointDir:
     _atomic_write(os.path.join(self.path, _RESULT), [json.dumps(stored).encode()])
     self._prune(keep_from=np.iinfo(np.int64).max)
 
-  def close(self, wait: bool = True) -> None:
-    """Waits for the write in flight (re-raising its error), or with ``wait=False`` leaves it.
+  def close(self, deadline_s: float | None = None) -> None:
+    """Waits for the write in flight: re-raises its error; or, with ``deadline_s``, after a
+    failed step, waits at most that long and leaves it running (errors ignored).
 
-    ``masked_eval`` leaves it when a step failed: the write may be fetching a state whose step
-    never finishes (another process died inside a collective), and waiting would hang past
-    every deadline. The writer is a daemon thread, so it cannot keep the process alive; a
-    write never finished leaves at most a ``.tmp`` file, never a checkpoint.
+    After a failed step the write may be fetching a state whose step never finishes (another
+    process died inside a collective): waiting without a deadline would hang past every
+    deadline ``masked_eval`` keeps. A healthy write finishes well within it, so a run stopped
+    by an exception (a preemption) keeps its last checkpoint. The writer is a daemon thread,
+    so a write left running cannot keep the process alive; unfinished, it leaves at most a
+    ``.tmp`` file, never a checkpoint.
     """
-    if wait:
-      self.wait()
-    self._pending = None
+    pending, self._pending = self._pending, None
+    if pending is None:
+      return
+    if deadline_s is None:
+      pending.result()
+      return
+    try:
+      pending.result(timeout=deadline_s)
+    except BaseException:  # stuck or failed: the step's own error is the one to report
+      pass
 
   def _step_path(self, steps: int) -> str:
     return os.path.join(self.path, f"step_{steps:010d}.state")
@@ -359,8 +369,8 @@ class NoSaver:
   def after_step(self, state: Any, batches_consumed: int) -> None:
     del state, batches_consumed
 
-  def close(self, wait: bool = True) -> None:
-    del wait
+  def close(self, failed: bool = False) -> None:
+    del failed
 
   def finish(self, results: dict) -> None:
     del results
@@ -375,10 +385,17 @@ class Saver(NoSaver):
   """
 
   def __init__(
-    self, directory: CheckpointDir, runner: Any, partial: dict, restored=None, result=None
+    self,
+    directory: CheckpointDir,
+    runner: Any,
+    partial: dict,
+    restored=None,
+    result=None,
+    timeout: float | None = None,
   ):
     self._dir, self._runner, self._found = directory, runner, partial
     self._restored, self.result = restored, result
+    self._timeout_s = timeout or DEFAULT_TIMEOUT_S  # masked_eval's timeout
     self._steps = 0 if restored is None else restored.steps
     self._no_save = False  # the one all-padding step of a resumed run with no batch left
     self._due = False  # a save is due (deferred while the previous write runs)
@@ -412,7 +429,7 @@ class Saver(NoSaver):
     restored = directory.load(steps[-1]) if steps else None
     if restored is not None:
       directory.check(restored.fingerprint, partial)
-    return cls(directory, runner, partial, restored=restored)
+    return cls(directory, runner, partial, restored=restored, timeout=timeout)
 
   def skip(self, batches: Any, mask_key: str) -> Any:
     """An iterator over ``batches`` after the consumed ones: `PaddedBatches.skip` for
@@ -474,10 +491,10 @@ class Saver(NoSaver):
     header = {"steps": self._steps, "batches": batches_consumed, "fingerprint": self._found}
     self._dir.save_async(state, header, self._runner.local_part)
 
-  def close(self, wait: bool = True) -> None:
-    """Ends the saving: waits for the write in flight, or leaves it (``wait=False``, after a
-    failed step; see `CheckpointDir.close`)."""
-    self._dir.close(wait)
+  def close(self, failed: bool = False) -> None:
+    """Ends the saving: waits for the write in flight; after a failed step (``failed``) at
+    most ``timeout`` seconds (see `CheckpointDir.close`)."""
+    self._dir.close(self._timeout_s if failed else None)
 
   def finish(self, results: dict) -> None:
     self._dir.finish(results, self._found)

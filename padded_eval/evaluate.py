@@ -284,7 +284,7 @@ def masked_eval(
   try:
     state = _run_steps(step, params, state, (first, placed), inputs, feed, runner, bar, rows, saver)
   except BaseException:
-    saver.close(wait=False)  # a save in flight may wait on the failed step forever
+    saver.close(failed=True)  # a save in flight may wait on the failed step: bounded wait
     raise
   saver.close()
   state = runner.finalize(state)  # the one reduction across devices (and processes)
