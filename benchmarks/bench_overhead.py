@@ -19,7 +19,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import statistics  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -28,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 import padded_eval as pe  # noqa: E402
 from benchmarks import speed  # noqa: E402
-from benchmarks.common import markdown_table, shard_rows, split_rows  # noqa: E402
+from benchmarks.common import interleaved_seconds, markdown_table, shard_rows, split_rows  # noqa: E402
 
 BATCH = 1000
 SIZES = speed.Sizes(features=32, hidden=64, classes=10)
@@ -69,19 +68,11 @@ def measure(n: int, rounds: int) -> dict:
       pe.pad_batches(data, BATCH),
       backend=backend,
     )
-  for fn in fns.values():
-    fn()
-  ratios = {name: ([], []) for name in BACKENDS}
-  names = list(fns)
-  for r in range(rounds):
-    seconds = {}
-    for name in names[r % len(names) :] + names[: r % len(names)]:
-      start = time.perf_counter()
-      fns[name]()
-      seconds[name] = time.perf_counter() - start
-    for name in BACKENDS:
-      ratios[name][0].append(seconds[name] / seconds["bare pmap"])
-      ratios[name][1].append(seconds[name] / seconds["bare jit"])
+  timings = interleaved_seconds(fns, rounds)
+  ratios = {
+    name: ([t[name] / t["bare pmap"] for t in timings], [t[name] / t["bare jit"] for t in timings])
+    for name in BACKENDS
+  }
   return {k: (statistics.median(a), statistics.median(b)) for k, (a, b) in ratios.items()}
 
 

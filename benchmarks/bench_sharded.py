@@ -25,7 +25,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import functools  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -33,7 +32,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 import padded_eval as pe  # noqa: E402
-from benchmarks.common import markdown_table  # noqa: E402
+from benchmarks.common import interleaved_seconds, markdown_table  # noqa: E402
 
 
 def init_params(rng, vocab: int, d_model: int, layers: int) -> dict:
@@ -69,18 +68,8 @@ def bare_step(params, inputs):
 
 
 def _median_ratios(fns: dict, baseline: str, rounds: int) -> dict:
-  for fn in fns.values():  # warm-up: compile everything
-    fn()
-  ratios = {name: [] for name in fns}
-  names = list(fns)
-  for r in range(rounds):
-    seconds = {}
-    for name in names[r % len(names) :] + names[: r % len(names)]:
-      start = time.perf_counter()
-      fns[name]()
-      seconds[name] = time.perf_counter() - start
-    for name in fns:
-      ratios[name].append(seconds[name] / seconds[baseline])
+  timings = interleaved_seconds(fns, rounds)
+  ratios = {name: [t[name] / t[baseline] for t in timings] for name in fns}
   return {name: statistics.median(values) for name, values in ratios.items()}
 
 

@@ -151,3 +151,22 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 def seeded(seed: int) -> np.random.Generator:
   return np.random.default_rng(seed)
+
+
+def interleaved_seconds(fns: dict[str, Callable[[], Any]], rounds: int) -> list[dict[str, float]]:
+  """Seconds of each of ``fns`` per round, after one warm-up call of each (compilation).
+
+  Each round starts at the next function (rotating order), so drift in the machine's load
+  falls on every function alike; compare within a round (ratios), not across rounds.
+  """
+  for fn in fns.values():
+    fn()
+  names, timings = list(fns), []
+  for r in range(rounds):
+    seconds = {}
+    for name in names[r % len(names) :] + names[: r % len(names)]:
+      start = time.perf_counter()
+      fns[name]()
+      seconds[name] = time.perf_counter() - start
+    timings.append(seconds)
+  return timings
