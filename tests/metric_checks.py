@@ -338,3 +338,22 @@ def assert_close(got, expected, *, atol, rtol=0.0, what: str = "") -> None:
   """``|got - expected| <= atol + rtol * |expected|`` elementwise; NaN must match NaN."""
   got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
   np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True, err_msg=what)
+
+
+def with_garbage_rows(
+  rng: np.random.Generator, arrays: dict, pad: int, float_garbage: np.ndarray, int_bound: int
+) -> dict:
+  """``arrays`` plus ``pad`` garbage rows each (floats drawn from ``float_garbage``, ints from
+  ``[-int_bound, int_bound)``), and the ``[n + pad]`` row mask under ``"mask"``."""
+  out = {}
+  for key, value in arrays.items():
+    value = np.asarray(value)
+    shape = (pad,) + value.shape[1:]
+    if np.issubdtype(value.dtype, np.floating):
+      garbage = rng.choice(float_garbage, size=shape).astype(value.dtype)
+    else:
+      garbage = rng.integers(-int_bound, int_bound, size=shape).astype(value.dtype)
+    out[key] = np.concatenate([value, garbage])
+  n = len(next(iter(arrays.values())))
+  out["mask"] = np.arange(n + pad) < n
+  return out

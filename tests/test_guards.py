@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sklearn.metrics as skm
+from metric_checks import with_garbage_rows
 
 import padded_eval as pe
 from padded_eval import metrics as M
@@ -20,18 +21,7 @@ _FLOAT_GARBAGE = np.array([np.nan, np.inf, -np.inf, 7.5, -3.0, 1e30], np.float64
 
 def _padded(rng, **arrays):
   """``arrays`` plus ``PAD`` garbage rows each, and the ``[n + PAD]`` row mask."""
-  out = {}
-  for key, value in arrays.items():
-    value = np.asarray(value)
-    shape = (PAD,) + value.shape[1:]
-    if np.issubdtype(value.dtype, np.floating):
-      garbage = rng.choice(_FLOAT_GARBAGE, size=shape).astype(value.dtype)
-    else:
-      garbage = rng.integers(-(2**20), 2**20, size=shape).astype(value.dtype)
-    out[key] = np.concatenate([value, garbage])
-  n = len(next(iter(arrays.values())))
-  out["mask"] = np.arange(n + PAD) < n
-  return out
+  return with_garbage_rows(rng, arrays, PAD, _FLOAT_GARBAGE, 2**20)
 
 
 def _jit_update(metric, batch):
