@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from padded_eval import packing as packing_lib
 from padded_eval import placement, step_parts
 from padded_eval import sharding as sharding_lib
 from padded_eval.step_parts import checked_step_fn
@@ -75,11 +76,15 @@ class CompiledStep:
       rows split over the data axis like the batch; None without outputs.
     step_keeping_state: the same step without donating ``state``: for a small empty state
       that is placed once and reused by every call (`padded_eval.placement.placed_once`).
+    packed_step: ``packing -> step`` for a `padded_eval.packing.StatePacking`: the step
+      (not donating) whose carried state is one ``uint8`` vector per shard
+      (`padded_eval.step_parts.packed`); compiled on first use.
   """
 
   state_shapes: Callable
   step: Callable
   step_keeping_state: Callable
+  packed_step: Callable
 
 
 @runtime_checkable
@@ -121,6 +126,11 @@ class Backend(Protocol):
     """The empty host state (one shard's) -> the carried device state."""
     ...
 
+  def place_packed(self, packing: Any) -> Any:
+    """``packing.empty`` (one shard's packed empty state) -> the carried packed device state,
+    placed once and reused (`padded_eval.placement.placed_once`)."""
+    ...
+
   def place_saved_state(self, state: Any) -> Any:
     """This process's saved part of a carried state (see `local_part`) -> the carried device state."""
     ...
@@ -139,12 +149,13 @@ class Backend(Protocol):
     when ``outputs``)."""
     ...
 
-  def finalize(self, state: Any) -> Any:
-    """The carried state -> the global state: the one exact reduce across shards."""
+  def finalize(self, state: Any, packing: Any = None) -> Any:
+    """The carried state -> the global state: the one exact reduce across shards (``packing``:
+    the state is packed by this `padded_eval.packing.StatePacking`, and stays packed)."""
     ...
 
-  def to_host(self, state: Any) -> Any:
-    """One copy of the finalized (replicated) state, as numpy, in one transfer."""
+  def to_host(self, state: Any, packing: Any = None) -> Any:
+    """One copy of the finalized (replicated) state, as numpy, in one transfer (unpacked)."""
     ...
 
 
@@ -202,12 +213,18 @@ class _OnMesh(abc.ABC):
     return jax.tree.unflatten(treedef, placement.place_reusing(leaves, self.replicated))
 
   def place_batch(self, inputs):
+    if jax.process_count() == 1:  # checked by the driver (BatchSpec): one transfer, no re-check
+      return jax.device_put(sharding_lib.as_arrays(inputs), self.split)
     return sharding_lib.global_batch(inputs, self.mesh, self.data_axes)
 
   per_shard_state = True  # the carried leaves are [shards, ...]: one partial state per shard
   keeps_device_axis = False  # the finalized leaves keep a leading axis of size 1 (pmap)
 
-  def finalize(self, state):
+  def finalize(self, state, packing=None):
+    if packing is not None:  # small, one process: fetched, combined on one device, packed
+      if not self.per_shard_state:
+        return state
+      return packing_lib.aggregate_packed(np.asarray(state), packing)
     if self.per_shard_state:  # small and one process: no collective (placement module)
       combined = placement.combined_on_one_device(state, self.keeps_device_axis)
       if combined is not None:
@@ -237,11 +254,16 @@ class _OnMesh(abc.ABC):
     place = lambda: self.place_saved_state(placement.stacked(state, self.num_shards))
     return placement.placed_once(state, self, place)
 
+  def place_packed(self, packing):
+    return self.place_state(packing.empty)
+
   @abc.abstractmethod
   def finalize_program(self) -> Callable:
     """The uncached compiled reduce of the carried state; `finalize` caches it per backend."""
 
-  def to_host(self, state):
+  def to_host(self, state, packing=None):
+    if packing is not None:  # one array: the combined (or replicated) packed state
+      return packing.unpack_host(np.asarray(state.addressable_data(0)))
     return jax.device_get(jax.tree.map(lambda x: x.addressable_data(0), state))
 
 
@@ -280,28 +302,33 @@ class PmapBackend(_OnMesh):
       unanchored(step_parts.batch_statistics(inner, mask_key, axis)), axis, in_axes=(None, 0)
     )
     merge = unanchored(step_parts.merge_step(inner, mask_key, sync_total))
-    if jax.process_count() > 1:  # pmap's axis spans every process's devices
-      make = lambda donate: jax.pmap(merge, axis, in_axes=(None, 0, 0), donate_argnums=donate)
-    else:  # what jax.pmap runs, without its Python work on every call
-      mapped = jax.shard_map(
+
+    def make(merge, donate):
+      if jax.process_count() > 1:  # pmap's axis spans every process's devices
+        return jax.pmap(merge, axis, in_axes=(None, 0, 0), donate_argnums=donate)
+      mapped = jax.shard_map(  # what jax.pmap runs, without its Python work on every call
         lambda params, *blocks: step_parts.restack(merge(params, *step_parts.unstack(blocks))),
         mesh=self.mesh,
         in_specs=(PartitionSpec(), self.split.spec, self.split.spec),
         out_specs=self.split.spec,
         check_vma=False,
       )
-      make = lambda donate: jax.jit(mapped, donate_argnums=donate)
+      return jax.jit(mapped, donate_argnums=donate)
 
     def state_shapes(params, batch):  # per-device copies: drop the leading device axis
       shapes = jax.eval_shape(statistics, params, batch)
       return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), shapes)
 
-    return CompiledStep(state_shapes, make(1), make(()))
+    packed = lambda packing: make(step_parts.packed(merge, packing), ())
+    return CompiledStep(state_shapes, make(merge, 1), make(merge, ()), packed)
 
   def finalize_program(self):
     return jax.pmap(step_parts.reduce_state(self.data_axis), self.data_axis)
 
-  def to_host(self, state):  # index on the host: x[0] on the device is one dispatch per leaf
+  def to_host(self, state, packing=None):
+    if packing is not None:
+      return super().to_host(state, packing)
+    # index on the host: x[0] on the device is one dispatch per leaf
     return jax.tree.map(lambda x: x[0], super().to_host(state))
 
 
@@ -324,18 +351,23 @@ class ShardMapBackend(_OnMesh):
     )
     merge = step_parts.merge_step(inner, mask_key, lambda flag: jax.lax.psum(jnp.sum(flag), axis))
 
-    def shard_step(params, state, inputs):  # state: this shard's [1, ...] block
-      state, token, per_row = merge(params, step_parts.unstack(state), inputs)
-      return step_parts.restack(state), jax.tree.map(lambda x: jnp.reshape(x, (1,)), token), per_row
+    def mapped(merge):
+      def shard_step(params, state, inputs):  # state: this shard's [1, ...] block
+        state, token, per_row = merge(params, step_parts.unstack(state), inputs)
+        token = jax.tree.map(lambda x: jnp.reshape(x, (1,)), token)
+        return step_parts.restack(state), token, per_row
 
-    step = jax.shard_map(
-      shard_step,
-      mesh=self.mesh,
-      in_specs=(replicated, split, split),
-      out_specs=(split, split, split),
-    )
+      return jax.shard_map(
+        shard_step,
+        mesh=self.mesh,
+        in_specs=(replicated, split, split),
+        out_specs=(split, split, split),
+      )
+
     state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
-    return CompiledStep(state_shapes, jax.jit(step, donate_argnums=1), jax.jit(step))
+    step = mapped(merge)
+    packed = lambda packing: jax.jit(mapped(step_parts.packed(merge, packing)))
+    return CompiledStep(state_shapes, jax.jit(step, donate_argnums=1), jax.jit(step), packed)
 
   def finalize_program(self):
     return jax.jit(
@@ -370,9 +402,10 @@ class JitBackend(_OnMesh):
     # per_row stays split like the batch: each process reads back its own rows
     shardings = (self.replicated, self.replicated, self.split)
     merge = step_parts.merge_step(inner, mask_key, jnp.sum)
-    make = lambda donate: jax.jit(merge, donate_argnums=donate, out_shardings=shardings)
+    make = lambda merge, donate: jax.jit(merge, donate_argnums=donate, out_shardings=shardings)
     state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
-    return CompiledStep(state_shapes, make(1), make(()))
+    packed = lambda packing: make(step_parts.packed(merge, packing), ())
+    return CompiledStep(state_shapes, make(merge, 1), make(merge, ()), packed)
 
   def finalize_program(self):
     return lambda state: state  # already global: XLA reduced every step's sums across the mesh
@@ -388,7 +421,7 @@ BACKENDS: dict[str, type[Backend]] = {
 
 def make_backend(name: str, axis_name: str, mesh: Mesh | None, data_axes: Any = None) -> Backend:
   """The backend called ``name``, for ``masked_eval(backend=name, axis_name=..., mesh=...,
-  data_axes=...)``.
+  data_axes=...)``; the same settings give the same (cached) backend.
 
   Raises:
     ValueError: ``name`` is not in `BACKENDS`; a mesh or data_axes with ``"pmap"``; a mesh that
@@ -396,4 +429,12 @@ def make_backend(name: str, axis_name: str, mesh: Mesh | None, data_axes: Any = 
       mesh axis that the default rule does not split the batch over.
   """
   check_choice("backend", name, tuple(BACKENDS))
+  try:
+    return _made_backend(name, axis_name, mesh, data_axes)
+  except TypeError:  # unhashable settings (a list of data axes): not cached
+    return BACKENDS[name].create(axis_name, mesh, data_axes)
+
+
+@functools.lru_cache(maxsize=64)
+def _made_backend(name: str, axis_name: str, mesh: Mesh | None, data_axes: Any) -> Backend:
   return BACKENDS[name].create(axis_name, mesh, data_axes)

@@ -357,6 +357,7 @@ class NoSaver:
 
   result = None
   resume_at = None
+  packable = True  # the carried state may travel packed (padded_eval.packing): nothing saves it
 
   def skip(self, batches: Any, mask_key: str) -> Any:
     del mask_key
@@ -383,6 +384,8 @@ class Saver(NoSaver):
     result: the stored result of a finished evaluation (then nothing else is done), or None.
     resume_at: the `padded_eval.distributed.ResumeAt` of a restored checkpoint, or None.
   """
+
+  packable = False  # it saves and restores the state's tree
 
   def __init__(
     self,

@@ -276,20 +276,25 @@ def masked_eval(
   compiled = step_cache.cached_step(step_fn, runner, row_mask, outputs)
   host_params, params, placed = params, runner.place_params(params), runner.place_batch(first)
   empty = compiled.empty_state(params, placed.batch, _empty_state)
-  state = saver.restore(empty, first.batch, host_params, runner)
+  # small states, one process: carried as one byte vector, placed once, not donated
+  packed = compiled.packed_for(empty) if saver.packable else None
+  if packed is None:
+    packing, step = None, compiled.step_for(empty)  # small states: placed once, not donated
+    state = saver.restore(empty, first.batch, host_params, runner)
+  else:
+    (packing, step), state = packed, runner.place_packed(packed[0])
   bar = _ProgressBar(total, row_mask) if progress else _NoProgressBar()
   bar.add(first.batch)
   rows = RowOutputs(runner.row_axes, mask_key, total) if outputs else NoOutputs()
-  step = compiled.step_for(empty)  # small states: placed once, not donated
   try:
     state = _run_steps(step, params, state, (first, placed), inputs, feed, runner, bar, rows, saver)
   except BaseException:
     saver.close(failed=True)  # a save in flight may wait on the failed step: bounded wait
     raise
   saver.close()
-  state = runner.finalize(state)  # the one reduction across devices (and processes)
+  state = runner.finalize(state, packing)  # the one reduction across devices (and processes)
   feed.wait_final(state)
-  metric, count = runner.to_host(state)
+  metric, count = runner.to_host(state, packing)
   bar.close()
   _check_example_counts(metric, int(count.to_numpy()), on_invalid)
   _report_invalid(metric, on_invalid)

@@ -17,6 +17,7 @@ from padded_eval import placement
 
 __all__ = [
   "DATA_AXIS_NAMES",
+  "as_arrays",
   "data_axes",
   "global_batch",
   "keep_or_replicate",
@@ -145,7 +146,7 @@ def shard(tree: Any, num_devices: int | None = None) -> Any:
     shape = _check_divisible(path, leaf, num_devices, f"{num_devices} devices")
     return leaf.reshape((num_devices, shape[0] // num_devices) + shape[1:])
 
-  return jax.tree_util.tree_map_with_path(split, _as_arrays(tree))
+  return jax.tree_util.tree_map_with_path(split, as_arrays(tree))
 
 
 def unshard(tree: Any) -> Any:
@@ -169,7 +170,7 @@ def unshard(tree: Any) -> Any:
       )
     return leaf.reshape((shape[0] * shape[1],) + shape[2:])
 
-  return jax.tree_util.tree_map_with_path(merge, _as_arrays(tree))
+  return jax.tree_util.tree_map_with_path(merge, as_arrays(tree))
 
 
 def prefetch_to_device(
@@ -247,7 +248,7 @@ def global_batch(
   local_shards = int(np.prod([mesh.local_mesh.shape[a] for a in axes]))
   what = f"mesh axis {axes[0]!r}" if len(axes) == 1 else f"mesh axes {axes!r}"
   _reject_strings(batch)
-  batch = _as_arrays(batch)
+  batch = as_arrays(batch)
   for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]:
     _check_divisible(
       path, leaf, local_shards, f"{local_shards}, this process's shards along {what}"
@@ -257,7 +258,7 @@ def global_batch(
   return jax.tree.map(lambda leaf: jax.make_array_from_process_local_data(sharding, leaf), batch)
 
 
-def _as_arrays(tree: Any) -> Any:
+def as_arrays(tree: Any) -> Any:
   """Converts leaves that are neither numpy nor jax arrays (lists, scalars) to numpy."""
   return jax.tree_util.tree_map(
     lambda x: x if isinstance(x, (np.ndarray, jax.Array)) else np.asarray(x), tree

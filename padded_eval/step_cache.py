@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from padded_eval import packing as packing_lib
 from padded_eval import placement
 
 __all__ = [
@@ -117,6 +118,7 @@ class CachedStep:
     self.compiled, self.step = compiled, compiled.step
     self._origin, self._context = _origin(step_fn), context
     self._empty: dict = {}
+    self._packings: dict = {}  # id(empty) -> (empty, StatePacking, its step)
 
   def empty_state(self, params: Any, batch: Any, make_empty: Callable) -> Any:
     """The empty carried state for these placed ``params`` and ``batch``, as host arrays.
@@ -137,6 +139,21 @@ class CachedStep:
       empty = make_empty(self.compiled.state_shapes(params, batch))
       found = self._empty[key] = jax.tree.map(np.asarray, empty)
     return found
+
+  def packed_for(self, empty: Any) -> tuple[Any, Callable] | None:
+    """``(packing, step)`` carrying the state packed (`padded_eval.packing`), or None.
+
+    Only for an ``empty`` that `empty_state` returned and that `padded_eval.placement.reusable_state`
+    allows (small, one process); the packing and its compiled step are made once per ``empty``.
+    """
+    found = self._packings.get(id(empty))
+    if found is not None and found[0] is empty:
+      return found[1:]
+    if not placement.reusable_state(empty):
+      return None
+    packing = packing_lib.StatePacking(empty)
+    self._packings[id(empty)] = (empty, packing, self.compiled.packed_step(packing))
+    return self._packings[id(empty)][1:]
 
   def step_for(self, empty: Any) -> Callable:
     """The step to run from the host empty state ``empty`` (as `empty_state` returned it).

@@ -25,6 +25,7 @@ __all__ = [
   "batch_statistics",
   "checked_step_fn",
   "merge_step",
+  "packed",
   "reduce_state",
   "restack",
   "row_count",
@@ -88,6 +89,18 @@ def merge_step(inner: Callable, mask_key: str, sync_total: Callable) -> Callable
     return (metric_total.merge(metric), count_total), token, per_row
 
   return masked_eval_step
+
+
+def packed(step: Callable, packing: Any) -> Callable:
+  """``step`` (a `merge_step`) carrying its state packed by ``packing`` (a
+  `padded_eval.packing.StatePacking`): ``(params, uint8 [nbytes], inputs) -> (uint8 [nbytes],
+  token, per_row)``; the state is unpacked and packed again inside the compiled program."""
+
+  def packed_step(params, state, inputs):
+    state, token, per_row = step(params, packing.unpack(state), inputs)
+    return packing.pack(state), token, per_row
+
+  return packed_step
 
 
 def reduce_state(axis: str) -> Callable:

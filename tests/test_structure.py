@@ -42,6 +42,7 @@ LAYERS = {
   "padded_eval.datasets": 5,
   "padded_eval.sharding": 5,
   "padded_eval.placement": 5,
+  "padded_eval.packing": 5,
   "padded_eval.agreement": 6,
   "padded_eval.coordination": 6,
   "padded_eval.distributed": 6,

@@ -40,6 +40,10 @@ def weighted_totals(values, mask, weights, ref, power: int = 1):
   """
   values = upcast(jnp.asarray(values))
   real, w = element_weights(mask, weights, values.shape, ref)
+  if power == 1:  # both totals in one reduction: one all-reduce under a sharded jit, not two
+    terms = jnp.stack([jnp.where(real, w * jnp.where(real, values, 0.0), 0.0), w])
+    sums = jnp.sum(terms, axis=tuple(range(1, terms.ndim)))
+    return ExactSum.of(sums[0]), ExactSum.of(sums[1])
   return ExactSum.of_sum(values, where=real, weights=w, power=power), ExactSum.of(jnp.sum(w))
 
 

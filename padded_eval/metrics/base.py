@@ -182,11 +182,7 @@ class Metric(KeywordReader, abc.ABC):
     unknown = sorted(set(bad) - set(self.invalid_kinds))
     if unknown:
       raise ValueError(f"{type(self).__name__} does not declare invalid kinds {unknown}")
-    counts = [
-      jnp.sum(bad[kind], dtype=jnp.int32) if kind in bad else jnp.zeros((), jnp.int32)
-      for kind in self.invalid_kinds
-    ]
-    return ExactCount.of(jnp.stack(counts))
+    return ExactCount.of(_stacked_counts([bad.get(kind) for kind in self.invalid_kinds]))
 
   def invalid_counts(self) -> dict[str, int]:
     """``{kind: count}`` of the invalid real elements seen (exact; reads the state on the host).
@@ -325,6 +321,26 @@ def _member_name(key, child: Metric, name: str) -> str:
   if key is None:
     return name
   return key if name == child.name else f"{key}/{name}"
+
+
+def _stacked_counts(flags: list) -> jax.Array:
+  """int32 ``[len(flags)]``: the True count of each bool array (None counts 0).
+
+  Arrays of one shape are counted in one reduction of their stack: under a sharded jit that
+  is one all-reduce for all of them (XLA on CPU pays one rendezvous per reduced array).
+  """
+  counts = [jnp.zeros((), jnp.int32)] * len(flags)
+  groups: dict = {}
+  for i, flag in enumerate(flags):
+    if flag is not None:
+      flag = jnp.asarray(flag)
+      groups.setdefault(flag.shape, []).append((i, flag))
+  for shape, members in groups.items():
+    stacked = jnp.stack([flag for _, flag in members])
+    totals = jnp.sum(stacked, axis=tuple(range(1, len(shape) + 1)), dtype=jnp.int32)
+    for j, (i, _) in enumerate(members):
+      counts[i] = totals[j]
+  return jnp.stack(counts) if counts else jnp.zeros((0,), jnp.int32)
 
 
 #: The state field holding a metric's count of real rows (:meth:`Metric.example_count`).

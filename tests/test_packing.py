@@ -1,0 +1,219 @@
+"""The carried state packed into one byte vector (padded_eval.packing), and where masked_eval uses it.
+
+Bit-exactness is checked against numpy's own views of the same bytes (NaN payloads, -0.0,
+subnormals, bf16/f16); the results of packed evaluations against numpy float64 (exact integer
+counts) on data whose size divides neither the batch nor the 8 devices, with garbage
+(NaN / inf / huge / out-of-range labels) in every padded row.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import padded_eval as pe
+from padded_eval import backends, packing, placement, step_cache
+from padded_eval.accumulate import ExactCount, ExactSum
+
+FEATURES, CLASSES = 5, 4
+COLLECTIVE = r" (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(-start)?\("
+
+
+def odd_tree(rng):
+  """A state-like tree with every dtype a state may hold and awkward bit patterns."""
+  f32 = np.array([np.nan, -0.0, np.inf, -np.inf, 1e-45, 3.4e38, 1.0], np.float32)
+  f32 = np.concatenate([f32, np.frombuffer(np.uint32(0x7FC12345).tobytes(), np.float32)])
+  return {
+    "f32": f32.reshape(2, 4),
+    "i32": rng.integers(-(2**31), 2**31 - 1, size=(3,), dtype=np.int64).astype(np.int32),
+    "u32": np.array([0, 2**32 - 1], np.uint32),
+    "bool": np.array([[True, False, True]]),
+    "u8": np.array([0, 255, 7], np.uint8),
+    "f16": np.array([np.nan, -0.0, 6.1e-5, 65504.0], np.float16),
+    "bf16": np.array([np.nan, -0.0, 1e-38, 3e38], ml_dtypes.bfloat16),
+    "scalar": np.float32(-2.5),
+    "empty": np.zeros((0, 3), np.int32),
+  }
+
+
+def assert_same_bits(got, want):
+  got_leaves, want_leaves = jax.tree.leaves(got), jax.tree.leaves(want)
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for g, w in zip(got_leaves, want_leaves):
+    g, w = np.asarray(g), np.asarray(w)
+    assert g.dtype == w.dtype and g.shape == w.shape
+    assert g.tobytes() == w.tobytes()
+
+
+def test_host_round_trip_is_bit_exact():
+  tree = odd_tree(np.random.default_rng(0))
+  layout = packing.StatePacking(tree)
+  packed = layout.pack_host(tree)
+  want_bytes = b"".join(np.ascontiguousarray(x).tobytes() for x in jax.tree.leaves(tree))
+  assert packed.dtype == np.uint8 and packed.tobytes() == want_bytes
+  assert layout.nbytes == len(want_bytes)
+  assert_same_bits(layout.unpack_host(packed), tree)
+
+
+def test_device_pack_and_unpack_match_the_host_bit_for_bit():
+  tree = odd_tree(np.random.default_rng(1))
+  layout = packing.StatePacking(tree)
+  on_device = jax.jit(layout.pack)(tree)
+  np.testing.assert_array_equal(np.asarray(on_device), layout.pack_host(tree))
+  assert_same_bits(jax.device_get(jax.jit(layout.unpack)(layout.pack_host(tree))), tree)
+
+
+def test_unpack_keeps_leading_axes():
+  rng = np.random.default_rng(2)
+  trees = [odd_tree(rng) for _ in range(3)]
+  layout = packing.StatePacking(trees[0])
+  stacked_bytes = np.stack([layout.pack_host(t) for t in trees])
+  want = jax.tree.map(lambda *xs: np.stack(xs), *trees)
+  assert_same_bits(layout.unpack_host(stacked_bytes), want)
+  assert_same_bits(jax.device_get(jax.jit(layout.unpack)(stacked_bytes)), want)
+
+
+def test_layouts_are_equal_when_structure_shapes_and_dtypes_are():
+  a = {"x": np.zeros(3, np.float32), "n": np.zeros((), np.int32)}
+  b = {"x": np.ones(3, np.float32), "n": np.ones((), np.int32)}
+  c = {"x": np.zeros(3, np.float64), "n": np.zeros((), np.int32)}
+  assert packing.StatePacking(a) == packing.StatePacking(b)
+  assert hash(packing.StatePacking(a)) == hash(packing.StatePacking(b))
+  assert packing.StatePacking(a) != packing.StatePacking(c)
+
+
+def test_aggregate_packed_is_the_exact_total_of_the_shards():
+  """Per-shard exact sums (50 elements each) and counts, combined packed, against float64 and
+  integer totals over the shards: large offsets, tiny and huge magnitudes, cancellation."""
+  rng = np.random.default_rng(3)
+  shards = 8
+  values = (rng.normal(size=(shards, 50)) * 1e6).astype(np.float32)
+  values[:, :5] = np.float32(1e-25)
+  values[:, 5] = np.float32(1e18) * np.where(np.arange(shards) % 2, 1, -1)
+  values[:, 6] = np.float32(1e6) + np.float32(0.0625)
+  counts = rng.integers(0, 2**30, size=(shards, 3)).astype(np.int32)
+  parts = [(ExactSum.of(v), ExactCount.of(c)) for v, c in zip(values, counts)]
+  layout = packing.StatePacking(jax.device_get(parts[0]))
+  stacked = np.stack([layout.pack_host(jax.device_get(p)) for p in parts])
+  total_sum, total_count = layout.unpack_host(np.asarray(packing.aggregate_packed(stacked, layout)))
+  np.testing.assert_array_equal(total_sum.to_numpy(), values.astype(np.float64).sum(0))
+  np.testing.assert_array_equal(total_count.to_numpy(), counts.astype(np.int64).sum(0))
+
+
+# --- masked_eval's packed path -------------------------------------------------------------
+
+
+def dataset(rows, seed):
+  rng = np.random.default_rng(seed)
+  return {
+    "x": rng.normal(size=(rows, FEATURES)).astype(np.float32),
+    "y": rng.integers(0, CLASSES, rows).astype(np.int32),
+  }
+
+
+def garbage_padded(data, batch_size):
+  for batch in pe.pad_batches(data, batch_size):
+    x, y = batch["x"].copy(), batch["y"].copy()
+    x[~batch["mask"]] = np.where(np.arange(FEATURES) % 2, np.nan, 3e38)
+    y[~batch["mask"]] = -7
+    yield {**batch, "x": x, "y": y}
+
+
+def step(params, batch):
+  logits = batch["x"] @ params
+  return pe.collections.Metrics([pe.metrics.Accuracy(), pe.metrics.Mean()]).batch_updates(
+    preds=logits, target=batch["y"], values=jnp.tanh(logits).sum(-1), mask=batch["mask"]
+  )
+
+
+def check(got, data, w):
+  logits = data["x"].astype(np.float64) @ w.astype(np.float64)
+  assert got["num_examples"] == len(data["y"])
+  assert round(got["accuracy"] * len(data["y"])) == int(np.sum(logits.argmax(-1) == data["y"]))
+  np.testing.assert_allclose(got["mean"], np.mean(np.tanh(logits).sum(-1)), rtol=1e-5, atol=1e-6)
+
+
+class StateSpy:
+  """Records the carried state each compiled step is called with."""
+
+  def __init__(self, monkeypatch):
+    self.states = []
+    original = step_cache.CachedStep.packed_for
+
+    def packed_for(cached, empty):
+      found = original(cached, empty)
+      if found is None:
+        return None
+      layout, compiled = found
+
+      def spied(params, state, inputs):
+        self.states.append(state)
+        return compiled(params, state, inputs)
+
+      return layout, spied
+
+    monkeypatch.setattr(step_cache.CachedStep, "packed_for", packed_for)
+
+
+@pytest.mark.parametrize("backend", ["pmap", "shard_map", "jit"])
+def test_masked_eval_carries_one_byte_vector_and_stays_exact(backend, monkeypatch):
+  spy = StateSpy(monkeypatch)
+  data, w = dataset(1003, seed=4), np.random.default_rng(5).normal(size=(FEATURES, CLASSES))
+  w = w.astype(np.float32)
+  got = pe.masked_eval(step, w, garbage_padded(data, 64), backend=backend)
+  check(got, data, w)
+  assert len(spy.states) == 16  # ceil(1003 / 64) steps, every one packed
+  for state in spy.states:
+    assert isinstance(state, jax.Array) and state.dtype == jnp.uint8
+    if backend == "jit":  # one replicated vector
+      assert state.ndim == 1 and state.sharding.is_fully_replicated
+    else:  # one vector per shard
+      assert state.shape[:1] == (jax.device_count(),) and state.ndim == 2
+
+
+def test_a_checkpointed_evaluation_carries_the_tree(tmp_path, monkeypatch):
+  spy = StateSpy(monkeypatch)
+  data, w = dataset(203, seed=6), np.eye(FEATURES, CLASSES, dtype=np.float32)
+  got = pe.masked_eval(
+    step, w, garbage_padded(data, 32), backend="shard_map", checkpoint_dir=tmp_path / "ckpt"
+  )
+  check(got, data, w)
+  assert spy.states == []
+
+
+def test_a_large_state_is_not_packed_and_stays_exact(monkeypatch):
+  monkeypatch.setattr(placement, "REUSED_STATE_BYTES", 0)
+  spy = StateSpy(monkeypatch)
+  data, w = dataset(203, seed=7), np.eye(FEATURES, CLASSES, dtype=np.float32)
+  check(pe.masked_eval(step, w, garbage_padded(data, 32), backend="pmap"), data, w)
+  assert spy.states == []
+
+
+@pytest.mark.parametrize("backend", ["pmap", "shard_map"])
+def test_the_packed_per_shard_step_runs_no_collective(backend):
+  data, w = dataset(64, seed=8), np.eye(FEATURES, CLASSES, dtype=np.float32)
+  runner = backends.make_backend(backend, "batch", None)
+  cached = step_cache.cached_step(step, runner, "mask", False)
+  params = runner.place_params(w)
+  placed = runner.place_batch(backends.StepInput(next(garbage_padded(data, 32))))
+  pe.masked_eval(step, w, garbage_padded(data, 32), backend=backend)
+
+  def not_called(shapes):
+    raise AssertionError("the empty state comes from the call above")
+
+  layout, packed_step = cached.packed_for(cached.empty_state(params, placed.batch, not_called))
+  text = packed_step.lower(params, runner.place_packed(layout), placed).compile().as_text()
+  assert not re.findall(COLLECTIVE, text)
+
+
+def test_make_backend_reuses_equal_settings_and_still_checks_them():
+  assert backends.make_backend("jit", "batch", None) is backends.make_backend("jit", "batch", None)
+  mesh = jax.make_mesh((2, 4), ("data", "model"))
+  listed = backends.make_backend("shard_map", "batch", mesh, ["data"])  # unhashable: not cached
+  assert listed.data_axes == ("data",)
+  for _ in range(2):
+    with pytest.raises(ValueError, match="data_axes"):
+      backends.make_backend("pmap", "batch", None, "data")
