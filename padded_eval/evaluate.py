@@ -276,12 +276,11 @@ def masked_eval(
   compiled = step_cache.cached_step(step_fn, runner, row_mask, outputs)
   host_params, params, placed = params, runner.place_params(params), runner.place_batch(first)
   empty = compiled.empty_state(params, placed.batch, _empty_state)
-  # small states, one process: carried as one byte vector, placed once, not donated
-  packed = compiled.packed_for(empty) if saver.packable else None
-  if packed is None:
-    packing, step = None, compiled.step_for(empty)  # small states: placed once, not donated
+  packed = compiled.packed_for(empty) if saver.packable else None  # small, one process
+  if packed is None:  # the state's tree (a small one placed once and not donated)
+    packing, step = None, compiled.step_for(empty)
     state = saver.restore(empty, first.batch, host_params, runner)
-  else:
+  else:  # one byte vector per shard (padded_eval.packing), placed once, not donated
     (packing, step), state = packed, runner.place_packed(packed[0])
   bar = _ProgressBar(total, row_mask) if progress else _NoProgressBar()
   bar.add(first.batch)
