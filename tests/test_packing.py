@@ -3,7 +3,7 @@
 Bit-exactness is checked against numpy's own views of the same bytes (NaN payloads, -0.0,
 subnormals, bf16/f16); the results of packed evaluations against numpy float64 (exact integer
 counts) on data whose size divides neither the batch nor the 8 devices, with garbage
-(NaN / inf / huge / out-of-range labels) in every padded row.
+(NaN / inf / out-of-range labels) in every padded row: tests/test_placement.py's data and metrics.
 """
 
 import re
@@ -13,12 +13,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from test_placement import check, dataset, garbage_padded, step, weights  # same data and metrics
 
 import padded_eval as pe
 from padded_eval import backends, packing, placement, step_cache
 from padded_eval.accumulate import ExactCount, ExactSum
 
-FEATURES, CLASSES = 5, 4
 COLLECTIVE = r" (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(-start)?\("
 
 
@@ -106,36 +106,6 @@ def test_aggregate_packed_is_the_exact_total_of_the_shards():
 # --- masked_eval's packed path -------------------------------------------------------------
 
 
-def dataset(rows, seed):
-  rng = np.random.default_rng(seed)
-  return {
-    "x": rng.normal(size=(rows, FEATURES)).astype(np.float32),
-    "y": rng.integers(0, CLASSES, rows).astype(np.int32),
-  }
-
-
-def garbage_padded(data, batch_size):
-  for batch in pe.pad_batches(data, batch_size):
-    x, y = batch["x"].copy(), batch["y"].copy()
-    x[~batch["mask"]] = np.where(np.arange(FEATURES) % 2, np.nan, 3e38)
-    y[~batch["mask"]] = -7
-    yield {**batch, "x": x, "y": y}
-
-
-def step(params, batch):
-  logits = batch["x"] @ params
-  return pe.collections.Metrics([pe.metrics.Accuracy(), pe.metrics.Mean()]).batch_updates(
-    preds=logits, target=batch["y"], values=jnp.tanh(logits).sum(-1), mask=batch["mask"]
-  )
-
-
-def check(got, data, w):
-  logits = data["x"].astype(np.float64) @ w.astype(np.float64)
-  assert got["num_examples"] == len(data["y"])
-  assert round(got["accuracy"] * len(data["y"])) == int(np.sum(logits.argmax(-1) == data["y"]))
-  np.testing.assert_allclose(got["mean"], np.mean(np.tanh(logits).sum(-1)), rtol=1e-5, atol=1e-6)
-
-
 class StateSpy:
   """Records the carried state each compiled step is called with."""
 
@@ -161,10 +131,9 @@ class StateSpy:
 @pytest.mark.parametrize("backend", ["pmap", "shard_map", "jit"])
 def test_masked_eval_carries_one_byte_vector_and_stays_exact(backend, monkeypatch):
   spy = StateSpy(monkeypatch)
-  data, w = dataset(1003, seed=4), np.random.default_rng(5).normal(size=(FEATURES, CLASSES))
-  w = w.astype(np.float32)
-  got = pe.masked_eval(step, w, garbage_padded(data, 64), backend=backend)
-  check(got, data, w)
+  data, (w, b) = dataset(1003, seed=4), weights(5)
+  got = pe.masked_eval(step, {"w": w, "b": b}, garbage_padded(data, 64), backend=backend)
+  check(got, data, w, b)
   assert len(spy.states) == 16  # ceil(1003 / 64) steps, every one packed
   for state in spy.states:
     assert isinstance(state, jax.Array) and state.dtype == jnp.uint8
@@ -176,30 +145,36 @@ def test_masked_eval_carries_one_byte_vector_and_stays_exact(backend, monkeypatc
 
 def test_a_checkpointed_evaluation_carries_the_tree(tmp_path, monkeypatch):
   spy = StateSpy(monkeypatch)
-  data, w = dataset(203, seed=6), np.eye(FEATURES, CLASSES, dtype=np.float32)
+  data, (w, b) = dataset(203, seed=6), weights(6)
   got = pe.masked_eval(
-    step, w, garbage_padded(data, 32), backend="shard_map", checkpoint_dir=tmp_path / "ckpt"
+    step,
+    {"w": w, "b": b},
+    garbage_padded(data, 32),
+    backend="shard_map",
+    checkpoint_dir=tmp_path / "ckpt",
   )
-  check(got, data, w)
+  check(got, data, w, b)
   assert spy.states == []
 
 
 def test_a_large_state_is_not_packed_and_stays_exact(monkeypatch):
   monkeypatch.setattr(placement, "REUSED_STATE_BYTES", 0)
   spy = StateSpy(monkeypatch)
-  data, w = dataset(203, seed=7), np.eye(FEATURES, CLASSES, dtype=np.float32)
-  check(pe.masked_eval(step, w, garbage_padded(data, 32), backend="pmap"), data, w)
+  data, (w, b) = dataset(203, seed=7), weights(7)
+  check(
+    pe.masked_eval(step, {"w": w, "b": b}, garbage_padded(data, 32), backend="pmap"), data, w, b
+  )
   assert spy.states == []
 
 
 @pytest.mark.parametrize("backend", ["pmap", "shard_map"])
 def test_the_packed_per_shard_step_runs_no_collective(backend):
-  data, w = dataset(64, seed=8), np.eye(FEATURES, CLASSES, dtype=np.float32)
+  data, (w, b) = dataset(64, seed=8), weights(8)
   runner = backends.make_backend(backend, "batch", None)
   cached = step_cache.cached_step(step, runner, "mask", False)
-  params = runner.place_params(w)
+  params = runner.place_params({"w": w, "b": b})
   placed = runner.place_batch(backends.StepInput(next(garbage_padded(data, 32))))
-  pe.masked_eval(step, w, garbage_padded(data, 32), backend=backend)
+  pe.masked_eval(step, {"w": w, "b": b}, garbage_padded(data, 32), backend=backend)
 
   def not_called(shapes):
     raise AssertionError("the empty state comes from the call above")
