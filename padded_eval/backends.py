@@ -23,6 +23,11 @@ reduces the partial states exactly, once: small states (one process) are fetched
 combined with ``aggregate()`` in one single-device program
 (`padded_eval.placement.combined_on_one_device`), larger ones by ``Metric.reduce``, the one
 collective of a call. The pieces of the step itself are in `padded_eval.step_parts`.
+
+A small state with one process and no checkpoint is carried packed, one ``uint8`` vector per
+shard (`padded_eval.packing`; ``CompiledStep.packed_step``, ``place_packed``, and the
+``packing`` argument of ``finalize`` and ``to_host``): a short evaluation then copies one
+array per shard instead of one per leaf and shard.
 """
 
 from __future__ import annotations
