@@ -60,10 +60,15 @@ class StepInput(NamedTuple):
     sync: small int32 arrays ``[shards]`` that the step sums over every shard of every
       process, returned in its token (the multi-host has-data flag); ``()`` for none,
       which adds no collective.
+    rows: the batch's real rows counted on the host (an int32 scalar), or None: the step
+      counts them (`padded_eval.step_parts.row_count`). Only for a backend whose
+      ``counts_rows_on_host`` is True, with one process and a mask key: under jit a count
+      in the step is one more all-reduce per step.
   """
 
   batch: Any
   sync: tuple = ()
+  rows: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +111,7 @@ class Backend(Protocol):
   mesh: Mesh
   data_axes: tuple[str, ...]
   row_axes: int  # leading axes of a step's per_row output that index rows (pmap: device, row)
+  counts_rows_on_host: bool  # takes StepInput.rows from the host (one process, a mask key)
 
   @property
   def data_axis(self) -> str | tuple[str, ...]: ...
@@ -223,6 +229,7 @@ class _OnMesh(abc.ABC):
     return sharding_lib.global_batch(inputs, self.mesh, self.data_axes)
 
   per_shard_state = True  # the carried leaves are [shards, ...]: one partial state per shard
+  counts_rows_on_host = False  # StepInput.rows: counted in the step (free without collectives)
   keeps_device_axis = False  # the finalized leaves keep a leading axis of size 1 (pmap)
 
   def finalize(self, state, packing=None):
@@ -389,6 +396,13 @@ class JitBackend(_OnMesh):
   """``jax.jit`` of the global batch; one replicated state whose sums XLA makes global."""
 
   per_shard_state = False
+  counts_rows_on_host = True  # a count in the step would be one more all-reduce per step
+
+  def place_batch(self, inputs):
+    if jax.process_count() == 1:  # checked by the driver (BatchSpec); the row count replicated
+      shardings = StepInput(self.split, self.split, self.replicated)
+      return jax.device_put(sharding_lib.as_arrays(inputs), shardings)
+    return super().place_batch(inputs)
 
   def place_state(self, state):
     place = lambda: self.place_saved_state(jax.tree.map(np.array, state))

@@ -271,6 +271,8 @@ def masked_eval(
     source, total, runner, backend, mask_key, steps_in_flight, timeout, saver, padding, mask_fn
   )
   inputs = iter(feed)
+  if runner.counts_rows_on_host and mask_fn is None and jax.process_count() == 1:
+    inputs = _with_host_rows(inputs, mask_key)
   first = _first_input(inputs)
   row_mask = mask_key if mask_fn is None else mask_fn
   compiled = step_cache.cached_step(step_fn, runner, row_mask, outputs)
@@ -403,6 +405,13 @@ def _step_feed(
     resume=saver.resume_at,
     pad_value=padding,
   )
+
+
+def _with_host_rows(inputs: cabc.Iterator, mask_key: str) -> cabc.Iterator:
+  """``inputs`` with ``StepInput.rows``: each batch's real rows, counted on the host."""
+  for step_input in inputs:
+    rows = np.int32(np.count_nonzero(step_input.batch[mask_key]))
+    yield step_input._replace(rows=rows)
 
 
 def _first_input(inputs: cabc.Iterator) -> backends.StepInput:

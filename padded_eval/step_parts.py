@@ -84,7 +84,10 @@ def merge_step(inner: Callable, mask_key: str, sync_total: Callable) -> Callable
   def masked_eval_step(params, state, inputs: Any):  # inputs: a backends.StepInput
     metric_total, count_total = state
     metric, per_row = inner(params, inputs.batch)
-    count_total = count_total.merge(row_count(inputs.batch, mask_key))
+    rows = inputs.rows  # counted on the host (one process), or here
+    count_total = count_total.merge(
+      row_count(inputs.batch, mask_key) if rows is None else ExactCount.of(rows)
+    )
     token = (count_total.total(), tuple(sync_total(flag) for flag in inputs.sync))
     return (metric_total.merge(metric), count_total), token, per_row
 

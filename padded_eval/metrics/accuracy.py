@@ -9,8 +9,15 @@ import jax.numpy as jnp
 
 from padded_eval import validation
 from padded_eval.accumulate import ExactCount, ExactSum
-from padded_eval.metrics.averages import weighted_totals, zero_total
-from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
+from padded_eval.metrics.averages import zero_total
+from padded_eval.metrics.base import (
+  Metric,
+  batch_totals,
+  element_weights,
+  empty_count,
+  invalid_state,
+  state,
+)
 from padded_eval.metrics.classification_inputs import check_flag, config_field
 from padded_eval.metrics.formatting import (
   INVALID_KINDS,
@@ -75,8 +82,16 @@ class Accuracy(Metric):
       hits, valid, bad = self._binary_hits(preds, target, mask)
     else:
       hits, valid, bad = self._class_hits(preds, target, mask)
-    correct, weight = weighted_totals(hits.astype(jnp.float32), valid, weights, "target")
-    return {"correct": correct, "weight": weight, "invalid": self.count_invalid(**bad)}
+    real, w = element_weights(valid, weights, hits.shape, "target")
+    # hits, weights, invalid counts and real rows in one reduction (one all-reduce under jit)
+    (correct, weight), invalid = batch_totals(
+      [jnp.where(real, w, 0.0) * hits, w], self.invalid_flags(**bad)
+    )
+    return {
+      "correct": ExactSum.of(correct),
+      "weight": ExactSum.of(weight),
+      "invalid": ExactCount.of(jnp.stack(invalid)),
+    }
 
   def _binary_hits(self, preds, target, mask):
     if preds.shape == target.shape + (1,):

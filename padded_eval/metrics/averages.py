@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from padded_eval.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import element_weights
-from padded_eval.metrics.base import Metric, empty_count, state
+from padded_eval.metrics.base import Metric, batch_totals, empty_count, state
 
 
 def zero_total(_metric=None) -> ExactSum:
@@ -40,10 +40,10 @@ def weighted_totals(values, mask, weights, ref, power: int = 1):
   """
   values = upcast(jnp.asarray(values))
   real, w = element_weights(mask, weights, values.shape, ref)
-  if power == 1:  # both totals in one reduction: one all-reduce under a sharded jit, not two
-    terms = jnp.stack([jnp.where(real, w * jnp.where(real, values, 0.0), 0.0), w])
-    sums = jnp.sum(terms, axis=tuple(range(1, terms.ndim)))
-    return ExactSum.of(sums[0]), ExactSum.of(sums[1])
+  if power == 1:  # one reduction (with the update's real rows): one all-reduce under jit
+    weighted = jnp.where(real, w * jnp.where(real, values, 0.0), 0.0)
+    (total, weight), _ = batch_totals([weighted, w], [])
+    return ExactSum.of(total), ExactSum.of(weight)
   return ExactSum.of_sum(values, where=real, weights=w, power=power), ExactSum.of(jnp.sum(w))
 
 

@@ -25,7 +25,9 @@ Example:
 from __future__ import annotations
 
 import abc
+import contextvars
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -140,12 +142,17 @@ class Metric(KeywordReader, abc.ABC):
         :mod:`padded_eval.validation`).
     """
     kwargs = self._checked_inputs(self.routed(kwargs))
-    batch_state = dict(self._batch_state(**kwargs))
-    if ROWS_FIELD in self._state_fields and ROWS_FIELD not in batch_state:
-      reference = [kwargs.get(key) for key in self.row_inputs()]
-      batch_state[ROWS_FIELD] = ExactCount.of(
-        real_rows(kwargs.get("mask"), kwargs.get("weights"), reference)
-      )
+    if ROWS_FIELD not in self._state_fields:
+      return self.replace_state(**self._batch_state(**kwargs))
+    reference = [kwargs.get(key) for key in self.row_inputs()]
+    rows = _RowsToCount(real_row_flags(kwargs.get("mask"), kwargs.get("weights"), reference))
+    token = _rows_to_count.set(rows)  # count_invalid may count them in its reduction
+    try:
+      batch_state = dict(self._batch_state(**kwargs))
+    finally:
+      _rows_to_count.reset(token)
+    if ROWS_FIELD not in batch_state:
+      batch_state[ROWS_FIELD] = ExactCount.of(rows.count())
     return self.replace_state(**batch_state)
 
   # --- inputs ---------------------------------------------------------------------------
@@ -179,10 +186,19 @@ class Metric(KeywordReader, abc.ABC):
     Raises:
       ValueError: a kind not in ``invalid_kinds``.
     """
+    _, counts = batch_totals([], self.invalid_flags(**bad))
+    return ExactCount.of(jnp.stack(counts) if counts else jnp.zeros((0,), jnp.int32))
+
+  def invalid_flags(self, **bad: jax.Array) -> list:
+    """``bad`` in ``invalid_kinds`` order, None for a kind not given (see :meth:`count_invalid`).
+
+    Raises:
+      ValueError: a kind not in ``invalid_kinds``.
+    """
     unknown = sorted(set(bad) - set(self.invalid_kinds))
     if unknown:
       raise ValueError(f"{type(self).__name__} does not declare invalid kinds {unknown}")
-    return ExactCount.of(_stacked_counts([bad.get(kind) for kind in self.invalid_kinds]))
+    return [bad.get(kind) for kind in self.invalid_kinds]
 
   def invalid_counts(self) -> dict[str, int]:
     """``{kind: count}`` of the invalid real elements seen (exact; reads the state on the host).
@@ -323,6 +339,81 @@ def _member_name(key, child: Metric, name: str) -> str:
   return key if name == child.name else f"{key}/{name}"
 
 
+class _RowsToCount:
+  """The real-row flags of the update in progress (`Metric.batch_updates`), and their count
+  once `Metric.count_invalid` has taken it in its own reduction (one all-reduce, not two,
+  under a sharded jit)."""
+
+  def __init__(self, flags: jax.Array | None):
+    self.flags, self.counted = flags, None
+
+  def count(self) -> jax.Array:
+    """int32: the number of True flags (0 without rows)."""
+    if self.counted is not None:
+      return self.counted
+    if self.flags is None:
+      return jnp.zeros((), jnp.int32)
+    return jnp.sum(self.flags, dtype=jnp.int32)
+
+
+_rows_to_count: contextvars.ContextVar = contextvars.ContextVar("rows_to_count", default=None)
+
+
+FLOAT_COUNT_LIMIT = 1 << 24
+"""Counts of arrays with fewer elements than this are summed exactly in float32 (every partial
+sum is an integer below 2**24), so they can share one reduction with float totals."""
+
+
+def batch_totals(totals: list, counts: list) -> tuple[list, list]:
+  """A batch's float32 totals and True counts, in as few reductions as they allow.
+
+  Under a sharded jit every reduction over the rows is an all-reduce in every step, and XLA on
+  CPU pays a rendezvous of all devices per reduced array: a metric's statistics are cheapest
+  summed as one stacked array. When every array has the same shape (and the counts fewer than
+  `FLOAT_COUNT_LIMIT` elements) they are one reduction, together with the real rows of the
+  update in progress (`Metric.batch_updates`, which then does not count them again);
+  otherwise the totals and the counts are summed apart.
+
+  Args:
+    totals: float arrays (values already masked: 0 where not real); each is summed whole.
+    counts: bool arrays (already masked), or None (counts 0).
+
+  Returns:
+    ``(float32 scalar per total, int32 scalar per count)``, in the order given.
+  """
+  totals = [jnp.asarray(t).astype(jnp.float32) for t in totals]
+  flags = [f for f in (None if c is None else jnp.asarray(c) for c in counts) if f is not None]
+  arrays = totals + flags
+  rows = _rows_to_count.get()
+  claim = (
+    rows is not None
+    and rows.counted is None
+    and rows.flags is not None
+    and bool(arrays)
+    and all(a.shape == rows.flags.shape for a in arrays)
+  )
+  if claim:
+    flags.append(rows.flags)
+  shape = arrays[0].shape if arrays else None
+  if (
+    arrays
+    and all(a.shape == shape for a in arrays)
+    and (not flags or math.prod(shape) < FLOAT_COUNT_LIMIT)
+  ):
+    stacked = jnp.stack(totals + [f.astype(jnp.float32) for f in flags])
+    sums = jnp.sum(stacked, axis=tuple(range(1, stacked.ndim)))
+    float_sums = [sums[i] for i in range(len(totals))]
+    int_sums = sums[len(totals) :].astype(jnp.int32)
+  else:
+    float_sums = [jnp.sum(t) for t in totals]
+    int_sums = _stacked_counts(flags)
+  if claim:
+    rows.counted, int_sums = int_sums[-1], int_sums[:-1]
+  found = iter(range(len(int_sums)))
+  zero = jnp.zeros((), jnp.int32)
+  return float_sums, [zero if c is None else int_sums[next(found)] for c in counts]
+
+
 def _stacked_counts(flags: list) -> jax.Array:
   """int32 ``[len(flags)]``: the True count of each bool array (None counts 0).
 
@@ -362,8 +453,8 @@ def _row_flags(values, rows: int) -> jax.Array:
   return jnp.any(values.reshape(values.shape[0], -1), axis=-1)
 
 
-def real_rows(mask, weights, inputs) -> jax.Array:
-  """int32 count of the rows an update counts as real (see :meth:`Metric.example_count`).
+def real_row_flags(mask, weights, inputs) -> jax.Array | None:
+  """bool ``[B]``: the rows an update counts as real (see :meth:`Metric.example_count`).
 
   Args:
     mask: None or bool, a prefix of the inputs' shape (``[B]``, ``[B, T]``, ...).
@@ -374,18 +465,18 @@ def real_rows(mask, weights, inputs) -> jax.Array:
       an update cannot say.
 
   Returns:
-    int32 scalar: the number of real rows.
+    bool ``[B]``, True for a real row; None without row inputs.
   """
   shapes = [x.shape for x in inputs if len(getattr(x, "shape", ())) > 0]
   if not shapes:
-    return jnp.zeros((), jnp.int32)
+    return None
   rows = shapes[0][0]
   real = jnp.ones((rows,), bool)
   if mask is not None:
     real &= _row_flags(jnp.asarray(mask).astype(bool), rows)
   if weights is not None:
     real &= _row_flags(jnp.asarray(weights) != 0, rows)
-  return jnp.sum(real, dtype=jnp.int32)
+  return real
 
 
 def invalid_state(metric: Metric) -> ExactCount:

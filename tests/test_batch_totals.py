@@ -1,0 +1,136 @@
+"""A batch's statistics in one reduction (padded_eval.metrics.base.batch_totals), and what it buys
+under a sharded jit: one all-reduce per step for Accuracy and Mean, the real rows counted on the host.
+
+References are numpy (float64 sums, exact integer counts) on data whose padded rows hold NaN / inf.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import padded_eval as pe
+from padded_eval import backends, step_cache
+from padded_eval.metrics import base
+
+ALL_REDUCE = r"= (.+?) all-reduce(?:-start)?\("
+
+
+def masked_data(rng, rows, cols=None):
+  shape = (rows,) if cols is None else (rows, cols)
+  values = rng.normal(size=shape).astype(np.float32) * np.float32(1e3)
+  real = rng.random(shape) < 0.6
+  values[~real] = np.nan
+  return values, real
+
+
+@pytest.mark.parametrize("limit", [base.FLOAT_COUNT_LIMIT, 4])  # 4: the counts summed as int32
+def test_totals_and_counts_match_numpy(limit, monkeypatch):
+  monkeypatch.setattr(base, "FLOAT_COUNT_LIMIT", limit)
+  rng = np.random.default_rng(0)
+  values, real = masked_data(rng, 301)
+  weights = rng.random(301).astype(np.float32)
+  flags = [real & (values > 0), None, real & (values < -500)]
+  terms = [np.where(real, values * weights, 0), np.where(real, weights, 0)]
+  sums, counts = jax.jit(base.batch_totals)(terms, flags)
+  np.testing.assert_allclose(
+    [float(s) for s in sums],
+    [np.sum(t.astype(np.float64)) for t in terms],
+    rtol=1e-6,
+  )
+  want = [int(np.sum(f)) if f is not None else 0 for f in flags]
+  assert [int(c) for c in counts] == want
+  assert all(c.dtype == jnp.int32 for c in counts)
+
+
+def test_arrays_of_different_shapes_are_summed_apart_and_stay_exact():
+  rng = np.random.default_rng(1)
+  values, real = masked_data(rng, 40, 3)
+  row_flags = real.any(-1)
+  sums, counts = base.batch_totals([np.where(real, values, 0)], [real, row_flags, None])
+  assert float(sums[0]) == pytest.approx(np.sum(np.where(real, values, 0).astype(np.float64)))
+  assert [int(c) for c in counts] == [int(real.sum()), int(row_flags.sum()), 0]
+
+
+@pytest.mark.parametrize("cols", [None, 4])  # rows [B] share the reduction; [B, T] values do not
+def test_the_real_rows_counted_with_the_statistics_are_the_rows_of_the_update(cols):
+  rng = np.random.default_rng(2)
+  shape = (97,) if cols is None else (97, cols)
+  values = rng.normal(size=shape).astype(np.float32) * np.float32(1e3)
+  mask = rng.random(97) < 0.6
+  values[~mask] = np.nan  # padded rows
+  weights = rng.random(97).astype(np.float32)
+  weights[::7] = 0.0  # a row whose weight is 0 is not counted
+  mean = pe.metrics.Mean().batch_updates(values=values, mask=mask, weights=weights)
+  rows = mask & (weights != 0)
+  assert mean.example_count() == int(rows.sum())
+  x = values[mask].astype(np.float64)
+  w = np.broadcast_to(weights[mask].reshape((-1,) + (1,) * (x.ndim - 1)), x.shape)
+  assert float(mean.compute()) == pytest.approx(np.sum(w * x) / np.sum(w), rel=1e-5)
+
+
+def test_accuracy_counts_hits_invalid_labels_and_rows_exactly():
+  rng = np.random.default_rng(3)
+  logits = rng.normal(size=(203, 5)).astype(np.float32)
+  target = rng.integers(-2, 6, 203).astype(np.int32)  # -2, -1 and 5 are out of range
+  mask = rng.random(203) < 0.8
+  logits[~mask], target[~mask] = np.nan, 10**6
+  acc = pe.metrics.Accuracy().batch_updates(preds=logits, target=target, mask=mask)
+  valid = mask & (target >= 0) & (target < 5)
+  assert float(acc.correct.to_numpy()) == np.sum((logits.argmax(-1) == target)[valid])
+  assert float(acc.weight.to_numpy()) == np.sum(valid)
+  assert acc.invalid_counts()["target out of range"] == int(np.sum(mask & ~valid))
+  assert acc.example_count() == int(mask.sum())
+
+
+def accuracy_step(params, batch):
+  return pe.metrics.Accuracy().batch_updates(
+    preds=batch["x"] @ params, target=batch["y"], mask=batch["mask"]
+  )
+
+
+def mean_step(params, batch):
+  return pe.metrics.Mean().batch_updates(values=(batch["x"] @ params)[:, 0], mask=batch["mask"])
+
+
+@pytest.mark.parametrize("step_fn", [accuracy_step, mean_step])
+def test_a_jit_step_of_accuracy_or_mean_runs_one_all_reduce_of_one_array(step_fn):
+  """One process: the real rows come from the host, and the metric's statistics are one array."""
+  rng = np.random.default_rng(4)
+  data = {"x": rng.normal(size=(75, 3)).astype(np.float32), "y": rng.integers(0, 3, 75)}
+  params = rng.normal(size=(3, 3)).astype(np.float32)
+  got = pe.masked_eval(step_fn, params, pe.pad_batches(data, 32), backend="jit")
+  assert got["num_examples"] == 75
+  runner = backends.make_backend("jit", "batch", None)
+  cached = step_cache.cached_step(step_fn, runner, "mask", False)
+  batch = next(iter(pe.pad_batches(data, 32)))
+  rows = np.int32(batch["mask"].sum())
+  placed = runner.place_batch(backends.StepInput(batch, rows=rows))
+  placed_params = runner.place_params(params)
+  empty = cached.empty_state(placed_params, placed.batch, None)
+  packing, step = cached.packed_for(empty)
+  text = step.lower(placed_params, runner.place_packed(packing), placed).compile().as_text()
+  shapes = re.findall(ALL_REDUCE, text)
+  assert len(shapes) == 1 and "(" not in shapes[0], shapes
+
+
+@pytest.mark.parametrize("backend", ["pmap", "shard_map", "jit"])
+def test_masks_with_holes_are_counted_exactly_on_every_backend(backend):
+  """The host count (jit) and the device counts (pmap, shard_map) against numpy."""
+  rng = np.random.default_rng(5)
+  x = rng.normal(size=(1003, 3)).astype(np.float32)
+  y = rng.integers(0, 3, 1003).astype(np.int32)
+  batches = []
+  for batch in pe.pad_batches({"x": x, "y": y}, 64):
+    holes = batch["mask"] & (rng.random(64) < 0.3)
+    batch["mask"] = batch["mask"] & ~holes
+    batch["x"][~batch["mask"]] = np.inf
+    batches.append(batch)
+  params = np.eye(3, dtype=np.float32)
+  got = pe.masked_eval(accuracy_step, params, batches, backend=backend)
+  mask = np.concatenate([b["mask"] for b in batches])
+  xs, ys = np.concatenate([b["x"] for b in batches]), np.concatenate([b["y"] for b in batches])
+  assert got["num_examples"] == int(mask.sum())
+  assert round(got["accuracy"] * mask.sum()) == int(np.sum((xs.argmax(-1) == ys)[mask]))
