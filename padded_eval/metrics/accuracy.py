@@ -9,15 +9,9 @@ import jax.numpy as jnp
 
 from padded_eval import validation
 from padded_eval.accumulate import ExactCount, ExactSum
+from padded_eval.masking import element_weights
 from padded_eval.metrics.averages import zero_total
-from padded_eval.metrics.base import (
-  Metric,
-  batch_totals,
-  element_weights,
-  empty_count,
-  invalid_state,
-  state,
-)
+from padded_eval.metrics.base import Metric, batch_totals, empty_count, invalid_state, state
 from padded_eval.metrics.classification_inputs import check_flag, config_field
 from padded_eval.metrics.formatting import (
   INVALID_KINDS,

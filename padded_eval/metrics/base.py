@@ -145,8 +145,8 @@ class Metric(KeywordReader, abc.ABC):
     if ROWS_FIELD not in self._state_fields:
       return self.replace_state(**self._batch_state(**kwargs))
     reference = [kwargs.get(key) for key in self.row_inputs()]
-    rows = _RowsToCount(real_row_flags(kwargs.get("mask"), kwargs.get("weights"), reference))
-    token = _rows_to_count.set(rows)  # count_invalid may count them in its reduction
+    rows = _RowsToCount(kwargs.get("mask"), kwargs.get("weights"), reference)
+    token = _rows_to_count.set(rows)  # batch_totals may count them in its reduction
     try:
       batch_state = dict(self._batch_state(**kwargs))
     finally:
@@ -340,20 +340,30 @@ def _member_name(key, child: Metric, name: str) -> str:
 
 
 class _RowsToCount:
-  """The real-row flags of the update in progress (`Metric.batch_updates`), and their count
-  once `Metric.count_invalid` has taken it in its own reduction (one all-reduce, not two,
-  under a sharded jit)."""
+  """The real rows of the update in progress (`Metric.batch_updates`), and their count once
+  `batch_totals` has taken it in the metric's own reduction (one all-reduce, not two, under a
+  sharded jit).
 
-  def __init__(self, flags: jax.Array | None):
-    self.flags, self.counted = flags, None
+  Attributes:
+    flags: bool ``[B]`` (`real_row_flags`), or None: no rows, or a mask that does not fit
+      (``_batch_state`` then raises its own ValueError, naming the input).
+    counted: the int32 count once `batch_totals` has summed the flags, else None.
+  """
+
+  def __init__(self, mask, weights, inputs):
+    self._args = (mask, weights, inputs)
+    try:
+      self.flags = real_row_flags(mask, weights, inputs)
+    except (TypeError, ValueError):  # a bad mask: reported by the metric's own checks
+      self.flags = None
+    self.counted = None
 
   def count(self) -> jax.Array:
-    """int32: the number of True flags (0 without rows)."""
+    """int32: the number of real rows (0 without rows)."""
     if self.counted is not None:
       return self.counted
-    if self.flags is None:
-      return jnp.zeros((), jnp.int32)
-    return jnp.sum(self.flags, dtype=jnp.int32)
+    flags = real_row_flags(*self._args)  # a bad mask raises here if the metric did not
+    return jnp.zeros((), jnp.int32) if flags is None else jnp.sum(flags, dtype=jnp.int32)
 
 
 _rows_to_count: contextvars.ContextVar = contextvars.ContextVar("rows_to_count", default=None)
