@@ -60,15 +60,10 @@ class StepInput(NamedTuple):
     sync: small int32 arrays ``[shards]`` that the step sums over every shard of every
       process, returned in its token (the multi-host has-data flag); ``()`` for none,
       which adds no collective.
-    rows: the batch's real rows counted on the host (an int32 scalar), or None: the step
-      counts them (`padded_eval.step_parts.row_count`). Only for a backend whose
-      ``counts_rows_on_host`` is True, with one process and a mask key: under jit a count
-      in the step is one more all-reduce per step.
   """
 
   batch: Any
   sync: tuple = ()
-  rows: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +83,9 @@ class CompiledStep:
       that is placed once and reused by every call (`padded_eval.placement.placed_once`).
     packed_step: ``packing -> step`` for a `padded_eval.packing.StatePacking`: the step
       (not donating) whose carried state is one ``uint8`` vector per shard
-      (`padded_eval.step_parts.packed`); compiled on first use.
+      (`padded_eval.step_parts.packed`); compiled on first use. On a backend whose
+      ``counts_rows_on_host`` is True and with a mask key, it does not count the real
+      rows: the driver does, on the host.
   """
 
   state_shapes: Callable
@@ -111,7 +108,7 @@ class Backend(Protocol):
   mesh: Mesh
   data_axes: tuple[str, ...]
   row_axes: int  # leading axes of a step's per_row output that index rows (pmap: device, row)
-  counts_rows_on_host: bool  # takes StepInput.rows from the host (one process, a mask key)
+  counts_rows_on_host: bool  # packed steps with a mask key leave the row count to the driver
 
   @property
   def data_axis(self) -> str | tuple[str, ...]: ...
@@ -229,7 +226,7 @@ class _OnMesh(abc.ABC):
     return sharding_lib.global_batch(inputs, self.mesh, self.data_axes)
 
   per_shard_state = True  # the carried leaves are [shards, ...]: one partial state per shard
-  counts_rows_on_host = False  # StepInput.rows: counted in the step (free without collectives)
+  counts_rows_on_host = False  # the step counts the real rows (free without a collective)
   keeps_device_axis = False  # the finalized leaves keep a leading axis of size 1 (pmap)
 
   def finalize(self, state, packing=None):
@@ -398,12 +395,6 @@ class JitBackend(_OnMesh):
   per_shard_state = False
   counts_rows_on_host = True  # a count in the step would be one more all-reduce per step
 
-  def place_batch(self, inputs):
-    if jax.process_count() == 1:  # checked by the driver (BatchSpec); the row count replicated
-      shardings = StepInput(self.split, self.split, self.replicated)
-      return jax.device_put(sharding_lib.as_arrays(inputs), shardings)
-    return super().place_batch(inputs)
-
   def place_state(self, state):
     place = lambda: self.place_saved_state(jax.tree.map(np.array, state))
     return placement.placed_once(state, self, place)
@@ -423,7 +414,9 @@ class JitBackend(_OnMesh):
     merge = step_parts.merge_step(inner, mask_key, jnp.sum)
     make = lambda merge, donate: jax.jit(merge, donate_argnums=donate, out_shardings=shardings)
     state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
-    packed = lambda packing: make(step_parts.packed(merge, packing), ())
+    # packed (one process, no checkpoint): with a mask key the driver counts rows on the host
+    uncounted = step_parts.merge_step(inner, mask_key, jnp.sum, count_rows=callable(mask_key))
+    packed = lambda packing: make(step_parts.packed(uncounted, packing), ())
     return CompiledStep(state_shapes, make(merge, 1), make(merge, ()), packed)
 
   def finalize_program(self):

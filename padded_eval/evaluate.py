@@ -270,9 +270,10 @@ def masked_eval(
   feed = _step_feed(
     source, total, runner, backend, mask_key, steps_in_flight, timeout, saver, padding, mask_fn
   )
-  inputs = iter(feed)
-  if runner.counts_rows_on_host and mask_fn is None and jax.process_count() == 1:
-    inputs = _with_host_rows(inputs, mask_key)
+  host_rows = _HostRows(mask_key)  # read only where the packed step leaves the count to it
+  inputs = (
+    host_rows.counted(iter(feed)) if runner.counts_rows_on_host and mask_fn is None else iter(feed)
+  )
   first = _first_input(inputs)
   row_mask = mask_key if mask_fn is None else mask_fn
   compiled = step_cache.cached_step(step_fn, runner, row_mask, outputs)
@@ -297,9 +298,11 @@ def masked_eval(
   feed.wait_final(state)
   metric, count = runner.to_host(state, packing)
   bar.close()
-  _check_example_counts(metric, int(count.to_numpy()), on_invalid)
+  on_host = packing is not None and runner.counts_rows_on_host and mask_fn is None
+  num_examples = host_rows.total if on_host else int(count.to_numpy())
+  _check_example_counts(metric, num_examples, on_invalid)
   _report_invalid(metric, on_invalid)
-  results = _results(metric, count)
+  results = _results(metric, num_examples)
   saver.finish(results)
   return (results, rows.result()) if outputs else results
 
@@ -407,11 +410,21 @@ def _step_feed(
   )
 
 
-def _with_host_rows(inputs: cabc.Iterator, mask_key: str) -> cabc.Iterator:
-  """``inputs`` with ``StepInput.rows``: each batch's real rows, counted on the host."""
-  for step_input in inputs:
-    rows = np.int32(np.count_nonzero(step_input.batch[mask_key]))
-    yield step_input._replace(rows=rows)
+class _HostRows:
+  """The real rows of the batches a step consumes, counted on the host (exact int).
+
+  Where the backend's packed step does not count them (``counts_rows_on_host``: under jit a
+  count in the step is one more all-reduce per step), this is ``num_examples``.
+  """
+
+  def __init__(self, mask_key: str):
+    self.mask_key, self.total = mask_key, 0
+
+  def counted(self, inputs: cabc.Iterator) -> cabc.Iterator:
+    """``inputs``, unchanged, each batch's mask counted as it passes."""
+    for step_input in inputs:
+      self.total += int(np.count_nonzero(step_input.batch[self.mask_key]))
+      yield step_input
 
 
 def _first_input(inputs: cabc.Iterator) -> backends.StepInput:
@@ -471,7 +484,7 @@ def _steps_in_flight(steps_in_flight: int | None) -> int:
   return steps_in_flight
 
 
-def _results(metric: Metric, count: ExactCount) -> EvalResults:
+def _results(metric: Metric, num_examples: int) -> EvalResults:
   logs = dict(step_cache.metric_logs(metric))
   if NUM_EXAMPLES in logs:
     raise ValueError(
@@ -479,7 +492,7 @@ def _results(metric: Metric, count: ExactCount) -> EvalResults:
       "the count of real rows; rename the metric (name=...)"
     )
   logs = jax.tree.map(_to_python, logs)
-  logs[NUM_EXAMPLES] = int(count.to_numpy())
+  logs[NUM_EXAMPLES] = num_examples
   return EvalResults(logs, metric)
 
 

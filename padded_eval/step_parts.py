@@ -77,17 +77,18 @@ def batch_statistics(inner: Callable, mask_key: str, axis: str | None) -> Callab
   return statistics
 
 
-def merge_step(inner: Callable, mask_key: str, sync_total: Callable) -> Callable:
+def merge_step(
+  inner: Callable, mask_key: str, sync_total: Callable, count_rows: bool = True
+) -> Callable:
   """``(params, state, inputs) -> (state, token, per_row)``: one batch merged into ``state``,
-  locally (no collective but ``sync_total`` of the multi-host flags)."""
+  locally (no collective but ``sync_total`` of the multi-host flags). Without ``count_rows``
+  the carried count stays as it came: the driver counts the real rows on the host."""
 
   def masked_eval_step(params, state, inputs: Any):  # inputs: a backends.StepInput
     metric_total, count_total = state
     metric, per_row = inner(params, inputs.batch)
-    rows = inputs.rows  # counted on the host (one process), or here
-    count_total = count_total.merge(
-      row_count(inputs.batch, mask_key) if rows is None else ExactCount.of(rows)
-    )
+    if count_rows:
+      count_total = count_total.merge(row_count(inputs.batch, mask_key))
     token = (count_total.total(), tuple(sync_total(flag) for flag in inputs.sync))
     return (metric_total.merge(metric), count_total), token, per_row
 

@@ -97,7 +97,8 @@ def mean_step(params, batch):
 
 @pytest.mark.parametrize("step_fn", [accuracy_step, mean_step])
 def test_a_jit_step_of_accuracy_or_mean_runs_one_all_reduce_of_one_array(step_fn):
-  """One process: the real rows come from the host, and the metric's statistics are one array."""
+  """One process: the driver counts the real rows on the host, and the metric's statistics are
+  one array: the packed step's one all-reduce."""
   rng = np.random.default_rng(4)
   data = {"x": rng.normal(size=(75, 3)).astype(np.float32), "y": rng.integers(0, 3, 75)}
   params = rng.normal(size=(3, 3)).astype(np.float32)
@@ -105,9 +106,7 @@ def test_a_jit_step_of_accuracy_or_mean_runs_one_all_reduce_of_one_array(step_fn
   assert got["num_examples"] == 75
   runner = backends.make_backend("jit", "batch", None)
   cached = step_cache.cached_step(step_fn, runner, "mask", False)
-  batch = next(iter(pe.pad_batches(data, 32)))
-  rows = np.int32(batch["mask"].sum())
-  placed = runner.place_batch(backends.StepInput(batch, rows=rows))
+  placed = runner.place_batch(backends.StepInput(next(iter(pe.pad_batches(data, 32)))))
   placed_params = runner.place_params(params)
   empty = cached.empty_state(placed_params, placed.batch, None)
   packing, step = cached.packed_for(empty)
