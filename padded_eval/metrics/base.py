@@ -391,7 +391,7 @@ def batch_totals(totals: list, counts: list) -> tuple[list, list]:
   Returns:
     ``(float32 scalar per total, int32 scalar per count)``, in the order given.
   """
-  totals = [jnp.asarray(t).astype(jnp.float32) for t in totals]
+  totals = [jnp.asarray(t) for t in totals]
   flags = [f for f in (None if c is None else jnp.asarray(c) for c in counts) if f is not None]
   arrays = totals + flags
   rows = _rows_to_count.get()
@@ -410,18 +410,27 @@ def batch_totals(totals: list, counts: list) -> tuple[list, list]:
     and all(a.shape == shape for a in arrays)
     and (not flags or math.prod(shape) < FLOAT_COUNT_LIMIT)
   ):
-    stacked = jnp.stack(totals + [f.astype(jnp.float32) for f in flags])
-    sums = jnp.sum(stacked, axis=tuple(range(1, stacked.ndim)))
-    float_sums = [sums[i] for i in range(len(totals))]
-    int_sums = sums[len(totals) :].astype(jnp.int32)
+    float_sums, int_sums = _one_reduction(totals, flags)
   else:
-    float_sums = [jnp.sum(t) for t in totals]
-    int_sums = _stacked_counts(flags)
+    float_sums = [jnp.sum(t.astype(jnp.float32)) for t in totals]
+    int_sums = list(_stacked_counts(flags))
   if claim:
     rows.counted, int_sums = int_sums[-1], int_sums[:-1]
   found = iter(range(len(int_sums)))
   zero = jnp.zeros((), jnp.int32)
   return float_sums, [zero if c is None else int_sums[next(found)] for c in counts]
+
+
+@jax.jit
+def _one_reduction(totals: list, flags: list) -> tuple[list, list]:
+  """float32 sums of ``totals`` and int32 counts of ``flags`` (all of one shape), from one
+  reduction of their stack. Jitted: one dispatch when called eagerly, inlined under jit."""
+  stacked = jnp.stack(
+    [t.astype(jnp.float32) for t in totals] + [f.astype(jnp.float32) for f in flags]
+  )
+  sums = jnp.sum(stacked, axis=tuple(range(1, stacked.ndim)))
+  counts = sums[len(totals) :].astype(jnp.int32)
+  return [sums[i] for i in range(len(totals))], [counts[i] for i in range(len(flags))]
 
 
 def _stacked_counts(flags: list) -> jax.Array:
