@@ -6,8 +6,6 @@ counts) on data whose size divides neither the batch nor the 8 devices, with gar
 (NaN / inf / out-of-range labels) in every padded row: tests/test_placement.py's data and metrics.
 """
 
-import re
-
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -18,8 +16,6 @@ from test_placement import check, dataset, garbage_padded, step, weights  # same
 import padded_eval as pe
 from padded_eval import backends, packing, placement, step_cache
 from padded_eval.accumulate import ExactCount, ExactSum
-
-COLLECTIVE = r" (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(-start)?\("
 
 
 def odd_tree(rng):
@@ -165,23 +161,6 @@ def test_a_large_state_is_not_packed_and_stays_exact(monkeypatch):
     pe.masked_eval(step, {"w": w, "b": b}, garbage_padded(data, 32), backend="pmap"), data, w, b
   )
   assert spy.states == []
-
-
-@pytest.mark.parametrize("backend", ["pmap", "shard_map"])
-def test_the_packed_per_shard_step_runs_no_collective(backend):
-  data, (w, b) = dataset(64, seed=8), weights(8)
-  runner = backends.make_backend(backend, "batch", None)
-  cached = step_cache.cached_step(step, runner, "mask", False)
-  params = runner.place_params({"w": w, "b": b})
-  placed = runner.place_batch(backends.StepInput(next(garbage_padded(data, 32))))
-  pe.masked_eval(step, {"w": w, "b": b}, garbage_padded(data, 32), backend=backend)
-
-  def not_called(shapes):
-    raise AssertionError("the empty state comes from the call above")
-
-  layout, packed_step = cached.packed_for(cached.empty_state(params, placed.batch, not_called))
-  text = packed_step.lower(params, runner.place_packed(layout), placed).compile().as_text()
-  assert not re.findall(COLLECTIVE, text)
 
 
 def test_make_backend_reuses_equal_settings_and_still_checks_them():

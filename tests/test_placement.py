@@ -199,3 +199,6 @@ def test_pmap_and_shard_map_steps_run_no_collective(backend):
   text = cached.step_for(empty).lower(params, state, placed).compile().as_text()
   collective = r" (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(-start)?\("
   assert not re.findall(collective, text)
+  layout, packed_step = cached.packed_for(empty)  # the state as one byte vector per shard
+  text = packed_step.lower(params, runner.place_packed(layout), placed).compile().as_text()
+  assert not re.findall(collective, text)
