@@ -362,7 +362,9 @@ class _RowsToCount:
     """int32: the number of real rows (0 without rows)."""
     if self.counted is not None:
       return self.counted
-    flags = real_row_flags(*self._args)  # a bad mask raises here if the metric did not
+    flags = self.flags
+    if flags is None:  # no rows, or a bad mask: it raises here if the metric did not
+      flags = real_row_flags(*self._args)
     return jnp.zeros((), jnp.int32) if flags is None else jnp.sum(flags, dtype=jnp.int32)
 
 
