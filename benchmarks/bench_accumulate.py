@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import padded_eval as pe
-from padded_eval.accumulate import ExactCount
+from padded_eval.exact.accumulate import ExactCount
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_scale import BATCH, _batch_values, _residue_sum  # noqa: E402  (one generator)

@@ -4,10 +4,10 @@ Three measurements, printed as the Markdown of RESULTS.md's #21 section:
 
 1. **Requests at the coordinator**, P = 2 ... 4,096 simulated processes (threads) against a counting stand-in for
    the coordination client (tests/_counting_client.py): the pre-flight before #21 (every process read every other
-   process's record, `padded_eval.coordination.exchange` at commit `BEFORE`, loaded from git) and after
-   (`padded_eval.agreement.agree`). Also the bytes the coordinator sends back.
+   process's record, `padded_eval.multihost._coordination.exchange` at commit `BEFORE`, loaded from git) and after
+   (`padded_eval.multihost._agreement.agree`). Also the bytes the coordinator sends back.
 2. **Seconds**, P = 2, 4, 8, 16 real `jax.distributed` processes on 127.0.0.1 (one CPU device each, gloo): a
-   pre-flight (`padded_eval.distributed.lockstep`), and one `masked_eval` step with known lengths (no per-step
+   pre-flight (`padded_eval.multihost.distributed.lockstep`), and one `masked_eval` step with known lengths (no per-step
    collective) and with a generator (the has-data flag's psum). ``--repo`` picks the checkout the processes import
    (the code before #21: ``git worktree add /tmp/before <BEFORE>``). Medians over calls and repeats, fitted to
    ``a + b * P`` and projected to P = 256, 1,024, 4,096.
@@ -59,9 +59,9 @@ def _batch():
 
 
 def _old_coordination(client, local: threading.local):
-  """`padded_eval/coordination.py` at `BEFORE`, its client and process index/count read per thread."""
+  """`padded_eval/multihost/_coordination.py` at `BEFORE`, its client and process index/count read per thread."""
   source = subprocess.run(
-    ["git", "-C", str(REPO), "show", f"{BEFORE}:padded_eval/coordination.py"],
+    ["git", "-C", str(REPO), "show", f"{BEFORE}:padded_eval/multihost/_coordination.py"],
     capture_output=True,
     text=True,
     check=True,
@@ -79,8 +79,8 @@ def count_requests(count: int, before: bool) -> tuple[int, int]:
   """(requests, bytes sent back) of one pre-flight of ``count`` simulated processes."""
   from _counting_client import CountingClient, simulate
 
-  from padded_eval.agreement import agree, record
-  from padded_eval.coordination import Peers
+  from padded_eval.multihost._agreement import agree, record
+  from padded_eval.multihost._coordination import Peers
 
   client = CountingClient(count)
   settings = {"backend": "pmap", "mask_key": "mask"}
@@ -118,7 +118,7 @@ def worker(port: int, count: int, process: int, calls: int, steps: int) -> None:
   jax.config.update("jax_enable_preemption_service", False)
   jax.distributed.initialize(f"127.0.0.1:{port}", count, process, initialization_timeout=300)
   import padded_eval as pe
-  from padded_eval import distributed
+  from padded_eval.multihost import distributed
 
   settings = {"backend": "pmap", "mask_key": "mask"}
   preflight = []

@@ -27,7 +27,7 @@ from sklearn import datasets as skdatasets
 from sklearn import metrics as skm
 
 import padded_eval as pe
-from padded_eval.datasets import digits_split_indices
+from padded_eval.demo.datasets import digits_split_indices
 
 NUM_CLASSES = 10
 

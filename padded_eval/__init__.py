@@ -4,31 +4,30 @@ Public names only, re-exported one per line. Importing this package does not
 initialise a JAX backend. How the modules fit together: docs/architecture.md.
 """
 
-import padded_eval.metrics.collections  # noqa: E402, F401  (keeps the old path pe.metrics.collections)
-from padded_eval import accumulate as accumulate
 from padded_eval import collections as collections
-from padded_eval import distributed as distributed
 from padded_eval import losses as losses
 from padded_eval import masking as masking
 from padded_eval import metrics as metrics
 from padded_eval import plot as plot
-from padded_eval import regularizers as regularizers
-from padded_eval import results as results
 from padded_eval import routing as routing
 from padded_eval import validation as validation
 from padded_eval.collections import Losses as Losses
 from padded_eval.collections import LossesAndMetrics as LossesAndMetrics
 from padded_eval.collections import Metrics as Metrics
-from padded_eval.data import PaddedBatches as PaddedBatches
-from padded_eval.data import pad_batches as pad_batches
-from padded_eval.distributed import process_slice as process_slice
-from padded_eval.evaluate import InvalidValuesWarning as InvalidValuesWarning
-from padded_eval.evaluate import masked_eval as masked_eval
+from padded_eval.data.padded import PaddedBatches as PaddedBatches
+from padded_eval.data.padded import pad_batches as pad_batches
+from padded_eval.data.sharding import data_axes as data_axes
+from padded_eval.data.sharding import global_batch as global_batch
+from padded_eval.data.sharding import prefetch_to_device as prefetch_to_device
+from padded_eval.data.sharding import shard as shard
+from padded_eval.data.sharding import unshard as unshard
+from padded_eval.eval import results as results
+from padded_eval.eval._cache import RecompileWarning as RecompileWarning
+from padded_eval.eval._evaluate import InvalidValuesWarning as InvalidValuesWarning
+from padded_eval.eval._evaluate import masked_eval as masked_eval
+from padded_eval.eval.results import EvalResults as EvalResults
+from padded_eval.exact import accumulate as accumulate
+from padded_eval.losses import regularizers as regularizers
 from padded_eval.metrics.base import Metric as Metric
-from padded_eval.results import EvalResults as EvalResults
-from padded_eval.sharding import data_axes as data_axes
-from padded_eval.sharding import global_batch as global_batch
-from padded_eval.sharding import prefetch_to_device as prefetch_to_device
-from padded_eval.sharding import shard as shard
-from padded_eval.sharding import unshard as unshard
-from padded_eval.step_cache import RecompileWarning as RecompileWarning
+from padded_eval.multihost import distributed as distributed
+from padded_eval.multihost.distributed import process_slice as process_slice

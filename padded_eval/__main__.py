@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from padded_eval import demo
+from padded_eval.demo import digits as demo
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,7 +25,7 @@ its real examples (its ``mask``), not equally: a loss is accumulated as the sum 
 per-element value over real elements and the sum of their weights, so a half-padded
 last batch counts half, and the result equals one update over the whole dataset.
 Regularizers are weighted by the batch's number of real examples (see
-:mod:`padded_eval.regularizers`).
+:mod:`padded_eval.losses.regularizers`).
 
 Example:
   >>> import jax.numpy as jnp
@@ -46,8 +46,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from padded_eval.accumulate import ExactCount, ExactSum
-from padded_eval.losses import Loss, safe_mean
+from padded_eval.exact.accumulate import ExactCount, ExactSum
+from padded_eval.losses.base import Loss, safe_mean
 from padded_eval.metrics.base import Metric, empty_count, empty_sum, is_state, state
 
 # --- names -------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def _set_fields(obj, **values) -> None:
 
 
 class LossAverage(Metric):
-  """The mean of a :class:`~padded_eval.losses.Loss` over every real element seen.
+  """The mean of a :class:`~padded_eval.losses.base.Loss` over every real element seen.
 
   State: ``total`` (the weighted per-element loss summed over real elements) and
   ``weight`` (the summed weights), exact float totals. :class:`Losses` holds one per loss.
@@ -136,7 +136,7 @@ class LossAverage(Metric):
 
   def _check_config(self):
     if not isinstance(self.loss, Loss):
-      raise ValueError(f"loss must be a padded_eval.losses.Loss; got {self.loss!r}")
+      raise ValueError(f"loss must be a padded_eval.losses.base.Loss; got {self.loss!r}")
 
   def row_inputs(self) -> tuple[str, ...]:
     return self.loss.required_inputs()  # a regularizer's parameters have no rows
@@ -225,7 +225,7 @@ class Metrics(_Collection):
   """A metric made of several metrics (a list, a dict, or nested lists and dicts).
 
   Args:
-    metrics: :class:`Metric` instances (a :class:`~padded_eval.losses.Loss` is
+    metrics: :class:`Metric` instances (a :class:`~padded_eval.losses.base.Loss` is
       accepted too and reported as its mean), in a list, a dict or nested structure.
     name: the collection's name (default ``"metrics"``).
 
@@ -256,7 +256,7 @@ class Losses(_Collection):
   """The running means of several losses, each weighted by real elements.
 
   Args:
-    losses: :class:`~padded_eval.losses.Loss` instances (e.g.
+    losses: :class:`~padded_eval.losses.base.Loss` instances (e.g.
       ``pe.losses.Crossentropy()``, ``pe.regularizers.L2(1e-4)``), in a list, a dict
       or nested structure.
     name: the collection's name (default ``"losses"``).
@@ -274,7 +274,7 @@ class Losses(_Collection):
       return value
     if not isinstance(value, Loss):
       raise ValueError(
-        f"Losses takes padded_eval.losses.Loss instances (e.g. "
+        f"Losses takes padded_eval.losses.base.Loss instances (e.g. "
         f"pe.losses.Crossentropy(), pe.regularizers.L2(1e-4)); got {value!r} "
         f"at {'/'.join(path) or 'the top level'}"
       )

@@ -187,7 +187,7 @@ def tfds_share(process):
   import tensorflow as tf
   import tensorflow_datasets as tfds
 
-  from padded_eval.datasets import load_digits_tfds
+  from padded_eval.demo.datasets import load_digits_tfds
 
   data_dir = os.path.join(
     os.environ["MULTIHOST_TMP"], f"digits{process}"
@@ -256,7 +256,7 @@ def run(scenario, process, count):
     rows = dict(rows, x=np.concatenate([rows["x"], rows["x"][:, :1]], axis=1))
   if kind == "absent":
     if last:
-      from padded_eval import distributed
+      from padded_eval.multihost import distributed
 
       distributed.next_call_number()  # keep this process's call numbers aligned with the others'
       return {"skipped": True}

@@ -29,8 +29,8 @@ def step_collectives(backend_name: str, devices: int, flagged: bool) -> list[str
   from jax.sharding import Mesh
 
   import padded_eval as pe
-  from padded_eval.accumulate import ExactCount
-  from padded_eval.backends import StepInput, make_backend
+  from padded_eval.eval.backends import StepInput, make_backend
+  from padded_eval.exact.accumulate import ExactCount
 
   mesh = None if backend_name == "pmap" else Mesh(np.array(jax.devices()[:devices]), ("data",))
   if backend_name == "pmap" and devices != jax.local_device_count():

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import padded_eval as pe
-from padded_eval.accumulate import ExactCount, ExactSum
-from padded_eval.floats import two_prod
+from padded_eval.exact._floats import two_prod
+from padded_eval.exact.accumulate import ExactCount, ExactSum
 
 AXIS = "devices"
 

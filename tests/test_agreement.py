@@ -1,4 +1,4 @@
-"""The multi-host pre-flight (`padded_eval.agreement`) against a request-counting coordination stub.
+"""The multi-host pre-flight (`padded_eval.multihost._agreement`) against a request-counting coordination stub.
 
 P processes are simulated on threads against one in-memory `CountingClient` (tests/_counting_client.py). The
 first version read every other process's record: P + P*P requests at the coordinator. These tests check that
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from _counting_client import CountingClient, simulate
 
-from padded_eval.agreement import agree, digest, record
-from padded_eval.coordination import Peers, exchange
+from padded_eval.multihost._agreement import agree, digest, record
+from padded_eval.multihost._coordination import Peers, exchange
 
 SETTINGS = {"backend": "pmap", "mask_key": "mask"}
 
@@ -120,7 +120,7 @@ def test_checker_dying_after_arriving_is_named():
 
   def one(process):
     if process == 0:  # arrives, then dies before publishing the verdict
-      from padded_eval.coordination import arrive
+      from padded_eval.multihost._coordination import arrive
 
       client.key_value_set("padded_eval/masked_eval/0/preflight/record/0", "{}")
       arrive(Peers(client, 0, 4), "0/preflight/digest", "{}", 5.0)
@@ -165,12 +165,12 @@ def test_exchange_returns_everyones_payload_with_three_requests_each():
 
 
 def test_private_coordination_client_is_where_jax_keeps_it():
-  """padded_eval.coordination.service_client reads jax._src.distributed.global_state.client: if JAX moves it,
+  """padded_eval.multihost._coordination.service_client reads jax._src.distributed.global_state.client: if JAX moves it,
   this fails here, loudly, instead of in a multi-host run."""
   from jax._src import distributed as jax_distributed
   from jax._src.lib import _jax
 
-  from padded_eval.coordination import service_client
+  from padded_eval.multihost._coordination import service_client
 
   assert hasattr(jax_distributed.global_state, "client")
   used = ("key_value_set", "blocking_key_value_get", "key_value_dir_get", "wait_at_barrier")

@@ -40,7 +40,7 @@ def test_the_backend_example_runs_and_matches_numpy(monkeypatch):
   import jax.numpy as jnp
 
   import padded_eval as pe
-  from padded_eval import backends
+  from padded_eval.eval import backends
 
   monkeypatch.setattr(backends, "BACKENDS", dict(backends.BACKENDS))  # registered for this test
   namespace = {}

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 import padded_eval as pe
-from padded_eval import backends, distributed
-from padded_eval.backends import StepInput
+from padded_eval.eval import backends
+from padded_eval.eval.backends import StepInput
+from padded_eval.multihost import distributed
 
 # --- the registry -------------------------------------------------------------------------
 

@@ -7,8 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from padded_eval.batch_spec import BatchSpec, LeafSpec, flatten, unflatten
-from padded_eval.sources.base import flatten_rows
+from padded_eval.data._batch_spec import BatchSpec, LeafSpec
+from padded_eval.data._tree import flatten, unflatten
+from padded_eval.data.sources.base import flatten_rows
 
 
 def padded(batch_size=8, features=3, label_dtype=np.int32, **extra):

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import padded_eval as pe
-from padded_eval import backends, step_cache
+from padded_eval.eval import _cache as step_cache
+from padded_eval.eval import backends
 from padded_eval.metrics import base
 
 ALL_REDUCE = r"= (.+?) all-reduce(?:-start)?\("

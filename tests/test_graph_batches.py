@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import padded_eval as pe
-from padded_eval.batch_spec import BatchSpec
+from padded_eval.data._batch_spec import BatchSpec
 
 jraph = pytest.importorskip("jraph")
 

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 import padded_eval as pe
-from padded_eval.accumulate import ExactCount, ExactSum
-from padded_eval.evaluate import InvalidValuesWarning
-from padded_eval.metrics.base import Metric, invalid_state, masked, state
+from padded_eval.eval._evaluate import InvalidValuesWarning
+from padded_eval.exact.accumulate import ExactCount, ExactSum
+from padded_eval.masking import masked
+from padded_eval.metrics.base import Metric, invalid_state, state
 
 BACKENDS = ("pmap", "shard_map", "jit")
 BATCH = 32

@@ -9,7 +9,7 @@ import pytest
 from _loss_reference import categorical_xent, masked_mean, with_garbage
 
 import padded_eval as pe
-from padded_eval import masking, routing, validation
+from padded_eval import masking, routing
 from padded_eval.metrics.base import Metric, invalid_state, state
 
 C = 4
@@ -144,21 +144,3 @@ def test_element_weights_follow_the_prefix_rule_and_ignore_padded_nan():
     masking.element_weights(None, np.ones(3), (5, 3))
   with pytest.raises(ValueError, match="mask must be a bool array"):
     masking.broadcast_mask(np.ones(5), (5,))
-
-
-# --- the old import paths keep working ---------------------------------------------------
-
-
-def test_moved_names_keep_their_old_import_paths():
-  from padded_eval.metrics import base
-  from padded_eval.metrics import collections as old_collections
-
-  assert pe.metrics.collections is old_collections
-  for name in ("Metrics", "Losses", "LossesAndMetrics", "LossAverage", "unique_name"):
-    assert getattr(old_collections, name) is getattr(pe.collections, name)
-  assert pe.Metrics is pe.collections.Metrics
-  for name in ("broadcast_mask", "element_weights", "masked"):
-    assert getattr(base, name) is getattr(masking, name)
-  for name in ("map_arg_step", "index_into_step", "route_kwargs"):
-    assert getattr(base, name) is getattr(routing, name)
-  assert base.check_choice is validation.check_choice

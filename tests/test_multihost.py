@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import f1_score
 
-from padded_eval.distributed import process_slice
+from padded_eval.multihost.distributed import process_slice
 
 pytestmark = pytest.mark.multihost
 
@@ -130,7 +130,7 @@ def digits_train():
   """The digits "train" split as the tfds scenario's features, from scikit-learn (no TensorFlow)."""
   from sklearn.datasets import load_digits
 
-  from padded_eval.datasets import digits_split_indices
+  from padded_eval.demo.datasets import digits_split_indices
 
   rows = digits_split_indices("train")
   digits = load_digits()
@@ -193,7 +193,7 @@ def test_exact_union_result_identical_on_every_process(request, count, scenario)
   for name in ("mse", "std"):  # float32 model outputs vs float64 ones
     np.testing.assert_allclose(first[name], expected[name], rtol=1e-5, err_msg=name)
   if kind == "tfds":  # tfds.split_for_jax_process shares are process_slice's rows
-    from padded_eval.datasets import digits_split_indices
+    from padded_eval.demo.datasets import digits_split_indices
 
     rows = digits_split_indices("train")
     for process, share in enumerate(shares):

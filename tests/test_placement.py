@@ -1,4 +1,4 @@
-"""What masked_eval reuses between calls (padded_eval.placement): replicated copies of jax.Array
+"""What masked_eval reuses between calls (padded_eval.eval._placement): replicated copies of jax.Array
 params, and small per-shard states combined on one device instead of by a collective.
 
 References are numpy (float64, or exact integer counts); padded rows hold NaN/inf garbage.
@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import padded_eval as pe
-from padded_eval import placement
+from padded_eval.eval import _placement as placement
 
 FEATURES, CLASSES = 6, 5
 
@@ -181,7 +181,8 @@ def test_pmap_and_shard_map_steps_run_no_collective(backend):
   end (on one device when small, so a short evaluation runs no collective at all)."""
   import re
 
-  from padded_eval import backends, step_cache
+  from padded_eval.eval import _cache as step_cache
+  from padded_eval.eval import backends
 
   data = dataset(64, seed=10)
   w, b = weights(11)

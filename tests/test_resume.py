@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import padded_eval as pe
-from padded_eval import checkpoint
+from padded_eval.eval import checkpoint
 
 WORKER = os.path.join(os.path.dirname(__file__), "_resume_worker.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -261,7 +261,7 @@ def test_a_failed_run_does_not_wait_for_a_save_that_cannot_finish(
   """A save in flight fetches a state whose step may never finish (another process died inside
   its collective): the failing run must raise within its timeout, not wait for that save. Here
   the fetch blocks until the test releases it, and the source fails two batches later."""
-  from padded_eval import backends
+  from padded_eval.eval import backends
 
   release = threading.Event()
   fetch = backends._OnMesh.local_part

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import padded_eval as pe
-from padded_eval import sources
-from padded_eval.batch_spec import BatchSpec
-from padded_eval.sources.base import Source
+from padded_eval.data import sources
+from padded_eval.data._batch_spec import BatchSpec
+from padded_eval.data.sources.base import Source
 
 
 def dataset(n):

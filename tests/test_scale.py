@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import padded_eval as pe
-from padded_eval.accumulate import ExactCount
+from padded_eval.exact.accumulate import ExactCount
 
 pytestmark = pytest.mark.slow
 

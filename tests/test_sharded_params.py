@@ -13,7 +13,9 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import padded_eval as pe
-from padded_eval import backends, sharding, step_cache
+from padded_eval.data import sharding
+from padded_eval.eval import _cache as step_cache
+from padded_eval.eval import backends
 
 FEATURES = 16
 

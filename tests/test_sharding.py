@@ -154,7 +154,7 @@ def test_import_initialises_no_backend_and_no_tensorflow():
   script = textwrap.dedent(
     """
         import sys
-        import padded_eval, padded_eval.data, padded_eval.sharding, padded_eval.datasets
+        import padded_eval, padded_eval.data, padded_eval.data.sharding, padded_eval.demo.datasets
         from jax._src import xla_bridge
         import numpy as np
         padded_eval.pad_batches({"x": np.arange(4)}, 4, num_devices=1)  # explicit num_devices: no backend either
@@ -175,7 +175,7 @@ def test_import_initialises_no_backend_and_no_tensorflow():
 def test_docstring_example():
   import doctest
 
-  import padded_eval.sharding
+  import padded_eval.data.sharding
 
-  result = doctest.testmod(padded_eval.sharding)
+  result = doctest.testmod(padded_eval.data.sharding)
   assert result.attempted > 0 and result.failed == 0

@@ -1,4 +1,4 @@
-"""The source kinds of pad_batches (padded_eval.sources), one by one, and registering a new kind."""
+"""The source kinds of pad_batches (padded_eval.data.sources), one by one, and registering a new kind."""
 
 import subprocess
 import sys
@@ -8,11 +8,12 @@ import pytest
 from _padding_reference import assert_batches_equal, expected_batches
 
 import padded_eval as pe
-from padded_eval import sources
-from padded_eval.batch_spec import BatchSpec, LeafSpec, flatten, unflatten
-from padded_eval.sources.base import pad, rechunk
-from padded_eval.sources.iterable import IterableSource
-from padded_eval.sources.mapping import MappingSource
+from padded_eval.data import sources
+from padded_eval.data._batch_spec import BatchSpec, LeafSpec
+from padded_eval.data._tree import flatten, unflatten
+from padded_eval.data.sources.base import pad, rechunk
+from padded_eval.data.sources.iterable import IterableSource
+from padded_eval.data.sources.mapping import MappingSource
 
 
 def dataset(n, seed=0):
@@ -125,7 +126,7 @@ def split_flat(data, sizes):
 
 def test_tf_data_source():
   tf = pytest.importorskip("tensorflow", reason="the tf extra is not installed")
-  from padded_eval.sources.tf_data import TfDataSource, is_tf_dataset
+  from padded_eval.data.sources.tf_data import TfDataSource, is_tf_dataset
 
   data = dataset(10)
   unbatched = tf.data.Dataset.from_tensor_slices(data)
@@ -154,7 +155,7 @@ def test_tf_data_source():
 
 def test_tf_data_source_pads_in_the_graph_and_returns_the_real_spec():
   tf = pytest.importorskip("tensorflow", reason="the tf extra is not installed")
-  from padded_eval.sources.tf_data import TfDataSource
+  from padded_eval.data.sources.tf_data import TfDataSource
 
   data = dataset(6)
   source = TfDataSource(
@@ -239,5 +240,5 @@ def test_unregistered_kind_is_refused_with_the_list_of_kinds():
     r"dataset or DataLoader, a Hugging Face dataset or a torch DataLoader; got Columns$",
   ):
     pe.pad_batches(Columns(x=np.arange(3)), 4, num_devices=1)
-  with pytest.raises(TypeError, match="subclass of padded_eval.sources.Source"):
+  with pytest.raises(TypeError, match="subclass of padded_eval.data.sources.Source"):
     sources.register(Columns)

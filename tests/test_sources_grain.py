@@ -12,7 +12,7 @@ import pytest
 from _source_cases import check_exact, check_padded, make_data, numeric, rows_of
 
 import padded_eval as pe
-from padded_eval.sources.grain import GrainSource, grain_kind
+from padded_eval.data.sources.grain import GrainSource, grain_kind
 
 N = 37  # 2 full batches of 16 and 5 real rows in the last
 

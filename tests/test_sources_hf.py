@@ -9,7 +9,7 @@ from _padding_reference import assert_batches_equal, expected_batches
 from _source_cases import GARBAGE, check_exact, check_padded, make_data, numeric
 
 import padded_eval as pe
-from padded_eval.sources.huggingface import HuggingFaceSource, hf_kind
+from padded_eval.data.sources.huggingface import HuggingFaceSource, hf_kind
 
 N = 37
 

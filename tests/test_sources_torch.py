@@ -17,8 +17,8 @@ from _padding_reference import assert_batches_equal, expected_batches
 from _source_cases import GARBAGE, check_exact, check_padded, make_data, numeric
 
 import padded_eval as pe
-from padded_eval.sources.array_like import is_torch_tensor, to_numpy
-from padded_eval.sources.torch import TorchLoaderSource, is_torch_loader
+from padded_eval.data.sources.array_like import is_torch_tensor, to_numpy
+from padded_eval.data.sources.torch import TorchLoaderSource, is_torch_loader
 
 N, PER_BATCH = 37, 5
 HAS_TORCH = importlib.util.find_spec("torch") is not None

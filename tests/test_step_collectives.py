@@ -15,7 +15,8 @@ import pytest
 from _counting_client import CountingClient
 from _step_collectives import step_collectives
 
-from padded_eval import coordination, distributed
+from padded_eval.multihost import _coordination as coordination
+from padded_eval.multihost import distributed
 
 SCALAR = "s32[]"
 

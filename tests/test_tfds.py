@@ -139,7 +139,7 @@ def test_bad_datasets():
 
 @pytest.fixture(scope="module")
 def digits_dir(tmp_path_factory):
-  from padded_eval.datasets import load_digits_tfds
+  from padded_eval.demo.datasets import load_digits_tfds
 
   data_dir = str(tmp_path_factory.mktemp("tfds"))
   load_digits_tfds(data_dir, "test")  # builds both splits once
@@ -149,7 +149,7 @@ def digits_dir(tmp_path_factory):
 def digits_expectation(split):
   from sklearn.datasets import load_digits
 
-  from padded_eval.datasets import digits_split_indices
+  from padded_eval.demo.datasets import digits_split_indices
 
   digits = load_digits()
   rows = digits_split_indices(split)
@@ -162,7 +162,7 @@ def digits_expectation(split):
 
 @pytest.mark.parametrize("as_dataset_kwargs", [{}, {"batch_size": 50}])
 def test_tfds_digits_test_split(digits_dir, as_dataset_kwargs):
-  from padded_eval.datasets import DigitsBuilder, load_digits_tfds
+  from padded_eval.demo.datasets import DigitsBuilder, load_digits_tfds
 
   source = load_digits_tfds(digits_dir, "test", **as_dataset_kwargs)
   builder = DigitsBuilder(data_dir=digits_dir)
@@ -179,7 +179,7 @@ def test_tfds_digits_test_split(digits_dir, as_dataset_kwargs):
 
 
 def test_tfds_train_split_with_num_batches(digits_dir):
-  from padded_eval.datasets import load_digits_tfds
+  from padded_eval.demo.datasets import load_digits_tfds
 
   source = tfds.as_numpy(
     load_digits_tfds(digits_dir, "train", batch_size=100)

@@ -8,17 +8,17 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval import validation
-from padded_eval.accumulate import ExactCount, ExactSum
+from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.masking import element_weights
-from padded_eval.metrics.averages import zero_total
-from padded_eval.metrics.base import Metric, batch_totals, empty_count, invalid_state, state
-from padded_eval.metrics.classification_inputs import check_flag, config_field
-from padded_eval.metrics.formatting import (
+from padded_eval.metrics._classification_inputs import check_flag, config_field
+from padded_eval.metrics._formatting import (
   INVALID_KINDS,
   class_elements,
   label_elements,
   probabilities,
 )
+from padded_eval.metrics.averages import zero_total
+from padded_eval.metrics.base import Metric, batch_totals, empty_count, invalid_state, state
 
 
 class Accuracy(Metric):
@@ -45,7 +45,7 @@ class Accuracy(Metric):
   ``target``'s shape.
 
   Invalid real elements are counted by kind (:meth:`invalid_counts`, see
-  :mod:`padded_eval.metrics.formatting`): ``"target out of range"`` (negative, ``>= C``
+  :mod:`padded_eval.metrics._formatting`): ``"target out of range"`` (negative, ``>= C``
   with scores, not 0/1 for binary: not counted), ``"pred id out of range"`` (a negative
   class id: a miss), ``"nan score"`` (a miss unless another class ranks) and
   ``"probability outside [0, 1]"`` (binary without ``from_logits``).

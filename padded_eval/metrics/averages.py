@@ -11,13 +11,13 @@ import abc
 import jax
 import jax.numpy as jnp
 
-from padded_eval.accumulate import ExactCount, ExactSum, upcast
+from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import element_weights
 from padded_eval.metrics.base import Metric, batch_totals, empty_count, state
 
 
 def zero_total(_metric=None) -> ExactSum:
-  """An empty scalar :class:`~padded_eval.accumulate.ExactSum` (a state factory)."""
+  """An empty scalar :class:`~padded_eval.exact.accumulate.ExactSum` (a state factory)."""
   return ExactSum.zeros()
 
 

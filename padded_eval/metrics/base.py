@@ -5,7 +5,7 @@ A metric is a frozen dataclass whose fields are of two kinds:
 * configuration (``num_classes``, ``average``, ``name``, ...): static pytree
   metadata, hashable, set in the constructor;
 * state, declared with :func:`state`: exact accumulators
-  (:class:`~padded_eval.accumulate.ExactCount`, :class:`~padded_eval.accumulate.ExactSum`)
+  (:class:`~padded_eval.exact.accumulate.ExactCount`, :class:`~padded_eval.exact.accumulate.ExactSum`)
   or nested metrics. The constructor fills them with the empty state.
 
 Subclasses are made dataclasses and registered as pytrees automatically. Most
@@ -35,19 +35,8 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval import validation
-from padded_eval.accumulate import Accumulator, ExactCount, ExactSum
-
-# Names that moved to leaf modules, re-exported here so existing imports keep working
-# (new code imports them from padded_eval.masking, padded_eval.routing and
-# padded_eval.validation; see docs/architecture.md, "Modules and layers").
-from padded_eval.masking import broadcast_mask as broadcast_mask
-from padded_eval.masking import element_weights as element_weights
-from padded_eval.masking import masked as masked
+from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
 from padded_eval.routing import KeywordReader
-from padded_eval.routing import index_into_step as index_into_step
-from padded_eval.routing import map_arg_step as map_arg_step
-from padded_eval.routing import route_kwargs as route_kwargs
-from padded_eval.validation import check_choice as check_choice
 
 _STATE = "padded_eval_state"
 
@@ -460,7 +449,7 @@ ROWS_FIELD = "example_rows"
 
 
 def empty_count(metric: Metric) -> ExactCount:
-  """An empty scalar :class:`~padded_eval.accumulate.ExactCount`: ``example_rows =
+  """An empty scalar :class:`~padded_eval.exact.accumulate.ExactCount`: ``example_rows =
   state(empty_count)``."""
   del metric  # the same for every configuration
   return ExactCount.zeros()
@@ -506,6 +495,6 @@ def invalid_state(metric: Metric) -> ExactCount:
 
 
 def empty_sum(metric: Metric) -> ExactSum:
-  """An empty scalar :class:`~padded_eval.accumulate.ExactSum`: ``total = state(empty_sum)``."""
+  """An empty scalar :class:`~padded_eval.exact.accumulate.ExactSum`: ``total = state(empty_sum)``."""
   del metric  # the same for every configuration
   return ExactSum.zeros()

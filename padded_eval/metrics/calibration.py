@@ -9,8 +9,8 @@ Each counted element has a confidence ``c`` and a hit ``a`` (0 or 1):
 
 Confidences fall in ``n_bins`` equal bins of ``[0, 1]``: ``bin = min(floor(c * n_bins),
 n_bins - 1)``. The state per bin is the element count and hit count
-(:class:`~padded_eval.accumulate.ExactCount`) and the confidence total
-(:class:`~padded_eval.accumulate.ExactSum`), so batches merge and devices reduce exactly.
+(:class:`~padded_eval.exact.accumulate.ExactCount`) and the confidence total
+(:class:`~padded_eval.exact.accumulate.ExactSum`), so batches merge and devices reduce exactly.
 With ``N`` counted elements, ``n_b`` / ``acc_b`` / ``conf_b`` the count, mean hit and mean
 confidence of bin ``b`` (over non-empty bins):
 
@@ -18,7 +18,7 @@ confidence of bin ``b`` (over non-empty bins):
 * ``norm="l2"``: ``sqrt(sum_b n_b / N * (acc_b - conf_b)**2)``;
 * ``norm="max"`` (MCE): ``max_b |acc_b - conf_b|``.
 
-Inputs are read by the one formatter of :mod:`padded_eval.metrics.formatting`
+Inputs are read by the one formatter of :mod:`padded_eval.metrics._formatting`
 (int targets; multiclass ``preds`` are ``[..., C]`` scores). Elements are dropped when
 masked out, when the target is not a valid label (0/1, or a class id in ``[0, C)``) or
 equals ``ignore_index``, or when the confidence is NaN. Real elements that are invalid
@@ -39,14 +39,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
-from padded_eval.accumulate import ExactCount, ExactSum
-from padded_eval.metrics.base import state
-from padded_eval.metrics.classification_inputs import (
+from padded_eval.exact.accumulate import ExactCount, ExactSum
+from padded_eval.metrics._classification_inputs import (
   ClassificationMetric,
   check_no_weights,
   config_field,
 )
-from padded_eval.metrics.formatting import SCORE_INVALID_KINDS, probabilities
+from padded_eval.metrics._formatting import SCORE_INVALID_KINDS, probabilities
+from padded_eval.metrics.base import state
 
 NORMS = ("l1", "l2", "max")
 

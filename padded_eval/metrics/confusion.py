@@ -1,7 +1,7 @@
 """Classification metrics from one exact confusion state.
 
 Precision, recall and F-scores cannot be averaged per batch; they need counts.
-Every metric here keeps exact integer counts (:class:`~padded_eval.accumulate.ExactCount`,
+Every metric here keeps exact integer counts (:class:`~padded_eval.exact.accumulate.ExactCount`,
 exact past ``2**31``, reduced with ``psum``) and differs from the others only in
 ``compute``:
 
@@ -11,7 +11,7 @@ exact past ``2**31``, reduced with ``psum``) and differs from the others only in
   counts predictions of no class) for multiclass ConfusionMatrix, MatthewsCorrCoef
   and CohenKappa.
 
-Inputs (``task``), read by the one formatter of :mod:`padded_eval.metrics.formatting`:
+Inputs (``task``), read by the one formatter of :mod:`padded_eval.metrics._formatting`:
 
 * ``"binary"``: ``preds`` ``[...]`` probabilities (or logits with ``from_logits=True``,
   or hard 0/1 ints), positive where the probability (``sigmoid`` of logits) is
@@ -68,10 +68,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
-from padded_eval.accumulate import ExactCount
-from padded_eval.metrics import exact_products
-from padded_eval.metrics.base import state
-from padded_eval.metrics.classification_inputs import (
+from padded_eval.exact.accumulate import ExactCount
+from padded_eval.metrics import _exact_products as exact_products
+from padded_eval.metrics._classification_inputs import (
   AVERAGES,
   MAX_MATRIX_CLASSES,
   ClassificationMetric,
@@ -83,7 +82,8 @@ from padded_eval.metrics.classification_inputs import (
   matrix_counts,
   num_columns,
 )
-from padded_eval.metrics.formatting import probabilities
+from padded_eval.metrics._formatting import probabilities
+from padded_eval.metrics.base import state
 
 # --- the shared state ------------------------------------------------------------------
 
@@ -157,15 +157,6 @@ class ConfusionState(ClassificationMetric):
     fp = jnp.sum(counts[:, :c], axis=0) - tp
     fn = jnp.sum(counts, axis=1) - tp
     return tp, fp, fn, jnp.sum(counts) - tp - fp - fn
-
-  def matrix(self) -> jax.Array:
-    """float32 confusion matrix: ``[C, C]`` multiclass (predictions of no class left
-    out), ``[2, 2]`` binary and summed over the labels of a multilabel task (rows true,
-    columns predicted)."""
-    if self._uses_matrix():
-      return self.confusion.total()[:, : self.num_classes]
-    tp, fp, fn, tn = (jnp.sum(s) for s in self.class_stats())
-    return jnp.stack([jnp.stack([tn, fp]), jnp.stack([fn, tp])])
 
   def table(self) -> ExactCount:
     """The exact square table ``[K, K]`` of MatthewsCorrCoef and CohenKappa.
@@ -364,7 +355,7 @@ class MatthewsCorrCoef(ConfusionState):
   With ``n`` elements, ``c`` correct, ``t_k`` / ``p_k`` the true / predicted counts of
   class ``k``: ``(c n - sum t_k p_k) / sqrt((n^2 - sum p_k^2) (n^2 - sum t_k^2))``, each
   of the three terms formed exactly from the integer counts
-  (:mod:`padded_eval.metrics.exact_products`) and rounded once, so nearly constant
+  (:mod:`padded_eval.metrics._exact_products`) and rounded once, so nearly constant
   inputs do not cancel (constant inputs give exactly 0, like scikit-learn).
   """
 

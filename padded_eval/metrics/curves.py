@@ -1,6 +1,6 @@
 """AUROC and AUPRC from exact per-bin histograms of scores, reducible with ``psum``.
 
-The state is two :class:`~padded_eval.accumulate.ExactCount` histograms, positives and
+The state is two :class:`~padded_eval.exact.accumulate.ExactCount` histograms, positives and
 negatives per score bin (``[L, num_thresholds]``; ``L`` = 1 for binary, else
 ``num_classes``), so batches merge and devices reduce exactly. The area is computed
 once, from the histograms, with exact integer suffix sums.
@@ -49,7 +49,7 @@ positives), ``"micro"`` (one area of the summed histograms), ``"ogb"`` (see belo
 ``None`` (``[C]``). The
 area is NaN where undefined: AUROC without positives or without negatives, AUPRC
 without positives (so an empty metric is NaN). Inputs are read by the one formatter of
-:mod:`padded_eval.metrics.formatting` (int targets; multiclass ``preds`` are
+:mod:`padded_eval.metrics._formatting` (int targets; multiclass ``preds`` are
 ``[..., C]`` scores). Elements are dropped when masked out, when the target is not a
 valid label (0/1, or a class id) or equals ``ignore_index`` (a multiclass class id
 ``ignore_index`` is also left out of every average), or when the score is NaN. Real
@@ -104,9 +104,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
-from padded_eval.accumulate import ExactCount
-from padded_eval.metrics.base import state
-from padded_eval.metrics.classification_inputs import (
+from padded_eval.exact.accumulate import ExactCount
+from padded_eval.metrics._classification_inputs import (
   AVERAGES,
   ClassificationMetric,
   check_no_weights,
@@ -114,7 +113,8 @@ from padded_eval.metrics.classification_inputs import (
   divide,
   num_columns,
 )
-from padded_eval.metrics.formatting import SCORE_INVALID_KINDS, nan_missing_labels, probabilities
+from padded_eval.metrics._formatting import SCORE_INVALID_KINDS, nan_missing_labels, probabilities
+from padded_eval.metrics.base import state
 
 DEFAULT_NUM_THRESHOLDS = 65_537
 #: The default state of a multilabel metric stays within this many bytes (16 MiB).

@@ -10,7 +10,7 @@ state's own mean. Parts combine with the n-way form of Chan's formula
 with ``mean = sum_i total_i / sum_i n_i``. Merging two states is the two-part
 case; ``reduce`` (``psum``) and ``aggregate`` (a sum over the stacked axis) are
 the n-part case, so no gather is needed. Every total is an exact
-:class:`~padded_eval.accumulate.ExactSum` and the differences ``mean_i - mean``
+:class:`~padded_eval.exact.accumulate.ExactSum` and the differences ``mean_i - mean``
 are formed from double-float means, so data with mean 1e4 and std 1 keeps its
 variance to float32 precision over any number of steps and devices.
 
@@ -29,8 +29,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from padded_eval.accumulate import Accumulator, ExactCount, ExactSum, register_accumulator, upcast
-from padded_eval.floats import ZERO_EXPONENT, frexp, ldexp
+from padded_eval.exact._floats import ZERO_EXPONENT, frexp, ldexp
+from padded_eval.exact.accumulate import (
+  Accumulator,
+  ExactCount,
+  ExactSum,
+  register_accumulator,
+  upcast,
+)
 from padded_eval.masking import element_weights
 from padded_eval.metrics.base import Metric, empty_count, state
 from padded_eval.validation import check_choice

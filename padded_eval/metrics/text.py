@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from padded_eval.accumulate import upcast
+from padded_eval.exact.accumulate import upcast
 from padded_eval.masking import broadcast_mask
 from padded_eval.metrics.averages import WeightedMean, weighted_totals
 

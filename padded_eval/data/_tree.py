@@ -1,0 +1,188 @@
+"""Flat and tree views of batches: the helpers under `padded_eval.data._batch_spec` (which re-exports the public ones).
+
+A dict batch has flat views keyed by path, ``{("features", "image"): leaf}`` (`flatten`, `unflatten`,
+`path_name`); a pytree batch of ``masked_eval(mask_fn=...)`` is read with `tree_leaves`. Also: the scalar that pads
+a leaf (`fill_value`), and the hint for batches whose trailing sizes vary (`pad_shapes_hint`).
+"""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+  "STRING_KINDS",
+  "FlatBatch",
+  "Path",
+  "check_mask_fn_result",
+  "check_not_strings",
+  "fill_value",
+  "flatten",
+  "key_name",
+  "leaf_dtype",
+  "pad_shapes_hint",
+  "path_name",
+  "tree_leaves",
+  "unflatten",
+]
+
+Path = tuple[Any, ...]
+FlatBatch = dict[Path, Any]
+STRING_KINDS = "USO"  # unicode, bytes, object (tf.data yields bytes as object arrays)
+
+
+def flatten(tree: cabc.Mapping, convert: bool = True, prefix: Path = ()) -> FlatBatch:
+  """Flattens nested Mappings into ``{path: leaf}`` in key order; leaves become numpy arrays if `convert`."""
+  flat: FlatBatch = {}
+  for key, value in tree.items():
+    path = prefix + (key,)
+    if type(value) is np.ndarray:  # the common case, without the slower Mapping check
+      flat[path] = value
+    elif isinstance(value, cabc.Mapping):
+      flat.update(flatten(value, convert, path))
+    else:
+      flat[path] = np.asarray(value) if convert else value
+  return flat
+
+
+def unflatten(flat: FlatBatch) -> dict:
+  """Inverse of `flatten`: nested plain dicts."""
+  tree: dict = {}
+  for path, leaf in flat.items():
+    node = tree
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = leaf
+  return tree
+
+
+def path_name(path: Path) -> str:
+  """A key path as users write it in messages: ``'image'`` or ``'features/image'``."""
+  return repr("/".join(map(str, path)))
+
+
+def leaf_dtype(leaf: Any) -> np.dtype:
+  """A leaf's numpy dtype (of an array, a jax array, a scalar or a list)."""
+  return np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+
+
+def tree_leaves(batch: Any, index: int, allow_strings: bool = False) -> tuple[dict, int, Any]:
+  """The leaves of a pytree batch (``masked_eval(mask_fn=...)``), checked to share one leading size.
+
+  Args:
+    batch: any pytree of arrays ``[B, ...]`` (a jraph ``GraphsTuple``, a tuple, a dict).
+    index: the batch's position, for messages.
+    allow_strings: accept string/bytes leaves.
+
+  Returns:
+    ``({path: (row shape, dtype)}, B, structure)``; paths name dict keys, attributes and indices.
+
+  Raises:
+    ValueError: no leaf, a leaf without the first leaf's leading size, or a string leaf.
+  """
+  import jax  # deferred: the data layer is usable without touching JAX
+
+  flat, structure = jax.tree_util.tree_flatten_with_path(batch)
+  if not flat:
+    raise ValueError(f"batch {index} ({type(batch).__name__}) has no array leaves")
+  first_path = tuple(map(key_name, flat[0][0]))
+  first_shape = np.shape(flat[0][1])
+  batch_size = first_shape[0] if first_shape else None
+  leaves = {}
+  for key_path, leaf in flat:
+    path = tuple(map(key_name, key_path))
+    shape, dtype = np.shape(leaf), leaf_dtype(leaf)
+    if not shape or shape[0] != batch_size:
+      raise ValueError(
+        f"batch {index}: leaf {path_name(path)} has shape {shape}; expected leading size {batch_size} "
+        f"like leaf {path_name(first_path)}: with mask_fn, every leaf's leading axis is the batch's rows "
+        "(stack one padded graph per row, e.g. one per device, on a new leading axis)"
+      )
+    check_not_strings(path, dtype, index, allow_strings)
+    leaves[path] = (shape[1:], dtype)
+  return leaves, batch_size, structure
+
+
+def check_mask_fn_result(mask: Any, batch_size: int, index: int) -> None:
+  """Raises ValueError unless `mask` (``mask_fn(batch index)``) is bool ``[batch_size, ...]``."""
+  mask_shape, mask_dtype = np.shape(mask), leaf_dtype(mask)
+  if not mask_shape or mask_shape[0] != batch_size or mask_dtype != np.bool_:
+    raise ValueError(
+      f"mask_fn(batch {index}) returned shape {mask_shape} and dtype {mask_dtype}; expected a bool array "
+      f"[{batch_size}, ...] whose leading axis is the batch's rows (True: a real element)"
+    )
+
+
+def pad_shapes_hint(path: Path, got: tuple, want: tuple) -> str | None:
+  """For trailing sizes that vary between batches (variable lengths): the `pad_shapes` that fixes them."""
+  if len(got) != len(want) or None in got or None in want:
+    return None
+  first = next(axis for axis, (a, b) in enumerate(zip(got, want)) if a != b)
+  sizes = tuple(max(a, b) if a != b else None for a, b in zip(got[first:], want[first:]))
+  literal = repr(sizes)
+  for key in reversed(path):
+    literal = f"{{{key!r}: {literal}}}"
+  return (
+    f". Its trailing sizes vary between batches (variable lengths?): pad them to fixed sizes, e.g. "
+    f"pe.pad_batches(..., pad_shapes={literal}) with sizes of at least the longest row (None keeps an "
+    "axis), so that every batch has one shape and the step compiles once"
+  )
+
+
+def key_name(key: Any) -> Any:
+  """One key of a pytree batch's key path as users name it: a dict key, an attribute name or an index.
+
+  (Dict batches keep their paths' non-dict keys as JAX's key objects, as checkpoints recorded them.)
+  """
+  for attribute in ("key", "name", "idx"):
+    if hasattr(key, attribute):
+      return getattr(key, attribute)
+  return key
+
+
+def check_not_strings(path: Path, dtype: np.dtype, index: int, allow_strings: bool) -> None:
+  """Raises ValueError for a string leaf of batch `index` (unless `allow_strings`): no device holds strings."""
+  if dtype.kind in STRING_KINDS and not allow_strings:
+    raise ValueError(
+      f"batch {index}: key {path_name(path)} holds strings ({dtype}), which "
+      "cannot be placed on a device; drop it from the batch"
+    )
+
+
+def fill_value(pad_value: Any, path: Path, dtype: np.dtype) -> Any:
+  """The scalar that pads leaf `path` of `dtype`, checked to fit the dtype.
+
+  Args:
+    pad_value: a scalar, or a dict nested like the batch of per-key scalars (see `BatchSpec.fills`).
+    path: the leaf's key path.
+    dtype: the leaf's dtype.
+
+  Returns:
+    A numpy scalar of `dtype` (or str/bytes for a string leaf).
+
+  Raises:
+    ValueError: a dict where a scalar belongs, a string for a number, or a value that does not fit `dtype`.
+  """
+  value = pad_value
+  for key in path:
+    if not isinstance(value, cabc.Mapping):
+      break
+    value = value.get(key, 0)
+  if isinstance(value, cabc.Mapping):
+    raise ValueError(f"pad_value for key {path_name(path)} is a dict; expected a scalar")
+  if dtype.kind in STRING_KINDS:
+    if isinstance(value, (str, bytes)):
+      return value
+    return "" if dtype.kind == "U" else b""
+  where = f"pad_value {value!r} for key {path_name(path)}"
+  if isinstance(value, (str, bytes)):
+    raise ValueError(f"{where} is a string; expected a number for dtype {dtype}")
+  try:
+    fill = np.array(value, dtype=dtype)
+  except (ValueError, OverflowError, TypeError) as err:
+    raise ValueError(f"{where} does not fit dtype {dtype} ({err}); pass a per-key dict") from None
+  if dtype.kind in "biu" and fill != value:
+    raise ValueError(f"{where} is not exactly representable in dtype {dtype}; pass a per-key dict")
+  return fill[()]

@@ -1,0 +1,354 @@
+"""The `Source` protocol of `pad_batches`, and the numpy re-chunking and padding every source shares.
+
+A source describes one row (a row `BatchSpec`: key paths, per-row shapes, dtypes), says how many rows it holds
+when it knows, and yields flat column chunks ``({path: array [rows, ...]}, rows)`` of any sizes, in order. The
+default `Source.padded` re-chunks those into ``batch_size`` rows and pads the last one in numpy; a source that can
+pad faster in its own pipeline (tf.data) overrides it. See docs/architecture.md, "Adding a source".
+"""
+
+from __future__ import annotations
+
+import abc
+import collections.abc as cabc
+import functools
+import itertools
+from collections.abc import Generator, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from padded_eval.data._batch_spec import BatchSpec, FlatBatch
+from padded_eval.data._tree import flatten, path_name
+from padded_eval.data.sources.array_like import to_numpy
+
+if TYPE_CHECKING:
+  from padded_eval.data.sources.shapes import ShapeFitter
+
+__all__ = [
+  "ID_DTYPE",
+  "PADDING_ID",
+  "Chunk",
+  "RowIds",
+  "Source",
+  "check_index_key",
+  "drop_rows",
+  "flatten_rows",
+  "pad",
+  "rechunk",
+  "row_ids",
+]
+
+Chunk = tuple[FlatBatch, int]  # ({path: array [rows, ...]}, rows)
+ID_DTYPE = np.int32
+PADDING_ID = -1  # the id of a padding row
+
+
+class Source(abc.ABC):
+  """One kind of data source, wrapped for `pad_batches`.
+
+  A subclass implements `accepts` (decided without importing the source's library), `__init__` (check the object
+  and reject a key equal to `mask_key`), `spec`, `num_rows` and `chunks`, and is registered with
+  `padded_eval.data.sources.register`.
+
+  A kind that reads batches of its own (an iterable, a loader) passes them through `checked_chunks`, which
+  flattens them, applies `shape_fitter` and checks each against the first; `padded` applies `shape_fitter` to the
+  chunks of a kind that does not (`fits_shapes` False).
+
+  Attributes:
+    description: how error messages name the kind, e.g. ``"a Mapping of arrays"``.
+    shape_fitter: ``pad_batches(..., pad_shapes=...)``'s `padded_eval.data.sources.shapes.ShapeFitter`, set after
+      the source is wrapped; None pads no axis.
+    fits_shapes: whether `chunks` already applies `shape_fitter` (through `checked_chunks`).
+  """
+
+  description: str = "a data source"
+  shape_fitter: ShapeFitter | None = None
+  fits_shapes: bool = False
+
+  @classmethod
+  @abc.abstractmethod
+  def accepts(cls, obj: Any) -> bool:
+    """Whether `obj` is a source of this kind."""
+
+  @abc.abstractmethod
+  def __init__(self, obj: Any, *, mask_key: str, batched: bool | None = None):
+    """Wraps `obj`.
+
+    Args:
+      obj: the user's source.
+      mask_key: the key the mask will take; a source key equal to it raises ValueError.
+      batched: tf.data only: whether elements are batches (None: inferred). Other kinds ignore it.
+    """
+
+  @property
+  @abc.abstractmethod
+  def spec(self) -> BatchSpec | None:
+    """The spec of one row (``batch_size`` None; None for sizes still unknown), or None before reading."""
+
+  @abc.abstractmethod
+  def num_rows(self) -> int | None:
+    """The number of rows, or None when unknown without reading the data."""
+
+  @abc.abstractmethod
+  def chunks(self) -> Iterator[Chunk]:
+    """Reads the source once more: flat column chunks of any sizes, in order, each checked against the first.
+
+    Raises:
+      ValueError: a chunk that breaks the contract (see `flatten_rows`, `BatchSpec.check_same`), or a one-shot
+        source read a second time.
+    """
+
+  def batch_rows(self) -> int | None:
+    """Rows of the source's first batch (``pad_batches(batch_size=None)``), or None if it is not batched.
+
+    The default: None (a source of rows). A batched kind reads (or peeks at) its first batch.
+    """
+    return None
+
+  def checked_chunks(self, batches: cabc.Iterable, mask_key: str, where: str) -> Iterator[Chunk]:
+    """Flattens each batch (`flatten_rows`, with `shape_fitter` applied) and checks it against the first.
+
+    Args:
+      batches: the source's batches, Mappings of array-likes ``[rows, ...]``.
+      mask_key: the mask's key (no batch may have it).
+      where: how messages name batch ``i``: a format string with ``{index}``, e.g. ``"batch {index}"``.
+
+    Yields:
+      ``(flat, rows)`` chunks.
+
+    Raises:
+      ValueError: see `flatten_rows`, `BatchSpec.check_same` and `ShapeFitter.fit`.
+    """
+    first, row = None, 0
+    for index, batch in enumerate(batches):
+      fit = None
+      if self.shape_fitter is not None:
+        fit = functools.partial(self.shape_fitter.fit, first_row=row)
+      flat, rows = flatten_rows(batch, mask_key, where.format(index=index), fit=fit)
+      if first is None:
+        first = BatchSpec.of_rows(flat)
+      else:
+        first.check_rows(flat, index)
+      row += rows
+      yield flat, rows
+
+  def chunks_for(self, batch_size: int) -> Iterator[Chunk]:
+    """Like `chunks`, in chunk sizes suited to `batch_size` where the source can choose them.
+
+    A source that reads in chunks of its own choosing (grain, Hugging Face) reads a multiple of `batch_size`
+    rows at a time, so that every padded batch is a view of a chunk; the default is `chunks()`.
+    """
+    del batch_size
+    return self.chunks()
+
+  def chunks_from(self, batch_size: int, start_row: int) -> Iterator[Chunk]:
+    """Like `chunks_for`, from row `start_row` on (a resumed evaluation skips the rows before it).
+
+    The default reads the chunks before `start_row` and drops them unpadded (a source that can seek, e.g. a
+    Mapping or a grain `MapDataset`, overrides it). When every row is dropped it yields one empty chunk, so that
+    the row spec stays known.
+    """
+    chunks = self.chunks_for(batch_size)
+    return chunks if start_row == 0 else drop_rows(chunks, start_row)
+
+  def padded(
+    self,
+    batch_size: int,
+    mask_key: str,
+    pad_value: Any,
+    ids: RowIds | None = None,
+    start_batch: int = 0,
+  ) -> Generator[FlatBatch, None, BatchSpec | None]:
+    """Flat batches of exactly `batch_size` rows plus ``(mask_key,)``: bool ``[batch_size]``, real rows first.
+
+    Args:
+      batch_size: rows per batch.
+      mask_key: top-level key of the mask.
+      pad_value: what padded rows hold (see `BatchSpec.fills`).
+      ids: if given, each batch also gets ``(ids.key,)``: int32 ``[batch_size]``, each real row's position in
+        the source plus ``ids.offset``, and -1 on padding rows.
+      start_batch: the first batch to yield; the rows of the batches before it are skipped (see `chunks_from`).
+
+    Yields:
+      ``{path: array [batch_size, ...]}`` with the mask (and the ids); a full batch aligned with a chunk is not
+      copied.
+
+    Returns:
+      (as the generator's return value) the row spec of what was read (the first chunk's, even one of 0 rows),
+      else `spec`: what all-padding batches look like.
+
+    Raises:
+      ValueError: as `chunks`, a `pad_value` that does not fit (see `BatchSpec.fills`), a source key equal to
+        ``ids.key``, or more rows than int32 ids can number.
+    """
+    start = start_batch * batch_size
+    chunks = self.chunks_from(batch_size, start)
+    if self.shape_fitter is not None and not self.fits_shapes:
+      chunks = _fitted(chunks, self.shape_fitter, start)
+    first = next(chunks, None)
+    if first is None:
+      return self.spec
+    if ids is not None:
+      check_index_key(first[0], ids.key)
+    row_spec = BatchSpec.of_rows(first[0], unknown_rows=True)
+    if self.shape_fitter is not None:  # lengths fields pad with 0
+      pad_value = self.shape_fitter.pad_values(row_spec)
+    fills = row_spec.fills(pad_value)
+    for flat, rows in rechunk(itertools.chain([first], chunks), batch_size):
+      batch = pad(flat, rows, batch_size, mask_key, fills)
+      if ids is not None:
+        batch[(ids.key,)] = row_ids(ids.offset + start, rows, batch_size)
+      start += rows
+      yield batch
+    return row_spec
+
+
+def _fitted(chunks: Iterator[Chunk], fitter: ShapeFitter, first_row: int) -> Iterator[Chunk]:
+  """`chunks` with `fitter` applied (row numbers from `first_row`, for messages)."""
+  for flat, rows in chunks:
+    yield fitter.fit(flat, first_row), rows
+    first_row += rows
+
+
+class RowIds(NamedTuple):
+  """``pad_batches(..., index_key=key, index_offset=offset)``: where the row ids go and where they start."""
+
+  key: str
+  offset: int = 0
+
+
+def row_ids(first: int, rows: int, batch_size: int) -> np.ndarray:
+  """The ids of one padded batch: ``first, first + 1, ...`` on its `rows` real rows, then -1.
+
+  Args:
+    first: the id of the batch's first row (its position in the source plus the offset).
+    rows: real rows in the batch (the first `rows`).
+    batch_size: rows per batch.
+
+  Returns:
+    int32 ``[batch_size]``.
+
+  Raises:
+    ValueError: an id beyond int32's range.
+  """
+  if first + rows - 1 > np.iinfo(ID_DTYPE).max:
+    raise ValueError(
+      f"row id {first + rows - 1} does not fit in int32; expected index_offset plus the number of rows "
+      f"to stay below {np.iinfo(ID_DTYPE).max + 1}"
+    )
+  ids = np.full(batch_size, PADDING_ID, ID_DTYPE)
+  ids[:rows] = np.arange(first, first + rows, dtype=ID_DTYPE)
+  return ids
+
+
+def check_index_key(flat: FlatBatch | cabc.Iterable, index_key: str) -> None:
+  """Raises ValueError if a source key (a flat batch's or a spec's paths) takes the top-level `index_key`."""
+  for path in flat:
+    if path[0] == index_key:
+      raise ValueError(
+        f"the source has a key {path_name(path)} in the place of index_key={index_key!r}; rename it or "
+        "pass another index_key="
+      )
+
+
+def flatten_rows(
+  batch: Any,
+  mask_key: str,
+  where: str,
+  convert: bool = True,
+  fit: cabc.Callable[[FlatBatch], FlatBatch] | None = None,
+) -> tuple[FlatBatch, int]:
+  """Checks one batch of a source (any number of rows, no mask yet) and flattens it.
+
+  Args:
+    batch: a Mapping (nested dicts allowed) of arrays or array-likes ``[rows, ...]`` (torch tensors included).
+    mask_key: the key the mask will take; the batch may not have it.
+    where: how messages name the batch, e.g. ``"batch 3"`` or ``"the source"``.
+    convert: turn leaves into numpy arrays with `to_numpy` (else only their shapes are read).
+    fit: applied to the flat batch before anything else is read (`ShapeFitter.fit`: ragged keys become arrays).
+
+  Returns:
+    ``(flat, rows)``: the flat batch and its leading size.
+
+  Raises:
+    ValueError: not a Mapping, a key equal to `mask_key`, no arrays, a scalar leaf, or leading sizes that
+      disagree (every key named with its size).
+  """
+  if type(batch) is not dict and not isinstance(batch, cabc.Mapping):
+    raise ValueError(f"{where}: expected a Mapping of arrays, got {type(batch).__name__}")
+  if mask_key in batch:
+    raise ValueError(
+      f"{where} has a key {mask_key!r} equal to mask_key; rename it or pass another mask_key="
+    )
+  flat = flatten(batch, convert=False)
+  if fit is not None:
+    flat = fit(flat)
+  if convert:
+    flat = {path: to_numpy(leaf) for path, leaf in flat.items()}
+  if not flat:
+    raise ValueError(f"{where}: expected a Mapping with at least one array, got no arrays")
+  sizes = {}
+  for path, leaf in flat.items():
+    shape = np.shape(leaf)
+    if not shape:
+      raise ValueError(
+        f"{where}: key {path_name(path)} is a scalar; expected an array with a leading row dimension"
+      )
+    sizes[path] = shape[0]
+  if len(set(sizes.values())) > 1:
+    listed = ", ".join(f"{path_name(p)} has {s}" for p, s in sizes.items())
+    raise ValueError(
+      f"{where}: leading sizes disagree ({listed}); expected every key to have the same rows"
+    )
+  return flat, next(iter(sizes.values()))
+
+
+def pad(flat: FlatBatch, rows: int, batch_size: int, mask_key: str, fills: dict) -> FlatBatch:
+  """Appends ``batch_size - rows`` rows of `fills` to every leaf and adds the mask (a full batch is not copied)."""
+  out = dict(flat)
+  if rows < batch_size:
+    for path, leaf in flat.items():
+      padding = np.full((batch_size - rows, *leaf.shape[1:]), fills[path], dtype=leaf.dtype)
+      out[path] = np.concatenate([leaf, padding])
+  out[(mask_key,)] = np.arange(batch_size) < rows
+  return out
+
+
+def drop_rows(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:
+  """`chunks` without their first `count` rows (read, not copied); an empty chunk if nothing is left."""
+  last = None
+  for flat, rows in chunks:
+    if rows <= count:
+      count -= rows
+      last = flat
+      continue
+    yield {p: leaf[count:] for p, leaf in flat.items()}, rows - count
+    count = 0
+    yield from chunks
+    return
+  if last is not None:
+    yield {p: leaf[:0] for p, leaf in last.items()}, 0
+
+
+def rechunk(chunks: Iterator[Chunk], size: int) -> Iterator[Chunk]:
+  """Re-chunks into `size` rows, order kept; only the last may be short. Aligned full slices are views."""
+  pending: list[FlatBatch] = []
+  pending_rows = 0
+  for flat, rows in chunks:
+    start = 0
+    if pending_rows and pending_rows + rows >= size:
+      start = size - pending_rows
+      pending.append({p: leaf[:start] for p, leaf in flat.items()})
+      yield {p: np.concatenate([part[p] for part in pending]) for p in flat}, size
+      pending, pending_rows = [], 0
+    if start == 0 and rows == size:
+      yield flat, size  # passthrough: the caller's arrays, not copied
+      continue
+    while rows - start >= size:
+      yield {p: leaf[start : start + size] for p, leaf in flat.items()}, size
+      start += size
+    if start < rows:  # copied: a source may reuse its buffers once the next chunk is requested
+      pending.append({p: np.array(leaf[start:]) for p, leaf in flat.items()})
+      pending_rows += rows - start
+  if pending_rows:
+    yield {p: np.concatenate([part[p] for part in pending]) for p in pending[0]}, pending_rows

@@ -1,0 +1,252 @@
+"""Source kind: grain's `MapDataset`, `IterDataset` and `DataLoader`, of dict elements, batched or not.
+
+Elements are rows (a dict of per-row values) or batches (after ``.batch(n)``, or a `DataLoader` with the
+``grain.transforms.Batch`` operation): inferred from the pipeline, or given with ``batched=``. Unbatched datasets
+are read with grain's own ``.batch`` (of the batch size, or a multiple of it for a `MapDataset`), so every padded
+batch is a view of a chunk; an unbatched `DataLoader` yields single rows, stacked here (the Batch operation does it
+in grain).
+
+A `MapDataset` knows its length: `len()` of the padded batches is known unless the pipeline filters. A pipeline
+that would lose or repeat rows is refused: ``drop_remainder=True``, a sampler that repeats (``num_epochs`` other
+than 1), or grain sharding whose shards drop the remainder (grain's sharded `IndexSampler` gives every shard
+``num_records // shard_count`` records). For multi-host evaluation, take this process's rows with
+``ds[pe.process_slice(len(ds))]`` (a `MapDataset` slice, before ``.batch`` or ``to_iter_dataset``, or as the
+`DataLoader`'s data source): the union over processes is every row exactly once, as ``tfds.split_for_jax_process``.
+
+grain is imported only once such a dataset is passed (it is already imported then: the object is grain's).
+"""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+import copy
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from padded_eval.data._tree import flatten, unflatten
+from padded_eval.data.sources.array_like import to_numpy
+from padded_eval.data.sources.base import Chunk, Source, drop_rows
+
+__all__ = ["CHUNK_ROWS", "GrainSource", "grain_kind"]
+
+CHUNK_ROWS = (
+  1024  # rows read at a time from an unbatched source (rounded to a multiple of the batch size)
+)
+_KINDS = ("MapDataset", "IterDataset", "DataLoader")
+_MAX_PIPELINE_DEPTH = 256
+
+
+def grain_kind(obj: Any) -> str | None:
+  """``"MapDataset"``, ``"IterDataset"`` or ``"DataLoader"`` for a grain object, else None (grain not imported)."""
+  for cls in type(obj).__mro__:
+    if cls.__module__.startswith("grain.") and cls.__name__ in _KINDS:
+      return cls.__name__
+  return None
+
+
+class GrainSource(Source):
+  """Reads a grain dataset or DataLoader; re-iterating starts a new pass (grain datasets are re-iterable)."""
+
+  description = "a grain dataset or DataLoader"
+  fits_shapes = True
+
+  @classmethod
+  def accepts(cls, obj: Any) -> bool:
+    return grain_kind(obj) is not None
+
+  def __init__(self, obj: Any, *, mask_key: str, batched: bool | None = None):
+    """Inspects the pipeline.
+
+    Args:
+      obj: a grain `MapDataset`, `IterDataset` or `DataLoader` whose elements are dicts.
+      mask_key: the mask's key; no element key may equal it (checked on reading).
+      batched: whether elements are batches; None: a batch step in the pipeline (``.batch``, the Batch
+        operation) says so.
+
+    Raises:
+      ValueError: a pipeline that drops rows (``drop_remainder=True``, sharding with a remainder), repeats
+        them (``repeat()``, ``num_epochs`` other than 1), or a `MapDataset` that repeats forever.
+    """
+    self._data = obj
+    self._kind = grain_kind(obj)
+    self._mask_key = mask_key
+    if self._kind == "DataLoader":
+      batch_ops = _check_loader(obj)
+      self._lineage: list = []
+    else:
+      self._lineage = _lineage(obj)
+      batch_ops = [node for node in self._lineage if type(node).__name__.startswith("Batch")]
+      _check_dataset(obj, self._lineage, self._kind)
+    self._batched = bool(batch_ops) if batched is None else bool(batched)
+    self._filtered = any("Filter" in type(node).__name__ for node in self._lineage)
+
+  @property
+  def spec(self) -> None:
+    return None  # known once the first element is read
+
+  def num_rows(self) -> int | None:
+    """Rows of a `MapDataset` without a filter, read from grain's lengths (nothing is read).
+
+    Unbatched: its length. Batched: the length of what grain's ``.batch`` batches, when only maps follow it
+    (a shuffle or slice of batches, or ``batched=True`` on batches grain did not make, leaves it unknown).
+    """
+    if self._kind != "MapDataset" or self._filtered:
+      return None
+    if not self._batched:
+      return len(self._data)
+    for node in self._lineage:
+      name = type(node).__name__
+      if name.startswith("Batch"):
+        return len(node.parents[0])
+      if not name.startswith("Map"):
+        return None
+    return None
+
+  def chunks(self) -> Iterator[Chunk]:
+    return self.chunks_for(CHUNK_ROWS)
+
+  def chunks_for(self, batch_size: int) -> Iterator[Chunk]:
+    """Starts a new pass: batches as they come, or rows stacked `batch_size` at a time (a multiple of it for a
+    `MapDataset`, whose reader threads each build one chunk). With `shape_fitter` (``pad_shapes``), unbatched
+    rows are stacked here (the keys to pad as ragged lists), not by grain's ``.batch``."""
+    if self._batched:
+      elements = iter(self._data)
+    elif self._kind == "DataLoader" or self.shape_fitter is not None:
+      # rows of varying lengths (pad_shapes) are stacked here, as ragged lists for the fitter
+      ragged = () if self.shape_fitter is None else tuple(self.shape_fitter.sizes)
+      elements = _stacked(iter(self._data), batch_size, ragged)
+    elif self._kind == "MapDataset" and not self._filtered:
+      elements = iter(self._data.batch(batch_size * max(1, CHUNK_ROWS // batch_size)))
+    else:  # grain batches a filtered MapDataset only as an IterDataset
+      data = self._data.to_iter_dataset() if self._kind == "MapDataset" else self._data
+      elements = iter(data.batch(batch_size))
+    return self._checked(elements)
+
+  def chunks_from(self, batch_size: int, start_row: int) -> Iterator[Chunk]:
+    """Seeks in an unbatched, unfiltered `MapDataset`; else reads and drops rows.
+
+    The seek reads one row before `start_row` (``dataset[start_row - 1:]``, that row dropped), so that the
+    row spec is known even when no row is left.
+    """
+    if start_row == 0 or self._kind != "MapDataset" or self._batched or self._filtered:
+      return super().chunks_from(batch_size, start_row)
+    seeked = copy.copy(self)
+    seeked._data = self._data[min(start_row, len(self._data)) - 1 :]
+    return drop_rows(seeked.chunks_for(batch_size), 1)
+
+  def batch_rows(self) -> int | None:
+    """Rows of the first batch of a batched pipeline (read once), else None."""
+    if not self._batched:
+      return None
+    first = next(self.chunks(), None)
+    return None if first is None else first[1]
+
+  def _checked(self, elements: Iterator[Any]) -> Iterator[Chunk]:
+    named = (_named(element, index) for index, element in enumerate(elements))
+    return self.checked_chunks(named, self._mask_key, "batch {index}")
+
+
+def _named(element: Any, index: int) -> Any:
+  """`element`, if a Mapping; else the ValueError that says how to name its fields."""
+  if isinstance(element, cabc.Mapping):
+    return element
+  what = f"a {type(element).__name__}"
+  if isinstance(element, (tuple, list)):
+    what += f" of {len(element)} values"
+  raise ValueError(
+    f"element {index} of the grain source is {what}; expected a dict of arrays, so that each field has a "
+    "name: map the rows to dicts first, e.g. ds.map(lambda row: {'image': row[0], 'label': row[1]})"
+  )
+
+
+def _lineage(dataset: Any) -> list:
+  """The dataset and its first parents up to the source (grain's public ``parents``)."""
+  nodes = [dataset]
+  for _ in range(_MAX_PIPELINE_DEPTH):
+    parents = getattr(nodes[-1], "parents", ())
+    if not parents:
+      break
+    nodes.append(parents[0])
+  return nodes
+
+
+def _check_dataset(dataset: Any, lineage: list, kind: str) -> None:
+  """Refuses a dataset pipeline that drops or repeats rows."""
+  for node in lineage:
+    name = type(node).__name__
+    if name.startswith("Batch") and getattr(
+      node, "_drop_remainder", False
+    ):  # grain keeps it private
+      raise ValueError(
+        f"the grain {kind} batches with drop_remainder=True, which drops the last rows; use "
+        "drop_remainder=False (pad_batches pads the last batch and masks the padding)"
+      )
+    if name.startswith("Repeat"):
+      raise ValueError(
+        f"the grain {kind} repeats its rows (.repeat()), so rows would count more than once; evaluate a "
+        "pipeline without repeat"
+      )
+  if kind == "MapDataset" and len(dataset) >= sys.maxsize:
+    raise ValueError("the grain MapDataset is infinite; evaluate a pipeline of finite length")
+
+
+def _check_loader(loader: Any) -> list:
+  """Refuses a DataLoader whose sampler or sharding drops or repeats rows; returns its Batch operations."""
+  import grain
+
+  sampler = getattr(
+    loader, "_sampler", None
+  )  # grain keeps the loader's parts private: checked when present
+  records = getattr(sampler, "_num_records", None)
+  for options in (
+    getattr(loader, "_shard_options", None),
+    getattr(sampler, "_shard_options", None),
+  ):
+    count = getattr(options, "shard_count", 1)
+    if records is not None and count > 1 and records % count:
+      lost = records % count
+      raise ValueError(
+        f"the grain DataLoader is sharded over {count} shards of a source of {records} records, and grain "
+        f"gives every shard {records // count}: {lost} row{'s' * (lost > 1)} would never be evaluated; give "
+        "each process its rows instead, data_source=grain.MapDataset.source(source)"
+        "[pe.process_slice(len(source))], with no shard_options"
+      )
+  if sampler is not None and records is not None and len(sampler) > records:
+    raise ValueError(
+      f"the grain DataLoader's sampler reads {_count(len(sampler))} records of a source of {records}, so "
+      "rows would count more than once; pass grain.samplers.IndexSampler(num_records, num_epochs=1)"
+    )
+  batch_ops = [
+    op for op in getattr(loader, "_operations", ()) if isinstance(op, grain.transforms.Batch)
+  ]
+  if any(op.drop_remainder for op in batch_ops):
+    raise ValueError(
+      "the grain DataLoader's Batch operation has drop_remainder=True, which drops the last rows; use "
+      "grain.transforms.Batch(batch_size, drop_remainder=False)"
+    )
+  return batch_ops
+
+
+def _count(records: int) -> str:
+  return "infinitely many" if records >= sys.maxsize else str(records)
+
+
+def _stacked(rows: Iterator[Any], chunk_rows: int, ragged: tuple = ()) -> Iterator[dict]:
+  """Stacks single-row dicts into chunks of `chunk_rows` rows (the last may be short); the keys in `ragged`
+  become lists of rows."""
+  pending: list = []
+  for index, row in enumerate(rows):
+    pending.append(flatten(_named(row, index), convert=False))
+    if len(pending) == chunk_rows:
+      yield _stack(pending, ragged)
+      pending = []
+  if pending:
+    yield _stack(pending, ragged)
+
+
+def _stack(rows: list, ragged: tuple = ()) -> dict:
+  stack = lambda path, leaves: leaves if path in ragged else np.stack(leaves)
+  return unflatten({path: stack(path, [to_numpy(row[path]) for row in rows]) for path in rows[0]})

@@ -1,0 +1,119 @@
+"""Source kind: Hugging Face `datasets.Dataset` and `datasets.IterableDataset`, one key per column.
+
+Columns are read in chunks through the dataset's own batched reader (``.iter(batch_size=...)``, a multiple of the
+padded batch size), so they reach numpy column by column from Arrow, never row by row in Python. The dataset's
+format is respected: its selected columns, and what a ``with_format("torch" | "jax" | "numpy" ...)`` or
+``with_transform(...)`` yields (leaves are then turned into numpy arrays). A dataset without a format (or with
+"arrow", "pandas" or "polars", containers of the same columns) is read with the "numpy" format of the same
+columns: features such as images are decoded, integer columns come as int64 and floating ones as float32 (that
+format's choice), strings as unicode arrays, which pad with empty strings.
+
+A `Dataset` knows its length (`len()` of the padded batches is known); an `IterableDataset` does not. For
+multi-host evaluation, give each process its rows: ``ds.select(np.arange(len(ds))[pe.process_slice(len(ds))])``
+(``ds.shard(jax.process_count(), jax.process_index(), contiguous=True)`` takes the same rows, but refuses a
+dataset with fewer rows than processes).
+
+`datasets` is imported only once such a dataset is passed (it is already imported then: the object is its).
+"""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+from collections.abc import Iterator
+from typing import Any
+
+from padded_eval.data.sources.base import Chunk, Source
+
+__all__ = ["CHUNK_ROWS", "HuggingFaceSource", "hf_kind"]
+
+CHUNK_ROWS = 1024  # rows read at a time (rounded to a multiple of the batch size)
+_KINDS = ("Dataset", "IterableDataset", "DatasetDict", "IterableDatasetDict")
+_CONTAINER_FORMATS = (None, "python", "arrow", "pandas", "polars")  # read as "numpy" instead
+
+
+def hf_kind(obj: Any) -> str | None:
+  """The `datasets` class name of a Hugging Face dataset (or dict of splits), else None (nothing imported)."""
+  for cls in type(obj).__mro__:
+    if cls.__module__.startswith("datasets.") and cls.__name__ in _KINDS:
+      return cls.__name__
+  return None
+
+
+class HuggingFaceSource(Source):
+  """Reads a `datasets.Dataset` or `IterableDataset` column by column; every pass re-reads it."""
+
+  description = "a Hugging Face dataset"
+  fits_shapes = True
+
+  @classmethod
+  def accepts(cls, obj: Any) -> bool:
+    return hf_kind(obj) is not None
+
+  def __init__(self, obj: Any, *, mask_key: str, batched: bool | None = None):
+    """Picks the format to read with.
+
+    Args:
+      obj: a `datasets.Dataset` or `datasets.IterableDataset` (rows are examples).
+      mask_key: the mask's key; no column may equal it.
+      batched: ignored (rows are always examples).
+
+    Raises:
+      ValueError: a `DatasetDict` (a dict of splits: pick one), or a column named `mask_key`.
+    """
+    del batched  # tf.data and grain only
+    kind = hf_kind(obj)
+    if kind.endswith("Dict"):
+      raise ValueError(
+        f"source is a Hugging Face {kind} of splits {sorted(obj)}; pass one split, e.g. ds[{sorted(obj)[0]!r}]"
+      )
+    self._kind = kind
+    self._mask_key = mask_key
+    self._dataset = _numpy_formatted(obj, kind)
+    if mask_key in (obj.column_names or ()):
+      raise ValueError(
+        f"the dataset has a column {mask_key!r} equal to mask_key; rename it or pass another mask_key="
+      )
+
+  @property
+  def spec(self) -> None:
+    return None  # known once the first chunk is read
+
+  def num_rows(self) -> int | None:
+    return len(self._dataset) if self._kind == "Dataset" else None
+
+  def chunks(self) -> Iterator[Chunk]:
+    return self.chunks_for(CHUNK_ROWS)
+
+  def chunks_for(self, batch_size: int) -> Iterator[Chunk]:
+    """Starts a new pass, reading a multiple of `batch_size` rows at a time."""
+    chunk_rows = batch_size * max(1, CHUNK_ROWS // batch_size)
+    return self._checked(self._dataset.iter(batch_size=chunk_rows))
+
+  def _checked(self, batches: Iterator[Any]) -> Iterator[Chunk]:
+    return self.checked_chunks(_mappings(batches), self._mask_key, "chunk {index} of the dataset")
+
+
+def _mappings(batches: Iterator[Any]) -> Iterator[cabc.Mapping]:
+  """The chunks, each checked to be a Mapping of columns."""
+  for index, batch in enumerate(batches):
+    if not isinstance(batch, cabc.Mapping):
+      raise ValueError(
+        f"chunk {index} of the Hugging Face dataset is a {type(batch).__name__}; expected a dict of columns "
+        "(a format or transform that returns one)"
+      )
+    yield batch
+
+
+def _numpy_formatted(dataset: Any, kind: str) -> Any:
+  """`dataset` with the "numpy" format (same columns) if it has none or a container format, else as is."""
+  if kind == "Dataset":
+    form = dataset.format
+    if form["type"] not in _CONTAINER_FORMATS:
+      return dataset
+    return dataset.with_format(
+      "numpy", columns=form["columns"], output_all_columns=form["output_all_columns"]
+    )
+  formatting = getattr(dataset, "_formatting", None)  # an IterableDataset keeps its format private
+  if getattr(formatting, "format_type", None) not in _CONTAINER_FORMATS:
+    return dataset
+  return dataset.with_format("numpy")

@@ -1,0 +1,90 @@
+"""Source kind: an iterable of batch Mappings of any, varying leading sizes (re-chunked, order kept)."""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+import functools
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from padded_eval.data.sources.base import Chunk, Source, flatten_rows
+
+__all__ = ["IterableSource"]
+
+
+class IterableSource(Source):
+  """Each batch is checked against the first one; a list of batches is re-read, a one-shot iterator read once.
+
+  The number of rows is known for a Sequence (read from the shapes); otherwise it is unknown.
+  """
+
+  description = "an iterable of Mappings"
+  fits_shapes = True
+
+  @classmethod
+  def accepts(cls, obj: Any) -> bool:
+    return isinstance(obj, cabc.Iterable) and not isinstance(obj, (str, bytes, cabc.Mapping))
+
+  def __init__(self, obj: cabc.Iterable, *, mask_key: str, batched: bool | None = None):
+    del batched  # tf.data only
+    self._batches = obj
+    self._mask_key = mask_key
+    self._one_shot = isinstance(
+      obj, cabc.Iterator
+    )  # a generator or iterator: iter() returns itself
+    self._read = False
+
+  @property
+  def spec(self) -> None:
+    return None  # known once the first batch is read
+
+  def num_rows(self) -> int | None:
+    if not isinstance(self._batches, cabc.Sequence):
+      return None
+    total = 0
+    for index, batch in enumerate(self._batches):
+      fit = self._fit(total)
+      total += flatten_rows(batch, self._mask_key, f"batch {index}", convert=False, fit=fit)[1]
+    return total
+
+  def chunks(self) -> Iterator[Chunk]:
+    """Starts a new read of the batches.
+
+    Raises:
+      ValueError: (at once) the source is a one-shot iterator that was already read; (while reading) a batch
+        that breaks the contract.
+    """
+    if self._one_shot:
+      if self._read:
+        raise ValueError(
+          f"source is a one-shot iterator ({type(self._batches).__name__}) and was already read, so "
+          "iterating the padded batches again would yield nothing; pass a re-iterable source instead, "
+          "e.g. a list of batches, a tf.data.Dataset, or an object whose __iter__ calls your generator "
+          "function again"
+        )
+      self._read = True
+    return self._checked(iter(self._batches))
+
+  def batch_rows(self) -> int | None:
+    """Rows of the first batch (a one-shot iterator is peeked at: its first batch is kept for the read)."""
+    if self._one_shot and not self._read:
+      first = next(self._batches, None)
+      if first is None:
+        return None
+      self._batches = itertools.chain([first], self._batches)
+    else:
+      first = next(iter(self._batches), None)
+    if first is None:
+      return None
+    return flatten_rows(first, self._mask_key, "batch 0", convert=False, fit=self._fit(0))[1]
+
+  def _fit(self, first_row: int):
+    return (
+      None
+      if self.shape_fitter is None
+      else functools.partial(self.shape_fitter.fit, first_row=first_row)
+    )
+
+  def _checked(self, batches: Iterator) -> Iterator[Chunk]:
+    return self.checked_chunks(batches, self._mask_key, "batch {index}")

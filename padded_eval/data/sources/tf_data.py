@@ -1,0 +1,299 @@
+"""Source kind: a `tf.data.Dataset` of dicts (tfds included), batched or unbatched.
+
+Padding happens inside the tf.data graph: a batched source is re-chunked with `Dataset.rebatch`, an unbatched one
+with `Dataset.batch`; one `map` pads the short last batch (a full one skips the copy through `tf.cond`) and builds
+the mask. Python touches each batch once, to turn it into numpy. TensorFlow is imported only here, and only once a
+dataset has been passed.
+"""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+import re
+from collections.abc import Generator, Iterator
+from typing import Any
+
+import numpy as np
+
+from padded_eval.data._batch_spec import BatchSpec, FlatBatch, LeafSpec, Path
+from padded_eval.data._tree import flatten, path_name, unflatten
+from padded_eval.data.sources.base import (
+  ID_DTYPE,
+  PADDING_ID,
+  Chunk,
+  RowIds,
+  Source,
+  check_index_key,
+)
+
+__all__ = ["TfDataSource", "is_tf_dataset"]
+
+_MAX_PIPELINE_DEPTH = 256
+CHUNK_ROWS = 1024  # rows per chunk when `chunks` reads an unbatched dataset
+
+
+def is_tf_dataset(obj: Any) -> bool:
+  """Whether `obj` is a tf.data.Dataset (tfds included), decided without importing TensorFlow."""
+  return any(cls.__module__.startswith("tensorflow.python.data.") for cls in type(obj).__mro__)
+
+
+class TfDataSource(Source):
+  """Checks a dataset's element spec when wrapped and pads inside the tf.data graph."""
+
+  description = "a tf.data.Dataset"
+
+  @classmethod
+  def accepts(cls, obj: Any) -> bool:
+    return is_tf_dataset(obj)
+
+  def __init__(self, obj: Any, *, mask_key: str, batched: bool | None = None):
+    """Reads the element spec.
+
+    Args:
+      obj: a `tf.data.Dataset` of dicts.
+      mask_key: the mask's key; no dataset key may equal it.
+      batched: whether elements are batches. None: a scalar leaf means unbatched, an unknown leading size
+        means batched, else the pipeline is searched for a batch op.
+
+    Raises:
+      ValueError: elements that are not dicts, a key equal to `mask_key`, no tensors, a leaf of unknown rank
+        (with `batched` None), static leading sizes that disagree (batched).
+    """
+    self._dataset = obj
+    element_spec = obj.element_spec
+    if not isinstance(element_spec, cabc.Mapping):
+      raise ValueError(
+        f"expected a tf.data.Dataset of dicts, got elements of type {type(element_spec).__name__}; "
+        "map them to a dict first, e.g. ds.map(lambda x, y: {'image': x, 'label': y})"
+      )
+    if mask_key in element_spec:
+      raise ValueError(
+        f"the dataset has a key {mask_key!r} equal to mask_key; rename it or pass another mask_key="
+      )
+    self._tensor_specs = flatten(element_spec, convert=False)
+    if not self._tensor_specs:
+      raise ValueError("expected a dataset of dicts with at least one tensor, got no tensors")
+    self._batched = _infer_batched(obj, self._tensor_specs) if batched is None else bool(batched)
+    if self._batched:
+      _check_static_leading_sizes(self._tensor_specs)
+    skip = 1 if self._batched else 0
+    self._spec = BatchSpec(
+      {
+        path: LeafSpec(tuple(spec.shape.as_list()[skip:]), np.dtype(spec.dtype.as_numpy_dtype))
+        for path, spec in self._tensor_specs.items()
+      }
+    )
+
+  @property
+  def spec(self) -> BatchSpec:
+    """The static row spec; sizes the element spec leaves open are None."""
+    return self._spec
+
+  def num_rows(self) -> int | None:
+    """Number of examples, when the cardinality (and, if batched, a static batch size) tells it."""
+    cardinality = int(self._dataset.cardinality())
+    if cardinality < 0:
+      return None
+    if not self._batched:
+      return cardinality
+    leading = {spec.shape[0] for spec in self._tensor_specs.values()}
+    size = leading.pop() if len(leading) == 1 else None
+    return None if size is None else cardinality * size
+
+  def batch_rows(self) -> int | None:
+    """The static batch size, else the rows of the first element; None if the dataset is not batched."""
+    if not self._batched:
+      return None
+    leading = {spec.shape[0] for spec in self._tensor_specs.values()}
+    if len(leading) == 1 and None not in leading:
+      return leading.pop()
+    first = next(self._numpy(self._dataset.take(1)), None)
+    return None if first is None else len(next(iter(first.values())))
+
+  def chunks(self) -> Iterator[Chunk]:
+    """The elements as numpy chunks (an unbatched dataset in chunks of `CHUNK_ROWS`; with `shape_fitter`,
+    unbatched rows of varying lengths are batched with ``padded_batch``, padded with the pad value)."""
+    if self._batched:
+      dataset = self._dataset
+    elif self.shape_fitter is None:
+      dataset = self._dataset.batch(CHUNK_ROWS)
+    else:
+      dataset = self._dataset.padded_batch(CHUNK_ROWS, padding_values=self._padding_values())
+    for flat in self._numpy(dataset):
+      yield flat, len(next(iter(flat.values())))
+
+  def _padding_values(self) -> dict:
+    """``padded_batch``'s padding values: each key's pad value (see `BatchSpec.fills`)."""
+    import tensorflow as tf
+
+    fills = self._spec.fills(self.shape_fitter.pad_value)
+    return unflatten(
+      {
+        path: tf.constant(fills[path], dtype=spec.dtype)
+        for path, spec in self._tensor_specs.items()
+      }
+    )
+
+  def padded(
+    self,
+    batch_size: int,
+    mask_key: str,
+    pad_value: Any,
+    ids: RowIds | None = None,
+    start_batch: int = 0,
+  ) -> Generator[FlatBatch, None, BatchSpec | None]:
+    """Re-chunks and pads in the tf.data graph (the row ids too); see `Source.padded`. Batches before
+    `start_batch` are skipped in the graph (``Dataset.skip``), before padding.
+
+    With `shape_fitter` (``pad_shapes``), batches of varying shapes are re-chunked and padded in numpy
+    (`Source.padded`), since ``Dataset.rebatch`` cannot join them.
+
+    Returns:
+      (as the generator's return value) the row spec of the first batch (real sizes), else the static one.
+    """
+    import tensorflow as tf
+
+    if self.shape_fitter is not None:  # batches of varying shapes: padded in numpy, as every source
+      return (yield from super().padded(batch_size, mask_key, pad_value, ids, start_batch))
+    if ids is not None:
+      check_index_key(self._tensor_specs, ids.key)
+    if self._batched:  # rebatch checks that a batch's leading sizes agree (see _explain)
+      dataset = self._dataset.rebatch(batch_size)
+    else:
+      dataset = self._dataset.batch(batch_size)
+    pad = _make_pad_fn(batch_size, mask_key, self._spec.fills(pad_value), ids)
+    if ids is not None:  # every batch but the last is full, so batch b starts at row b * batch_size
+      dataset = dataset.enumerate()
+    if start_batch:
+      dataset = dataset.skip(start_batch)
+    dataset = dataset.map(pad, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    first_spec, first_id = None, 0 if ids is None else ids.offset + start_batch * batch_size
+    added = () if ids is None else ((ids.key,),)
+    for flat in self._numpy(dataset.prefetch(tf.data.AUTOTUNE)):
+      if first_spec is None:  # real shapes replace the static spec's unknown sizes
+        rows = {path: leaf for path, leaf in flat.items() if path not in ((mask_key,), *added)}
+        first_spec = BatchSpec.of_rows(rows, unknown_rows=True)
+      if ids is not None:
+        _check_id_range(first_id + batch_size - 1)
+        first_id += batch_size
+      yield flat
+    return self._spec if first_spec is None else first_spec
+
+  def _numpy(self, dataset: Any) -> Iterator[FlatBatch]:
+    """Iterates `dataset` as flat numpy batches, with tf.data's leading-size error in our words."""
+    import tensorflow as tf
+
+    iterator = dataset.as_numpy_iterator()
+    while True:
+      try:
+        batch = next(iterator)
+      except StopIteration:
+        return
+      except tf.errors.InvalidArgumentError as err:
+        raise ValueError(self._explain(err.message)) from None
+      yield flatten(batch, convert=False)
+
+  def _explain(self, message: str) -> str:
+    """tf.data's leading-size error in the words of `pad_batches` (keys named), or else its message."""
+    import tensorflow as tf
+
+    found = re.search(
+      r"Component (\d+) had size (\d+) but component (\d+) had size,? (\d+)", message
+    )
+    if not found:
+      return f"the tf.data source failed: {message.strip()}"
+    paths = list(self._tensor_specs)
+    order = tf.nest.flatten(unflatten({path: i for i, path in enumerate(paths)}))  # tf.data's order
+    paths = [paths[i] for i in order]
+    first, first_rows, other, other_rows = (int(g) for g in found.groups())
+    return (
+      f"leading sizes disagree within a batch: key {path_name(paths[first])} has {first_rows} rows, "
+      f"key {path_name(paths[other])} has {other_rows}; expected every key to have the same rows"
+    )
+
+
+def _infer_batched(dataset: Any, specs: dict) -> bool:
+  """Whether elements are batches: a scalar leaf says no, an unknown leading size says yes, else a batch op does."""
+  ranks = [spec.shape.rank for spec in specs.values()]
+  if None in ranks:
+    raise ValueError(
+      f"key {path_name(next(p for p, s in specs.items() if s.shape.rank is None))} has unknown rank; "
+      "pass batched=True or batched=False"
+    )
+  if 0 in ranks:
+    return False
+  leading = [spec.shape[0] for spec in specs.values()]
+  if None in leading:
+    return True
+  if len(set(leading)) > 1:
+    return False
+  node = dataset
+  for _ in range(_MAX_PIPELINE_DEPTH):
+    name = type(node).__name__.lower()
+    if "unbatch" in name:
+      return False
+    if "batch" in name:
+      return True
+    node = getattr(
+      node, "_input_dataset", None
+    )  # tf.data keeps no public handle on a dataset's input
+    if node is None:
+      return False
+  return False
+
+
+def _check_static_leading_sizes(specs: dict) -> None:
+  sizes = {path: spec.shape[0] for path, spec in specs.items() if spec.shape[0] is not None}
+  if len(set(sizes.values())) > 1:
+    listed = ", ".join(f"{path_name(p)} has {s}" for p, s in sizes.items())
+    raise ValueError(
+      f"leading sizes disagree in the dataset's batches ({listed}); expected equal sizes"
+    )
+
+
+def _check_id_range(last_id: int) -> None:
+  if last_id > np.iinfo(ID_DTYPE).max:
+    raise ValueError(
+      f"row id {last_id} does not fit in int32; expected index_offset plus the number of rows to stay "
+      f"below {np.iinfo(ID_DTYPE).max + 1}"
+    )
+
+
+def _make_pad_fn(batch_size: int, mask_key: str, fills: dict[Path, Any], ids: RowIds | None):
+  """The tf.data map function: pads a short batch with `fills` and adds the mask (and the row ids).
+
+  With `ids` it maps ``(batch number, batch)`` (from ``Dataset.enumerate``), else ``batch``.
+  """
+  import tensorflow as tf
+
+  def pad_with_ids(number, element):
+    padded = pad(element)
+    positions = tf.range(batch_size, dtype=tf.int64)
+    first = tf.cast(ids.offset, tf.int64) + number * batch_size
+    real = padded[mask_key]
+    padded[ids.key] = tf.cast(tf.where(real, first + positions, PADDING_ID), ID_DTYPE)
+    return padded
+
+  def pad(element):
+    flat = flatten(element, convert=False)
+    rows = tf.shape(next(iter(flat.values())))[0]
+    padded = {}
+    for path, leaf in flat.items():
+      static = [batch_size] + leaf.shape.as_list()[1:]
+      # Only a short batch is copied: a full one passes through unchanged.
+      padded[path] = tf.ensure_shape(
+        tf.cond(
+          rows < batch_size,
+          lambda leaf=leaf, path=path: _padded(leaf, rows, fills[path]),
+          lambda leaf=leaf: leaf,
+        ),
+        static,
+      )
+    padded[(mask_key,)] = tf.range(batch_size) < rows
+    return unflatten(padded)
+
+  def _padded(leaf, rows, fill):
+    shape = tf.concat([[batch_size - rows], tf.shape(leaf)[1:]], axis=0)
+    return tf.concat([leaf, tf.fill(shape, tf.constant(fill, dtype=leaf.dtype))], axis=0)
+
+  return pad if ids is None else pad_with_ids

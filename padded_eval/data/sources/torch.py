@@ -1,0 +1,134 @@
+"""Source kind: a torch `DataLoader` whose batches are dicts of tensors (or of any array-likes).
+
+Each batch's leaves become numpy arrays with `array_like.to_numpy`: ``np.asarray`` for CPU tensors, a copy to the
+host for others, and bfloat16 / float8 tensors reinterpreted bit for bit as the `ml_dtypes` types jax uses
+(``np.asarray`` alone refuses them). The same conversion serves every iterable of dicts of array-likes (a plain
+generator of torch or jax batches is an `IterableSource`). Batches that are tuples or lists (a `TensorDataset`'s
+``[x, y]``) are refused with a ValueError that says how to name the fields.
+
+`len()` of the padded batches is known when the loader's sampler knows its length (a map-style dataset with
+automatic batching); an iterable-style dataset or a custom batch sampler leaves it unknown. A `DataLoader` starts a
+new pass on every ``iter()``, so the padded batches re-iterate. torch is imported only once a loader is passed.
+"""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+from collections.abc import Iterator
+from typing import Any
+
+from padded_eval.data.sources.base import Chunk, Source
+
+__all__ = ["TorchLoaderSource", "is_torch_loader"]
+
+
+def is_torch_loader(obj: Any) -> bool:
+  """Whether `obj` is a torch `DataLoader` (decided without importing torch)."""
+  return any(
+    cls.__module__.startswith("torch.utils.data") and cls.__name__ == "DataLoader"
+    for cls in type(obj).__mro__
+  )
+
+
+class TorchLoaderSource(Source):
+  """Reads a torch DataLoader batch by batch, each checked against the first."""
+
+  description = "a torch DataLoader"
+  fits_shapes = True
+
+  @classmethod
+  def accepts(cls, obj: Any) -> bool:
+    return is_torch_loader(obj)
+
+  def __init__(self, obj: Any, *, mask_key: str, batched: bool | None = None):
+    """Wraps the loader (nothing is read yet).
+
+    Args:
+      obj: a `torch.utils.data.DataLoader` yielding dicts (nested dicts allowed) of tensors ``[rows, ...]``.
+      mask_key: the mask's key; no batch key may equal it.
+      batched: ignored (a DataLoader yields batches).
+
+    Raises:
+      ValueError: a `DistributedSampler` over a dataset its replicas do not divide (it repeats or drops rows).
+    """
+    del batched
+    _check_sampler(getattr(obj, "sampler", None))
+    self._loader = obj
+    self._mask_key = mask_key
+
+  @property
+  def spec(self) -> None:
+    return None  # known once the first batch is read
+
+  def num_rows(self) -> int | None:
+    """Rows per pass from the sampler: ``len(sampler)``, or whole batches only with ``drop_last``."""
+    loader = self._loader
+    if _is_iterable_style(loader.dataset) or loader.batch_size is None:
+      return None  # iterable-style, or a custom batch_sampler / no automatic batching
+    try:
+      indices = len(loader.sampler)
+    except TypeError:  # a sampler without a length
+      return None
+    return indices // loader.batch_size * loader.batch_size if loader.drop_last else indices
+
+  def chunks(self) -> Iterator[Chunk]:
+    """Starts a new pass over the loader (its workers, if any, start again).
+
+    Raises:
+      ValueError: (while reading) a batch that is not a dict, or that breaks the contract.
+    """
+    return self._checked(iter(self._loader))
+
+  def batch_rows(self) -> int | None:
+    """Rows of the loader's first batch (read once)."""
+    first = next(self.chunks(), None)
+    return None if first is None else first[1]
+
+  def _checked(self, batches: Iterator[Any]) -> Iterator[Chunk]:
+    return self.checked_chunks(_named(batches), self._mask_key, "batch {index}")
+
+
+def _named(batches: Iterator[Any]) -> Iterator[cabc.Mapping]:
+  """The batches, each checked to be a Mapping (a ValueError that says how to name the fields)."""
+  for index, batch in enumerate(batches):
+    if not isinstance(batch, cabc.Mapping):
+      raise ValueError(_unnamed_message(batch, index))
+    yield batch
+
+
+def _check_sampler(sampler: Any) -> None:
+  """Refuses a DistributedSampler that repeats rows (to even out the shares) or drops them."""
+  if not any(
+    cls.__module__.startswith("torch.utils.data") and cls.__name__ == "DistributedSampler"
+    for cls in type(sampler).__mro__
+  ):
+    return
+  rows, replicas = len(sampler.dataset), sampler.num_replicas
+  if rows % replicas:
+    action = "drops" if sampler.drop_last else "repeats"
+    raise ValueError(
+      f"the DataLoader's DistributedSampler splits {rows} rows over {replicas} replicas and so {action} "
+      f"{rows % replicas if sampler.drop_last else replicas - rows % replicas} of them; give each process "
+      "its rows instead: DataLoader(torch.utils.data.Subset(dataset, range(len(dataset))"
+      "[pe.process_slice(len(dataset))]), ...) with the default sampler"
+    )
+
+
+def _is_iterable_style(dataset: Any) -> bool:
+  """Whether `dataset` is a torch `IterableDataset` (no sampler decides its length)."""
+  return any(
+    cls.__module__.startswith("torch.utils.data") and cls.__name__ == "IterableDataset"
+    for cls in type(dataset).__mro__
+  )
+
+
+def _unnamed_message(batch: Any, index: int) -> str:
+  what = f"a {type(batch).__name__}"
+  if isinstance(batch, (tuple, list)):
+    what += f" of {len(batch)} values"
+  return (
+    f"batch {index} of the DataLoader is {what}; expected a dict of tensors, so that each field has a name: "
+    "have the dataset's __getitem__ return a dict, e.g. {'image': x, 'label': y} (the default collate_fn "
+    "stacks it into a dict of tensors), or pass collate_fn=lambda rows: {'image': torch.stack([r[0] for r "
+    "in rows]), 'label': torch.stack([r[1] for r in rows])}"
+  )

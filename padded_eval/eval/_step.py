@@ -1,0 +1,122 @@
+"""The masked_eval step, written once for every backend (`padded_eval.eval.backends` maps it).
+
+``step_fn(params, batch)`` is wrapped (`checked_step_fn`), turned into one batch's
+statistics (`batch_statistics`, what ``jax.eval_shape`` reads the state's structure from)
+and into the step that merges one batch into the carried state (`merge_step`). The carried
+state is ``(metric, ExactCount of real rows)``; under pmap and shard_map each shard carries
+its own, stacked on a leading axis (`unstack` / `restack` inside the mapped function), and
+`reduce_state` combines them across a mapped axis.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from padded_eval.eval._outputs import split_step_result
+from padded_eval.exact.accumulate import ExactCount
+
+__all__ = [
+  "batch_statistics",
+  "checked_step_fn",
+  "merge_step",
+  "packed",
+  "reduce_state",
+  "restack",
+  "row_count",
+  "unstack",
+]
+
+
+def checked_step_fn(step_fn: Callable, mask_key: str = "mask", outputs: bool = False) -> Callable:
+  """``(params, batch) -> (metric, per_row)`` from ``step_fn``, checked at trace time.
+
+  Args:
+    step_fn: the user's step: returns a Metric, or with ``outputs`` ``(metric, per_row)``.
+    mask_key: the batch key of the mask (its length is the rows ``per_row`` must have), or a
+      ``mask_fn(batch) -> bool [rows, ...]`` (``masked_eval(mask_fn=...)``).
+    outputs: whether ``step_fn`` returns per-row outputs.
+
+  Returns:
+    The wrapped step; ``per_row`` is None without ``outputs``. It raises ValueError (see
+    `padded_eval.eval._outputs.split_step_result`) when ``step_fn`` returns the wrong thing.
+  """
+
+  @functools.wraps(step_fn)
+  def checked(params, batch):
+    rows = np.shape(row_mask(batch, mask_key))[0]
+    return split_step_result(step_fn(params, batch), outputs, rows)
+
+  return checked
+
+
+def row_mask(batch, mask_key) -> Any:
+  """The bool mask of real rows: ``batch[mask_key]``, or ``mask_key(batch)`` for a ``mask_fn``."""
+  return mask_key(batch) if callable(mask_key) else batch[mask_key]
+
+
+def row_count(batch, mask_key) -> ExactCount:
+  """The exact count of real rows of ``batch`` (True entries of its `row_mask`)."""
+  return ExactCount.of(jnp.sum(row_mask(batch, mask_key), dtype=jnp.int32))
+
+
+def batch_statistics(inner: Callable, mask_key: str, axis: str | None) -> Callable:
+  """``(params, batch) -> (metric, row count)`` of one batch, reduced over ``axis`` if given."""
+
+  def statistics(params, batch):
+    metric, count = inner(params, batch)[0], row_count(batch, mask_key)
+    if axis is not None:
+      metric, count = metric.reduce(axis), count.reduce(axis)
+    return metric, count
+
+  return statistics
+
+
+def merge_step(
+  inner: Callable, mask_key: str, sync_total: Callable, count_rows: bool = True
+) -> Callable:
+  """``(params, state, inputs) -> (state, token, per_row)``: one batch merged into ``state``,
+  locally (no collective but ``sync_total`` of the multi-host flags). Without ``count_rows``
+  the carried count stays as it came: the driver counts the real rows on the host."""
+
+  def masked_eval_step(params, state, inputs: Any):  # inputs: a backends.StepInput
+    metric_total, count_total = state
+    metric, per_row = inner(params, inputs.batch)
+    if count_rows:
+      count_total = count_total.merge(row_count(inputs.batch, mask_key))
+    token = (count_total.total(), tuple(sync_total(flag) for flag in inputs.sync))
+    return (metric_total.merge(metric), count_total), token, per_row
+
+  return masked_eval_step
+
+
+def packed(step: Callable, packing: Any) -> Callable:
+  """``step`` (a `merge_step`) carrying its state packed by ``packing`` (a
+  `padded_eval.eval._packing.StatePacking`): ``(params, uint8 [nbytes], inputs) -> (uint8 [nbytes],
+  token, per_row)``; the state is unpacked and packed again inside the compiled program."""
+
+  def packed_step(params, state, inputs):
+    state, token, per_row = step(params, packing.unpack(state), inputs)
+    return packing.pack(state), token, per_row
+
+  return packed_step
+
+
+def reduce_state(axis: str) -> Callable:
+  """``(metric, count) -> (metric, count)`` combined across the mapped axis ``axis``."""
+  return lambda state: (state[0].reduce(axis), state[1].reduce(axis))
+
+
+def unstack(tree: Any) -> Any:
+  """Every leaf's one block ``[1, ...] -> [...]`` (inside shard_map)."""
+  return jax.tree.map(lambda x: x[0], tree)
+
+
+def restack(tree: Any) -> Any:
+  """Every leaf ``[...] -> [1, ...]``, the block of a leading stacked axis (inside shard_map)."""
+  return jax.tree.map(lambda x: x[None], tree)

@@ -1,0 +1,50 @@
+"""Where `masked_eval`'s work runs: one `Backend` class per module, chosen by name in `BACKENDS`.
+
+The driver (`padded_eval.eval`) never tests the backend's name: it calls the `Backend` methods
+(`_base`). Adding a backend is one module here plus one line in `BACKENDS`
+(docs/architecture.md, "Adding a backend").
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from jax.sharding import Mesh
+
+from padded_eval.eval.backends._base import Backend as Backend
+from padded_eval.eval.backends._base import CompiledStep as CompiledStep
+from padded_eval.eval.backends._base import MeshBackend as MeshBackend
+from padded_eval.eval.backends.jit import JitBackend as JitBackend
+from padded_eval.eval.backends.pmap import PmapBackend as PmapBackend
+from padded_eval.eval.backends.shard_map import ShardMapBackend as ShardMapBackend
+from padded_eval.multihost.distributed import StepInput as StepInput
+from padded_eval.validation import check_choice
+
+BACKENDS: dict[str, type[Backend]] = {
+  "pmap": PmapBackend,
+  "shard_map": ShardMapBackend,
+  "jit": JitBackend,
+}
+"""The backends by name: the only place where a backend's name is looked at."""
+
+
+def make_backend(name: str, axis_name: str, mesh: Mesh | None, data_axes: Any = None) -> Backend:
+  """The backend called ``name``, for ``masked_eval(backend=name, axis_name=..., mesh=...,
+  data_axes=...)``; the same settings give the same (cached) backend.
+
+  Raises:
+    ValueError: ``name`` is not in `BACKENDS`; a mesh or data_axes with ``"pmap"``; a mesh that
+      is not a ``jax.sharding.Mesh``; data_axes that are not axes of the mesh; ``axis_name`` a
+      mesh axis that the default rule does not split the batch over.
+  """
+  check_choice("backend", name, tuple(BACKENDS))
+  try:
+    return _made_backend(name, axis_name, mesh, data_axes)
+  except TypeError:  # unhashable settings (a list of data axes): not cached
+    return BACKENDS[name].create(axis_name, mesh, data_axes)
+
+
+@functools.lru_cache(maxsize=64)
+def _made_backend(name: str, axis_name: str, mesh: Mesh | None, data_axes: Any) -> Backend:
+  return BACKENDS[name].create(axis_name, mesh, data_axes)

@@ -1,0 +1,249 @@
+"""What every backend shares: the `Backend` protocol, `CompiledStep` and `MeshBackend`.
+
+A backend places the params, each step's input and the empty state on the devices, compiles
+the step ``(params, state, StepInput) -> (state, token)``, reduces the per-device partial
+states once at the end (`Backend.finalize`) and fetches the state to the host. One backend is
+one module of this package (`pmap`, `shard_map`, `jit`) plus one line in `BACKENDS`
+(``padded_eval/eval/backends/__init__.py``).
+
+Under pmap and shard_map every shard of the data axis carries its own partial state (stacked
+on a leading axis): a step merges locally and runs no collective; `finalize` reduces the
+partial states exactly, once: small states (one process) are fetched and combined with
+``aggregate()`` in one single-device program (`padded_eval.eval._placement.combined_on_one_device`),
+larger ones by ``Metric.reduce``, the one collective of a call. The pieces of the step itself
+are in `padded_eval.eval._step`.
+
+A small state with one process and no checkpoint is carried packed, one ``uint8`` vector per
+shard (`padded_eval.eval._packing`; ``CompiledStep.packed_step``, ``place_packed``, and the
+``packing`` argument of ``finalize`` and ``to_host``): a short evaluation then copies one
+array per shard instead of one per leaf and shard.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from padded_eval.data import sharding as sharding_lib
+from padded_eval.eval import _packing as packing_lib
+from padded_eval.eval import _placement as placement
+from padded_eval.multihost.distributed import StepInput
+
+__all__ = ["Backend", "CompiledStep", "MeshBackend"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledStep:
+  """The compiled functions of one ``(step_fn, backend, mask_key)``.
+
+  Attributes:
+    state_shapes: ``(placed params, placed batch) -> (metric, ExactCount)`` of
+      ``jax.ShapeDtypeStruct``: one shard's carried state, from ``jax.eval_shape`` of the
+      step's statistics (which traces ``step_fn`` into the jit cache the step reuses).
+    step: ``(placed params, state, placed StepInput) -> (state, token, per_row)``;
+      ``state`` is donated. ``token`` is ``(rows_so_far, sync_totals)``: a small array
+      that is ready when the step has finished, and each ``sync`` array summed over all
+      shards. ``per_row`` is what ``step_fn`` returned next to its metric (``outputs=True``),
+      rows split over the data axis like the batch; None without outputs.
+    step_keeping_state: the same step without donating ``state``: for a small empty state
+      that is placed once and reused by every call (`padded_eval.eval._placement.placed_once`).
+    packed_step: ``packing -> step`` for a `padded_eval.eval._packing.StatePacking`: the step
+      (not donating) whose carried state is one ``uint8`` vector per shard
+      (`padded_eval.eval._step.packed`); compiled on first use. On a backend whose
+      ``counts_rows_on_host`` is True and with a mask key, it does not count the real
+      rows: the driver does, on the host.
+  """
+
+  state_shapes: Callable
+  step: Callable
+  step_keeping_state: Callable
+  packed_step: Callable
+
+
+@runtime_checkable
+class Backend(Protocol):
+  """How the work of `masked_eval` is laid out on the devices.
+
+  Attributes:
+    mesh: the device mesh (for pmap: the local devices on one axis).
+    data_axes: the mesh axes the rows are split over (the ones reduced across).
+    data_axis: the same as collectives take it: the one name, or the tuple of names.
+    num_shards: how many parts this process's batch is split into along its rows.
+  """
+
+  mesh: Mesh
+  data_axes: tuple[str, ...]
+  row_axes: int  # leading axes of a step's per_row output that index rows (pmap: device, row)
+  counts_rows_on_host: bool  # packed steps with a mask key leave the row count to the driver
+
+  @property
+  def data_axis(self) -> str | tuple[str, ...]: ...
+
+  @property
+  def num_shards(self) -> int: ...
+
+  @classmethod
+  def create(cls, axis_name: str, mesh: Mesh | None, data_axes: Any = None) -> Backend:
+    """The backend for ``masked_eval(axis_name=..., mesh=..., data_axes=...)``; ValueError on a
+    bad mesh or data axes."""
+    ...
+
+  def place_params(self, params: Any) -> Any:
+    """``params`` on the devices as the compiled step takes them (replicated, or as sharded)."""
+    ...
+
+  def place_batch(self, inputs: StepInput) -> Any:
+    """A checked host `StepInput` -> device arrays in the layout the compiled step takes."""
+    ...
+
+  def place_state(self, state: Any) -> Any:
+    """The empty host state (one shard's) -> the carried device state."""
+    ...
+
+  def place_packed(self, packing: Any) -> Any:
+    """``packing.empty`` (one shard's packed empty state) -> the carried packed device state,
+    placed once and reused (`padded_eval.eval._placement.placed_once`)."""
+    ...
+
+  def place_saved_state(self, state: Any) -> Any:
+    """This process's saved part of a carried state (see `local_part`) -> the carried device state."""
+    ...
+
+  def local_part(self, leaf: jax.Array) -> np.ndarray:
+    """This process's part of one carried state leaf, as numpy (what a checkpoint saves)."""
+    ...
+
+  @property
+  def layout(self) -> dict:
+    """The backend and its device layout as JSON (what a checkpoint must match)."""
+    ...
+
+  def compile_step(self, step_fn: Callable, mask_key: str, outputs: bool = False) -> CompiledStep:
+    """The (not yet cached) compiled functions for ``step_fn`` (which returns ``(metric, per_row)``
+    when ``outputs``)."""
+    ...
+
+  def finalize(self, state: Any, packing: Any = None) -> Any:
+    """The carried state -> the global state: the one exact reduce across shards (``packing``:
+    the state is packed by this `padded_eval.eval._packing.StatePacking`, and stays packed)."""
+    ...
+
+  def to_host(self, state: Any, packing: Any = None) -> Any:
+    """One copy of the finalized (replicated) state, as numpy, in one transfer (unpacked)."""
+    ...
+
+
+@functools.lru_cache(maxsize=64)
+def _finalize_program(backend: Backend) -> Callable:
+  """The compiled finalize of ``backend``, shared by every step function on it."""
+  return backend.finalize_program()
+
+
+# --- the backends -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshBackend(abc.ABC):
+  """What every backend shares: a mesh and the axes the rows are split over."""
+
+  mesh: Mesh
+  data_axes: tuple[str, ...]
+  row_axes = 1  # a step's per_row output is [rows, ...], rows split over the data axes
+
+  @property
+  def data_axis(self) -> str | tuple[str, ...]:
+    return self.data_axes[0] if len(self.data_axes) == 1 else self.data_axes
+
+  @functools.cached_property
+  def num_shards(self) -> int:
+    # This process's part of the data axes: each process splits its own rows.
+    return int(np.prod([self.mesh.local_mesh.shape[axis] for axis in self.data_axes]))
+
+  @property
+  def replicated(self) -> NamedSharding:
+    return NamedSharding(self.mesh, PartitionSpec())
+
+  @property
+  def split(self) -> NamedSharding:
+    return NamedSharding(self.mesh, sharding_lib.partition_spec(self.data_axes))
+
+  @classmethod
+  def create(cls, axis_name: str, mesh: Mesh | None, data_axes=None):
+    if mesh is None:
+      mesh = Mesh(np.array(jax.devices()), (axis_name,))
+    elif not isinstance(mesh, Mesh):
+      raise ValueError(f"mesh must be a jax.sharding.Mesh; got {type(mesh).__name__}")
+    axes = sharding_lib.data_axes(mesh, data_axes)
+    if data_axes is None and axis_name in mesh.axis_names and axis_name not in axes:
+      raise ValueError(
+        f"axis_name {axis_name!r} is not a data axis of mesh {dict(mesh.shape)}: the batch is "
+        f"split over {axes} (see padded_eval.data.sharding.data_axes); pass data_axes={axis_name!r} "
+        "to split it there"
+      )
+    return cls(mesh, axes)
+
+  def place_params(self, params):
+    leaves, treedef = jax.tree.flatten(params)
+    return jax.tree.unflatten(treedef, placement.place_reusing(leaves, self.replicated))
+
+  def place_batch(self, inputs):
+    if jax.process_count() == 1:  # checked by the driver (BatchSpec): one transfer, no re-check
+      return jax.device_put(sharding_lib.as_arrays(inputs), self.split)
+    return sharding_lib.global_batch(inputs, self.mesh, self.data_axes)
+
+  per_shard_state = True  # the carried leaves are [shards, ...]: one partial state per shard
+  counts_rows_on_host = False  # the step counts the real rows (free without a collective)
+  keeps_device_axis = False  # the finalized leaves keep a leading axis of size 1 (pmap)
+
+  def finalize(self, state, packing=None):
+    if packing is not None:  # small, one process: fetched, combined on one device, packed
+      if not self.per_shard_state:
+        return state
+      return packing_lib.aggregate_packed(np.asarray(state), packing)
+    if self.per_shard_state:  # small and one process: no collective (placement module)
+      combined = placement.combined_on_one_device(state, self.keeps_device_axis)
+      if combined is not None:
+        return combined
+    return _finalize_program(self)(state)
+
+  @property
+  def layout(self) -> dict:
+    return {
+      "backend": type(self).__name__,
+      "mesh": {str(k): int(v) for k, v in self.mesh.shape.items()},
+      "data_axis": self.data_axis if len(self.data_axes) == 1 else list(self.data_axes),
+      "num_shards": self.num_shards,
+    }
+
+  def local_part(self, leaf):
+    if leaf.is_fully_addressable:  # one process: the whole array is its part
+      return np.asarray(leaf)
+    if leaf.is_fully_replicated:
+      return np.asarray(leaf.addressable_shards[0].data)
+    blocks = {}  # first row -> block; replicas over other mesh axes hold the same block
+    for shard in leaf.addressable_shards:
+      blocks.setdefault(shard.index[0].start or 0, shard.data)
+    return np.concatenate([np.asarray(blocks[start]) for start in sorted(blocks)])
+
+  def place_state(self, state):
+    place = lambda: self.place_saved_state(placement.stacked(state, self.num_shards))
+    return placement.placed_once(state, self, place)
+
+  def place_packed(self, packing):
+    return self.place_state(packing.empty)
+
+  @abc.abstractmethod
+  def finalize_program(self) -> Callable:
+    """The uncached compiled reduce of the carried state; `finalize` caches it per backend."""
+
+  def to_host(self, state, packing=None):
+    if packing is not None:  # one array: the combined (or replicated) packed state
+      return packing.unpack_host(np.asarray(state.addressable_data(0)))
+    return jax.device_get(jax.tree.map(lambda x: x.addressable_data(0), state))

@@ -1,0 +1,84 @@
+"""`PmapBackend` (``"pmap"``): ``jax.pmap`` over the local devices; ``step_fn`` sees one
+device's rows ``[B // devices, ...]``. With one process the step is what ``jax.pmap`` runs
+(``jax.jit`` of a ``jax.shard_map``), called directly: pmap's per-call Python is a noticeable
+part of a short evaluation."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from padded_eval.data import sharding as sharding_lib
+from padded_eval.eval import _placement as placement
+from padded_eval.eval import _step as step_parts
+from padded_eval.eval._step import checked_step_fn
+from padded_eval.eval.backends._base import CompiledStep, MeshBackend
+
+__all__ = ["PmapBackend"]
+
+
+class PmapBackend(MeshBackend):
+  """``jax.pmap`` over the local devices; one partial state per device."""
+
+  row_axes = 2  # a step's per_row output is [devices, rows per device, ...]
+  keeps_device_axis = True
+
+  @classmethod
+  def create(cls, axis_name, mesh, data_axes=None):
+    for name, value in (("mesh", mesh), ("data_axes", data_axes)):
+      if value is not None:
+        raise ValueError(
+          f"{name} is used by the 'shard_map' and 'jit' backends; backend='pmap' runs on "
+          f"all local devices. Got {name}={value!r}; pass {name}=None or another backend."
+        )
+    return cls(Mesh(np.array(jax.local_devices()), (axis_name,)), (axis_name,))
+
+  def place_params(self, params):
+    # jax.pmap misaligns in_axes=None for an argument without leaves (None, {}): anchor it.
+    return super().place_params((placement.anchor(), params))
+
+  def place_batch(self, inputs):
+    return jax.device_put(sharding_lib.shard(inputs, self.num_shards), self.split)
+
+  def place_saved_state(self, state):
+    return jax.device_put(state, self.split)
+
+  def compile_step(self, step_fn, mask_key, outputs=False):
+    inner = jax.jit(checked_step_fn(step_fn, mask_key, outputs))  # one trace cache
+    axis = self.data_axis
+    sync_total = lambda flag: jax.lax.psum(jnp.sum(flag), axis)
+    unanchored = lambda fn: lambda anchored, *args: fn(anchored[1], *args)
+    statistics = jax.pmap(
+      unanchored(step_parts.batch_statistics(inner, mask_key, axis)), axis, in_axes=(None, 0)
+    )
+    merge = unanchored(step_parts.merge_step(inner, mask_key, sync_total))
+
+    def make(merge, donate):
+      if jax.process_count() > 1:  # pmap's axis spans every process's devices
+        return jax.pmap(merge, axis, in_axes=(None, 0, 0), donate_argnums=donate)
+      mapped = jax.shard_map(  # what jax.pmap runs, without its Python work on every call
+        lambda params, *blocks: step_parts.restack(merge(params, *step_parts.unstack(blocks))),
+        mesh=self.mesh,
+        in_specs=(PartitionSpec(), self.split.spec, self.split.spec),
+        out_specs=self.split.spec,
+        check_vma=False,
+      )
+      return jax.jit(mapped, donate_argnums=donate)
+
+    def state_shapes(params, batch):  # per-device copies: drop the leading device axis
+      shapes = jax.eval_shape(statistics, params, batch)
+      return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), shapes)
+
+    packed = lambda packing: make(step_parts.packed(merge, packing), ())
+    return CompiledStep(state_shapes, make(merge, 1), make(merge, ()), packed)
+
+  def finalize_program(self):
+    return jax.pmap(step_parts.reduce_state(self.data_axis), self.data_axis)
+
+  def to_host(self, state, packing=None):
+    if packing is not None:
+      return super().to_host(state, packing)
+    # index on the host: x[0] on the device is one dispatch per leaf
+    return jax.tree.map(lambda x: x[0], super().to_host(state))

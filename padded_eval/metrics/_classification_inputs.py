@@ -1,0 +1,200 @@
+"""The classification base: configuration, formatted inputs, invalid counts and batch counts.
+
+:class:`ClassificationMetric` is the base of the confusion, curve and calibration
+metrics: it holds the configuration they share (``task``, ``num_classes``,
+``from_logits``, ``ignore_index``), checks it once (through
+:mod:`padded_eval.validation`), reads the update inputs through the one formatter of
+:mod:`padded_eval.metrics._formatting` and counts the invalid elements it reports.
+
+The int32 batch counts (per-class tp/fp/fn/tn, the ``[C, C + 1]`` matrix) are wrapped in
+:class:`~padded_eval.exact.accumulate.ExactCount` by the metrics. See
+:mod:`padded_eval.metrics.confusion` for the semantics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from padded_eval import validation
+from padded_eval.exact.accumulate import ExactCount
+from padded_eval.metrics._formatting import INVALID_KINDS, format_inputs
+from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
+
+TASKS = ("binary", "multiclass", "multilabel")
+AVERAGES = ("micro", "macro", "weighted", None)
+MAX_MATRIX_CLASSES = 46339  # flat index t * (C + 1) + p stays below 2**31
+
+
+def config_field(default):
+  """A keyword-only configuration field of a metric dataclass."""
+  return dataclasses.field(default=default, kw_only=True)
+
+
+# --- configuration ---------------------------------------------------------------------
+
+
+def check_task(task, num_classes, *, tasks=TASKS) -> None:
+  """Raises ValueError for a bad ``task`` / ``num_classes`` pair."""
+  validation.check_choice("task", task, tasks)
+  if task == "binary":
+    if num_classes not in (None, 2) or isinstance(num_classes, bool):
+      raise ValueError(
+        f"task='binary' has 2 classes; got num_classes={num_classes!r}. Use "
+        "num_classes=None (or 2), or task='multiclass' / 'multilabel'"
+      )
+    return
+  validation.check_positive_int("num_classes", num_classes)
+  if task == "multiclass" and num_classes < 2:
+    raise ValueError(f"task='multiclass' needs num_classes, an int >= 2; got {num_classes!r}")
+
+
+def check_flag(argname: str, value) -> None:
+  """Raises ValueError unless ``value`` is True or False."""
+  if not isinstance(value, bool):
+    raise ValueError(f"{argname} must be True or False; got {value!r}")
+
+
+def check_ignore_index(ignore_index) -> None:
+  """Raises ValueError unless ``ignore_index`` is None or an int."""
+  if ignore_index is not None and (
+    isinstance(ignore_index, bool) or not isinstance(ignore_index, int)
+  ):
+    raise ValueError(f"ignore_index must be None or an int; got {ignore_index!r}")
+
+
+def check_no_weights(weights, metric) -> None:
+  """Raises ValueError if sample ``weights`` were given to a counting metric."""
+  if weights is not None:
+    raise ValueError(
+      f"{type(metric).__name__} counts elements and does not take sample "
+      "weights; got weights. Drop the keyword, or mask elements out instead"
+    )
+
+
+def num_columns(task: str, num_classes) -> int:
+  """Columns of the per-class counts: 1 for binary, else ``num_classes``."""
+  return 1 if task == "binary" else num_classes
+
+
+class ClassificationMetric(Metric):
+  """Base of the confusion, curve and calibration metrics.
+
+  Subclasses set the default ``task``, list their ``invalid_kinds`` (a subset of
+  :data:`~padded_eval.metrics._formatting.INVALID_KINDS`) and call :meth:`elements` in
+  ``_batch_state``; its invalid counts go in the ``invalid`` state field.
+  """
+
+  task: str = config_field("multiclass")
+  num_classes: int | None = config_field(None)
+  from_logits: bool = config_field(False)
+  ignore_index: int | None = config_field(None)
+  invalid: ExactCount = state(invalid_state)
+  example_rows: ExactCount = state(empty_count)
+
+  invalid_kinds: ClassVar[tuple[str, ...]] = INVALID_KINDS
+  _tasks: ClassVar[tuple[str, ...]] = TASKS
+  _scores_only: ClassVar[bool] = False  # multiclass preds must be [..., C] scores
+
+  def _check_config(self):
+    check_task(self.task, self.num_classes, tasks=self._tasks)
+    check_flag("from_logits", self.from_logits)
+    check_ignore_index(self.ignore_index)
+
+  def elements(self, preds, target, mask):
+    """``(elements, invalid counts)``: the formatted inputs and this batch's ``invalid``."""
+    elements = format_inputs(
+      preds,
+      target,
+      mask,
+      task=self.task,
+      num_classes=self.num_classes,
+      from_logits=self.from_logits,
+      ignore_index=self.ignore_index,
+      scores_only=self._scores_only,
+    )
+    kinds = {k: v for k, v in elements.invalid.items() if k in self.invalid_kinds}
+    return elements, self.count_invalid(**kinds)
+
+  def included_classes(self) -> np.ndarray:
+    """bool ``[L]``: False only for a multiclass ``ignore_index`` that is a class id."""
+    included = np.ones(num_columns(self.task, self.num_classes), bool)
+    if self.task == "multiclass" and self.ignore_index is not None:
+      if 0 <= self.ignore_index < self.num_classes:
+        included[self.ignore_index] = False
+    return included
+
+
+# --- batch counts ----------------------------------------------------------------------
+
+
+def label_counts(truth, guess, valid) -> jax.Array:
+  """int32 ``[4, L]``: tp, fp, fn, tn per label over all leading axes."""
+  axes = tuple(range(truth.ndim - 1))
+
+  def count(selected):
+    return jnp.sum(valid & selected, axis=axes, dtype=jnp.int32)
+
+  return jnp.stack(
+    [count(truth & guess), count(~truth & guess), count(truth & ~guess), count(~truth & ~guess)]
+  )
+
+
+def scatter_count(indices, valid, size: int) -> jax.Array:
+  """int32 ``[size]``: how many valid elements carry each index (one scatter-add)."""
+  flat = jnp.where(valid, indices, size).reshape(-1)
+  return jnp.zeros((size,), jnp.int32).at[flat].add(1, mode="drop")
+
+
+def class_counts(labels, predicted, valid, num_classes: int) -> jax.Array:
+  """int32 ``[4, C]`` tp, fp, fn, tn per class of multiclass elements (top-k aware).
+
+  A class is predicted for an element when it is among its ``top_k`` ids (``predicted``
+  ``[..., k]``; -1 predicts no class); a true positive when it is also the target.
+  ``tn = N - tp - fp - fn`` with ``N`` the counted elements. One scatter-add into
+  ``[3C]`` bins.
+  """
+  c = num_classes
+  hit = jnp.any(predicted == labels[..., None], axis=-1)
+  indices = jnp.concatenate(
+    [labels.reshape(-1), c + predicted.reshape(-1), 2 * c + labels.reshape(-1)]
+  )
+  predicted_valid = (valid[..., None] & (predicted >= 0)).reshape(-1)
+  selected = jnp.concatenate([(valid & hit).reshape(-1), predicted_valid, valid.reshape(-1)])
+  tp, predicted_count, true_count = scatter_count(indices, selected, 3 * c).reshape(3, c)
+  fp, fn = predicted_count - tp, true_count - tp
+  total = jnp.sum(valid, dtype=jnp.int32)
+  return jnp.stack([tp, fp, fn, total - tp - fp - fn])
+
+
+def matrix_counts(labels, predicted, valid, num_classes: int, method: str = "scatter"):
+  """int32 ``[C, C + 1]`` (rows true, columns predicted) of multiclass elements.
+
+  ``predicted`` ``[..., 1]`` (or ``[...]``) ids; -1 (no class: an out-of-range id or an
+  all-NaN row) counts in the last column. ``method``: ``"scatter"`` (one scatter-add of
+  ``t * (C + 1) + p``; the default: on CPU it was 2-3x faster than the matmul at C=10
+  and 280-1000x at C=1000 for 1024 examples, see benchmarks/bench_classification.py) or
+  ``"matmul"`` (one-hot ``[N, C + 1]`` product, exact: per-batch counts are far below
+  ``2**24``).
+  """
+  validation.check_choice("method", method, ("scatter", "matmul"))
+  c = num_classes
+  labels, valid = labels.reshape(-1), valid.reshape(-1)
+  predicted = predicted.reshape(-1)
+  columns = jnp.where(predicted >= 0, predicted, c)
+  if method == "scatter":
+    return scatter_count(labels * (c + 1) + columns, valid, c * (c + 1)).reshape(c, c + 1)
+  true_hot = jnp.where(valid[:, None], jax.nn.one_hot(labels, c, dtype=jnp.float32), 0.0)
+  pred_hot = jax.nn.one_hot(columns, c + 1, dtype=jnp.float32)
+  product = jnp.matmul(true_hot.T, pred_hot, precision=jax.lax.Precision.HIGHEST)
+  return product.astype(jnp.int32)
+
+
+def divide(numerator, denominator) -> jax.Array:
+  """``numerator / denominator``, 0 where the denominator is 0 (``zero_division=0``)."""
+  defined = denominator > 0
+  return jnp.where(defined, numerator / jnp.where(defined, denominator, 1.0), 0.0)

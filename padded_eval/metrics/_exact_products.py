@@ -1,0 +1,113 @@
+"""Exact sums of products of counts, for ratios that would cancel in float32.
+
+``c * n - sum_k t_k * p_k`` (the Matthews numerator) subtracts two numbers of order
+``n**2`` whose difference can be tiny: in float32 the products round (``n`` past
+``2**12``) and the difference keeps only the rounding error. Here each count is split
+into base-``2**12`` int32 digits, products and sums are formed exactly on the digits
+(every digit product is below ``2**24``, every column sum below ``2**31``), carries are
+propagated with integer shifts, and only the final, exact difference is converted to
+float32 (one rounding per digit of a sum of non-negative terms: a few ulps). Nothing
+here is floating-point arithmetic that XLA could contract or reassociate.
+
+Exact for counts below ``2**61`` and results below ``2**122`` (float32's range); the
+sums have at most ``2**16`` terms.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from padded_eval.exact.accumulate import ExactCount
+
+DIGIT_BITS = 12
+NUM_DIGITS = 11  # 132 bits: a product of two counts below 2**61, or a sum below 2**132
+_DIGIT_MASK = (1 << DIGIT_BITS) - 1
+_SCALES = np.array([2.0 ** (DIGIT_BITS * m) for m in range(NUM_DIGITS)], np.float32)
+
+
+def digits(count: ExactCount) -> jax.Array:
+  """int32 ``[..., NUM_DIGITS]`` base-``2**12`` digits of an exact count (lowest first)."""
+  low = count.digits12()
+  zero = jnp.zeros(low.shape[:-1] + (NUM_DIGITS - low.shape[-1],), jnp.int32)
+  return jnp.concatenate([low, zero], axis=-1)
+
+
+def normalize(values: jax.Array) -> jax.Array:
+  """Carries propagated: every digit in ``[0, 2**12)`` but the top one, which keeps the
+  sign and any excess (digits may be negative on entry, ``|digit| < 2**30``).
+
+  One ``lax.scan`` over the digits (the carry ripples lowest first), so a program
+  holds one small loop instead of a chain of ``NUM_DIGITS`` steps.
+  """
+  by_digit = jnp.moveaxis(values, -1, 0)
+
+  def step(carry, digit):
+    value = digit + carry
+    return value >> DIGIT_BITS, value & _DIGIT_MASK  # arithmetic shift: floor, also below 0
+
+  carry, low = jax.lax.scan(step, jnp.zeros(values.shape[:-1], jnp.int32), by_digit[:-1])
+  return jnp.moveaxis(jnp.concatenate([low, (by_digit[-1] + carry)[None]]), 0, -1)
+
+
+_COUNT_DIGITS = 6  # nonzero digits of a count below 2**72
+# _PLACE[i * 6 + j, m] = 1 where i + j = m: digit products to their column of the product.
+_PLACE = np.zeros((_COUNT_DIGITS * _COUNT_DIGITS, NUM_DIGITS), np.int32)
+for _i in range(_COUNT_DIGITS):
+  for _j in range(_COUNT_DIGITS):
+    _PLACE[_i * _COUNT_DIGITS + _j, _i + _j] = 1
+
+
+def times(a: jax.Array, b: jax.Array) -> jax.Array:
+  """Digits of ``a * b`` for two arrays of count digits (values below ``2**61``; exact).
+
+  Every digit product is below ``2**24`` and a column sums at most 6 of them.
+  """
+  a, b = a[..., :_COUNT_DIGITS], b[..., :_COUNT_DIGITS]
+  products = a[..., :, None] * b[..., None, :]
+  flat = products.reshape(products.shape[:-2] + (_COUNT_DIGITS * _COUNT_DIGITS,))
+  return normalize(jnp.matmul(flat, jnp.asarray(_PLACE)))
+
+
+def total(values: jax.Array, axis: int = 0) -> jax.Array:
+  """Digits of the sum over ``axis`` (at most ``2**16`` normalized numbers; exact)."""
+  return normalize(jnp.sum(values, axis=axis))
+
+
+def difference(a: jax.Array, b: jax.Array) -> jax.Array:
+  """float32 ``a - b`` of two normalized digit arrays, rounded only at the end."""
+  both = normalize(jnp.stack([a - b, b - a]))
+  negative = both[0, ..., -1] < 0
+  magnitude = jnp.where(negative[..., None], both[1], both[0])
+  value = jnp.sum(magnitude.astype(jnp.float32) * _SCALES, axis=-1)
+  return jnp.where(negative, -value, value)
+
+
+@jax.jit  # compiled once per table shape, also for eager compute()
+def matthews_corrcoef(table: ExactCount) -> jax.Array:
+  """float32 Matthews correlation of an exact square table ``[K, K]`` (0 where undefined).
+
+  ``(c n - sum t_k p_k) / sqrt((n^2 - sum t_k^2) (n^2 - sum p_k^2))`` with ``n`` the
+  total, ``c`` the trace, ``t`` / ``p`` the row / column sums; the three differences are
+  exact (formed on digits) and rounded once each.
+  """
+  true_count = jax.tree.map(lambda limb: limb.T, table).aggregate()  # row sums [K], exact
+  pred_count = table.aggregate()  # column sums [K]
+  n = true_count.aggregate()
+  correct = jax.tree.map(jnp.diagonal, table).aggregate()
+  k = table.shape[0]
+  true_count, pred_count, n, correct = map(digits, (true_count, pred_count, n, correct))
+  products = times(  # one batch: c n, n n, t p, t t, p p
+    jnp.concatenate([correct[None], n[None], true_count, true_count, pred_count]),
+    jnp.concatenate([n[None], n[None], pred_count, true_count, pred_count]),
+  )
+  sums = [jnp.sum(products[2 + i * k : 2 + (i + 1) * k], 0) for i in range(3)]
+  terms = normalize(jnp.stack([products[0], products[1]] + sums))
+  cov_true_pred, cov_true, cov_pred = difference(  # c n - sum t p, n^2 - sum t^2, ...
+    jnp.stack([terms[0], terms[1], terms[1]]), terms[2:]
+  )
+  denominator = jnp.sqrt(cov_true) * jnp.sqrt(cov_pred)
+  return jnp.where(
+    denominator > 0, cov_true_pred / jnp.where(denominator > 0, denominator, 1.0), 0.0
+  )
