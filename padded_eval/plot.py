@@ -110,8 +110,7 @@ def _confusion_counts(m, class_index, name) -> np.ndarray:
     m = find_metric(m, ConfusionMatrix, "m", name)
     counts = m.counts()
     if m.task == "multilabel":
-      valid = isinstance(class_index, int | np.integer) and not isinstance(class_index, bool)
-      if not valid or not 0 <= class_index < counts.shape[0]:
+      if not validation.is_int(class_index) or not 0 <= class_index < counts.shape[0]:
         raise ValueError(
           f"class_index must be a label id in [0, {counts.shape[0]}) for a multilabel "
           f"ConfusionMatrix; got {class_index!r}"

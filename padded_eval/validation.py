@@ -59,6 +59,49 @@ def check_nonnegative_int(argname: str, value: Any) -> None:
     raise ValueError(f"{argname} must be a non-negative int; got {value!r}")
 
 
+def is_int(value: Any) -> bool:
+  """Whether ``value`` is an integer (Python or numpy; ``bool`` is not one)."""
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(argname: str, value: Any, *, minimum: int | None = None) -> int:
+  """``value`` as an int; ValueError unless it is an integer (numpy ones too; ``bool`` is refused)
+  of at least ``minimum`` when given.
+
+  >>> check_int("batch_size", 8, minimum=1)
+  8
+  """
+  if not is_int(value) or (minimum is not None and value < minimum):
+    expected = "an int" if minimum is None else f"an int >= {minimum}"
+    raise ValueError(f"{argname} must be {expected}; got {value!r}")
+  return int(value)
+
+
+def check_divisible(
+  what: str, size: int, parts: int, where: str | None = None, hint: str = ""
+) -> None:
+  """Raises ValueError unless ``size`` splits evenly into ``parts``, naming the nearest sizes that do.
+
+  Args:
+    what: what ``size`` is, for the message (``"batch_size"``, ``"leaf ['x'] leading size"``).
+    size: the size to split.
+    parts: how many equal parts (devices, or shards of a mesh axis).
+    where: how the message names the parts; default ``"{parts} devices"``.
+    hint: appended to the message (how to get such a size).
+
+  >>> check_divisible("batch_size", 12, 8)
+  Traceback (most recent call last):
+  ValueError: batch_size 12 is not divisible by 8 devices; use a multiple, e.g. 8 or 16
+  """
+  if size % parts:
+    lower = max(size // parts, 1) * parts
+    where = f"{parts} devices" if where is None else where
+    raise ValueError(
+      f"{what} {size} is not divisible by {where}; use a multiple, e.g. {lower} or "
+      f"{lower + parts}{hint}"
+    )
+
+
 def check_positive_number(argname: str, value: Any) -> None:
   """Raises ValueError unless ``value`` is a finite real number > 0 (``bool`` is refused)."""
   if (

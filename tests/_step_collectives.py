@@ -29,6 +29,7 @@ def step_collectives(backend_name: str, devices: int, flagged: bool) -> list[str
   from jax.sharding import Mesh
 
   import padded_eval as pe
+  from padded_eval.eval._step import RowMask
   from padded_eval.eval.backends import StepInput, make_backend
   from padded_eval.exact.accumulate import ExactCount
 
@@ -40,7 +41,7 @@ def step_collectives(backend_name: str, devices: int, flagged: bool) -> list[str
   def step_fn(params, batch):
     return pe.metrics.Mean("x").batch_updates(x=batch["x"][:, 0], mask=batch["mask"])
 
-  compiled = backend.compile_step(step_fn, "mask")
+  compiled = backend.compile_step(step_fn, RowMask("mask"))
   rows = ROWS_PER_DEVICE * devices
   batch = {"x": np.zeros((rows, 3), np.float32), "mask": np.ones(rows, bool)}
   sync = (np.ones(backend.num_shards, np.int32),) if flagged else ()

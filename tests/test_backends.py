@@ -18,6 +18,7 @@ import pytest
 
 import padded_eval as pe
 from padded_eval.eval import backends
+from padded_eval.eval._step import RowMask
 from padded_eval.eval.backends import StepInput
 from padded_eval.multihost import distributed
 
@@ -172,7 +173,7 @@ def test_one_process_feed_yields_every_batch_without_sync():
 def _lowered_step(name, sync):
   backend = backends.make_backend(name, "batch", None)
   step_fn = lambda p, b: pe.metrics.Mean().batch_updates(values=b["x"] * p, mask=b["mask"])
-  compiled = backend.compile_step(step_fn, "mask")
+  compiled = backend.compile_step(step_fn, RowMask("mask"))
   batch = {"x": np.ones(16, np.float32), "mask": np.ones(16, bool)}
   flags = (np.ones(backend.num_shards, np.int32),) if sync else ()
   params, placed = backend.place_params(np.float32(2)), backend.place_batch(StepInput(batch, flags))

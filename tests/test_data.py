@@ -276,14 +276,16 @@ def split_nested(data, sizes):
 
 def test_batch_size_must_divide_over_devices():
   with pytest.raises(
-    ValueError, match=r"^batch_size 12 is not divisible by 8 devices; use 8 or 16$"
+    ValueError, match=r"^batch_size 12 is not divisible by 8 devices; use a multiple, e.g. 8 or 16$"
   ):
     pe.pad_batches(dataset(4), 12, num_devices=8)
-  with pytest.raises(ValueError, match=r"^batch_size 4 is not divisible by 8 devices; use 8$"):
+  with pytest.raises(
+    ValueError, match=r"^batch_size 4 is not divisible by 8 devices; use a multiple, e.g. 8 or 16$"
+  ):
     pe.pad_batches(dataset(4), 4, num_devices=8)
   assert jax.local_device_count() == 8  # the default, read at call time
   with pytest.raises(
-    ValueError, match=r"^batch_size 12 is not divisible by 8 devices; use 8 or 16$"
+    ValueError, match=r"^batch_size 12 is not divisible by 8 devices; use a multiple, e.g. 8 or 16$"
   ):
     pe.pad_batches(dataset(4), 12)
 
@@ -291,10 +293,10 @@ def test_batch_size_must_divide_over_devices():
 @pytest.mark.parametrize(
   "kwargs, match",
   [
-    (dict(batch_size=0), "batch_size must be an integer >= 1; got 0"),
-    (dict(batch_size=2.0), "batch_size must be an integer >= 1; got 2.0"),
-    (dict(batch_size=4, num_devices=0), "num_devices must be an integer >= 1; got 0"),
-    (dict(batch_size=4, num_batches=-1), "num_batches must be an integer >= 0; got -1"),
+    (dict(batch_size=0), "batch_size must be an int >= 1; got 0"),
+    (dict(batch_size=2.0), "batch_size must be an int >= 1; got 2.0"),
+    (dict(batch_size=4, num_devices=0), "num_devices must be an int >= 1; got 0"),
+    (dict(batch_size=4, num_batches=-1), "num_batches must be an int >= 0; got -1"),
   ],
 )
 def test_bad_arguments(kwargs, match):

@@ -110,24 +110,20 @@ class StateSpy:
 
   def __init__(self, monkeypatch):
     self.states = []
-    original = step_cache.CachedStep.packed_for
+    original = step_cache.CachedStep.packed
 
-    def packed_for(cached, empty):
-      found = original(cached, empty)
-      if found is None:
-        return None
-      layout, compiled = found
+    def packed(cached, empty, count_rows):
+      layout, compiled, state = original(cached, empty, count_rows)
 
       def spied(params, state, inputs):
         self.states.append(state)
         return compiled(params, state, inputs)
 
-      return layout, spied
+      return layout, spied, state
 
-    monkeypatch.setattr(step_cache.CachedStep, "packed_for", packed_for)
+    monkeypatch.setattr(step_cache.CachedStep, "packed", packed)
 
 
-@pytest.mark.parametrize("backend", ["pmap", "shard_map", "jit"])
 def test_masked_eval_carries_one_byte_vector_and_stays_exact(backend, monkeypatch):
   spy = StateSpy(monkeypatch)
   data, (w, b) = dataset(1003, seed=4), weights(5)
@@ -157,7 +153,7 @@ def test_a_checkpointed_evaluation_carries_the_tree(tmp_path, monkeypatch):
 
 
 def test_a_large_state_is_not_packed_and_stays_exact(monkeypatch):
-  monkeypatch.setattr(placement, "REUSED_STATE_BYTES", 0)
+  monkeypatch.setattr(placement, "SMALL_STATE_BYTES", 0)
   spy = StateSpy(monkeypatch)
   data, (w, b) = dataset(203, seed=7), weights(7)
   check(

@@ -1,5 +1,6 @@
-"""What masked_eval reuses between calls (padded_eval.eval._placement): replicated copies of jax.Array
-params, and small per-shard states combined on one device instead of by a collective.
+"""What masked_eval keeps between calls and what it does not (padded_eval.eval._placement, _cache):
+no copy of the params outlives a call; small states are packed, placed once per compiled step and
+combined on one device instead of by a collective.
 
 References are numpy (float64, or exact integer counts); padded rows hold NaN/inf garbage.
 """
@@ -14,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import padded_eval as pe
 from padded_eval.eval import _placement as placement
+from padded_eval.eval._step import RowMask
 
 FEATURES, CLASSES = 6, 5
 
@@ -64,58 +66,41 @@ def weights(seed):
   return w, rng.normal(size=CLASSES).astype(np.float32)
 
 
-# --- replicated copies of params -----------------------------------------------------------
+# --- params: placed for the call, nothing kept after it ---------------------------------------
 
 
-def test_a_jax_array_is_placed_once_and_its_copy_reused():
-  mesh = Mesh(np.array(jax.devices()), ("batch",))
-  replicated = NamedSharding(mesh, PartitionSpec())
-  source = jnp.arange(4.0)  # uncommitted, one device
-  first = placement.place_reusing([source], replicated)[0]
-  again = placement.place_reusing([source], replicated)[0]
-  assert again is first and first.sharding.is_fully_replicated
-  np.testing.assert_array_equal(np.asarray(again), np.arange(4.0))
-  other = placement.place_reusing([jnp.arange(4.0) + 1], replicated)[0]
-  assert other is not first
-  np.testing.assert_array_equal(np.asarray(other), np.arange(4.0) + 1)
-
-
-def test_numpy_and_deleted_arrays_are_placed_again():
-  mesh = Mesh(np.array(jax.devices()), ("batch",))
-  replicated = NamedSharding(mesh, PartitionSpec())
-  host = np.arange(3.0, dtype=np.float32)
-  first = placement.place_reusing([host], replicated)[0]
-  host[:] = 7.0  # numpy can change in place: never reused
-  again = placement.place_reusing([host], replicated)[0]
-  assert again is not first
-  np.testing.assert_array_equal(np.asarray(again), 7.0)
-
-  source = jnp.ones(3)
-  copy = placement.place_reusing([source], replicated)[0]
-  source.delete()  # as donation does
-  fresh = jnp.full(3, 2.0)
-  assert placement.place_reusing([fresh], replicated)[0] is not copy
-
-
-def test_a_copy_is_dropped_with_its_source():
-  mesh = Mesh(np.array(jax.devices()), ("batch",))
-  replicated = NamedSharding(mesh, PartitionSpec())
-  before = len(placement._placed)  # noqa: SLF001 - the cache's size
-  source = jnp.arange(5.0)
-  placement.place_reusing([source], replicated)
-  assert len(placement._placed) == before + 1  # noqa: SLF001
-  del source
+def live_device_bytes() -> int:
+  """Bytes of every live array's device buffers (a replicated copy counts once per device)."""
   gc.collect()
-  assert len(placement._placed) == before  # noqa: SLF001
+  return sum(s.data.nbytes for x in jax.live_arrays() for s in x.addressable_shards)
 
 
-@pytest.mark.parametrize("backend", ["pmap", "shard_map", "jit"])
+def test_no_replicated_copy_of_the_params_outlives_the_call(backend):
+  """A large params tree on one device: after masked_eval returns, the device memory held is the
+  params' own (no replicated copy kept while the source lives), and the result is exact."""
+  data = dataset(203, seed=12)
+  w, b = weights(13)
+  big = jnp.ones((1024, 1024), jnp.float32)  # 4 MiB on one device, replicated 8 ways in a call
+  params = {"w": jnp.asarray(w), "b": jnp.asarray(b), "big": big}
+
+  def step_big(params, batch):
+    return step({"w": params["w"], "b": params["b"] + 0.0 * params["big"][0, :CLASSES]}, batch)
+
+  before = live_device_bytes()
+  got = pe.masked_eval(step_big, params, garbage_padded(data, 32), backend=backend)
+  check(got, data, w, b)
+  left = live_device_bytes() - before
+  assert left < big.nbytes // 4, f"{left} bytes stay on the devices after the call"
+  pe.clear_caches()
+  assert live_device_bytes() - before <= left
+
+
 def test_repeated_calls_with_new_and_same_params_are_exact(backend):
   data = dataset(203, seed=3)
   for seed in (1, 1, 2):
     w, b = weights(seed)
     params = {"w": jnp.asarray(w), "b": jnp.asarray(b)}
-    for _ in range(2):  # the second call reuses the placed params
+    for _ in range(2):  # the second call places them again (nothing kept between calls)
       got = pe.masked_eval(step, params, garbage_padded(data, 32), backend=backend)
       check(got, data, w, b)
 
@@ -133,13 +118,11 @@ def test_numpy_params_changed_in_place_between_calls():
 # --- small states combined on one device, large ones by the collective ------------------------
 
 
-@pytest.mark.parametrize("backend", ["pmap", "shard_map", "jit"])
 @pytest.mark.parametrize("limit", [1 << 16, 0])
 def test_small_and_large_states_are_exact(backend, limit, monkeypatch):
-  """Small: the empty state placed once (a step that keeps it) and one-device combine; large
-  (limit 0): a fresh state donated to the step, and the collective reduce."""
+  """Small: the packed state placed once (a step that keeps it) and one-device combine; large
+  (limit 0, the one switch off): a fresh tree donated to the step, and the collective reduce."""
   monkeypatch.setattr(placement, "SMALL_STATE_BYTES", limit)
-  monkeypatch.setattr(placement, "REUSED_STATE_BYTES", limit)
   data = dataset(301, seed=6)
   w, b = weights(7)
   got = pe.masked_eval(step, {"w": w, "b": b}, garbage_padded(data, 40), backend=backend)
@@ -152,27 +135,24 @@ def test_combined_on_one_device_declines_large_states(monkeypatch):
   state = (pe.accumulate.ExactCount.of(jax.device_put(jnp.arange(8, dtype=jnp.int32), split)),)
   combined = placement.combined_on_one_device(state)
   assert int(combined[0].to_numpy()) == 28
-  monkeypatch.setattr(placement, "SMALL_STATE_BYTES", 8)
+  monkeypatch.setattr(placement, "SMALL_STATE_BYTES", 4)  # per shard: 8 bytes each here
   assert placement.combined_on_one_device(state) is None
 
 
-@pytest.mark.parametrize("backend", ["pmap", "shard_map", "jit"])
 def test_the_reused_empty_state_is_never_donated_or_changed(backend):
   data = dataset(90, seed=8)
   w, b = weights(9)
   for _ in range(3):
     got = pe.masked_eval(step, {"w": w, "b": b}, garbage_padded(data, 24), backend=backend)
     check(got, data, w, b)
-  reused = [placed for host, placed in placement._placed_states.values()]  # noqa: SLF001
-  assert reused
-  for placed in reused:
-    for leaf in jax.tree.leaves(placed):
-      assert not leaf.is_deleted()
-  hosts = [host for host, placed in placement._placed_states.values()]  # noqa: SLF001
-  for host, placed in zip(hosts, reused):
-    for want, leaf in zip(jax.tree.leaves(host), jax.tree.leaves(placed)):
-      got_leaf = np.asarray(leaf)
-      np.testing.assert_array_equal(got_leaf, np.broadcast_to(want, got_leaf.shape))
+  from padded_eval.eval import _cache
+
+  entries = [e for c in _cache._cache.values() for e in c._packed.values()]  # noqa: SLF001
+  assert entries
+  for _, packing, _, placed in entries:  # (empty, layout, step, placed packed empty state)
+    assert not placed.is_deleted()
+    got_leaf = np.asarray(placed)
+    np.testing.assert_array_equal(got_leaf, np.broadcast_to(packing.empty, got_leaf.shape))
 
 
 @pytest.mark.parametrize("backend", ["pmap", "shard_map"])
@@ -187,19 +167,45 @@ def test_pmap_and_shard_map_steps_run_no_collective(backend):
   data = dataset(64, seed=10)
   w, b = weights(11)
   runner = backends.make_backend(backend, "batch", None)
-  cached = step_cache.cached_step(step, runner, "mask", False)
+  cached = step_cache.cached_step(step, runner, RowMask("mask"), False)
   params = runner.place_params({"w": w, "b": b})
   placed = runner.place_batch(backends.StepInput(next(garbage_padded(data, 32))))
   pe.masked_eval(step, {"w": w, "b": b}, garbage_padded(data, 32), backend=backend)
 
-  def not_called(shapes):
-    raise AssertionError("the empty state comes from the call above")
-
-  empty = cached.empty_state(params, placed.batch, not_called)
+  empty = cached.empty_state(params, placed.batch)
   state = runner.place_state(empty)
-  text = cached.step_for(empty).lower(params, state, placed).compile().as_text()
+  text = cached.compiled.step.lower(params, state, placed).compile().as_text()
   collective = r" (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(-start)?\("
   assert not re.findall(collective, text)
-  layout, packed_step = cached.packed_for(empty)  # the state as one byte vector per shard
-  text = packed_step.lower(params, runner.place_packed(layout), placed).compile().as_text()
+  _, packed_step, packed = cached.packed(empty, True)  # the state as one byte vector per shard
+  text = packed_step.lower(params, packed, placed).compile().as_text()
   assert not re.findall(collective, text)
+
+
+# --- caches: bounded, and emptied by pe.clear_caches() ----------------------------------------
+
+
+def test_clear_caches_drops_compiled_steps_and_placed_states_and_results_stay_exact():
+  from padded_eval.eval import _cache
+
+  data = dataset(97, seed=14)
+  w, b = weights(15)
+  check(
+    pe.masked_eval(step, {"w": w, "b": b}, garbage_padded(data, 16), backend="pmap"), data, w, b
+  )
+  assert _cache._cache  # noqa: SLF001 - the compiled steps kept between calls
+  pe.clear_caches()
+  assert not _cache._cache and not _cache._compiles and not _cache._logs_programs  # noqa: SLF001
+  check(
+    pe.masked_eval(step, {"w": w, "b": b}, garbage_padded(data, 16), backend="pmap"), data, w, b
+  )
+
+
+def test_the_recompile_counts_are_bounded():
+  from padded_eval.eval import _cache
+
+  pe.clear_caches()
+  for i in range(_cache.COMPILES_KEPT + 10):
+    _cache._count_compile(("distinct step code", i))  # noqa: SLF001
+  assert len(_cache._compiles) <= _cache.COMPILES_KEPT  # noqa: SLF001
+  pe.clear_caches()

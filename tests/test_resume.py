@@ -16,6 +16,7 @@ import _resume_worker as w
 import jax
 import numpy as np
 import pytest
+from _backends import BACKENDS
 
 import padded_eval as pe
 from padded_eval.eval import checkpoint
@@ -38,7 +39,7 @@ def params():
 def uninterrupted(data, params):
   return {
     backend: pe.masked_eval(w.step_fn, params, w.batches(data), backend=backend)
-    for backend in ("pmap", "jit", "shard_map")
+    for backend in BACKENDS
   }
 
 
@@ -56,7 +57,6 @@ def _check_against_references(results, data, params):
   assert results["score"] == pytest.approx(score, rel=1e-5)
 
 
-@pytest.mark.parametrize("backend", ["pmap", "jit", "shard_map"])
 def test_preempted_then_resumed_is_exact(backend, data, params, uninterrupted, tmp_path):
   with pytest.raises(RuntimeError, match="preempted"):
     pe.masked_eval(
@@ -264,13 +264,13 @@ def test_a_failed_run_does_not_wait_for_a_save_that_cannot_finish(
   from padded_eval.eval import backends
 
   release = threading.Event()
-  fetch = backends._OnMesh.local_part
+  fetch = backends.MeshBackend.local_part
 
   def stuck_fetch(self, leaf):
     release.wait()
     return fetch(self, leaf)
 
-  monkeypatch.setattr(backends._OnMesh, "local_part", stuck_fetch)
+  monkeypatch.setattr(backends.MeshBackend, "local_part", stuck_fetch)
   raised = []
 
   def run():

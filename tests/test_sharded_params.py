@@ -16,6 +16,7 @@ import padded_eval as pe
 from padded_eval.data import sharding
 from padded_eval.eval import _cache as step_cache
 from padded_eval.eval import backends
+from padded_eval.eval._step import RowMask
 
 FEATURES = 16
 
@@ -84,12 +85,12 @@ def test_fsdp_params_are_neither_copied_nor_gathered_under_jit():
   np.testing.assert_allclose(got["mean"], want, rtol=2e-5)
   assert SEEN and all(s.spec == fsdp.spec and not s.is_fully_replicated for s in SEEN)
 
-  cached = step_cache.cached_step(scaled_sum_step, runner, "mask", False)
+  cached = step_cache.cached_step(scaled_sum_step, runner, RowMask("mask"), False)
   first = next(garbage_padded(data, 16))
   batch = runner.place_batch(backends.StepInput(first))
-  empty = cached.empty_state(placed, batch.batch, lambda shapes: None)
+  empty = cached.empty_state(placed, batch.batch)
   state = runner.place_state(empty)
-  compiled = cached.step.lower(placed, state, batch).compile()
+  compiled = cached.compiled.step.lower(placed, state, batch).compile()
   param_sharding = compiled.input_shardings[0][0]["w"]
   assert param_sharding.is_equivalent_to(fsdp, 2)
   hlo = compiled.as_text()

@@ -42,7 +42,8 @@ def test_shard_and_unshard_round_trip():
 def test_shard_errors_name_the_leaf():
   with pytest.raises(
     ValueError,
-    match=r"leaf \['g'\]\['y'\] has shape \(6,\); expected a leading size divisible by 4",
+    match=r"leaf \['g'\]\['y'\] of shape \(6,\): leading size 6 is not divisible by 4 devices; "
+    r"use a multiple, e.g. 4 or 8",
   ):
     pe.shard({"x": np.zeros(8), "g": {"y": np.zeros(6)}}, num_devices=4)
   with pytest.raises(ValueError, match=r"leaf \['s'\] has shape \(\); expected"):
@@ -92,12 +93,12 @@ def test_prefetch_to_device_subset_of_devices_and_errors():
   devices = jax.local_devices()[:2]
   (device_batch,) = pe.prefetch_to_device([{"x": np.arange(6)}], devices=devices)
   assert device_batch["x"].shape == (2, 3) and device_batch["x"].sharding.device_set == set(devices)
-  with pytest.raises(ValueError, match=r"size must be an integer >= 1; got 0"):
+  with pytest.raises(ValueError, match=r"size must be an int >= 1; got 0"):
     list(pe.prefetch_to_device([], size=0))
   with pytest.raises(ValueError, match=r"leaf \['s'\] holds strings"):
     list(pe.prefetch_to_device([{"s": np.array(["a"] * 8)}]))
   with pytest.raises(
-    ValueError, match=r"leaf \['x'\] has shape \(6,\); expected a leading size divisible by 8"
+    ValueError, match=r"leaf \['x'\] of shape \(6,\): leading size 6 is not divisible by 8 devices"
   ):
     list(pe.prefetch_to_device([{"x": np.arange(6)}]))
 
@@ -143,7 +144,7 @@ def test_global_batch_default_mesh_and_errors():
   with pytest.raises(ValueError, match=r"axis 'rows' is not an axis of the mesh"):
     pe.global_batch({"x": np.arange(8)}, mesh, "rows")
   with pytest.raises(
-    ValueError, match=r"leaf \['x'\] has shape \(12,\); expected a leading size divisible by 8"
+    ValueError, match=r"leaf \['x'\] of shape \(12,\): leading size 12 is not divisible by 8, this"
   ):
     pe.global_batch({"x": np.arange(12)}, mesh)
   with pytest.raises(ValueError, match=r"leaf \['t'\] holds strings"):

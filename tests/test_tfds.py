@@ -112,7 +112,9 @@ def test_bad_datasets():
     pe.pad_batches(slices({"mask": np.zeros(4)}), 8)
   with pytest.raises(ValueError, match=r"pad_value nan for key 'label' does not fit dtype int64"):
     list(pe.pad_batches(slices(dataset(3)), 8, pad_value=np.nan))
-  with pytest.raises(ValueError, match="batch_size 12 is not divisible by 8 devices; use 8 or 16"):
+  with pytest.raises(
+    ValueError, match="batch_size 12 is not divisible by 8 devices; use a multiple, e.g. 8 or 16"
+  ):
     pe.pad_batches(slices(dataset(3)), 12)
 
   def disagreeing():

@@ -30,9 +30,11 @@ from padded_eval.data._tree import (
   tree_leaves,
   unflatten,
 )
+from padded_eval.validation import check_divisible
 
 __all__ = [
   "BatchSpec",
+  "checked_batches",
   "FlatBatch",
   "LeafSpec",
   "Path",
@@ -249,13 +251,9 @@ class BatchSpec:
       ValueError: ``batch size B is not divisible by ...``, with the nearest multiples and the
         ``pe.pad_batches`` call that gives one.
     """
-    if self.batch_size % num_shards:
-      lower = max(self.batch_size // num_shards, 1) * num_shards
-      where = f"the {num_shards} devices" if where is None else where
-      raise ValueError(
-        f"batch size {self.batch_size} is not divisible by {where}; use a multiple, e.g. "
-        f"{lower} or {lower + num_shards} (pe.pad_batches(..., num_devices={num_shards}))"
-      )
+    where = f"the {num_shards} devices" if where is None else where
+    hint = f" (pe.pad_batches(..., num_devices={num_shards}))"
+    check_divisible("batch size", self.batch_size, num_shards, where, hint)
 
   @property
   def is_padded(self) -> bool:
@@ -380,3 +378,28 @@ def _plain(path: Path) -> str:
 
 def _shapes(spec: BatchSpec) -> str:
   return ", ".join(f"{path_name(p)}: {spec._full_shape(p)}" for p in spec.leaves)
+
+
+def checked_batches(
+  batches: Any, mask_key: str | None, num_shards: int, where: str | None = None, mask_fn: Any = None
+):
+  """Yields ``batches``, each checked; the first fixes the `BatchSpec` every later one must match.
+
+  The one place where `masked_eval`'s batches are checked: a batch that fails raises ValueError
+  when it is read (batch 0 inside the multi-host pre-flight, which reports it to every process).
+
+  Args:
+    batches: an iterator of padded batches.
+    mask_key: the batch key of the mask (None with ``mask_fn``).
+    num_shards: how many parts the rows are split into; the batch size must divide.
+    where: how messages name those parts (see `BatchSpec.check_divisible`).
+    mask_fn: ``mask_fn(batch) -> bool [B, ...]`` for pytree batches, or None.
+  """
+  spec = None
+  for index, batch in enumerate(batches):
+    if spec is None:
+      spec = BatchSpec.from_batch(batch, mask_key or "mask", index, mask_fn=mask_fn)
+      spec.check_divisible(num_shards, where)
+    else:
+      spec.check(batch, index)
+    yield batch

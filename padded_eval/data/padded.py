@@ -13,15 +13,14 @@ import collections.abc as cabc
 from collections.abc import Generator, Iterator
 from typing import Any
 
-import numpy as np
-
 from padded_eval.data import sources
 from padded_eval.data._batch_spec import BatchSpec, FlatBatch
 from padded_eval.data._tree import unflatten
 from padded_eval.data.sources import RowIds, check_index_key, row_ids
 from padded_eval.data.sources.shapes import ShapeFitter
+from padded_eval.validation import check_divisible, check_int
 
-__all__ = ["PaddedBatches", "pad_batches"]
+__all__ = ["PaddedBatches", "pad_batches", "padding_fills", "skipped"]
 
 
 def pad_batches(
@@ -108,36 +107,35 @@ def pad_batches(
     ([[0, 1, 2, 3], [4, 0, 0, 0]], [True, False, False, False])
   """
   if batch_size is not None:
-    batch_size = _check_count("batch_size", batch_size, minimum=1)
+    batch_size = check_int("batch_size", batch_size, minimum=1)
   if num_devices is None:
     import jax  # a no-op import; reading the count initialises the backend, so only here, at call time.
 
     num_devices = jax.local_device_count()
-  num_devices = _check_count("num_devices", num_devices, minimum=1)
+  num_devices = check_int("num_devices", num_devices, minimum=1)
   if batch_size is not None:
-    _check_divisible(batch_size, num_devices)
+    check_divisible("batch_size", batch_size, num_devices)
   if num_batches is not None:
-    num_batches = _check_count("num_batches", num_batches, minimum=0)
+    num_batches = check_int("num_batches", num_batches, minimum=0)
   ids = _row_ids(index_key, index_offset, mask_key)
   reserved = (mask_key,) if ids is None else (mask_key, ids.key)
   fitter = ShapeFitter.create(pad_shapes, length_keys, pad_value, reserved)
   return PaddedBatches(
-    source, batch_size, mask_key, pad_value, num_batches, batched, ids, fitter, num_devices
+    source,
+    batch_size=batch_size,
+    mask_key=mask_key,
+    pad_value=pad_value,
+    num_batches=num_batches,
+    batched=batched,
+    ids=ids,
+    fitter=fitter,
+    num_devices=num_devices,
   )
-
-
-def _check_divisible(batch_size: int, num_devices: int) -> None:
-  if batch_size % num_devices:
-    lower = batch_size // num_devices * num_devices
-    options = f"{lower} or {lower + num_devices}" if lower else f"{num_devices}"
-    raise ValueError(
-      f"batch_size {batch_size} is not divisible by {num_devices} devices; use {options}"
-    )
 
 
 def _row_ids(index_key: Any, index_offset: Any, mask_key: str) -> RowIds | None:
   """The checked `index_key` / `index_offset` of `pad_batches` (None: no ids)."""
-  index_offset = _check_count("index_offset", index_offset, minimum=0)
+  index_offset = check_int("index_offset", index_offset, minimum=0)
   if index_key is None:
     return None
   if not isinstance(index_key, str):
@@ -164,15 +162,17 @@ class PaddedBatches(cabc.Iterable):
   def __init__(
     self,
     source,
-    batch_size,
-    mask_key,
-    pad_value,
-    num_batches,
-    batched,
-    ids=None,
-    fitter=None,
-    num_devices=1,
+    *,
+    batch_size: int | None,
+    mask_key: str = "mask",
+    pad_value: Any = 0,
+    num_batches: int | None = None,
+    batched: bool | None = None,
+    ids: RowIds | None = None,
+    fitter: ShapeFitter | None = None,
+    num_devices: int = 1,
   ):
+    """Use `pad_batches`, which checks the arguments; the keywords are those of its result."""
     self.mask_key = mask_key
     self.pad_value = pad_value
     self.num_batches = num_batches
@@ -211,7 +211,7 @@ class PaddedBatches(cabc.Iterable):
     Raises:
       ValueError: `num_batches` negative or more than a fixed `num_batches`.
     """
-    num_batches = _check_count("num_batches", num_batches, minimum=0)
+    num_batches = check_int("num_batches", num_batches, minimum=0)
     if self.num_batches is not None and num_batches > self.num_batches:
       raise ValueError(f"cannot skip {num_batches} batches of num_batches={self.num_batches}")
     padded = self._source.padded(
@@ -295,7 +295,32 @@ class PaddedBatches(cabc.Iterable):
       yield batch
 
 
-def _check_count(name: str, value: Any, minimum: int) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-    raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}")
-  return int(value)
+def skipped(batches: cabc.Iterable, count: int) -> Iterator:
+  """``batches`` after the first ``count``: `PaddedBatches.skip` seeks (sources that can seek are
+  not read); other iterables are read and dropped, when the first batch is asked for (so that a
+  failure surfaces where the multi-host pre-flight reports it to every process).
+
+  Raises:
+    ValueError: ``batches`` holds fewer than ``count`` batches (the data changed).
+  """
+  if isinstance(batches, PaddedBatches):
+    return batches.skip(count)
+  return _dropped(iter(batches), count)
+
+
+def _dropped(batches: Iterator, count: int) -> Iterator:
+  for index in range(count):
+    if next(batches, None) is None:
+      raise ValueError(
+        f"the checkpoint consumed {count} batches but batches holds only {index}: the data "
+        "changed since the checkpoint was saved; a checkpoint_dir identifies one evaluation"
+      )
+  yield from batches
+
+
+def padding_fills(batches: Any) -> dict:
+  """What all-padding batches made for ``batches`` hold beyond the mask (the multi-host lockstep's):
+  the row ids of ``pe.pad_batches(..., index_key=...)`` are -1 on padding, as in every padded batch."""
+  if isinstance(batches, PaddedBatches) and batches.index_key is not None:
+    return {batches.index_key: -1}
+  return {}

@@ -13,11 +13,15 @@ from typing import Any
 import jax
 import numpy as np
 
+from padded_eval.validation import check_divisible, check_int
+
 __all__ = [
   "DATA_AXIS_NAMES",
   "as_arrays",
   "data_axes",
   "global_batch",
+  "local_blocks",
+  "local_shard_count",
   "partition_spec",
   "prefetch_to_device",
   "shard",
@@ -75,6 +79,23 @@ def data_axes(
       f"{dict(mesh.shape)}; got {requested!r}"
     )
   return tuple(axes)
+
+
+def local_shard_count(mesh: jax.sharding.Mesh, axes: tuple[str, ...]) -> int:
+  """This process's shards along the mesh ``axes``: how many parts its own rows are split into."""
+  return int(np.prod([mesh.local_mesh.shape[axis] for axis in axes]))
+
+
+def local_blocks(leaf: jax.Array) -> list[jax.Array]:
+  """The device buffers of ``leaf`` that hold this process's rows, in row order (one per row range).
+
+  The addressable shards are taken once per range of rows (a replica over other mesh axes is
+  skipped) and sorted by their first row. With several processes these are this process's rows.
+  """
+  by_start = {}
+  for shard in leaf.addressable_shards:
+    by_start.setdefault(shard.index[0].start or 0, shard.data)
+  return [by_start[start] for start in sorted(by_start)]
 
 
 def partition_spec(axes: tuple[str, ...]) -> jax.sharding.PartitionSpec:
@@ -156,8 +177,7 @@ def prefetch_to_device(
     ValueError: `size` < 1, a leading size not divisible by the device count, or a string leaf (which cannot live
       on a device: drop it from the batch first).
   """
-  if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-    raise ValueError(f"size must be an integer >= 1; got {size!r}")
+  check_int("size", size, minimum=1)
   devices = list(jax.local_devices() if devices is None else devices)
   mesh = jax.sharding.Mesh(np.array(devices), (_PMAP_AXIS,))
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(_PMAP_AXIS))
@@ -207,7 +227,7 @@ def global_batch(
   if not axes or not set(axes) <= set(mesh.axis_names):
     raise ValueError(f"axis {axis!r} is not an axis of the mesh; expected one of {mesh.axis_names}")
   sharding = jax.sharding.NamedSharding(mesh, partition_spec(axes))
-  local_shards = int(np.prod([mesh.local_mesh.shape[a] for a in axes]))
+  local_shards = local_shard_count(mesh, axes)
   what = f"mesh axis {axes[0]!r}" if len(axes) == 1 else f"mesh axes {axes!r}"
   _reject_strings(batch)
   batch = as_arrays(batch)
@@ -238,9 +258,9 @@ def _reject_strings(tree: Any) -> None:
 
 def _check_divisible(path, leaf, parts: int, what: str) -> tuple:
   """The leaf's shape; ValueError naming the leaf unless its leading size divides into `parts`."""
-  shape = np.shape(leaf)
-  if not shape or shape[0] % parts:
-    raise ValueError(
-      f"leaf {jax.tree_util.keystr(path)} has shape {shape}; expected a leading size divisible by {what}"
-    )
+  shape, name = np.shape(leaf), f"leaf {jax.tree_util.keystr(path)}"
+  if not shape:
+    raise ValueError(f"{name} has shape (); expected a leading size divisible by {what}")
+  if shape[0] % parts:
+    check_divisible(f"{name} of shape {shape}: leading size", shape[0], parts, what)
   return shape

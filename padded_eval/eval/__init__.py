@@ -4,6 +4,7 @@ each), the compiled-step cache (`_cache`), per-row outputs, checkpoints and `Eva
 from padded_eval.eval import checkpoint as checkpoint
 from padded_eval.eval import results as results
 from padded_eval.eval._cache import RecompileWarning as RecompileWarning
+from padded_eval.eval._cache import clear_caches as clear_caches
 from padded_eval.eval._evaluate import InvalidValuesWarning as InvalidValuesWarning
 from padded_eval.eval._evaluate import masked_eval as masked_eval
 from padded_eval.eval.results import EvalResults as EvalResults

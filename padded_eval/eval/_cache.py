@@ -24,20 +24,20 @@ from typing import Any
 import jax
 import numpy as np
 
-from padded_eval.eval import _packing as packing_lib
-from padded_eval.eval import _placement as placement
+from padded_eval.eval import _packing, _placement, backends
+from padded_eval.exact.accumulate import ExactCount
 
 __all__ = [
   "RECOMPILES_BEFORE_WARNING",
   "CachedStep",
   "RecompileWarning",
   "cached_step",
+  "clear_caches",
   "metric_logs",
   "step_key",
 ]
 
 RECOMPILES_BEFORE_WARNING = 3
-CACHE_SIZE = 64
 
 
 class RecompileWarning(UserWarning):
@@ -104,69 +104,99 @@ def _shapes_key(tree: Any) -> Hashable:
 
 
 _compiles: collections.Counter = collections.Counter()  # (origin, backend, ..., shapes) -> count
+CACHE_SIZE = 64
+"""The most compiled steps kept (least recently used dropped first)."""
+ENTRY_SIZE = 16
+"""Per compiled step, the most input shapes (empty states) and packed states kept."""
+COMPILES_KEPT = 4096
+"""The most distinct (step code, shapes) compile counts kept for `RecompileWarning`."""
 
 
 class CachedStep:
-  """One compiled step and, per input shapes, its empty state.
+  """One compiled step and what a call on it reuses: per input shapes, the empty state; per
+  empty state, its packed layout, packed step and placed packed state.
 
   Attributes:
+    backend: the `padded_eval.eval.backends.Backend` it was compiled for.
+    mask: the `padded_eval.eval._options.RowMask` of its batches.
     compiled: the `padded_eval.eval.backends.CompiledStep`.
-    step: ``compiled.step``.
   """
 
-  def __init__(self, compiled: Any, step_fn: Callable, context: tuple):
-    self.compiled, self.step = compiled, compiled.step
-    self._origin, self._context = _origin(step_fn), context
-    self._empty: dict = {}
-    self._packings: dict = {}  # id(empty) -> (empty, StatePacking, its step)
+  def __init__(self, backend: Any, mask: Any, compiled: Any, origin: tuple):
+    self.backend, self.mask, self.compiled = backend, mask, compiled
+    self._origin = origin  # what stays the same when the same step is rebuilt
+    self._empty: collections.OrderedDict = collections.OrderedDict()
+    self._packed: collections.OrderedDict = collections.OrderedDict()  # id(empty) -> entry
 
-  def empty_state(self, params: Any, batch: Any, make_empty: Callable) -> Any:
-    """The empty carried state for these placed ``params`` and ``batch``, as host arrays.
+  def empty_state(self, params: Any, batch: Any) -> Any:
+    """The empty carried state ``(metric, ExactCount)`` of one shard, as host arrays.
 
     Args:
       params: the placed params.
       batch: the placed first batch.
-      make_empty: ``state shapes -> empty state`` (checks the metric's ``empty()``).
 
     Returns:
-      ``make_empty(compiled.state_shapes(params, batch))`` with numpy leaves, computed once
-      per input shapes (treat it as read-only).
+      The empty state with numpy leaves, from ``jax.eval_shape`` of the step's statistics
+      (which traces ``step_fn`` once), computed once per input shapes (treat it as read-only).
+
+    Raises:
+      ValueError: the metric's ``empty()`` does not have the updated state's structure.
     """
     key = _shapes_key((params, batch))
     found = self._empty.get(key)
     if found is None:
-      _count_compile((self._origin, self._context, key))
-      empty = make_empty(self.compiled.state_shapes(params, batch))
+      _count_compile((*self._origin, key))
+      empty = _checked_empty(self.compiled.state_shapes(params, batch))
       found = self._empty[key] = jax.tree.map(np.asarray, empty)
+      _bound(self._empty, ENTRY_SIZE)
     return found
 
-  def packed_for(self, empty: Any) -> tuple[Any, Callable] | None:
-    """``(packing, step)`` carrying the state packed (`padded_eval.eval._packing`), or None.
+  def packed(self, empty: Any, count_rows: bool) -> tuple[Any, Callable, Any]:
+    """``(packing, step, placed state)`` carrying ``empty`` packed (`padded_eval.eval._packing`).
 
-    Only for an ``empty`` that `empty_state` returned and that `padded_eval.eval._placement.reusable_state`
-    allows (small, one process); the packing and its compiled step are made once per ``empty``.
+    Made once per ``empty`` (as `empty_state` returned it) and ``count_rows``: the layout, the
+    compiled step (which does not donate the state) and the packed empty state, placed once and
+    handed to every call (it is never donated, so it stays empty).
     """
-    found = self._packings.get(id(empty))
-    if found is not None and found[0] is empty:
-      return found[1:]
-    if not placement.reusable_state(empty):
-      return None
-    packing = packing_lib.StatePacking(empty)
-    self._packings[id(empty)] = (empty, packing, self.compiled.packed_step(packing))
-    return self._packings[id(empty)][1:]
+    key = (id(empty), count_rows)
+    found = self._packed.get(key)
+    if found is None or found[0] is not empty or _deleted(found[3]):
+      packing = _packing.StatePacking(empty)
+      step = self.compiled.packed_step(packing, count_rows)
+      placed = self.backend.place_state(packing.empty)
+      found = self._packed[key] = (empty, packing, step, placed)
+      _bound(self._packed, ENTRY_SIZE)
+    return found[1:]
 
-  def step_for(self, empty: Any) -> Callable:
-    """The step to run from the host empty state ``empty`` (as `empty_state` returned it).
 
-    Returns:
-      ``compiled.step_keeping_state`` where the backend places ``empty`` once and reuses it
-      (`padded_eval.eval._placement.reusable_state`: small, one process), else ``compiled.step``,
-      which donates the state.
-    """
-    return self.compiled.step_keeping_state if placement.reusable_state(empty) else self.step
+def _deleted(tree: Any) -> bool:
+  return any(leaf.is_deleted() for leaf in jax.tree.leaves(tree))
+
+
+def _bound(cache: collections.OrderedDict, size: int) -> None:
+  """Drops the oldest entries of ``cache`` beyond ``size``."""
+  while len(cache) > size:
+    cache.popitem(last=False)
+
+
+def _checked_empty(shapes) -> tuple:
+  """The empty (metric, count) state of one shard, from the ``eval_shape`` of a step."""
+  metric_shape, count_shape = shapes
+  empty = (metric_shape.empty(), ExactCount.zeros(count_shape.shape))
+  got = [(tuple(np.shape(x)), np.dtype(x.dtype)) for x in jax.tree.leaves(empty)]
+  want = [(tuple(s.shape), np.dtype(s.dtype)) for s in jax.tree.leaves(shapes)]
+  if jax.tree.structure(empty) != jax.tree.structure(shapes) or got != want:
+    raise ValueError(
+      f"{type(metric_shape).__name__}.empty() has state leaves (shape, dtype) {got} but "
+      f"step_fn's metric has {want}; empty() must match an updated metric's structure, "
+      "shapes and dtypes"
+    )
+  return empty
 
 
 def _count_compile(what: Hashable) -> None:
+  if what not in _compiles and len(_compiles) >= COMPILES_KEPT:
+    _compiles.clear()  # bounded: the counts only serve the warning
   _compiles[what] += 1
   if _compiles[what] == RECOMPILES_BEFORE_WARNING:
     warnings.warn(
@@ -184,34 +214,52 @@ def _count_compile(what: Hashable) -> None:
 _cache: collections.OrderedDict = collections.OrderedDict()
 
 
-def cached_step(
-  step_fn: Callable, backend: Any, mask_key: str | Callable, outputs: bool
-) -> CachedStep:
+def cached_step(step_fn: Callable, backend: Any, mask: Any, outputs: bool) -> CachedStep:
   """The compiled step of ``step_fn`` on ``backend``, compiled on the first call for its key.
 
   Args:
     step_fn: the user's step function.
     backend: a `padded_eval.eval.backends.Backend` (hashable).
-    mask_key: the batch key of the mask, or ``masked_eval``'s ``mask_fn`` (keyed like
-      ``step_fn``: equal partials share a compilation).
+    mask: the `padded_eval.eval._options.RowMask` of the batches (a key, or a ``mask_fn``
+      keyed like ``step_fn``: equal partials share a compilation).
     outputs: whether ``step_fn`` returns per-row outputs.
 
   Returns:
-    The `CachedStep` for ``(step_key(step_fn), backend, mask_key, outputs)``; the cache keeps
-    the `CACHE_SIZE` most recently used.
+    The `CachedStep` for ``(step_key(step_fn), backend, mask, outputs)``; the cache keeps the
+    `CACHE_SIZE` most recently used.
   """
-  mask = step_key(mask_key) if callable(mask_key) else mask_key
-  key = (step_key(step_fn), backend, mask, outputs)
+  mask_id = mask.key if mask.fn is None else step_key(mask.fn)
+  key = (step_key(step_fn), backend, mask_id, outputs)
   found = _cache.get(key)
   if found is None:
-    compiled = backend.compile_step(step_fn, mask_key, outputs)
-    origin = _origin(mask_key) if callable(mask_key) else mask_key  # a new mask_fn per call too
-    found = _cache[key] = CachedStep(compiled, step_fn, (backend, origin, outputs))
-    while len(_cache) > CACHE_SIZE:
-      _cache.popitem(last=False)
+    compiled = backend.compile_step(step_fn, mask, outputs)
+    mask_origin = mask.key if mask.fn is None else _origin(mask.fn)  # a new mask_fn per call too
+    origin = (_origin(step_fn), backend, mask_origin, outputs)
+    found = _cache[key] = CachedStep(backend, mask, compiled, origin)
+    _bound(_cache, CACHE_SIZE)
   else:
     _cache.move_to_end(key)
   return found
+
+
+def clear_caches() -> None:
+  """Drops every compiled step and placed state `masked_eval` keeps between calls.
+
+  Every cache of the package is bounded (`CACHE_SIZE`, `ENTRY_SIZE`, `COMPILES_KEPT`, the
+  backends' `padded_eval.eval.backends.CACHE_SIZE`); this empties them all at once: the compiled
+  steps with their empty states and placed packed states, the compile counts behind
+  `RecompileWarning`, the jitted ``compute_logs`` programs, the backends and their compiled
+  final reduces, and the package's own jitted helpers. A later call compiles again.
+
+  >>> import padded_eval as pe
+  >>> pe.clear_caches()
+  """
+  _cache.clear()
+  _compiles.clear()
+  _logs_programs.clear()
+  backends.clear_cache()
+  _placement.clear_cache()
+  _packing.aggregate_packed.clear_cache()
 
 
 _logs_programs: dict = {}  # (treedef, leaf shapes) -> jitted compute_logs, or None: not jittable
@@ -240,6 +288,8 @@ def metric_logs(metric: Any) -> dict:
   if program is None:
     return metric.compute_logs()
   if program is _MISSING:
+    if len(_logs_programs) >= CACHE_SIZE:
+      _logs_programs.pop(next(iter(_logs_programs)))  # bounded: the oldest goes
     program = jax.jit(lambda m: m.compute_logs())
     try:
       logs = program(metric)

@@ -1,32 +1,26 @@
-"""masked_eval: exact full-dataset evaluation with one compiled step.
+"""masked_eval: exact full-dataset evaluation with one compiled step, in a straight line.
 
-The driver turns ``step_fn(params, batch) -> Metric`` (masked statistics of one
-padded batch) into one compiled function
+The driver turns ``step_fn(params, batch) -> Metric`` (masked statistics of one padded batch)
+into one compiled step ``(params, state, step input) -> (state merged with this batch, token)``
+and runs it over the batches. Reading `masked_eval` top to bottom:
 
-    (params, state, step input) -> (state merged with this batch's statistics, token)
+1. the settings are grouped and checked once (`padded_eval.eval._options.EvalOptions`);
+2. the backend (`padded_eval.eval.backends`) says where the work runs;
+3. a checkpoint directory may hold the finished result, or a state to resume from
+   (`padded_eval.eval.checkpoint.Saver`);
+4. the batches are checked (`padded_eval.data._batch_spec.checked_batches`) and fed, by one
+   process or several in lockstep (`padded_eval.multihost.distributed.step_feed`);
+5. the compiled step (cached: `padded_eval.eval._cache`) starts a `padded_eval.eval._run.CompiledRun`,
+   which owns how the state is carried (packed, or a donated tree), the row count and the final
+   reduce;
+6. the loop dispatches one step per input, places input t+1 while step t runs, keeps at most
+   ``steps_in_flight`` steps in flight, and calls its hooks (outputs, checkpoint, progress:
+   `padded_eval.eval._hooks`);
+7. the final metric is fetched once, its invalid values and row counts checked, and its logs
+   computed (`EvalResults`).
 
-whose carried ``state`` (the metric and an exact count of real rows) stays on the
-devices, with its buffers donated from step to step (a small empty state is placed
-once per process and reused, so those steps keep it: `padded_eval.eval._placement`). Where
-the work runs is a `padded_eval.eval.backends.Backend` (``"pmap"``, ``"shard_map"``, ``"jit"``):
-it places params, batches and state, compiles the step, and reduces the per-device partial
-states exactly, once, after the last step (`Backend.finalize`). Batches are placed on
-the devices while the previous step runs, at most two steps are in flight (step t-1
-is waited for after step t is dispatched), and the state comes to the host once, at
-the end. With several processes, `padded_eval.multihost.distributed.Lockstep` wraps the batch
-iterator and the wait so that every process runs the same steps; the loop is the same.
-
-``step_fn`` is traced once per call whatever the dataset length: the empty state's
-structure comes from ``jax.eval_shape`` of the step on the first batch, and that
-trace is reused by the compiled step (``step_fn`` is wrapped in one ``jax.jit``, whose
-trace cache both share). Compiled steps are cached per ``(step_fn, backend, mask_key)``
-(`padded_eval.eval._cache`: equal ``functools.partial``s share an entry), with the empty
-state per input shapes, so a second call with the same shapes compiles and traces nothing.
-
-Values a metric cannot reject inside jit (NaN in real rows, out-of-range labels) are
-counted in its state; after the final reduce ``masked_eval`` reads
-``metric.invalid_report()`` and raises, warns (`InvalidValuesWarning`) or ignores them
-(``on_invalid``).
+``step_fn`` is traced once per call whatever the dataset length, and a second call with the
+same shapes compiles and traces nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +28,6 @@ from __future__ import annotations
 import collections
 import collections.abc as cabc
 import itertools
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -43,77 +36,22 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from padded_eval.data._batch_spec import BatchSpec
-from padded_eval.eval import _cache as step_cache
-from padded_eval.eval import backends, checkpoint
-from padded_eval.eval._outputs import NoOutputs, RowOutputs
+from padded_eval.data._batch_spec import checked_batches
+from padded_eval.data.padded import padding_fills
+from padded_eval.eval import _cache, _run, backends, checkpoint
+from padded_eval.eval._hooks import Dispatched, Hook, Outputs, Progress
+from padded_eval.eval._options import EvalOptions
 from padded_eval.eval.results import EvalResults
-from padded_eval.exact.accumulate import ExactCount
 from padded_eval.metrics.base import Metric
 from padded_eval.multihost import distributed
-from padded_eval.validation import check_choice
 
 __all__ = ["InvalidValuesWarning", "masked_eval"]
 
 NUM_EXAMPLES = "num_examples"
-ON_INVALID = ("raise", "warn", "ignore")
 
 
 class InvalidValuesWarning(RuntimeWarning):
   """``masked_eval(..., on_invalid="warn")``: the metrics counted invalid values in real rows."""
-
-
-# --- host-side batch checks (each batch must match the first: no recompilation) -------
-
-
-def _checked_batches(
-  batches: cabc.Iterator, mask_key: str, backend: backends.Backend, mask_fn: Callable | None = None
-):
-  """Yields ``batches``, each checked; the first fixes the `BatchSpec` every later one must match.
-
-  The one place where batches are checked: a batch that fails raises ValueError when it
-  is read (batch 0 inside the multi-host pre-flight, which reports it to every process).
-  """
-  spec = None
-  for index, batch in enumerate(batches):
-    if spec is None:
-      spec = BatchSpec.from_batch(batch, mask_key, index, mask_fn=mask_fn)
-      spec.check_divisible(backend.num_shards, _shards(backend))
-    else:
-      spec.check(batch, index)
-    yield batch
-
-
-def _shards(backend: backends.Backend) -> str | None:
-  """The shards of the data axes, in words, for messages; None: "the {n} devices"."""
-  if backend.mesh.devices.ndim == 1:
-    return None
-  axes = backend.data_axes
-  named = f"axis {axes[0]!r}" if len(axes) == 1 else f"axes {axes!r} (data_axes)"
-  return (
-    f"the {backend.num_shards} shards of the mesh's data {named} (mesh {dict(backend.mesh.shape)})"
-  )
-
-
-# --- the empty state (the compiled steps are cached in padded_eval.eval._cache) ------------
-
-
-def _empty_state(shapes) -> tuple[Metric, ExactCount]:
-  """The empty (metric, count) state of one shard, from the ``eval_shape`` of a step."""
-  metric_shape, count_shape = shapes
-  empty = (metric_shape.empty(), ExactCount.zeros(count_shape.shape))
-  got = [(tuple(np.shape(x)), np.dtype(x.dtype)) for x in jax.tree.leaves(empty)]
-  want = [(tuple(s.shape), np.dtype(s.dtype)) for s in jax.tree.leaves(shapes)]
-  if jax.tree.structure(empty) != jax.tree.structure(shapes) or got != want:
-    raise ValueError(
-      f"{type(metric_shape).__name__}.empty() has state leaves (shape, dtype) {got} but "
-      f"step_fn's metric has {want}; empty() must match an updated metric's structure, "
-      "shapes and dtypes"
-    )
-  return empty
-
-
-# --- the driver -----------------------------------------------------------------------
 
 
 def masked_eval(
@@ -126,7 +64,7 @@ def masked_eval(
   mesh: Mesh | None = None,
   data_axes: str | tuple[str, ...] | None = None,
   progress: bool = False,
-  mask_key: str = "mask",
+  mask_key: str | Callable[[Any], Any] = "mask",
   steps_in_flight: int | None = None,
   timeout: float | None = None,
   on_invalid: str = "raise",
@@ -149,9 +87,9 @@ def masked_eval(
       buffers, no copy, no gather outside what ``step_fn``'s own ops need; every other leaf
       (numpy, Python scalars, arrays elsewhere) is replicated over the mesh. Under
       ``"pmap"`` and ``"shard_map"`` ``step_fn`` sees whole params: they are replicated
-      (already replicated ``jax.Array``s are not copied again). The replicated copy of a
-      ``jax.Array`` leaf is kept while that array lives and reused by later calls
-      (`padded_eval.eval._placement`); numpy leaves are copied on every call.
+      (already replicated ``jax.Array``s are not copied again). The copy made for a call is
+      dropped when it returns: to place params once for many calls, pass them replicated
+      (``jax.device_put(params, NamedSharding(mesh, PartitionSpec()))``).
     batches: an iterable of dict batches whose every leaf is ``[B, ...]`` with the
       same ``B``, shapes and dtypes in every batch, and ``batch[mask_key]`` bool
       ``[B]`` True for real rows (as ``pe.pad_batches`` yields); with ``mask_fn``,
@@ -169,7 +107,8 @@ def masked_eval(
       axis (`padded_eval.data.sharding.data_axes`); e.g. the ``(data=1, fsdp=8, tensor=1)``
       mesh of flax's lm1b example splits rows 8 ways over ``("data", "fsdp")``.
     progress: show a tqdm progress bar (batches, and real examples per second).
-    mask_key: the batch key of the mask.
+    mask_key: which rows are real: the batch key of the bool ``[B]`` mask, or a function
+      ``batch -> bool [rows, ...]`` (the same as ``mask_fn``).
     steps_in_flight: at most this many dispatched steps not yet finished (>= 1).
       The next batch is always copied to the devices while the current step runs.
       Default 2: step t-1 is waited for after step t is dispatched, so the
@@ -258,185 +197,145 @@ def masked_eval(
     ...                mesh=jax.make_mesh((1,), ("batch",)))
     {'mean': 4.0, 'num_examples': 5}
   """
-  runner = backends.make_backend(backend, axis_name, mesh, data_axes)
-  check_choice("on_invalid", on_invalid, ON_INVALID)
-  if not isinstance(outputs, bool):
-    raise ValueError(f"outputs must be True or False; got {outputs!r}")
-  _check_mask_fn(mask_fn, outputs, checkpoint_dir)
-  total = _length(batches)  # before iterating
-  saver = _saver(checkpoint_dir, checkpoint_every, outputs, runner, params, timeout)
-  if saver.result is not None:
-    return EvalResults(saver.result)
-  source = saver.skip(batches, mask_key)
-  padding = _padding_fills(batches)
-  feed = _step_feed(
-    source, total, runner, backend, mask_key, steps_in_flight, timeout, saver, padding, mask_fn
+  options = EvalOptions.checked(
+    layout=(backend, axis_name, mesh, data_axes),
+    mask=(mask_key, mask_fn),
+    feeding=(steps_in_flight, timeout),
+    reporting=(progress, on_invalid, outputs),
+    checkpoint=(checkpoint_dir, checkpoint_every),
   )
-  host_rows = _HostRows(mask_key)  # read only where the packed step leaves the count to it
-  inputs = (
-    host_rows.counted(iter(feed)) if runner.counts_rows_on_host and mask_fn is None else iter(feed)
+  runner = backends.make_backend(*options.layout)
+  saver = _saver(options, runner, params)  # None without a checkpoint_dir
+  if saver is not None and saver.result is not None:
+    return EvalResults(saver.result)  # a finished evaluation: batches are not read
+  num_batches = _length(batches)  # before iterating
+  feed = _step_feed(batches, num_batches, runner, options, saver)
+  first = _first_input(feed)
+  compiled = _cache.cached_step(step_fn, runner, options.mask, options.outputs)
+  run = _run.start(compiled, params, first, saver)
+  hooks = _hooks(options, run, num_batches, saver)
+  state = _run_steps(run, feed, first, hooks)
+  metric, num_examples = run.finish(state, feed.wait_final)
+  results = _results(metric, num_examples, options.on_invalid)
+  for hook in hooks:
+    results = hook.finish(results)
+  return results
+
+
+def _saver(options: EvalOptions, runner: Any, params: Any) -> checkpoint.Saver | None:
+  """The `padded_eval.eval.checkpoint.Saver` of ``options.checkpoint_dir``, or None."""
+  if options.checkpoint_dir is None:
+    return None
+  return checkpoint.Saver.open(
+    options.checkpoint_dir, options.checkpoint_every, runner, params, options.timeout
   )
-  first = _first_input(inputs)
-  row_mask = mask_key if mask_fn is None else mask_fn
-  compiled = step_cache.cached_step(step_fn, runner, row_mask, outputs)
-  host_params, params, placed = params, runner.place_params(params), runner.place_batch(first)
-  empty = compiled.empty_state(params, placed.batch, _empty_state)
-  packed = compiled.packed_for(empty) if saver.packable else None  # small, one process
-  if packed is None:  # the state's tree (a small one placed once and not donated)
-    packing, step = None, compiled.step_for(empty)
-    state = saver.restore(empty, first.batch, host_params, runner)
-  else:  # one byte vector per shard (padded_eval.eval._packing), placed once, not donated
-    (packing, step), state = packed, runner.place_packed(packed[0])
-  bar = _ProgressBar(total, row_mask) if progress else _NoProgressBar()
-  bar.add(first.batch)
-  rows = RowOutputs(runner.row_axes, mask_key, total) if outputs else NoOutputs()
-  try:
-    state = _run_steps(step, params, state, (first, placed), inputs, feed, runner, bar, rows, saver)
-  except BaseException:
-    saver.close(failed=True)  # a save in flight may wait on the failed step: bounded wait
-    raise
-  saver.close()
-  state = runner.finalize(state, packing)  # the one reduction across devices (and processes)
-  feed.wait_final(state)
-  metric, count = runner.to_host(state, packing)
-  bar.close()
-  on_host = packing is not None and runner.counts_rows_on_host and mask_fn is None
-  num_examples = host_rows.total if on_host else int(count.to_numpy())
-  _check_example_counts(metric, num_examples, on_invalid)
-  _report_invalid(metric, on_invalid)
-  results = _results(metric, num_examples)
-  saver.finish(results)
-  return (results, rows.result()) if outputs else results
 
 
-def _check_mask_fn(mask_fn, outputs, checkpoint_dir) -> None:
-  """Raises ValueError for a ``mask_fn`` that is not callable or comes with what it does not support."""
-  if mask_fn is None:
-    return
-  if not callable(mask_fn):
-    raise ValueError(
-      f"mask_fn must be a function batch -> bool [rows, ...] or None; got {mask_fn!r}"
-    )
-  unsupported = [
-    name
-    for name, given in [
-      ("outputs=True", outputs is True),
-      ("checkpoint_dir", checkpoint_dir is not None),
-      (f"{jax.process_count()} processes", jax.process_count() > 1),
-    ]
-    if given
-  ]
-  if unsupported:
-    raise ValueError(
-      f"mask_fn cannot be combined with {', '.join(unsupported)}; pass dict batches with a mask "
-      "key instead (pe.pad_batches, mask_key=)"
-    )
-
-
-def _saver(checkpoint_dir, every, outputs, runner, params, timeout):
-  """`padded_eval.eval.checkpoint.Saver` for ``checkpoint_dir``, or one that saves nothing."""
-  if checkpoint_dir is None:
-    return checkpoint.NoSaver()
-  if outputs:
-    raise ValueError(
-      "checkpoint_dir cannot be combined with outputs=True: the per-row outputs gathered so "
-      "far are not saved; evaluate without outputs, or without checkpoint_dir"
-    )
-  return checkpoint.Saver.open(checkpoint_dir, every, runner, params, timeout)
-
-
-def _run_steps(step, params, state, current, inputs, feed, runner, bar, rows, saver):
-  """Dispatches one step per input of ``feed``; returns the carried state after the last.
-
-  ``current`` is the first ``(host input, placed input)``. Input t+1 is placed on the
-  devices while step t runs; after dispatching step t the loop waits on steps until
-  fewer than ``feed.steps_in_flight`` are in flight, and on all of them after the last.
-  Each step's per-row outputs start their copy to the host at dispatch and are
-  collected (``rows``) right after the step is waited on. ``saver`` may start saving the
-  state a step returned before the next step is dispatched (and donates it).
-  """
-  in_flight: collections.deque = collections.deque()  # (index, token, outputs) not waited for
-  host, placed = current
-  for index in itertools.count():
-    state, token, per_row = step(params, state, placed)  # dispatch step t
-    in_flight.append((index, token, rows.start(per_row, host.batch)))
-    del per_row  # the pending copy holds what is needed
-    saver.after_step(state, feed.batches_consumed)
-    host = next(inputs, None)
-    if host is not None:  # place input t+1 while step t runs
-      placed = runner.place_batch(host)
-      bar.add(host.batch)
-    while in_flight and (host is None or len(in_flight) >= feed.steps_in_flight):
-      waited, token, pending = in_flight.popleft()
-      feed.wait(waited, token)
-      rows.collect(pending)
-      del pending  # its device arrays go now, not at the next collect
-    if host is None:
-      return state
-
-
-def _padding_fills(batches) -> dict:
-  """What the all-padding batches of the multi-host lockstep hold: the row ids of
-  ``pe.pad_batches(..., index_key=...)`` are -1 on padding, as in every padded batch."""
-  index_key = getattr(batches, "index_key", None)
-  return {} if index_key is None else {index_key: -1}
-
-
-def _step_feed(
-  batches, length, runner, name, mask_key, steps_in_flight, timeout, saver, padding, mask_fn=None
-):
-  """The checked ``batches`` (an iterator, ``length`` of them if known) as step inputs, with
-  the wait: one process, or several in lockstep (all-padding batches filled per ``padding``)."""
+def _step_feed(batches, num_batches, runner, options: EvalOptions, saver) -> Any:
+  """The checked ``batches`` (after those a checkpoint consumed) as step inputs, with the wait:
+  one process, or several in lockstep (all-padding batches filled per `padding_fills`)."""
+  mask = options.mask
+  padding = padding_fills(batches)
   settings = {  # must be equal on every process
-    "backend": name,
+    "backend": options.layout[0],
     "axis_name": runner.data_axis,
     "data_axes": list(runner.data_axes),
-    "mask_key": mask_key,
+    "mask_key": mask.key,
     "mesh": {str(k): int(v) for k, v in runner.mesh.shape.items()},
-    "steps_in_flight": steps_in_flight,
+    "steps_in_flight": options.steps_in_flight,
     "padding": padding,
   }
-  steps_in_flight = _steps_in_flight(steps_in_flight)
-  if timeout is not None:
-    distributed.check_timeout(timeout)
+  source = iter(batches) if saver is None else saver.skip(batches, mask.key)
+  checked = checked_batches(source, mask.key, runner.num_shards, runner.shards_in_words, mask.fn)
   return distributed.step_feed(
-    _checked_batches(batches, mask_key, runner, mask_fn),
-    length,
-    mask_key=mask_key,
+    checked,
+    num_batches,
+    mask_key=mask.key,
     settings=settings,
     num_shards=runner.num_shards,
-    steps_in_flight=steps_in_flight,
-    timeout=timeout,
-    resume=saver.resume_at,
+    steps_in_flight=options.steps_in_flight,
+    timeout=options.timeout,
+    resume=None if saver is None else saver.resume_at,
     pad_value=padding,
   )
 
 
-class _HostRows:
-  """The real rows of the batches a step consumes, counted on the host (exact int).
-
-  Where the backend's packed step does not count them (``counts_rows_on_host``: under jit a
-  count in the step is one more all-reduce per step), this is ``num_examples``.
-  """
-
-  def __init__(self, mask_key: str):
-    self.mask_key, self.total = mask_key, 0
-
-  def counted(self, inputs: cabc.Iterator) -> cabc.Iterator:
-    """``inputs``, unchanged, each batch's mask counted as it passes."""
-    for step_input in inputs:
-      self.total += int(np.count_nonzero(step_input.batch[self.mask_key]))
-      yield step_input
-
-
-def _first_input(inputs: cabc.Iterator) -> backends.StepInput:
-  first = next(inputs, None)
+def _first_input(feed) -> distributed.StepInput:
+  first = next(feed, None)
   if first is None:
     raise ValueError(
       "batches yielded no batch; masked_eval needs at least one (an all-padding batch "
       "is fine: pe.pad_batches(..., num_batches=1))"
     )
   return first
+
+
+def _hooks(options: EvalOptions, run: _run.CompiledRun, num_batches, saver) -> list[Hook]:
+  """The loop's hooks, in the order `Hook.finish` runs them (the saver stores the results
+  before the outputs hook pairs them with the rows)."""
+  hooks: list[Hook] = []
+  if options.progress:
+    hooks.append(Progress(num_batches, options.mask))
+  if saver is not None:
+    hooks.append(saver)
+  if options.outputs:
+    hooks.append(Outputs(run.row_axes, options.mask.key, num_batches))
+  return hooks
+
+
+def _run_steps(run: _run.CompiledRun, feed, first, hooks: list[Hook]) -> Any:
+  """Dispatches one step per input of ``feed`` (``first`` placed already); returns the carried
+  state after the last.
+
+  Input t+1 is placed on the devices while step t runs; after dispatching step t the loop waits
+  on steps until fewer than ``feed.steps_in_flight`` are in flight, and on all of them after the
+  last. A hook may save the state a step returned before the next step is dispatched (and
+  donates it).
+  """
+  in_flight: collections.deque = collections.deque()  # (index, token) not waited for
+  host, placed, state = first, run.first, run.initial_state
+  try:
+    for index in itertools.count():
+      state, token, per_row = run.step(state, placed)  # dispatch step t
+      in_flight.append((index, token))
+      if hooks:
+        step = Dispatched(index, state, per_row, host.batch, feed.batches_consumed)
+        for hook in hooks:
+          hook.dispatched(step)
+        del step
+      del per_row  # a pending copy holds what is needed
+      host = next(feed, None)
+      if host is not None:  # place input t+1 while step t runs
+        placed = run.place(host)
+      while in_flight and (host is None or len(in_flight) >= feed.steps_in_flight):
+        waited, token = in_flight.popleft()
+        feed.wait(waited, token)
+        for hook in hooks:
+          hook.waited(waited)
+      if host is None:
+        break
+  except BaseException:
+    for hook in hooks:
+      hook.close(failed=True)  # a save in flight may wait on the failed step: bounded wait
+    raise
+  for hook in hooks:
+    hook.close(failed=False)
+  return state
+
+
+def _results(metric: Metric, num_examples: int, on_invalid: str) -> EvalResults:
+  """The returned dict: the metric's logs and ``num_examples``, after the checks of ``on_invalid``."""
+  _check_example_counts(metric, num_examples, on_invalid)
+  _report_invalid(metric, on_invalid)
+  logs = dict(_cache.metric_logs(metric))
+  if NUM_EXAMPLES in logs:
+    raise ValueError(
+      f"the metric logs a value named {NUM_EXAMPLES!r}, which masked_eval reserves for "
+      "the count of real rows; rename the metric (name=...)"
+    )
+  logs = jax.tree.map(_to_python, logs)
+  logs[NUM_EXAMPLES] = num_examples
+  return EvalResults(logs, metric)
 
 
 def _check_example_counts(metric: Metric, num_examples: int, on_invalid: str) -> None:
@@ -476,28 +375,6 @@ def _report_invalid(metric: Metric, on_invalid: str) -> None:
   warnings.warn(message, InvalidValuesWarning, stacklevel=3)
 
 
-def _steps_in_flight(steps_in_flight: int | None) -> int:
-  if steps_in_flight is None:
-    return 2
-  if (
-    isinstance(steps_in_flight, bool) or not isinstance(steps_in_flight, int) or steps_in_flight < 1
-  ):
-    raise ValueError(f"steps_in_flight must be an int >= 1; got {steps_in_flight!r}")
-  return steps_in_flight
-
-
-def _results(metric: Metric, num_examples: int) -> EvalResults:
-  logs = dict(step_cache.metric_logs(metric))
-  if NUM_EXAMPLES in logs:
-    raise ValueError(
-      f"the metric logs a value named {NUM_EXAMPLES!r}, which masked_eval reserves for "
-      "the count of real rows; rename the metric (name=...)"
-    )
-  logs = jax.tree.map(_to_python, logs)
-  logs[NUM_EXAMPLES] = num_examples
-  return EvalResults(logs, metric)
-
-
 def _to_python(value):
   """A scalar -> Python float; an array -> numpy array."""
   value = np.asarray(value)
@@ -509,37 +386,3 @@ def _length(batches) -> int | None:
     return len(batches)
   except TypeError:
     return None
-
-
-class _ProgressBar:
-  """A tqdm bar over batches showing real examples per second (counted on the host)."""
-
-  def __init__(self, total: int | None, mask_key: Any):
-    import tqdm  # imported only when asked for
-
-    self._bar = tqdm.tqdm(total=total, unit="batch", desc="masked_eval")
-    self._mask_key = mask_key  # a key, or a mask_fn
-    self._examples = 0
-    self._start = time.perf_counter()
-
-  def add(self, batch) -> None:
-    mask = self._mask_key(batch) if callable(self._mask_key) else batch[self._mask_key]
-    self._examples += int(np.count_nonzero(np.asarray(mask)))
-    elapsed = max(time.perf_counter() - self._start, 1e-9)
-    self._bar.set_postfix(
-      examples=self._examples, ex_per_s=f"{self._examples / elapsed:.0f}", refresh=False
-    )
-    self._bar.update(1)
-
-  def close(self) -> None:
-    self._bar.close()
-
-
-class _NoProgressBar:
-  """``progress=False``: counts nothing."""
-
-  def add(self, batch) -> None:
-    del batch
-
-  def close(self) -> None:
-    pass

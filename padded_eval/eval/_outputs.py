@@ -20,9 +20,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from padded_eval.data.sharding import local_blocks
 from padded_eval.metrics.base import Metric
 
-__all__ = ["KeptRows", "NoOutputs", "Pending", "RowOutputs", "local_blocks", "split_step_result"]
+__all__ = ["KeptRows", "Pending", "RowOutputs", "split_step_result"]
 
 
 def split_step_result(returned: Any, outputs: bool, rows: int) -> tuple[Metric, Any]:
@@ -201,28 +202,3 @@ class KeptRows:
     if self._buffer is not None:
       return self._buffer[: self._count]
     return np.concatenate(self._parts)
-
-
-class NoOutputs:
-  """``outputs=False``: nothing to copy or keep."""
-
-  def start(self, per_row: Any, batch: Any) -> None:
-    del per_row, batch
-
-  def collect(self, pending: None) -> None:
-    del pending
-
-  def result(self) -> None:
-    return None
-
-
-def local_blocks(leaf: jax.Array) -> list[jax.Array]:
-  """The device buffers of a step output that hold this process's rows, in row order (one per row range).
-
-  The addressable shards are taken once per range of rows (a replica over other mesh axes is skipped) and
-  sorted by their first row. With several processes these are this process's rows, which its batch held.
-  """
-  by_start = {}
-  for shard in leaf.addressable_shards:
-    by_start.setdefault(shard.index[0].start or 0, shard.data)
-  return [by_start[start] for start in sorted(by_start)]

@@ -9,7 +9,7 @@ compiled step carries that vector instead of the tree (`padded_eval.eval._step.p
 
 The layout is fixed by the empty state's structure, shapes and dtypes (it is hashable: the
 jitted programs that unpack it take it as a static argument). `masked_eval` packs only small
-states (`padded_eval.eval._placement.reusable_state`) with one process and no checkpoint: a large
+states (`padded_eval.eval._placement.is_small_state`) with one process and no checkpoint: a large
 state would be copied whole on every step, and a checkpoint saves the tree.
 """
 

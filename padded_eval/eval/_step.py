@@ -10,6 +10,7 @@ its own, stacked on a leading axis (`unstack` / `restack` inside the mapped func
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from padded_eval.eval._outputs import split_step_result
 from padded_eval.exact.accumulate import ExactCount
 
 __all__ = [
+  "RowMask",
   "batch_statistics",
   "checked_step_fn",
   "merge_step",
@@ -33,13 +35,58 @@ __all__ = [
 ]
 
 
-def checked_step_fn(step_fn: Callable, mask_key: str = "mask", outputs: bool = False) -> Callable:
+@dataclasses.dataclass(frozen=True)
+class RowMask:
+  """Which rows of a batch are real: ``batch[key]``, or ``fn(batch)`` (``masked_eval(mask_fn=...)``).
+
+  The one switch between a mask key and a mask function: everything that reads a batch's mask
+  (the step, the host row count, the progress bar, per-row outputs) calls `of`.
+
+  Attributes:
+    key: the batch key of the bool ``[B]`` mask, or None with ``fn``.
+    fn: ``fn(batch) -> bool [rows, ...]`` for batches that are not dicts, or None.
+  """
+
+  key: str | None = "mask"
+  fn: Callable | None = None
+
+  @classmethod
+  def of_call(cls, mask_key: Any, mask_fn: Any) -> RowMask:
+    """The mask of ``masked_eval(mask_key=..., mask_fn=...)``: a key (str) or a function.
+
+    Raises:
+      ValueError: ``mask_fn`` (or a ``mask_key`` that is not a str) not callable.
+    """
+    if mask_fn is None and callable(mask_key):
+      mask_fn = mask_key
+    if mask_fn is None:
+      if not isinstance(mask_key, str):
+        raise ValueError(
+          f"mask_key must be a str (the batch key of the mask) or a function batch -> bool "
+          f"[rows, ...]; got {mask_key!r}"
+        )
+      return cls(mask_key)
+    if not callable(mask_fn):
+      raise ValueError(
+        f"mask_fn must be a function batch -> bool [rows, ...] or None; got {mask_fn!r}"
+      )
+    return cls(None, mask_fn)
+
+  def of(self, batch: Any) -> Any:
+    """The bool mask of real rows of ``batch`` (traced inside the step, numpy on the host)."""
+    return self.fn(batch) if self.fn is not None else batch[self.key]
+
+  def count(self, batch: Any) -> int:
+    """The real rows of a host batch, exactly (a Python int)."""
+    return int(np.count_nonzero(np.asarray(self.of(batch))))
+
+
+def checked_step_fn(step_fn: Callable, mask: RowMask, outputs: bool = False) -> Callable:
   """``(params, batch) -> (metric, per_row)`` from ``step_fn``, checked at trace time.
 
   Args:
     step_fn: the user's step: returns a Metric, or with ``outputs`` ``(metric, per_row)``.
-    mask_key: the batch key of the mask (its length is the rows ``per_row`` must have), or a
-      ``mask_fn(batch) -> bool [rows, ...]`` (``masked_eval(mask_fn=...)``).
+    mask: the batches' `RowMask` (its length is the rows ``per_row`` must have).
     outputs: whether ``step_fn`` returns per-row outputs.
 
   Returns:
@@ -49,27 +96,22 @@ def checked_step_fn(step_fn: Callable, mask_key: str = "mask", outputs: bool = F
 
   @functools.wraps(step_fn)
   def checked(params, batch):
-    rows = np.shape(row_mask(batch, mask_key))[0]
+    rows = np.shape(mask.of(batch))[0]
     return split_step_result(step_fn(params, batch), outputs, rows)
 
   return checked
 
 
-def row_mask(batch, mask_key) -> Any:
-  """The bool mask of real rows: ``batch[mask_key]``, or ``mask_key(batch)`` for a ``mask_fn``."""
-  return mask_key(batch) if callable(mask_key) else batch[mask_key]
+def row_count(batch, mask: RowMask) -> ExactCount:
+  """The exact count of real rows of ``batch`` (True entries of its mask), inside the step."""
+  return ExactCount.of(jnp.sum(mask.of(batch), dtype=jnp.int32))
 
 
-def row_count(batch, mask_key) -> ExactCount:
-  """The exact count of real rows of ``batch`` (True entries of its `row_mask`)."""
-  return ExactCount.of(jnp.sum(row_mask(batch, mask_key), dtype=jnp.int32))
-
-
-def batch_statistics(inner: Callable, mask_key: str, axis: str | None) -> Callable:
+def batch_statistics(inner: Callable, mask: RowMask, axis: str | None) -> Callable:
   """``(params, batch) -> (metric, row count)`` of one batch, reduced over ``axis`` if given."""
 
   def statistics(params, batch):
-    metric, count = inner(params, batch)[0], row_count(batch, mask_key)
+    metric, count = inner(params, batch)[0], row_count(batch, mask)
     if axis is not None:
       metric, count = metric.reduce(axis), count.reduce(axis)
     return metric, count
@@ -78,7 +120,7 @@ def batch_statistics(inner: Callable, mask_key: str, axis: str | None) -> Callab
 
 
 def merge_step(
-  inner: Callable, mask_key: str, sync_total: Callable, count_rows: bool = True
+  inner: Callable, mask: RowMask, sync_total: Callable, count_rows: bool = True
 ) -> Callable:
   """``(params, state, inputs) -> (state, token, per_row)``: one batch merged into ``state``,
   locally (no collective but ``sync_total`` of the multi-host flags). Without ``count_rows``
@@ -88,7 +130,7 @@ def merge_step(
     metric_total, count_total = state
     metric, per_row = inner(params, inputs.batch)
     if count_rows:
-      count_total = count_total.merge(row_count(inputs.batch, mask_key))
+      count_total = count_total.merge(row_count(inputs.batch, mask))
     token = (count_total.total(), tuple(sync_total(flag) for flag in inputs.sync))
     return (metric_total.merge(metric), count_total), token, per_row
 

@@ -37,14 +37,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval.data._batch_spec import BatchSpec
-from padded_eval.data.padded import PaddedBatches
+from padded_eval.data.padded import skipped
+from padded_eval.eval._hooks import Dispatched, Hook
 from padded_eval.multihost._coordination import exchange
 from padded_eval.multihost.distributed import DEFAULT_TIMEOUT_S, ResumeAt, next_call_number
 from padded_eval.validation import check_positive_int
 
 __all__ = [
   "CheckpointDir",
-  "NoSaver",
   "Restored",
   "Saver",
   "fingerprint",
@@ -351,42 +351,17 @@ def _short(value: Any) -> str:
 # --- the driver's side: what masked_eval calls ---------------------------------------------------
 
 
-class NoSaver:
-  """``checkpoint_dir=None``: nothing is saved or restored."""
-
-  result = None
-  resume_at = None
-  packable = (
-    True  # the carried state may travel packed (padded_eval.eval._packing): nothing saves it
-  )
-
-  def skip(self, batches: Any, mask_key: str) -> Any:
-    del mask_key
-    return iter(batches)
-
-  def restore(self, empty: Any, batch: Any, params: Any, runner: Any) -> Any:
-    del batch, params
-    return runner.place_state(empty)
-
-  def after_step(self, state: Any, batches_consumed: int) -> None:
-    del state, batches_consumed
-
-  def close(self, failed: bool = False) -> None:
-    del failed
-
-  def finish(self, results: dict) -> None:
-    del results
-
-
-class Saver(NoSaver):
+class Saver(Hook):
   """Saves and restores one `masked_eval` call's state in a `CheckpointDir`.
+
+  A hook of the loop (`padded_eval.eval._hooks.Hook`): it saves after dispatched steps, waits
+  for its last write at `close` and stores the result at `finish`. With a saver the run carries
+  the state's tree (`padded_eval.eval._run.start`), which is what it saves and restores.
 
   Attributes:
     result: the stored result of a finished evaluation (then nothing else is done), or None.
-    resume_at: the `padded_eval.multihost.distributed.ResumeAt` of a restored checkpoint, or None.
+    resume_at: the `padded_eval.multihost.distributed.ResumeAt` where the run starts.
   """
-
-  packable = False  # it saves and restores the state's tree
 
   def __init__(
     self,
@@ -405,7 +380,9 @@ class Saver(NoSaver):
     self._due = False  # a save is due (deferred while the previous write runs)
     self._mask_key = "mask"
     spec = None if restored is None else restored.fingerprint.get("batch")
-    self.resume_at = None if restored is None else ResumeAt(restored.steps, restored.batches, spec)
+    self.resume_at = (
+      ResumeAt() if restored is None else ResumeAt(restored.steps, restored.batches, spec)
+    )
 
   @classmethod
   def open(
@@ -436,16 +413,13 @@ class Saver(NoSaver):
     return cls(directory, runner, partial, restored=restored, timeout=timeout)
 
   def skip(self, batches: Any, mask_key: str) -> Any:
-    """An iterator over ``batches`` after the consumed ones: `PaddedBatches.skip` for
-    ``pe.pad_batches`` (sources that can seek are not read), else read and dropped."""
+    """An iterator over ``batches`` after the consumed ones (`padded_eval.data.padded.skipped`:
+    sources that can seek are not read, other batches are read and dropped)."""
     self._mask_key = mask_key
     consumed = 0 if self._restored is None else self._restored.batches
     if not consumed:
       return iter(batches)
-    if isinstance(batches, PaddedBatches):
-      remaining = batches.skip(consumed)
-    else:
-      remaining = _dropped(iter(batches), consumed)
+    remaining = skipped(batches, consumed)
     if jax.process_count() > 1 or self.resume_at.spec is None:
       return remaining  # the lockstep feeds all-padding batches when none is left
     return self._or_padding(remaining, BatchSpec.from_json(self.resume_at.spec))
@@ -460,31 +434,33 @@ class Saver(NoSaver):
     yield first
     yield from remaining
 
-  def restore(self, empty: Any, batch: Any, params: Any, runner: Any) -> Any:
-    """The carried device state: the restored one, or ``empty``'s.
+  def restored(self, empty: Any, batch: Any, params: Any) -> Any:
+    """This process's saved part of the carried state (host arrays in ``empty``'s structure), or
+    None when there is no checkpoint to resume from (the run then starts from ``empty``).
 
     Raises:
       ValueError: the checkpoint was written for another batch structure, batch size or metric.
     """
     spec = BatchSpec.from_batch(batch, self._mask_key).to_json()
     self._found = fingerprint(
-      backend=runner.layout, params=params, batch_spec=spec, state_shapes=empty
+      backend=self._runner.layout, params=params, batch_spec=spec, state_shapes=empty
     )
     if self._restored is None:
-      return runner.place_state(empty)
+      return None
     self._dir.check(self._restored.fingerprint, self._found)
     saved = jax.tree.unflatten(jax.tree.structure(empty), self._restored.leaves)
     self._restored.leaves = None
-    return runner.place_saved_state(saved)
+    return saved
 
-  def after_step(self, state: Any, batches_consumed: int) -> None:
-    """Counts one dispatched step; every ``every`` steps starts saving ``state``.
+  def dispatched(self, step: Dispatched) -> None:
+    """Counts one dispatched step; every ``every`` steps starts saving its state.
 
     With one process a save that falls due while the previous write is still running is
     deferred to the first step after that write finished: the driver never waits for the
     disk. With several processes every process saves the same steps (so that they share a
     step to resume from), waiting for its previous write if need be.
     """
+    state, batches_consumed = step.state, step.batches_consumed
     self._steps += 1
     self._due = self._due or self._steps % self._dir.every == 0
     if not self._due or self._no_save:
@@ -500,8 +476,10 @@ class Saver(NoSaver):
     most ``timeout`` seconds (see `CheckpointDir.close`)."""
     self._dir.close(self._timeout_s if failed else None)
 
-  def finish(self, results: dict) -> None:
+  def finish(self, results: dict) -> dict:
+    """Stores ``results`` as the finished evaluation's and returns them."""
     self._dir.finish(results, self._found)
+    return results
 
 
 def _in_daemon_thread(fn, *args) -> concurrent.futures.Future:
@@ -516,18 +494,6 @@ def _in_daemon_thread(fn, *args) -> concurrent.futures.Future:
 
   threading.Thread(target=run, name="padded_eval-checkpoint", daemon=True).start()
   return future
-
-
-def _dropped(batches, count: int):
-  """``batches`` after reading and dropping ``count`` of them, dropped when the first is asked for
-  (so that a failure surfaces where the multi-host pre-flight reports it to every process)."""
-  for index in range(count):
-    if next(batches, None) is None:
-      raise ValueError(
-        f"the checkpoint consumed {count} batches but batches holds only {index}: the data "
-        "changed since the checkpoint was saved; a checkpoint_dir identifies one evaluation"
-      )
-  yield from batches
 
 
 def _agree(steps: list[int], done: bool, timeout: float | None) -> tuple[list[int], bool]:

@@ -61,9 +61,7 @@ def check_flag(argname: str, value) -> None:
 
 def check_ignore_index(ignore_index) -> None:
   """Raises ValueError unless ``ignore_index`` is None or an int."""
-  if ignore_index is not None and (
-    isinstance(ignore_index, bool) or not isinstance(ignore_index, int)
-  ):
+  if ignore_index is not None and not validation.is_int(ignore_index):
     raise ValueError(f"ignore_index must be None or an int; got {ignore_index!r}")
 
 

@@ -310,8 +310,7 @@ class _ScoreHistogram(ClassificationMetric):
     if class_index == "micro":
       return positives[included].sum(0), negatives[included].sum(0)
     if (
-      isinstance(class_index, bool)
-      or not isinstance(class_index, (int, np.integer))
+      not validation.is_int(class_index)
       or not 0 <= class_index < columns
       or not included[class_index]
     ):

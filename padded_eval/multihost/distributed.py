@@ -56,8 +56,10 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from padded_eval.data.sharding import local_blocks
 from padded_eval.multihost._agreement import agree, record
 from padded_eval.multihost._coordination import first_line
+from padded_eval.validation import check_int
 
 __all__ = [
   "DEFAULT_TIMEOUT_S",
@@ -111,12 +113,7 @@ def process_slice(
     process_index = jax.process_index()
   if process_count is None:
     process_count = jax.process_count()
-  if (
-    isinstance(num_examples, bool)
-    or not isinstance(num_examples, (int, np.integer))
-    or num_examples < 0
-  ):
-    raise ValueError(f"num_examples must be an int >= 0; got {num_examples!r}")
+  num_examples = check_int("num_examples", num_examples, minimum=0)
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index must be in [0, {process_count}); got {process_index}")
   share, extra = divmod(int(num_examples), process_count)
@@ -155,7 +152,7 @@ def step_feed(
 ) -> OneProcess | Lockstep:
   """The inputs of `masked_eval`'s steps and the wait on them: a `OneProcess`, or a `Lockstep`.
 
-  Both are iterables of `StepInput` (step 0's first) with ``wait(step, token)``,
+  Both are iterators of `StepInput` (step 0's first) with ``wait(step, token)``,
   ``wait_final(state)`` and ``steps_in_flight``: after dispatching step ``t`` and fetching
   input ``t + 1``, the driver waits on steps until fewer than ``steps_in_flight`` are in
   flight. Arguments as `lockstep`; ``steps_in_flight`` is the caller's bound with one process.
@@ -204,10 +201,13 @@ class OneProcess:
     self.steps_in_flight = steps_in_flight
     self.batches_consumed = batches_consumed  # real batches yielded (resumed runs: and before)
 
-  def __iter__(self) -> Iterator[StepInput]:
-    for batch in self._batches:
-      self.batches_consumed += 1
-      yield StepInput(batch)
+  def __iter__(self) -> OneProcess:
+    return self
+
+  def __next__(self) -> StepInput:
+    batch = next(self._batches)
+    self.batches_consumed += 1
+    return StepInput(batch)
 
   def wait(self, step: int, token: Any) -> None:
     """Blocks until step ``step`` (whose token is ``token``) has finished."""
@@ -418,7 +418,7 @@ class Lockstep:
 
 
 def _local_part(x):
-  """A global array spanning processes -> its first addressable shard (host-readable)."""
+  """A global array spanning processes -> its first block of this process's rows (host-readable)."""
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    return x.addressable_shards[0].data
+    return local_blocks(x)[0]
   return x

@@ -15,6 +15,7 @@ from jax.sharding import Mesh
 from padded_eval.eval.backends._base import Backend as Backend
 from padded_eval.eval.backends._base import CompiledStep as CompiledStep
 from padded_eval.eval.backends._base import MeshBackend as MeshBackend
+from padded_eval.eval.backends._base import finalize_program
 from padded_eval.eval.backends.jit import JitBackend as JitBackend
 from padded_eval.eval.backends.pmap import PmapBackend as PmapBackend
 from padded_eval.eval.backends.shard_map import ShardMapBackend as ShardMapBackend
@@ -45,6 +46,16 @@ def make_backend(name: str, axis_name: str, mesh: Mesh | None, data_axes: Any = 
     return BACKENDS[name].create(axis_name, mesh, data_axes)
 
 
-@functools.lru_cache(maxsize=64)
+CACHE_SIZE = 64
+"""The most backends (settings) and compiled final reduces kept."""
+
+
+def clear_cache() -> None:
+  """Drops the cached backends and their compiled final reduces."""
+  _made_backend.cache_clear()
+  finalize_program.cache_clear()
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
 def _made_backend(name: str, axis_name: str, mesh: Mesh | None, data_axes: Any) -> Backend:
   return BACKENDS[name].create(axis_name, mesh, data_axes)

@@ -14,7 +14,7 @@ larger ones by ``Metric.reduce``, the one collective of a call. The pieces of th
 are in `padded_eval.eval._step`.
 
 A small state with one process and no checkpoint is carried packed, one ``uint8`` vector per
-shard (`padded_eval.eval._packing`; ``CompiledStep.packed_step``, ``place_packed``, and the
+shard (`padded_eval.eval._packing`; ``CompiledStep.packed_step``, and the
 ``packing`` argument of ``finalize`` and ``to_host``): a short evaluation then copies one
 array per shard instead of one per leaf and shard.
 """
@@ -36,34 +36,30 @@ from padded_eval.eval import _packing as packing_lib
 from padded_eval.eval import _placement as placement
 from padded_eval.multihost.distributed import StepInput
 
-__all__ = ["Backend", "CompiledStep", "MeshBackend"]
+__all__ = ["Backend", "CompiledStep", "MeshBackend", "finalize_program"]
 
 
 @dataclasses.dataclass(frozen=True)
 class CompiledStep:
-  """The compiled functions of one ``(step_fn, backend, mask_key)``.
+  """The compiled functions of one ``(step_fn, backend, mask)``.
 
   Attributes:
     state_shapes: ``(placed params, placed batch) -> (metric, ExactCount)`` of
       ``jax.ShapeDtypeStruct``: one shard's carried state, from ``jax.eval_shape`` of the
       step's statistics (which traces ``step_fn`` into the jit cache the step reuses).
     step: ``(placed params, state, placed StepInput) -> (state, token, per_row)``;
-      ``state`` is donated. ``token`` is ``(rows_so_far, sync_totals)``: a small array
-      that is ready when the step has finished, and each ``sync`` array summed over all
+      ``state`` (the tree) is donated. ``token`` is ``(rows_so_far, sync_totals)``: a small
+      array that is ready when the step has finished, and each ``sync`` array summed over all
       shards. ``per_row`` is what ``step_fn`` returned next to its metric (``outputs=True``),
       rows split over the data axis like the batch; None without outputs.
-    step_keeping_state: the same step without donating ``state``: for a small empty state
-      that is placed once and reused by every call (`padded_eval.eval._placement.placed_once`).
-    packed_step: ``packing -> step`` for a `padded_eval.eval._packing.StatePacking`: the step
-      (not donating) whose carried state is one ``uint8`` vector per shard
-      (`padded_eval.eval._step.packed`); compiled on first use. On a backend whose
-      ``counts_rows_on_host`` is True and with a mask key, it does not count the real
-      rows: the driver does, on the host.
+    packed_step: ``(packing, count_rows) -> step`` for a `padded_eval.eval._packing.StatePacking`:
+      the step (not donating) whose carried state is one ``uint8`` vector per shard
+      (`padded_eval.eval._step.packed`); without ``count_rows`` it leaves the carried count
+      as it came (the run counts the rows on the host: `padded_eval.eval._run`).
   """
 
   state_shapes: Callable
   step: Callable
-  step_keeping_state: Callable
   packed_step: Callable
 
 
@@ -81,7 +77,7 @@ class Backend(Protocol):
   mesh: Mesh
   data_axes: tuple[str, ...]
   row_axes: int  # leading axes of a step's per_row output that index rows (pmap: device, row)
-  counts_rows_on_host: bool  # packed steps with a mask key leave the row count to the driver
+  counts_rows_on_host: bool  # a count in the step costs a collective: the run counts on the host
 
   @property
   def data_axis(self) -> str | tuple[str, ...]: ...
@@ -104,12 +100,8 @@ class Backend(Protocol):
     ...
 
   def place_state(self, state: Any) -> Any:
-    """The empty host state (one shard's) -> the carried device state."""
-    ...
-
-  def place_packed(self, packing: Any) -> Any:
-    """``packing.empty`` (one shard's packed empty state) -> the carried packed device state,
-    placed once and reused (`padded_eval.eval._placement.placed_once`)."""
+    """The empty host state (one shard's, a tree or a packed vector) -> the carried device
+    state, in fresh buffers."""
     ...
 
   def place_saved_state(self, state: Any) -> Any:
@@ -125,9 +117,10 @@ class Backend(Protocol):
     """The backend and its device layout as JSON (what a checkpoint must match)."""
     ...
 
-  def compile_step(self, step_fn: Callable, mask_key: str, outputs: bool = False) -> CompiledStep:
+  def compile_step(self, step_fn: Callable, mask: Any, outputs: bool = False) -> CompiledStep:
     """The (not yet cached) compiled functions for ``step_fn`` (which returns ``(metric, per_row)``
-    when ``outputs``)."""
+    when ``outputs``) over batches whose real rows ``mask`` (a `padded_eval.eval._step.RowMask`)
+    marks."""
     ...
 
   def finalize(self, state: Any, packing: Any = None) -> Any:
@@ -141,7 +134,7 @@ class Backend(Protocol):
 
 
 @functools.lru_cache(maxsize=64)
-def _finalize_program(backend: Backend) -> Callable:
+def finalize_program(backend: Backend) -> Callable:
   """The compiled finalize of ``backend``, shared by every step function on it."""
   return backend.finalize_program()
 
@@ -164,7 +157,16 @@ class MeshBackend(abc.ABC):
   @functools.cached_property
   def num_shards(self) -> int:
     # This process's part of the data axes: each process splits its own rows.
-    return int(np.prod([self.mesh.local_mesh.shape[axis] for axis in self.data_axes]))
+    return sharding_lib.local_shard_count(self.mesh, self.data_axes)
+
+  @property
+  def shards_in_words(self) -> str | None:
+    """The shards of the data axes, in words, for messages; None: "the {n} devices"."""
+    if self.mesh.devices.ndim == 1:
+      return None
+    axes = self.data_axes
+    named = f"axis {axes[0]!r}" if len(axes) == 1 else f"axes {axes!r} (data_axes)"
+    return f"the {self.num_shards} shards of the mesh's data {named} (mesh {dict(self.mesh.shape)})"
 
   @property
   def replicated(self) -> NamedSharding:
@@ -190,8 +192,7 @@ class MeshBackend(abc.ABC):
     return cls(mesh, axes)
 
   def place_params(self, params):
-    leaves, treedef = jax.tree.flatten(params)
-    return jax.tree.unflatten(treedef, placement.place_reusing(leaves, self.replicated))
+    return jax.device_put(params, self.replicated)  # replicated jax.Arrays are not copied
 
   def place_batch(self, inputs):
     if jax.process_count() == 1:  # checked by the driver (BatchSpec): one transfer, no re-check
@@ -211,7 +212,7 @@ class MeshBackend(abc.ABC):
       combined = placement.combined_on_one_device(state, self.keeps_device_axis)
       if combined is not None:
         return combined
-    return _finalize_program(self)(state)
+    return finalize_program(self)(state)
 
   @property
   def layout(self) -> dict:
@@ -227,17 +228,10 @@ class MeshBackend(abc.ABC):
       return np.asarray(leaf)
     if leaf.is_fully_replicated:
       return np.asarray(leaf.addressable_shards[0].data)
-    blocks = {}  # first row -> block; replicas over other mesh axes hold the same block
-    for shard in leaf.addressable_shards:
-      blocks.setdefault(shard.index[0].start or 0, shard.data)
-    return np.concatenate([np.asarray(blocks[start]) for start in sorted(blocks)])
+    return np.concatenate([np.asarray(block) for block in sharding_lib.local_blocks(leaf)])
 
   def place_state(self, state):
-    place = lambda: self.place_saved_state(placement.stacked(state, self.num_shards))
-    return placement.placed_once(state, self, place)
-
-  def place_packed(self, packing):
-    return self.place_state(packing.empty)
+    return self.place_saved_state(placement.stacked(state, self.num_shards))
 
   @abc.abstractmethod
   def finalize_program(self) -> Callable:

@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from padded_eval.eval import _placement as placement
 from padded_eval.eval import _step as step_parts
 from padded_eval.eval._step import checked_step_fn
 from padded_eval.eval.backends._base import CompiledStep, MeshBackend
@@ -25,8 +24,7 @@ class JitBackend(MeshBackend):
   counts_rows_on_host = True  # a count in the step would be one more all-reduce per step
 
   def place_state(self, state):
-    place = lambda: self.place_saved_state(jax.tree.map(np.array, state))
-    return placement.placed_once(state, self, place)
+    return self.place_saved_state(jax.tree.map(np.array, state))  # fresh buffers: donated
 
   def place_saved_state(self, state):
     return jax.device_put(state, self.replicated)
@@ -35,18 +33,16 @@ class JitBackend(MeshBackend):
     """Arrays already on the mesh keep their shardings (no copy); the rest is replicated."""
     return keep_or_replicate(params, self.mesh)
 
-  def compile_step(self, step_fn, mask_key, outputs=False):
-    inner = jax.jit(checked_step_fn(step_fn, mask_key, outputs))
-    statistics = jax.jit(step_parts.batch_statistics(inner, mask_key, None))
+  def compile_step(self, step_fn, mask, outputs=False):
+    inner = jax.jit(checked_step_fn(step_fn, mask, outputs))
+    statistics = jax.jit(step_parts.batch_statistics(inner, mask, None))
     # per_row stays split like the batch: each process reads back its own rows
     shardings = (self.replicated, self.replicated, self.split)
-    merge = step_parts.merge_step(inner, mask_key, jnp.sum)
+    merge = lambda count_rows: step_parts.merge_step(inner, mask, jnp.sum, count_rows)
     make = lambda merge, donate: jax.jit(merge, donate_argnums=donate, out_shardings=shardings)
     state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
-    # packed (one process, no checkpoint): with a mask key the driver counts rows on the host
-    uncounted = step_parts.merge_step(inner, mask_key, jnp.sum, count_rows=callable(mask_key))
-    packed = lambda packing: make(step_parts.packed(uncounted, packing), ())
-    return CompiledStep(state_shapes, make(merge, 1), make(merge, ()), packed)
+    packed = lambda packing, count_rows: make(step_parts.packed(merge(count_rows), packing), ())
+    return CompiledStep(state_shapes, make(merge(True), 1), packed)
 
   def finalize_program(self):
     return lambda state: state  # already global: XLA reduced every step's sums across the mesh
@@ -59,8 +55,7 @@ def keep_or_replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
   a mesh with the same devices in the same order, e.g. params sharded over ``("fsdp",)``) is kept
   as it is: the same object, no copy, no gather. Every other leaf (numpy arrays, Python scalars,
   arrays on other devices or uncommitted ones) is replicated over the mesh, in one
-  ``jax.device_put``; the replicated copy of a ``jax.Array`` leaf is kept while that array
-  lives and reused by later calls (`padded_eval.eval._placement.place_reusing`).
+  ``jax.device_put`` (the copy is the call's: nothing keeps it after `masked_eval` returns).
 
   Args:
     tree: any pytree (params).
@@ -74,7 +69,7 @@ def keep_or_replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
   moved = [i for i, leaf in enumerate(leaves) if not _laid_out_on(leaf, devices)]
   if moved:
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    for i, placed in zip(moved, placement.place_reusing([leaves[i] for i in moved], replicated)):
+    for i, placed in zip(moved, jax.device_put([leaves[i] for i in moved], replicated)):
       leaves[i] = placed
   return jax.tree.unflatten(treedef, leaves)
 

@@ -45,15 +45,17 @@ class PmapBackend(MeshBackend):
   def place_saved_state(self, state):
     return jax.device_put(state, self.split)
 
-  def compile_step(self, step_fn, mask_key, outputs=False):
-    inner = jax.jit(checked_step_fn(step_fn, mask_key, outputs))  # one trace cache
+  def compile_step(self, step_fn, mask, outputs=False):
+    inner = jax.jit(checked_step_fn(step_fn, mask, outputs))  # one trace cache
     axis = self.data_axis
     sync_total = lambda flag: jax.lax.psum(jnp.sum(flag), axis)
     unanchored = lambda fn: lambda anchored, *args: fn(anchored[1], *args)
     statistics = jax.pmap(
-      unanchored(step_parts.batch_statistics(inner, mask_key, axis)), axis, in_axes=(None, 0)
+      unanchored(step_parts.batch_statistics(inner, mask, axis)), axis, in_axes=(None, 0)
     )
-    merge = unanchored(step_parts.merge_step(inner, mask_key, sync_total))
+    merge = lambda count_rows: unanchored(
+      step_parts.merge_step(inner, mask, sync_total, count_rows)
+    )
 
     def make(merge, donate):
       if jax.process_count() > 1:  # pmap's axis spans every process's devices
@@ -71,8 +73,8 @@ class PmapBackend(MeshBackend):
       shapes = jax.eval_shape(statistics, params, batch)
       return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), shapes)
 
-    packed = lambda packing: make(step_parts.packed(merge, packing), ())
-    return CompiledStep(state_shapes, make(merge, 1), make(merge, ()), packed)
+    packed = lambda packing, count_rows: make(step_parts.packed(merge(count_rows), packing), ())
+    return CompiledStep(state_shapes, make(merge(True), 1), packed)
 
   def finalize_program(self):
     return jax.pmap(step_parts.reduce_state(self.data_axis), self.data_axis)

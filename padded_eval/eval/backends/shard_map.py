@@ -24,16 +24,17 @@ class ShardMapBackend(MeshBackend):
       return jax.device_put(state, self.split)
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.split, x), state)
 
-  def compile_step(self, step_fn, mask_key, outputs=False):
-    inner, axis = jax.jit(checked_step_fn(step_fn, mask_key, outputs)), self.data_axis
+  def compile_step(self, step_fn, mask, outputs=False):
+    inner, axis = jax.jit(checked_step_fn(step_fn, mask, outputs)), self.data_axis
     replicated, split = PartitionSpec(), sharding_lib.partition_spec(self.data_axes)
     statistics = jax.shard_map(
-      step_parts.batch_statistics(inner, mask_key, axis),
+      step_parts.batch_statistics(inner, mask, axis),
       mesh=self.mesh,
       in_specs=(replicated, split),
       out_specs=replicated,
     )
-    merge = step_parts.merge_step(inner, mask_key, lambda flag: jax.lax.psum(jnp.sum(flag), axis))
+    sync_total = lambda flag: jax.lax.psum(jnp.sum(flag), axis)
+    merge = lambda count_rows: step_parts.merge_step(inner, mask, sync_total, count_rows)
 
     def mapped(merge):
       def shard_step(params, state, inputs):  # state: this shard's [1, ...] block
@@ -49,9 +50,10 @@ class ShardMapBackend(MeshBackend):
       )
 
     state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
-    step = mapped(merge)
-    packed = lambda packing: jax.jit(mapped(step_parts.packed(merge, packing)))
-    return CompiledStep(state_shapes, jax.jit(step, donate_argnums=1), jax.jit(step), packed)
+    packed = lambda packing, count_rows: jax.jit(
+      mapped(step_parts.packed(merge(count_rows), packing))
+    )
+    return CompiledStep(state_shapes, jax.jit(mapped(merge(True)), donate_argnums=1), packed)
 
   def finalize_program(self):
     return jax.jit(

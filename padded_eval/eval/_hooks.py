@@ -1,0 +1,94 @@
+"""What runs beside `masked_eval`'s loop: per-row outputs, checkpoints and progress, as hooks.
+
+The loop (`padded_eval.eval._evaluate`) holds one list of hooks and calls each at fixed points:
+`Hook.dispatched` right after a step is dispatched, `Hook.waited` once that step has finished,
+`Hook.close` when the loop ends (``failed`` if it raised) and `Hook.finish` on the results. A
+call without outputs, checkpoint or progress bar has an empty list: nothing is called per step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+from padded_eval.eval._outputs import RowOutputs
+
+__all__ = ["Dispatched", "Hook", "Outputs", "Progress"]
+
+
+class Dispatched(NamedTuple):
+  """One dispatched step, as hooks see it.
+
+  Attributes:
+    index: the step's number in this call (0 first).
+    state: the carried state the step returned (device arrays; the next step may donate it).
+    per_row: the step's per-row outputs (device arrays), or None.
+    batch: the step's host batch.
+    batches_consumed: real batches of the source read so far (resumed runs: and before).
+  """
+
+  index: int
+  state: Any
+  per_row: Any
+  batch: Any
+  batches_consumed: int
+
+
+class Hook:
+  """A hook of the loop; every method is optional (the defaults do nothing)."""
+
+  def dispatched(self, step: Dispatched) -> None:
+    """Step ``step.index`` was dispatched (it may still run)."""
+
+  def waited(self, index: int) -> None:
+    """Step ``index`` has finished."""
+
+  def close(self, failed: bool) -> None:
+    """The loop ended; ``failed``: it raised (wait boundedly on what depends on the failed step)."""
+
+  def finish(self, results: Any) -> Any:
+    """The final results -> what `masked_eval` returns (unchanged by default)."""
+    return results
+
+
+class Outputs(Hook):
+  """``outputs=True``: each step's per-row outputs start their copy to the host at dispatch and
+  are collected once the step has finished (`padded_eval.eval._outputs.RowOutputs`); `finish`
+  returns ``(results, per_row)``."""
+
+  def __init__(self, row_axes: int, mask_key: str, num_batches: int | None):
+    self._rows = RowOutputs(row_axes, mask_key, num_batches)
+    self._pending: dict = {}  # step index -> its copies on their way to the host
+
+  def dispatched(self, step: Dispatched) -> None:
+    self._pending[step.index] = self._rows.start(step.per_row, step.batch)
+
+  def waited(self, index: int) -> None:
+    self._rows.collect(self._pending.pop(index))  # its device arrays go now
+
+  def finish(self, results: Any) -> tuple[Any, Any]:
+    return results, self._rows.result()
+
+
+class Progress(Hook):
+  """``progress=True``: a tqdm bar over batches showing real examples per second (host count)."""
+
+  def __init__(self, total: int | None, mask: Any):
+    import tqdm  # imported only when asked for
+
+    self._bar = tqdm.tqdm(total=total, unit="batch", desc="masked_eval")
+    self._mask = mask  # a padded_eval.eval._step.RowMask
+    self._examples = 0
+    self._start = time.perf_counter()
+
+  def dispatched(self, step: Dispatched) -> None:
+    self._examples += self._mask.count(step.batch)
+    elapsed = max(time.perf_counter() - self._start, 1e-9)
+    self._bar.set_postfix(
+      examples=self._examples, ex_per_s=f"{self._examples / elapsed:.0f}", refresh=False
+    )
+    self._bar.update(1)
+
+  def close(self, failed: bool) -> None:
+    del failed
+    self._bar.close()

@@ -1,0 +1,100 @@
+"""How one `masked_eval` call carries its state: the `CompiledRun` the loop steps with.
+
+The loop (`padded_eval.eval._evaluate`) sees three things and nothing else::
+
+    run = start(compiled, params, first, saver)        # the carrier, chosen here, once
+    state, token, per_row = run.step(state, run.place(step_input))
+    metric, num_examples = run.finish(state, wait)
+
+Which carrier a run uses is decided in `start`, from the backend and the state, and nowhere
+else:
+
+* **packed** (the small-state fast path, `padded_eval.eval._placement.is_small_state`: one
+  process, a small state, no checkpoint): the state is one ``uint8`` vector per shard
+  (`padded_eval.eval._packing`), placed once per compiled step and never donated, so every
+  call starts from the same device buffers; one transfer per shard at the end;
+* **tree, donated** (everything else: large states, several processes, checkpoints): the
+  state's tree, placed fresh (or restored from a checkpoint) and donated from step to step.
+
+The one row-count rule lives here too (`CompiledRun.place` / `finish`): a packed run on a
+backend whose step would pay a collective for the count (``counts_rows_on_host``, the jit
+backend) with a mask key counts the real rows on the host, and its compiled step does not;
+every other run counts them in the step, in the carried state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from padded_eval.eval._placement import is_small_state
+from padded_eval.metrics.base import Metric
+from padded_eval.multihost.distributed import StepInput
+
+__all__ = ["CompiledRun", "start"]
+
+
+class CompiledRun:
+  """One call's compiled step, its placed params and how its state is carried.
+
+  Attributes:
+    initial_state: the carried device state the first step takes.
+    first: the placed first step input.
+    row_axes: leading axes of a step's ``per_row`` that index rows (the backend's).
+  """
+
+  def __init__(self, backend, params, step: Callable, state, packing=None, host_mask=None):
+    self._backend, self._params, self._step = backend, params, step
+    self._packing, self._host_mask = packing, host_mask  # host_mask: rows counted on the host
+    self._host_rows = 0
+    self.initial_state, self.row_axes = state, backend.row_axes
+
+  def place(self, step_input: StepInput) -> Any:
+    """``step_input`` on the devices (its real rows counted here where the run counts on the host)."""
+    self._count(step_input)
+    return self._backend.place_batch(step_input)
+
+  def _count(self, step_input: StepInput) -> None:
+    if self._host_mask is not None:
+      self._host_rows += self._host_mask.count(step_input.batch)
+
+  def step(self, state: Any, placed: Any) -> tuple[Any, Any, Any]:
+    """Dispatches one step: ``(state, token, per_row)`` (see `padded_eval.eval.backends.CompiledStep`)."""
+    return self._step(self._params, state, placed)
+
+  def finish(self, state: Any, wait: Callable[[Any], None]) -> tuple[Metric, int]:
+    """The final reduce of ``state``, waited for with ``wait``, fetched: ``(metric, num_examples)``."""
+    state = self._backend.finalize(state, self._packing)  # the one reduction across devices
+    wait(state)
+    metric, count = self._backend.to_host(state, self._packing)
+    rows = self._host_rows if self._host_mask is not None else int(count.to_numpy())
+    return metric, rows
+
+
+def start(compiled: Any, params: Any, first: StepInput, saver: Any = None) -> CompiledRun:
+  """Places ``params`` and the first input, and chooses how the state is carried.
+
+  Args:
+    compiled: the `padded_eval.eval._cache.CachedStep` of the call.
+    params: the user's params (host or device).
+    first: the first host `StepInput`.
+    saver: the call's `padded_eval.eval.checkpoint.Saver`, or None: with one the state is a
+      donated tree, restored from its checkpoint if it has one.
+
+  Returns:
+    The `CompiledRun`, with ``first`` placed (and counted where the run counts on the host).
+  """
+  backend = compiled.backend
+  placed_params, placed_first = backend.place_params(params), backend.place_batch(first)
+  empty = compiled.empty_state(placed_params, placed_first.batch)
+  if saver is None and is_small_state(empty):  # packed, placed once, not donated
+    host_mask = compiled.mask if backend.counts_rows_on_host and compiled.mask.fn is None else None
+    packing, step, state = compiled.packed(empty, count_rows=host_mask is None)
+    run = CompiledRun(backend, placed_params, step, state, packing, host_mask)
+  else:  # the tree, donated
+    saved = None if saver is None else saver.restored(empty, first.batch, params)
+    state = backend.place_state(empty) if saved is None else backend.place_saved_state(saved)
+    run = CompiledRun(backend, placed_params, compiled.compiled.step, state)
+  run._count(first)
+  run.first = placed_first
+  return run
