@@ -246,6 +246,26 @@ def test_only_package_facades_re_export():
   assert not found, f"re-exports outside __init__.py (import from the home module): {found}"
 
 
+def test_no_ambient_state():
+  """No context variable carries state between a metric and its helpers (explicit `Totals`)."""
+  found = [
+    module
+    for module, reader in READERS.items()
+    if "contextvars" in {n.split(".")[0] for n in _stdlib_imports(MODULES[module])}
+  ]
+  assert not found, f"modules using contextvars: {found}"
+
+
+def _stdlib_imports(path: pathlib.Path) -> set[str]:
+  names = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      names.update(a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+      names.add(node.module)
+  return names
+
+
 def test_leaf_modules_import_nothing_from_the_package():
   for module in ("padded_eval.validation", "padded_eval.masking", "padded_eval.routing"):
     assert not READERS[module].imports, (module, READERS[module].imports)

@@ -18,7 +18,7 @@ from padded_eval.metrics._formatting import (
   probabilities,
 )
 from padded_eval.metrics.averages import zero_total
-from padded_eval.metrics.base import Metric, batch_totals, empty_count, invalid_state, state
+from padded_eval.metrics.base import Metric, Totals, empty_count, invalid_state, state
 
 
 class Accuracy(Metric):
@@ -78,14 +78,7 @@ class Accuracy(Metric):
       hits, valid, bad = self._class_hits(preds, target, mask)
     real, w = element_weights(valid, weights, hits.shape, "target")
     # hits, weights, invalid counts and real rows in one reduction (one all-reduce under jit)
-    (correct, weight), invalid = batch_totals(
-      [jnp.where(real, w, 0.0) * hits, w], self.invalid_flags(**bad)
-    )
-    return {
-      "correct": ExactSum.of(correct),
-      "weight": ExactSum.of(weight),
-      "invalid": ExactCount.of(jnp.stack(invalid)),
-    }
+    return Totals([jnp.where(real, w, 0.0) * hits, w], self.invalid_flags(**bad), _accuracy_state)
 
   def _binary_hits(self, preds, target, mask):
     if preds.shape == target.shape + (1,):
@@ -158,3 +151,13 @@ def _holds_ints(preds: jax.Array) -> bool:
 def _any_hit(predicted: jax.Array, labels: jax.Array) -> jax.Array:
   """Whether ``labels`` is among the ids ``predicted`` ``[..., k]`` (-1 never hits)."""
   return jnp.any(predicted == labels[..., None], axis=-1)
+
+
+def _accuracy_state(sums: list, counts: list) -> dict:
+  """Accuracy's state from its `Totals`: ``(correct, weight)`` sums and the invalid counts."""
+  correct, weight = sums
+  return {
+    "correct": ExactSum.of(correct),
+    "weight": ExactSum.of(weight),
+    "invalid": ExactCount.of(jnp.stack(counts)),
+  }

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import element_weights
-from padded_eval.metrics.base import Metric, batch_totals, empty_count, state
+from padded_eval.metrics.base import Metric, Totals, empty_count, state
 
 
 def zero_total(_metric=None) -> ExactSum:
@@ -21,8 +21,10 @@ def zero_total(_metric=None) -> ExactSum:
   return ExactSum.zeros()
 
 
-def weighted_totals(values, mask, weights, ref, power: int = 1):
-  """``(ExactSum(sum w * x**power), ExactSum(sum w))`` over the real elements of ``values``.
+def weighted_totals(values, mask, weights, ref, power: int = 1) -> Totals:
+  """The `Totals` of ``(ExactSum(sum w * x**power), ExactSum(sum w))`` over the real elements
+  of ``values`` (summed by `Metric.batch_updates`, in one reduction with the real rows where
+  ``power`` is 1).
 
   Args:
     values: float array (bf16/f16 upcast); NaN in masked-out places never leaks.
@@ -33,7 +35,7 @@ def weighted_totals(values, mask, weights, ref, power: int = 1):
       totals neither overflow nor underflow float32 (see ``ExactSum.of_sum``).
 
   Returns:
-    The two scalar totals.
+    `Totals` whose ``build`` gives the two scalar totals.
 
   Raises:
     ValueError: if the mask or weights do not fit ``values``.
@@ -42,9 +44,9 @@ def weighted_totals(values, mask, weights, ref, power: int = 1):
   real, w = element_weights(mask, weights, values.shape, ref)
   if power == 1:  # one reduction (with the update's real rows): one all-reduce under jit
     weighted = jnp.where(real, w * jnp.where(real, values, 0.0), 0.0)
-    (total, weight), _ = batch_totals([weighted, w], [])
-    return ExactSum.of(total), ExactSum.of(weight)
-  return ExactSum.of_sum(values, where=real, weights=w, power=power), ExactSum.of(jnp.sum(w))
+    return Totals([weighted, w], [], lambda sums, _: tuple(ExactSum.of(s) for s in sums))
+  pair = ExactSum.of_sum(values, where=real, weights=w, power=power), ExactSum.of(jnp.sum(w))
+  return Totals([], [], lambda *_: pair)
 
 
 class WeightedMean(Metric):
@@ -66,8 +68,8 @@ class WeightedMean(Metric):
 
   def _batch_state(self, *, mask=None, weights=None, **kwargs):
     values, ref = self._values(**kwargs)
-    total, weight = weighted_totals(values, mask, weights, ref, self.power)
-    return {"total": total, "weight": weight}
+    totals = weighted_totals(values, mask, weights, ref, self.power)
+    return totals.then(lambda pair: {"total": pair[0], "weight": pair[1]})
 
   def compute(self) -> jax.Array:
     """The weighted mean over real elements; NaN if none was seen."""

@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import abc
-import contextvars
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
@@ -119,8 +118,9 @@ class Metric(KeywordReader, abc.ABC):
     return self.empty()
 
   @abc.abstractmethod
-  def _batch_state(self, **kwargs) -> Mapping[str, Any]:
-    """The state of one batch: ``{state_field: accumulator}``."""
+  def _batch_state(self, **kwargs) -> Mapping[str, Any] | Totals:
+    """The state of one batch: ``{state_field: accumulator}``, or the `Totals` it is built from
+    (summed by `batch_updates` in one reduction with the update's real rows)."""
 
   def batch_updates(self, **kwargs) -> Metric:
     """A new metric holding only this batch's statistics. Keyword-only.
@@ -131,16 +131,15 @@ class Metric(KeywordReader, abc.ABC):
         :mod:`padded_eval.validation`).
     """
     kwargs = self._checked_inputs(self.routed(kwargs))
-    if ROWS_FIELD not in self._state_fields:
-      return self.replace_state(**self._batch_state(**kwargs))
-    reference = [kwargs.get(key) for key in self.row_inputs()]
-    rows = _RowsToCount(kwargs.get("mask"), kwargs.get("weights"), reference)
-    token = _rows_to_count.set(rows)  # batch_totals may count them in its reduction
-    try:
-      batch_state = dict(self._batch_state(**kwargs))
-    finally:
-      _rows_to_count.reset(token)
-    if ROWS_FIELD not in batch_state:
+    counts_rows = ROWS_FIELD in self._state_fields
+    rows = _RowsToCount(kwargs, self.row_inputs()) if counts_rows else None
+    batch_state = self._batch_state(**kwargs)
+    if isinstance(batch_state, Totals):  # declared totals: one reduction, with the real rows
+      batch_state, counted = batch_state.reduced(None if rows is None else rows.flags)
+      if counted is not None:
+        rows.counted = counted
+    batch_state = dict(batch_state)
+    if counts_rows and ROWS_FIELD not in batch_state:
       batch_state[ROWS_FIELD] = ExactCount.of(rows.count())
     return self.replace_state(**batch_state)
 
@@ -175,8 +174,7 @@ class Metric(KeywordReader, abc.ABC):
     Raises:
       ValueError: a kind not in ``invalid_kinds``.
     """
-    _, counts = batch_totals([], self.invalid_flags(**bad))
-    return ExactCount.of(jnp.stack(counts) if counts else jnp.zeros((0,), jnp.int32))
+    return ExactCount.of(_stacked_counts(self.invalid_flags(**bad)))
 
   def invalid_flags(self, **bad: jax.Array) -> list:
     """``bad`` in ``invalid_kinds`` order, None for a kind not given (see :meth:`count_invalid`).
@@ -329,20 +327,20 @@ def _member_name(key, child: Metric, name: str) -> str:
 
 
 class _RowsToCount:
-  """The real rows of the update in progress (`Metric.batch_updates`), and their count once
-  `batch_totals` has taken it in the metric's own reduction (one all-reduce, not two, under a
-  sharded jit).
+  """The real rows of one update (`Metric.batch_updates`), and their count once a `Totals`
+  reduction has taken them (one all-reduce, not two, under a sharded jit).
 
   Attributes:
     flags: bool ``[B]`` (`real_row_flags`), or None: no rows, or a mask that does not fit
       (``_batch_state`` then raises its own ValueError, naming the input).
-    counted: the int32 count once `batch_totals` has summed the flags, else None.
+    counted: the int32 count once a `Totals` reduction has summed the flags, else None.
   """
 
-  def __init__(self, mask, weights, inputs):
-    self._args = (mask, weights, inputs)
+  def __init__(self, kwargs: dict, row_inputs):
+    reference = [kwargs.get(key) for key in row_inputs]
+    self._args = (kwargs.get("mask"), kwargs.get("weights"), reference)
     try:
-      self.flags = real_row_flags(mask, weights, inputs)
+      self.flags = real_row_flags(*self._args)
     except (TypeError, ValueError):  # a bad mask: reported by the metric's own checks
       self.flags = None
     self.counted = None
@@ -357,7 +355,45 @@ class _RowsToCount:
     return jnp.zeros((), jnp.int32) if flags is None else jnp.sum(flags, dtype=jnp.int32)
 
 
-_rows_to_count: contextvars.ContextVar = contextvars.ContextVar("rows_to_count", default=None)
+class Totals:
+  """The totals a metric declares for one batch, and how its state is built from them.
+
+  ``_batch_state`` may return one instead of the state dict: `Metric.batch_updates` then sums
+  ``sums`` and ``counts`` together with the update's real rows in as few reductions as they
+  allow (`batch_totals`: one stacked reduction when the shapes agree, so under a sharded jit a
+  step of Accuracy or Mean is one all-reduce of one array) and calls ``build``. This is the one
+  place where statistics share a reduction with the row count: nothing ambient.
+
+  Args:
+    sums: float arrays (values already masked: 0 where not real); each is summed whole.
+    counts: bool arrays (already masked) or None (counts 0).
+    build: ``(float32 scalar per sum, int32 scalar per count) -> state dict`` (or what
+      `then` maps to one).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> totals = Totals([jnp.array([1.0, 2.0])], [jnp.array([True, False])], lambda s, c: (s, c))
+    >>> [float(x) for x in totals.reduced(None)[0][0]]
+    [3.0]
+  """
+
+  def __init__(self, sums: list, counts: list, build: Callable[[list, list], Any]):
+    self.sums, self.counts, self.build = list(sums), list(counts), build
+
+  def then(self, fn: Callable[[Any], Any]) -> Totals:
+    """The same totals, with ``fn`` applied to what ``build`` returns."""
+    return Totals(self.sums, self.counts, lambda s, c: fn(self.build(s, c)))
+
+  def reduced(self, row_flags: jax.Array | None) -> tuple[Any, jax.Array | None]:
+    """``(build(sums, counts), real rows)``; the rows (int32) are counted in the same reduction
+    when ``row_flags`` (bool ``[B]``) has the shape of every summed array, else None."""
+    arrays = [jnp.asarray(a) for a in self.sums + [c for c in self.counts if c is not None]]
+    claim = (
+      row_flags is not None and bool(arrays) and all(a.shape == row_flags.shape for a in arrays)
+    )
+    sums, counts = batch_totals(self.sums, self.counts + ([row_flags] if claim else []))
+    rows = counts.pop() if claim else None
+    return self.build(sums, counts), rows
 
 
 FLOAT_COUNT_LIMIT = 1 << 24
@@ -371,9 +407,8 @@ def batch_totals(totals: list, counts: list) -> tuple[list, list]:
   Under a sharded jit every reduction over the rows is an all-reduce in every step, and XLA on
   CPU pays a rendezvous of all devices per reduced array: a metric's statistics are cheapest
   summed as one stacked array. When every array has the same shape (and the counts fewer than
-  `FLOAT_COUNT_LIMIT` elements) they are one reduction, together with the real rows of the
-  update in progress (`Metric.batch_updates`, which then does not count them again);
-  otherwise the totals and the counts are summed apart.
+  `FLOAT_COUNT_LIMIT` elements) they are one reduction; otherwise the totals and the counts are
+  summed apart. A metric declares its totals with `Totals` (which adds the update's real rows).
 
   Args:
     totals: float arrays (values already masked: 0 where not real); each is summed whole.
@@ -385,16 +420,6 @@ def batch_totals(totals: list, counts: list) -> tuple[list, list]:
   totals = [jnp.asarray(t) for t in totals]
   flags = [f for f in (None if c is None else jnp.asarray(c) for c in counts) if f is not None]
   arrays = totals + flags
-  rows = _rows_to_count.get()
-  claim = (
-    rows is not None
-    and rows.counted is None
-    and rows.flags is not None
-    and bool(arrays)
-    and all(a.shape == rows.flags.shape for a in arrays)
-  )
-  if claim:
-    flags.append(rows.flags)
   shape = arrays[0].shape if arrays else None
   if (
     arrays
@@ -405,8 +430,6 @@ def batch_totals(totals: list, counts: list) -> tuple[list, list]:
   else:
     float_sums = [jnp.sum(t.astype(jnp.float32)) for t in totals]
     int_sums = list(_stacked_counts(flags))
-  if claim:
-    rows.counted, int_sums = int_sums[-1], int_sums[:-1]
   found = iter(range(len(int_sums)))
   zero = jnp.zeros((), jnp.int32)
   return float_sums, [zero if c is None else int_sums[next(found)] for c in counts]

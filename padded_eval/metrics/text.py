@@ -78,8 +78,8 @@ class Perplexity(WeightedMean):
     real = broadcast_mask(mask, target.shape, ref)
     if self.ignore_index is not None:
       real = real & (target != self.ignore_index)
-    total, weight = weighted_totals(cross_entropy, real, weights, ref)
-    return {"total": total, "weight": weight}
+    totals = weighted_totals(cross_entropy, real, weights, ref)
+    return totals.then(lambda pair: {"total": pair[0], "weight": pair[1]})
 
   def compute(self) -> jax.Array:
     """``exp(sum(w * ce) / sum(w))`` as a float32 scalar; NaN if no real token."""
