@@ -3,7 +3,7 @@
 `CountingClient` keeps the key-value store and barriers in memory with the semantics padded_eval relies on
 (blocking gets and barriers with deadlines that raise, directory reads of one level) and counts every request
 by method, and the bytes the coordinator sends back. `simulate` runs one function per simulated process, each on
-its own thread against one client, and returns what each returned or raised. Used by tests/test_agreement.py and
+its own thread against one client, and returns what each returned or raised. Used by tests/multihost/test_agreement.py and
 benchmarks/bench_multihost.py (before/after request counts up to P = 4,096).
 """
 

@@ -1,21 +1,18 @@
-"""Test setup: 8 virtual CPU devices (set before JAX initialises its backend) and the
-hypothesis profiles of the property suite (``tests/test_properties_*.py``).
+"""Test setup: the one ``backend`` fixture (every registered backend) and the hypothesis profiles
+of the property suite (``tests/metrics/test_properties_*.py``). The 8 virtual CPU devices and
+``jax_numpy_rank_promotion="raise"`` are set in the repository's conftest.py, before JAX starts.
 
 Profiles: ``ci`` (loaded by default) runs few examples per property, derandomized so
 every CI run draws the same examples, without shrinking (a failure is reported as drawn);
 ``fuzz`` runs many random examples and shrinks failures: ``HYPOTHESIS_PROFILE=fuzz pytest
-tests/test_properties_*.py``.
+tests/metrics/test_properties_*.py``.
 """
 
 import os
 
-os.environ["XLA_FLAGS"] = (
-  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-from hypothesis import HealthCheck, Phase, settings  # noqa: E402
+import pytest
+from _backends import BACKENDS
+from hypothesis import HealthCheck, Phase, settings
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile(
@@ -32,3 +29,17 @@ settings.register_profile(
   "fuzz", max_examples=300, deadline=None, suppress_health_check=_SLOW_OK, print_blob=True
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+  """Each backend of `padded_eval.eval.backends.BACKENDS` in turn (a test's own parametrization
+  of ``backend`` overrides it)."""
+  return request.param
+
+
+def pytest_collection_modifyitems(items):
+  """Multi-process tests are slow too: ``-m "not slow"`` (the fast tier) leaves them out."""
+  for item in items:
+    if item.get_closest_marker("multihost") is not None:
+      item.add_marker(pytest.mark.slow)

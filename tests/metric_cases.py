@@ -16,7 +16,7 @@ How to add a case (a new metric is one row, not a new test file):
    from per-field generators ``{key: lambda rng, shape: array}`` and poisons the
    padded elements for you. Keep the batch size a multiple of 8 (the tests' device
    count) and the sizes small: every case is jitted, scanned, pmapped and shard_mapped.
-3. ``pytest tests/test_metric_core.py -k my_case`` runs every check on it.
+3. ``pytest tests/metrics/test_metric_core.py -k my_case`` runs every check on it.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # demo / example / benchmark: run by CI, not by the fast tier
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 

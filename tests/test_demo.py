@@ -8,6 +8,8 @@ import sys
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # demo / example / benchmark: run by CI, not by the fast tier
+
 METRICS = ("accuracy", "precision", "recall", "f1", "crossentropy")
 
 

@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # demo / example / benchmark: run by CI, not by the fast tier
+
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
 

@@ -20,6 +20,8 @@ if ROOT not in sys.path:  # `examples` is a folder of the repository, not of the
 
 from examples.from_flax import common, report  # noqa: E402
 
+pytestmark = pytest.mark.slow  # demo / example / benchmark: run by CI, not by the fast tier
+
 RTOL = 1e-6  # float32 model outputs against float64 numpy; measured errors are below 1e-7
 BATCH_SIZES = {"mnist_nnx": 128, "imagenet": 128, "lm1b": 64, "gemma": 64}
 DROPS_ROWS = tuple(BATCH_SIZES)

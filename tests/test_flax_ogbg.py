@@ -26,6 +26,8 @@ pytest.importorskip("tensorflow")
 
 from examples.from_flax import common, ogbg, report  # noqa: E402
 
+pytestmark = pytest.mark.slow  # demo / example / benchmark: run by CI, not by the fast tier
+
 RTOL = 1e-6  # float32 model outputs against float64 numpy
 MAP_TOLERANCE = 1e-3  # the documented error of the default 4_097 symlog bins for 128 tasks
 FLOAT32_SLACK = 2e-6  # float32 sums of the AP over 128 tasks

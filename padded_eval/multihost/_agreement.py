@@ -16,7 +16,7 @@ coordinator (16.7 million at P = 4,096). Here (`agree`) each process makes a con
    returns the same agreement. A checker that dies before publishing is named in a `TimeoutError`.
 
 Requests in total: 4P + 2 on success (two sets and one barrier per process, one verdict get per process but the
-checker, plus the checker's directory read, record get and verdict set); tests/test_agreement.py counts them and
+checker, plus the checker's directory read, record get and verdict set); tests/multihost/test_agreement.py counts them and
 benchmarks/bench_multihost.py measures them.
 """
 

@@ -10,7 +10,7 @@ a meeting of P processes costs O(P) requests in total (the first version read ev
 * `exchange`: `arrive`, then one directory read returns everyone's values (P requests in total, P*P bytes).
 
 `service_client` is the one use of JAX's private API in the package: JAX has no public handle on the key-value
-store (``jax.experimental.multihost_utils`` reaches it the same way). tests/test_agreement.py fails loudly when
+store (``jax.experimental.multihost_utils`` reaches it the same way). tests/multihost/test_agreement.py fails loudly when
 JAX moves it.
 """
 

@@ -148,7 +148,6 @@ def _step(with_mask: bool, collection: bool = False):
   return step_fn
 
 
-@pytest.mark.parametrize("backend", ["pmap", "jit", "shard_map"])
 def test_masked_eval_raises_when_the_step_forgets_the_mask(backend):
   data, params = _data_and_params()
   batches = pe.pad_batches(data, BATCH)  # padded rows: zeros, label 0

@@ -18,7 +18,6 @@ from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.masking import masked
 from padded_eval.metrics.base import Metric, invalid_state, state
 
-BACKENDS = ("pmap", "shard_map", "jit")
 BATCH = 32
 
 
@@ -81,7 +80,6 @@ def reference_sum(values):
   return real[real >= 0].sum()  # NaN >= 0 is False: excluded like the negatives
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_invalid_values_in_padded_rows_never_count(backend):
   values = clean_values()
   with warnings.catch_warnings():
@@ -91,7 +89,6 @@ def test_invalid_values_in_padded_rows_never_count(backend):
   np.testing.assert_allclose(result["sum"], reference_sum(values), rtol=1e-6)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_invalid_values_in_real_rows_raise_by_default(backend):
   values, negatives, nans = dirty_values()
   assert negatives > 0 and nans > 0
@@ -103,7 +100,6 @@ def test_invalid_values_in_real_rows_raise_by_default(backend):
   assert "on_invalid='warn'" in message
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_warn_returns_the_results_with_the_counts(backend):
   values, negatives, nans = dirty_values()
   with pytest.warns(InvalidValuesWarning) as record:

@@ -14,6 +14,7 @@ import jax.monitoring
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _backends import BACKENDS
 from _source_cases import AccuracyAndMSE
 from sklearn.metrics import accuracy_score
 
@@ -21,7 +22,6 @@ import padded_eval as pe
 from padded_eval.metrics.base import Metric, state
 
 NUM_FEATURES, NUM_CLASSES, BATCH = 3, 5, 64
-BACKENDS = ("pmap", "shard_map", "jit")
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
@@ -141,7 +141,6 @@ def test_steps_in_flight_do_not_change_results(steps_in_flight):
   assert_matches(result, reference(params, data))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_one_compilation_and_reuse_across_calls(backend, compiles):
   params = make_params()
   # Warm the eager host-side ops (compute, state placement) with another step_fn.
@@ -191,7 +190,6 @@ def test_jit_step_sees_global_array_sharded_over_mesh():
   )
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_tf_data_source_through_pad_batches(backend):
   tf = pytest.importorskip("tensorflow")
   params, data = make_params(), make_data(1003, seed=3)
@@ -256,7 +254,6 @@ def _batches(batch_size=16, n=2):
   return [{"x": np.ones((batch_size, 2), np.float32), "mask": np.ones(batch_size, bool)}] * n
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_step_that_returns_no_metric(backend):
   with pytest.raises(ValueError, match="must return a padded_eval Metric.*dict"):
     pe.masked_eval(lambda p, b: {"loss": b["x"].sum()}, None, _batches(), backend=backend)
@@ -267,7 +264,6 @@ def test_batch_without_mask_key():
     pe.masked_eval(_step_mean, None, [{"x": np.ones((16, 2))}], backend="jit")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_batch_size_not_divisible_by_devices(backend):
   with pytest.raises(ValueError, match="batch size 12 is not divisible by the 8 devices"):
     pe.masked_eval(_step_mean, None, _batches(12), backend=backend)
@@ -298,7 +294,6 @@ def test_batch_whose_shape_changes():
     pe.masked_eval(_step_mean, None, batches, backend="jit")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_batch_whose_containers_change(backend):
   """Same keys, shapes and dtypes in an OrderedDict: the step would retrace, so it is refused."""
   first, second = _batches(16, 2)

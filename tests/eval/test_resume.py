@@ -22,7 +22,7 @@ import padded_eval as pe
 from padded_eval.eval import checkpoint
 
 WORKER = os.path.join(os.path.dirname(__file__), "_resume_worker.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")

@@ -269,7 +269,7 @@ def test_flatten_rows_and_of_rows():
 
 
 def test_messages_keep_the_drivers_tested_wording():
-  """The patterns tests/test_evaluate.py matches today, so masked_eval can switch to BatchSpec unchanged."""
+  """The patterns tests/eval/test_evaluate.py matches today, so masked_eval can switch to BatchSpec unchanged."""
   rows16 = {"x": np.ones((16, 2)), "mask": np.ones(16, bool)}
   rows24 = {"x": np.ones((24, 2)), "mask": np.ones(24, bool)}
   with pytest.raises(ValueError, match="batch 1 has .*\\(24, 2\\).*expected the first batch's"):

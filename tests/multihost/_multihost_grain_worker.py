@@ -1,6 +1,6 @@
 """One process of the grain multi-host test: masked_eval over this process's share of a grain dataset.
 
-Usage: ``python tests/_multihost_grain_worker.py PORT NUM_PROCESSES PROCESS_ID SCENARIO[,SCENARIO...]``, scenarios
+Usage: ``python tests/multihost/_multihost_grain_worker.py PORT NUM_PROCESSES PROCESS_ID SCENARIO[,SCENARIO...]``, scenarios
 ``KIND:BACKEND:ROWS`` where ROWS is the size of the whole dataset (`_multihost_worker.make_data`) and KIND is
 
 * ``map`` -- ``grain.MapDataset.source(rows)[pe.process_slice(ROWS)].batch(7)`` (len known);

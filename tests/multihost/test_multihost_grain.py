@@ -1,6 +1,6 @@
 """masked_eval over grain datasets sharded across real jax.distributed processes (2 processes, 2 CPU devices each).
 
-Each process reads its `pe.process_slice` share of one grain dataset (tests/_multihost_grain_worker.py); the
+Each process reads its `pe.process_slice` share of one grain dataset (tests/multihost/_multihost_grain_worker.py); the
 result must be identical on every process and equal the float64 numpy / scikit-learn reference over all rows.
 grain's own sharding (``ShardByJaxProcess``) gives every shard ``rows // processes`` rows, so with a remainder it
 is refused on every process before the first step.

@@ -3,7 +3,7 @@
 Bit-exactness is checked against numpy's own views of the same bytes (NaN payloads, -0.0,
 subnormals, bf16/f16); the results of packed evaluations against numpy float64 (exact integer
 counts) on data whose size divides neither the batch nor the 8 devices, with garbage
-(NaN / inf / out-of-range labels) in every padded row: tests/test_placement.py's data and metrics.
+(NaN / inf / out-of-range labels) in every padded row: tests/eval/test_placement.py's data and metrics.
 """
 
 import jax

@@ -1,6 +1,6 @@
 """masked_eval over real jax.distributed processes on 127.0.0.1 (gloo CPU collectives, 2 devices each).
 
-Each run starts 2 or 3 worker processes (tests/_multihost_worker.py) that go through several scenarios in one
+Each run starts 2 or 3 worker processes (tests/multihost/_multihost_worker.py) that go through several scenarios in one
 jax.distributed session and print one JSON line per scenario. Results are compared with float64 numpy /
 scikit-learn references over the union of all processes' rows (padded rows hold NaN and garbage labels), and must
 be identical on every process. The last scenario of each run breaks the session on purpose (a killed or a stuck

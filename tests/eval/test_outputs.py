@@ -12,7 +12,6 @@ import pytest
 
 import padded_eval as pe
 
-BACKENDS = ("pmap", "shard_map", "jit")
 FEATURES, HIDDEN, CLASSES, TOKENS, VOCAB = 5, 7, 4, 6, 11
 
 
@@ -87,7 +86,6 @@ def assert_outputs_match(got, want):
   assert got["logits"].dtype == np.float32 and got["index"].dtype == np.int32
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("n", [1, 65, 1003])
 def test_outputs_equal_a_float64_forward_pass_row_for_row_with_one_trace(backend, n):
   params, data = make_params(), make_data(n)
@@ -104,7 +102,6 @@ def test_outputs_equal_a_float64_forward_pass_row_for_row_with_one_trace(backend
   np.testing.assert_allclose(results["accuracy"], accuracy, rtol=1e-6)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_results_are_the_same_with_and_without_outputs(backend):
   params, data = make_params(), make_data(300)
 
@@ -120,7 +117,6 @@ def test_results_are_the_same_with_and_without_outputs(backend):
   assert plain == with_outputs
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("steps_in_flight", [1, 3])
 def test_masks_with_holes_keep_exactly_the_real_rows_in_order(backend, steps_in_flight):
   """Hand-made batches whose real rows are scattered (and some all padding): rows come back in batch order."""
@@ -143,7 +139,6 @@ def test_masks_with_holes_keep_exactly_the_real_rows_in_order(backend, steps_in_
   assert results["num_examples"] == len(whole["x"])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_all_padding_gives_empty_outputs_of_the_right_shapes(backend):
   data = make_data(0)
   batches = pe.pad_batches(data, 16, num_devices=8, index_key="index", num_batches=2)
@@ -167,7 +162,6 @@ def test_tf_data_source_outputs_and_ids_in_source_order():
   assert_outputs_match(outputs, reference(params, data))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_device_memory_does_not_grow_with_the_number_of_steps(backend):
   """Live device bytes, sampled as each batch is read, stay flat: outputs leave the devices step by step."""
   params, data = make_params(), make_data(96 * 60)
@@ -203,7 +197,6 @@ def _metric(batch):
   return pe.metrics.Mean().batch_updates(values=batch["x"][:, 0], mask=batch["mask"])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
   "per_row,message",
   [
@@ -225,7 +218,6 @@ def test_per_row_leaves_without_the_rows_as_leading_axis_are_refused(backend, pe
     pe.masked_eval(step_fn, None, _batches(), backend=backend, outputs=True)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_bare_metric_with_outputs_is_refused(backend):
   with pytest.raises(
     ValueError, match=r"outputs=True\): step_fn returned a bare Mean; expected a pair"
@@ -233,7 +225,6 @@ def test_bare_metric_with_outputs_is_refused(backend):
     pe.masked_eval(lambda p, b: _metric(b), None, _batches(), backend=backend, outputs=True)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_pair_without_outputs_is_refused(backend):
   step_fn = lambda params, batch: (_metric(batch), {"x": batch["x"]})
   with pytest.raises(

@@ -1,6 +1,6 @@
 """One process of the 2-process Bootstrap test: masked_eval of a bootstrapped F1 over jax.distributed.
 
-Usage: ``python tests/_bootstrap_worker.py PORT NUM_PROCESSES PROCESS_ID``. Each process holds 2 CPU devices (gloo
+Usage: ``python tests/multihost/_bootstrap_worker.py PORT NUM_PROCESSES PROCESS_ID``. Each process holds 2 CPU devices (gloo
 collectives) and its own share of the rows of `make_data` (`SHARES`), with global row ids
 (``index_offset``). Prints one JSON line per backend: ``{"backend", "process", "logs"}``.
 """

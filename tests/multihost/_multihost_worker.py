@@ -1,6 +1,6 @@
 """One process of a multi-host test: runs masked_eval scenarios over jax.distributed on 127.0.0.1.
 
-Usage: ``python tests/_multihost_worker.py PORT NUM_PROCESSES PROCESS_ID SCENARIO[,SCENARIO...]``.
+Usage: ``python tests/multihost/_multihost_worker.py PORT NUM_PROCESSES PROCESS_ID SCENARIO[,SCENARIO...]``.
 Each process holds 2 CPU devices and uses gloo collectives. Every scenario prints one JSON line
 ``{"scenario", "process", "result" | "error", "message", "elapsed"}``; the test computes the float64 / scikit-learn
 references itself from `make_data` (the union of all processes' rows) and compares.

@@ -104,7 +104,6 @@ def reference_mse(graphs, weights):
 WEIGHTS = np.array([0.5, -1.0, 2.0], np.float32)
 
 
-@pytest.mark.parametrize("backend", ["pmap", "shard_map", "jit"])
 def test_one_padded_graph_batch_per_device(backend):
   graphs = random_graphs(41)
   batches = stacked(padded_graph_batches(graphs), jax.local_device_count())

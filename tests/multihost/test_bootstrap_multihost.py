@@ -1,6 +1,6 @@
 """Bootstrap across 2 jax.distributed processes: the same logs as one process over all rows.
 
-Two workers (tests/_bootstrap_worker.py) each evaluate their share of the rows with global row ids; their
+Two workers (tests/multihost/_bootstrap_worker.py) each evaluate their share of the rows with global row ids; their
 point estimate and interval must equal a single-process Bootstrap over the union (interval bounds to float
 rounding: they are quantiles of exact integer-count replicas), on both processes and both backends.
 """

@@ -1,0 +1,18 @@
+"""pytest setup shared by the tests and the docstring examples of padded_eval/ (--doctest-modules).
+
+Set before JAX initialises its backend: 8 virtual CPU devices (tests/conftest.py and every test
+rely on them), and NumPy rank promotion raises (``jax_numpy_rank_promotion="raise"``: an
+implicit broadcast of arrays of different ranks is an error, so a shape bug cannot hide behind
+one). Subprocesses started by tests inherit both through the environment.
+"""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("JAX_NUMPY_RANK_PROMOTION", "raise")
+
+collect_ignore = ["padded_eval/__main__.py"]  # the CLI: its parser runs on import of __main__
