@@ -385,7 +385,7 @@ def test_bad_pad_values(pad_value, match):
 def test_docstring_example():
   import doctest
 
-  import padded_eval.data
+  import padded_eval.data.padded
 
-  result = doctest.testmod(padded_eval.data)
+  result = doctest.testmod(padded_eval.data.padded)
   assert result.attempted > 0 and result.failed == 0

@@ -319,3 +319,23 @@ def test_mask_must_be_bool_rows():
     ValueError, match="'mask' has shape \\(16,\\) and dtype int64; expected a bool"
   ):
     pe.masked_eval(_step_mean, None, [{"x": np.ones((16, 2)), "mask": np.ones(16, np.int64)}])
+
+
+def _real_rows(batch):
+  """A mask function: the rows a batch marks real (masked_eval(mask_key=<function>))."""
+  return batch["mask"]
+
+
+def test_mask_key_may_be_the_mask_function(backend):
+  """One name, one switch: ``mask_key`` is a key or a function; a function counts num_examples
+  like the key does, on every carrier (packed host count under jit, in-step elsewhere)."""
+  params, data = make_params(3), make_data(203, seed=4)
+  traces = []
+  by_key = pe.masked_eval(make_step(traces), params, garbage_batches(data), backend=backend)
+  by_fn = pe.masked_eval(
+    make_step(traces), params, garbage_batches(data), backend=backend, mask_key=_real_rows
+  )
+  assert_matches(by_fn, reference(params, data))
+  assert by_fn == by_key
+  with pytest.raises(ValueError, match="mask_key must be a str .* or a function"):
+    pe.masked_eval(make_step(traces), params, garbage_batches(data), backend=backend, mask_key=3)

@@ -360,8 +360,8 @@ def test_weighted_means_share_the_public_base():
 def test_numerics_modules_import_no_private_name_from_another_module():
   root = pathlib.Path(pe.__file__).parent
   for path in (
-    "accumulate.py",
-    "floats.py",
+    "exact/accumulate.py",
+    "exact/_floats.py",
     "metrics/moments.py",
     "metrics/averages.py",
     "metrics/text.py",
