@@ -191,9 +191,11 @@ def masked_eval(
       checkpoint, one dataset): the carried state is saved there every
       ``checkpoint_every`` steps (atomically, in the background), and a later call with
       the same directory resumes where the last saved step ended, with the exact same
-      result as an uninterrupted run; a finished evaluation stores its result, and calling
-      again returns it without reading ``batches``. See `padded_eval.checkpoint`. Not
-      with ``outputs=True``.
+      result as an uninterrupted run; a finished evaluation stores its result (values and
+      final metric), and calling again returns it after reading only the first batch (which,
+      with the params, shows the question: the same metric, batch spec, batch size and
+      params, by value, or a ValueError). See `padded_eval.checkpoint`. Not with
+      ``outputs=True``.
     checkpoint_every: steps between two saves (>= 1).
     mask_fn: ``mask_fn(batch) -> bool [rows, ...]``: the real elements of a batch that
       need not be a dict: with it, ``batches`` may be any pytree (a jraph
@@ -214,8 +216,8 @@ def masked_eval(
     ``metric.compute_logs()`` with scalars as Python floats and arrays as numpy
     arrays, plus ``"num_examples"``: the exact int number of real rows seen; a
     `padded_eval.results.EvalResults` (a dict) whose ``.metric`` is the final metric on
-    the host, for its exact host views and `padded_eval.plot` (None for a result read
-    back from a finished checkpoint).
+    the host, for its exact host views and `padded_eval.plot` (the stored one for a
+    result read back from a finished checkpoint).
     With ``outputs=True``, the pair ``(results, per_row)``: ``per_row`` has the
     structure ``step_fn`` returned, with numpy leaves of exactly this process's
     real rows (padding removed), in the order of its batches: ``[num_examples, ...]``
@@ -232,8 +234,9 @@ def masked_eval(
       ``outputs`` not a bool); with several processes, batches or settings that
       differ between processes (on every process, naming the one that differs);
       ``on_invalid="raise"`` and invalid values counted; ``checkpoint_dir`` written for
-      another evaluation (naming what differs: metric, batch structure or size, params
-      structure, backend layout, process count), or given with ``outputs=True``;
+      another evaluation, finished or not (naming what differs: metric, batch structure or
+      size, params structure or checksum, backend layout, process count), or given with
+      ``outputs=True``;
       ``mask_fn`` not callable, or given with ``outputs=True``, ``checkpoint_dir`` or
       several processes; with ``mask_fn``, a batch whose leaves do not share a leading
       size, or whose structure differs from the first, or a ``mask_fn`` result on
@@ -263,8 +266,6 @@ def masked_eval(
   _check_mask_fn(mask_fn, outputs, checkpoint_dir)
   total = _length(batches)  # before iterating
   saver = _saver(checkpoint_dir, checkpoint_every, outputs, runner, params, timeout)
-  if saver.result is not None:
-    return EvalResults(saver.result)
   source = saver.skip(batches, mask_key)
   padding = _padding_fills(batches)
   feed = _step_feed(
@@ -279,10 +280,15 @@ def masked_eval(
   compiled = step_cache.cached_step(step_fn, runner, row_mask, outputs)
   host_params, params, placed = params, runner.place_params(params), runner.place_batch(first)
   empty = compiled.empty_state(params, placed.batch, _empty_state)
+  stored = saver.verify(empty, first.batch, host_params, params, runner, feed.wait_final)
+  if stored is not None:  # a finished checkpoint_dir asked the same question: its answer
+    _check_example_counts(stored.metric, stored[NUM_EXAMPLES], on_invalid)
+    _report_invalid(stored.metric, on_invalid)
+    return stored
   packed = compiled.packed_for(empty) if saver.packable else None  # small, one process
   if packed is None:  # the state's tree (a small one placed once and not donated)
     packing, step = None, compiled.step_for(empty)
-    state = saver.restore(empty, first.batch, host_params, runner)
+    state = saver.restore(empty, runner)
   else:  # one byte vector per shard (padded_eval.packing), placed once, not donated
     (packing, step), state = packed, runner.place_packed(packed[0])
   bar = _ProgressBar(total, row_mask) if progress else _NoProgressBar()
