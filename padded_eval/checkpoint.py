@@ -28,7 +28,6 @@ pre-flight (`padded_eval.coordination.exchange`).
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import json
 import os
 import re
@@ -134,8 +133,10 @@ def params_checksum(params: Any, wait: Any = None) -> str:
   2**32: ``sum m_i`` and ``sum m_i * (2 i + 1)``. Changing any one word changes the first sum;
   a permutation of words or of leaves moves words to other positions, which changes both sums
   except by a ~2**-64 accident. The value does not depend on where the leaves lie: a fully
-  replicated leaf is read on one device holding it, a sharded one where its shards are (one
-  jitted program per device group; XLA adds the partial sums across devices and processes).
+  replicated leaf is read on one device holding it, a sharded one where its shards are (XLA
+  adds the partial sums across devices and processes). One jitted program per leaf shape,
+  dtype and sharding (its position is an argument), so leaves of one shape share a
+  compilation (measured: benchmarks/RESULTS.md).
 
   Args:
     params: a pytree of ``jax.Array`` leaves (other leaves are put on the default device).
@@ -145,45 +146,35 @@ def params_checksum(params: Any, wait: Any = None) -> str:
   Returns:
     ``"%08x%08x"`` of the two sums.
   """
-  groups: dict[tuple, tuple[list, list]] = {}
-  offset = 0
+  sums, offset = [], 0
   for leaf in jax.tree.leaves(params):
     leaf = leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf)
     if leaf.is_fully_replicated:
       leaf = leaf.addressable_shards[0].data  # one copy, no transfer
-    where = tuple(sorted(device.id for device in leaf.sharding.device_set))
-    leaves, offsets = groups.setdefault(where, ([], []))
-    leaves.append(leaf)
-    offsets.append(offset)
+    sums.append(_leaf_sums(leaf, np.uint32(offset)))
     offset = (offset + leaf.size * max(1, leaf.dtype.itemsize // 4)) % 2**32
-  sums = [_checksum_program(leaves, tuple(offsets)) for leaves, offsets in groups.values()]
   if wait is not None:
     wait(sums)
   total = np.zeros(2, np.uint64)
-  for part in sums:
-    total += np.asarray(part.addressable_shards[0].data, np.uint64)
+  for part in jax.device_get([part.addressable_shards[0].data for part in sums]):
+    total += part
   first, second = (int(x) % 2**32 for x in total)
   return f"{first:08x}{second:08x}"
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _checksum_program(leaves: list[jax.Array], offsets: tuple[int, ...]) -> jax.Array:
-  """``uint32 [2]``: the two sums of `params_checksum` over ``leaves`` at word ``offsets``."""
-  total = jnp.zeros(2, jnp.uint32)
-  for leaf, offset in zip(leaves, offsets):
-    words = _words(leaf)
-    index = jnp.full(words.shape, offset, jnp.uint32)
-    stride = 1
-    for axis in reversed(range(words.ndim)):
-      position = jax.lax.broadcasted_iota(jnp.uint32, words.shape, axis)
-      index = index + position * jnp.uint32(stride % 2**32)
-      stride *= words.shape[axis]
-    mixed = _fmix32(words ^ (index * jnp.uint32(_GOLDEN)))
-    weighted = mixed * (index * jnp.uint32(2) + jnp.uint32(1))
-    total = total + jnp.stack(
-      [jnp.sum(mixed, dtype=jnp.uint32), jnp.sum(weighted, dtype=jnp.uint32)]
-    )
-  return total
+@jax.jit
+def _leaf_sums(leaf: jax.Array, offset: jax.Array) -> jax.Array:
+  """``uint32 [2]``: the two sums of `params_checksum` over ``leaf``, its first word at ``offset``."""
+  words = _words(leaf)
+  index = jnp.broadcast_to(offset, words.shape)
+  stride = 1
+  for axis in reversed(range(words.ndim)):
+    position = jax.lax.broadcasted_iota(jnp.uint32, words.shape, axis)
+    index = index + position * jnp.uint32(stride % 2**32)
+    stride *= words.shape[axis]
+  mixed = _fmix32(words ^ (index * jnp.uint32(_GOLDEN)))
+  weighted = mixed * (index * jnp.uint32(2) + jnp.uint32(1))
+  return jnp.stack([jnp.sum(mixed, dtype=jnp.uint32), jnp.sum(weighted, dtype=jnp.uint32)])
 
 
 def _words(leaf: jax.Array) -> jax.Array:
