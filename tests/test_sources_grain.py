@@ -39,6 +39,12 @@ PIPELINES = {  # name: (build(rows), len() known)
     lambda rows: grain.MapDataset.source(rows).filter(lambda row: True),
     False,
   ),
+  # gemma's eval pipeline calls .repeat(1): every row once (issue 26: it was refused)
+  "MapDataset.repeat(1)": (lambda rows: grain.MapDataset.source(rows).repeat(1), True),
+  "MapDataset.repeat(1).batch(5)": (
+    lambda rows: grain.MapDataset.source(rows).repeat(1).batch(5),
+    True,
+  ),
   "IterDataset": (lambda rows: grain.MapDataset.source(rows).to_iter_dataset(), False),
   "IterDataset.batch(6)": (
     lambda rows: grain.MapDataset.source(rows).to_iter_dataset().batch(6),
@@ -96,7 +102,9 @@ def test_pipelines_that_drop_or_repeat_rows_are_refused():
   source = grain.MapDataset.source(rows)
   cases = [
     (source.batch(5, drop_remainder=True), "batches with drop_remainder=True"),
-    (source.repeat(2), r"repeats its rows \(.repeat\(\)\)"),
+    (source.repeat(2), r"repeats its rows 2 times \(.repeat\(2\)\)"),
+    (source.repeat(), r"repeats its rows forever \(.repeat\(\)\)"),
+    (source.repeat(2).batch(8), r"repeats its rows 2 times"),
     (source.to_iter_dataset().batch(5, drop_remainder=True), "drop_remainder=True"),
     (loader(rows, [grain.transforms.Batch(5, drop_remainder=True)]), "Batch operation has drop"),
     (loader(rows, num_epochs=None), "reads infinitely many records of a source of 37"),

@@ -112,6 +112,18 @@ def test_dataset_dict_and_mask_column_are_refused():
     pe.pad_batches(hf_dataset({"mask": np.zeros(3)}), 4, num_devices=1)
 
 
+def test_iterable_dataset_that_repeats_is_refused_and_repeat_once_is_read_once():  # issue 26
+  data = make_data(N)
+  iterable = hf_dataset(data).to_iterable_dataset()
+  with pytest.raises(
+    ValueError, match=r"repeats its rows forever \(.repeat\(None\)\), so the evaluation"
+  ):
+    pe.pad_batches(iterable.repeat(None), 8, num_devices=1)
+  with pytest.raises(ValueError, match=r"repeats its rows 2 times \(.repeat\(2\)\)"):
+    pe.pad_batches(iterable.repeat(2).map(lambda row: row), 8, num_devices=1)
+  check_padded(iterable.repeat(1), data, known_len=False)
+
+
 @pytest.mark.parametrize("n,count", [(11, 3), (37, 2), (2, 3)])
 def test_contiguous_shards_are_the_process_slices(n, count):
   """The documented multi-host choices take pe.process_slice's rows."""

@@ -7,8 +7,8 @@ batch is a view of a chunk; an unbatched `DataLoader` yields single rows, stacke
 in grain).
 
 A `MapDataset` knows its length: `len()` of the padded batches is known unless the pipeline filters. A pipeline
-that would lose or repeat rows is refused: ``drop_remainder=True``, a sampler that repeats (``num_epochs`` other
-than 1), or grain sharding whose shards drop the remainder (grain's sharded `IndexSampler` gives every shard
+that would lose or repeat rows is refused: ``drop_remainder=True``, a ``.repeat()`` other than ``.repeat(1)``, a
+sampler that repeats (``num_epochs`` other than 1), or grain sharding whose shards drop the remainder (grain's sharded `IndexSampler` gives every shard
 ``num_records // shard_count`` records). For multi-host evaluation, take this process's rows with
 ``ds[pe.process_slice(len(ds))]`` (a `MapDataset` slice, before ``.batch`` or ``to_iter_dataset``, or as the
 `DataLoader`'s data source): the union over processes is every row exactly once, as ``tfds.split_for_jax_process``.
@@ -68,7 +68,8 @@ class GrainSource(Source):
 
     Raises:
       ValueError: a pipeline that drops rows (``drop_remainder=True``, sharding with a remainder), repeats
-        them (``repeat()``, ``num_epochs`` other than 1), or a `MapDataset` that repeats forever.
+        them (``repeat(n)`` with n other than 1, ``num_epochs`` other than 1), or a `MapDataset` that repeats
+        forever.
     """
     self._data = obj
     self._kind = grain_kind(obj)
@@ -184,13 +185,35 @@ def _check_dataset(dataset: Any, lineage: list, kind: str) -> None:
         f"the grain {kind} batches with drop_remainder=True, which drops the last rows; use "
         "drop_remainder=False (pad_batches pads the last batch and masks the padding)"
       )
-    if name.startswith("Repeat"):
+    if name.startswith("Repeat") and not _reads_once(node):
       raise ValueError(
-        f"the grain {kind} repeats its rows (.repeat()), so rows would count more than once; evaluate a "
-        "pipeline without repeat"
+        f"the grain {kind} repeats its rows{_times(node)}, so rows would count more than once; evaluate "
+        "a pipeline without repeat (or with .repeat(1))"
       )
   if kind == "MapDataset" and len(dataset) >= sys.maxsize:
     raise ValueError("the grain MapDataset is infinite; evaluate a pipeline of finite length")
+
+
+def _reads_once(repeat: Any) -> bool:
+  """Whether a repeat step reads each row once (``.repeat(1)``, as gemma's pipeline has): a `MapDataset` of
+  its parent's length."""
+  parents = getattr(repeat, "parents", ())
+  try:
+    return len(parents) == 1 and len(repeat) == len(parents[0])
+  except TypeError:  # an IterDataset has no length
+    return False
+
+
+def _times(repeat: Any) -> str:
+  """How often a repeat step reads its rows, in words."""
+  try:
+    length, parent = len(repeat), len(repeat.parents[0])
+  except (TypeError, AttributeError, IndexError):
+    return " (.repeat())"
+  if length >= sys.maxsize:
+    return " forever (.repeat())"
+  times = length // parent if parent else 0
+  return f" {times} times (.repeat({times}))"
 
 
 def _check_loader(loader: Any) -> list:
