@@ -362,6 +362,31 @@ def test_other_bad_sources():
     pe.pad_batches(3, 4, num_devices=1)
 
 
+def test_ragged_lists_name_the_key_and_suggest_pad_shapes():  # issue 26: numpy's error named no key
+  ragged = {"tokens": [[1, 2, 3], [4], [5, 6]], "label": [0, 1, 0]}
+  hint = r"key 'tokens' holds ragged rows \(row 0 has shape \(3,\), row 1 has shape \(1,\)\).*pad_shapes=\{'tokens': \(3,\)\}"
+  with pytest.raises(
+    ValueError, match="the source: " + hint + r".*pe.pad_batches\(\[data\], \.\.\."
+  ):
+    pe.pad_batches(ragged, 4, num_devices=1)
+  batches = [{"tokens": np.ones((3, 3)), "label": np.zeros(3)}, ragged]
+  with pytest.raises(ValueError, match="batch 1: " + hint):
+    list(pe.pad_batches(batches, 4, num_devices=1))
+  with pytest.raises(ValueError, match="batch 1: " + hint):
+    len(
+      pe.pad_batches(batches, 4, num_devices=1)
+    )  # the rows of a list of batches are counted first
+  nested = {"f": {"tokens": [np.ones(2), np.ones(5)]}, "label": [0, 1]}
+  with pytest.raises(
+    ValueError, match=r"key 'f/tokens' .*pad_shapes=\{'f': \{'tokens': \(5,\)\}\}"
+  ):
+    pe.pad_batches(nested, 4, num_devices=1)
+  with pytest.raises(ValueError, match=r"key 'tokens' holds rows of different shapes or ranks"):
+    pe.pad_batches({"tokens": [[1, 2], 3]}, 4, num_devices=1)
+  fixed = pe.pad_batches([ragged], 4, num_devices=1, pad_shapes={"tokens": (3,)}, pad_value=-1)
+  assert [b["tokens"].tolist() for b in fixed] == [[[1, 2, 3], [4, -1, -1], [5, 6, -1], [-1] * 3]]
+
+
 @pytest.mark.parametrize(
   "pad_value, match",
   [
