@@ -219,7 +219,8 @@ def fill_value(pad_value: Any, path: Path, dtype: np.dtype) -> Any:
     A numpy scalar of `dtype` (or str/bytes for a string leaf).
 
   Raises:
-    ValueError: a dict where a scalar belongs, a string for a number, or a value that does not fit `dtype`.
+    ValueError: a dict where a scalar belongs, a string for a number, or a value that does not fit `dtype` (a
+      finite float that overflows to inf included).
   """
   value = pad_value
   for key in path:
@@ -236,9 +237,33 @@ def fill_value(pad_value: Any, path: Path, dtype: np.dtype) -> Any:
   if isinstance(value, (str, bytes)):
     raise ValueError(f"{where} is a string; expected a number for dtype {dtype}")
   try:
-    fill = np.array(value, dtype=dtype)
+    with np.errstate(over="ignore"):  # an overflow to inf is reported below
+      fill = np.array(value, dtype=dtype)
   except (ValueError, OverflowError, TypeError) as err:
     raise ValueError(f"{where} does not fit dtype {dtype} ({err}); pass a per-key dict") from None
   if dtype.kind in "biu" and fill != value:
     raise ValueError(f"{where} is not exactly representable in dtype {dtype}; pass a per-key dict")
+  if dtype.kind not in "biuc" and _overflows(value, fill):
+    raise ValueError(
+      f"{where} overflows dtype {dtype} (largest finite {_largest(dtype)}) and would pad with inf; pass a "
+      f"value within the dtype's range, e.g. a per-key dict pad_value={{{path_name(path)}: 0}} (inf itself "
+      "is accepted if meant)"
+    )
   return fill[()]
+
+
+def _overflows(value: Any, fill: np.ndarray) -> bool:
+  """Whether a finite pad value became inf (or NaN) in the leaf's float dtype."""
+  try:
+    return bool(np.isfinite(float(value))) and not np.isfinite(float(fill))
+  except (TypeError, ValueError, OverflowError):
+    return False
+
+
+def _largest(dtype: np.dtype) -> str:
+  try:
+    return f"{float(np.finfo(dtype).max):g}"
+  except ValueError:  # an ml_dtypes type numpy's finfo does not know
+    import ml_dtypes  # a dependency of jax
+
+    return f"{float(ml_dtypes.finfo(dtype).max):g}"

@@ -88,7 +88,8 @@ def pad_batches(
     cardinality, or `num_batches` given), else it raises TypeError like a generator.
 
   Raises:
-    ValueError: `batch_size` not divisible by `num_devices`; `batch_size` None for a source that is not batched
+    ValueError: `batch_size` not divisible by `num_devices`; `mask_key` not a non-empty string; an array or a
+      list of non-dicts as `source` (refused at the call); `batch_size` None for a source that is not batched
       (a Mapping, an unbatched pipeline) or holds no batch; `pad_shapes` naming an unknown key, more axes than a
       key has, or sizes that are not ints >= 1; a row longer than its fixed size (naming the key, the row and
       both lengths); bad `length_keys`; `index_key` not a string, equal to `mask_key` or to
@@ -106,6 +107,10 @@ def pad_batches(
     >>> [b["x"].tolist() for b in batches], batches[1]["mask"].tolist()
     ([[0, 1, 2, 3], [4, 0, 0, 0]], [True, False, False, False])
   """
+  if not isinstance(mask_key, str) or not mask_key:
+    raise ValueError(
+      f"mask_key must be a non-empty string, the top-level key of the mask (default 'mask'); got {mask_key!r}"
+    )
   if batch_size is not None:
     batch_size = _check_count("batch_size", batch_size, minimum=1)
   if num_devices is None:
