@@ -81,6 +81,26 @@ def test_pipelines_that_drop_repeat_or_never_end_are_refused(pipeline, match, ba
     pe.pad_batches(pipeline(slices(dataset(203))), batch_size, num_devices=8)
 
 
+def test_ragged_rows_name_the_key_and_suggest_pad_shapes():  # issue 26: tf.data's message named no key
+  def rows():
+    for i in range(10):
+      yield {"y": np.int32(i), "g": {"tokens": np.arange(i % 3 + 1, dtype=np.int32)}}
+
+  spec = {"y": tf.TensorSpec([], tf.int32), "g": {"tokens": tf.TensorSpec([None], tf.int32)}}
+  source = tf.data.Dataset.from_generator(rows, output_signature=spec)
+  with pytest.raises(
+    ValueError,
+    match=r"^key 'g/tokens' holds ragged rows \(rows 0 and 1 of a batch have shapes \[1\] and \[2\]\).*"
+    r"pad_shapes=\{'g': \{'tokens': \(2,\)\}\}",
+  ):
+    list(pe.pad_batches(source, 4, num_devices=1))
+  padded = pe.pad_batches(
+    source, 4, num_devices=1, pad_shapes={"g": {"tokens": (3,)}}, pad_value=-1
+  )
+  tokens = np.concatenate([b["g"]["tokens"][b["mask"]] for b in padded])
+  np.testing.assert_array_equal(tokens, [[0, -1, -1], [0, 1, -1], [0, 1, 2]] * 3 + [[0, -1, -1]])
+
+
 def test_repeat_once_reads_every_row_once():  # gemma's grain pipeline calls .repeat(1); tf.data alike
   data = dataset(203)
   pad = {"x": np.nan, "label": -1}

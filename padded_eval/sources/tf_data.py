@@ -205,19 +205,43 @@ class TfDataSource(Source):
     """tf.data's leading-size error in the words of `pad_batches` (keys named), or else its message."""
     import tensorflow as tf
 
+    paths = list(self._tensor_specs)
+    order = tf.nest.flatten(unflatten({path: i for i, path in enumerate(paths)}))  # tf.data's order
+    paths = [paths[i] for i in order]
+    ragged = re.search(
+      r"different shapes in component (\d+)\. First element had shape (\[[\d, ]*\]) and element (\d+) had "
+      r"shape (\[[\d, ]*\])",
+      message,
+    )
+    if ragged:
+      component, first_shape, other, other_shape = ragged.groups()
+      path = paths[int(component)]
+      sizes = tuple(
+        max(a, b) for a, b in zip(_parsed_shape(first_shape), _parsed_shape(other_shape))
+      )
+      literal = repr(sizes)
+      for key in reversed(path):
+        literal = f"{{{key!r}: {literal}}}"
+      return (
+        f"key {path_name(path)} holds ragged rows (rows 0 and {other} of a batch have shapes {first_shape} and "
+        f"{other_shape}); expected rows of one shape: pad them to fixed sizes with pe.pad_batches(..., "
+        f"pad_shapes={literal}), sizes of at least the longest row"
+      )
     found = re.search(
       r"Component (\d+) had size (\d+) but component (\d+) had size,? (\d+)", message
     )
     if not found:
       return f"the tf.data source failed: {message.strip()}"
-    paths = list(self._tensor_specs)
-    order = tf.nest.flatten(unflatten({path: i for i, path in enumerate(paths)}))  # tf.data's order
-    paths = [paths[i] for i in order]
     first, first_rows, other, other_rows = (int(g) for g in found.groups())
     return (
       f"leading sizes disagree within a batch: key {path_name(paths[first])} has {first_rows} rows, "
       f"key {path_name(paths[other])} has {other_rows}; expected every key to have the same rows"
     )
+
+
+def _parsed_shape(text: str) -> tuple[int, ...]:
+  """A shape as tf.data's messages print it, ``"[3, 2]"``, as a tuple."""
+  return tuple(int(size) for size in text.strip("[]").split(",") if size.strip())
 
 
 def _infer_batched(dataset: Any, specs: dict) -> bool:
