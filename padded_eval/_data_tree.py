@@ -153,15 +153,15 @@ def ragged_message(path: Path, leaf: Any) -> str | None:
   except ValueError:  # a row that is ragged itself
     shapes = None
   name = path_name(path)
+  if shapes is not None and len(set(shapes)) == 1:
+    return None  # rows of one shape
   if not shapes or len({len(shape) for shape in shapes}) != 1 or not shapes[0]:
     return (
       f"key {name} holds rows of different shapes or ranks; expected rows of one shape. Ragged rows "
       f"(sequences of different lengths) are padded by pe.pad_batches(..., pad_shapes={_literal(path, 'L')}), "
       "L the longest row"
     )
-  other = next((i for i, shape in enumerate(shapes) if shape != shapes[0]), None)
-  if other is None:
-    return None
+  other = next(i for i, shape in enumerate(shapes) if shape != shapes[0])
   sizes = tuple(max(axis) for axis in zip(*shapes))
   return (
     f"key {name} holds ragged rows (row 0 has shape {shapes[0]}, row {other} has shape {shapes[other]}); "

@@ -147,6 +147,18 @@ def test_grain_sharding_loses_the_remainder_and_process_slice_does_not():
   assert sorted(ids) == list(range(9))
 
 
+def test_ragged_rows_name_the_key_and_suggest_pad_shapes():  # issue 26: grain's message named no key
+  rows = [{"y": np.int32(i), "tokens": np.arange(i % 3 + 1, dtype=np.int32)} for i in range(10)]
+  source = grain.MapDataset.source(rows)
+  match = r"key 'tokens' holds ragged rows \(row 0 has shape \(1,\), row 1 has shape \(2,\)\).*pad_shapes=\{'tokens': \(3,\)\}"
+  for dataset in (source, source.to_iter_dataset(), loader(rows)):
+    with pytest.raises(ValueError, match=match):
+      list(pe.pad_batches(dataset, 4, num_devices=1))
+  padded = pe.pad_batches(source, 4, num_devices=1, pad_shapes={"tokens": (3,)}, pad_value=-1)
+  tokens = np.concatenate([b["tokens"][b["mask"]] for b in padded])
+  np.testing.assert_array_equal(tokens, [[0, -1, -1], [0, 1, -1], [0, 1, 2]] * 3 + [[0, -1, -1]])
+
+
 def test_rows_that_are_not_dicts_say_how_to_name_the_fields():
   data = make_data(5)
   tuples = [(row["x"], row["label"]) for row in rows_of(data)]

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from padded_eval._data_tree import ragged_message
 from padded_eval.batch_spec import flatten, unflatten
 from padded_eval.sources.array_like import to_numpy
 from padded_eval.sources.base import Chunk, Source, drop_rows
@@ -124,7 +125,24 @@ class GrainSource(Source):
     else:  # grain batches a filtered MapDataset only as an IterDataset
       data = self._data.to_iter_dataset() if self._kind == "MapDataset" else self._data
       elements = iter(data.batch(batch_size))
+    if not self._batched:
+      elements = self._ragged_named(elements, batch_size)
     return self._checked(elements)
+
+  def _ragged_named(self, elements: Iterator[Any], batch_size: int) -> Iterator[Any]:
+    """`elements` (grain's batches of the rows); grain's error for rows of different shapes becomes ours,
+    naming the key (the rows are read again, unbatched, to find it)."""
+    try:
+      yield from elements
+    except ValueError:
+      rows = [
+        flatten(_named(row, i), convert=False) for i, row in zip(range(batch_size), self._data)
+      ]
+      for path in rows[0] if rows else ():
+        message = ragged_message(path, [to_numpy(row[path]) for row in rows if path in row])
+        if message is not None:
+          raise ValueError(f"the grain {self._kind}: {message}") from None
+      raise
 
   def chunks_from(self, batch_size: int, start_row: int) -> Iterator[Chunk]:
     """Seeks in an unbatched, unfiltered `MapDataset`; else reads and drops rows.
