@@ -317,7 +317,8 @@ def _check_arguments(step_fn, batches, mask_key, mask_fn) -> None:
       f"step_fn must be a function (params, batch) -> Metric, e.g. lambda params, batch: "
       f'pe.metrics.Mean().batch_updates(values=..., mask=batch["mask"]); got {step_fn!r}'
     )
-  if isinstance(batches, cabc.Mapping) or not isinstance(batches, cabc.Iterable):
+  iterable = isinstance(batches, cabc.Iterable) or hasattr(type(batches), "__getitem__")
+  if isinstance(batches, cabc.Mapping) or not iterable:
     what = "a dict (one batch?)" if isinstance(batches, cabc.Mapping) else repr(batches)
     raise ValueError(
       f"batches must be an iterable of padded dict batches, e.g. pe.pad_batches(data, batch_size) or "
