@@ -225,7 +225,9 @@ def masked_eval(
     (gather them with ids from ``pe.pad_batches(..., index_key=...)``; see HOWTO.md).
 
   Raises:
-    ValueError: an unknown backend; a mesh or ``data_axes`` with ``"pmap"``; ``data_axes``
+    ValueError: ``step_fn`` not callable; ``batches`` not an iterable of batches (None, or one dict batch);
+      ``mask_key`` not a non-empty string (without ``mask_fn``); an unknown backend; a mesh or ``data_axes``
+      with ``"pmap"``; ``data_axes``
       naming axes the mesh does not have; no batches; a batch
       without ``mask_key`` or with a batch size not divisible by the devices (or
       the shards of the data axes); a batch whose shapes differ from the first; a
@@ -259,6 +261,7 @@ def masked_eval(
     ...                mesh=jax.make_mesh((1,), ("batch",)))
     {'mean': 4.0, 'num_examples': 5}
   """
+  _check_arguments(step_fn, batches, mask_key, mask_fn)
   runner = backends.make_backend(backend, axis_name, mesh, data_axes)
   check_choice("on_invalid", on_invalid, ON_INVALID)
   if not isinstance(outputs, bool):
@@ -311,6 +314,27 @@ def masked_eval(
   results = _results(metric, num_examples)
   saver.finish(results)
   return (results, rows.result()) if outputs else results
+
+
+def _check_arguments(step_fn, batches, mask_key, mask_fn) -> None:
+  """Raises ValueError naming ``step_fn``, ``batches`` or ``mask_key`` when it is not what the driver needs."""
+  if not callable(step_fn):
+    raise ValueError(
+      f"step_fn must be a function (params, batch) -> Metric, e.g. lambda params, batch: "
+      f'pe.metrics.Mean().batch_updates(values=..., mask=batch["mask"]); got {step_fn!r}'
+    )
+  iterable = isinstance(batches, cabc.Iterable) or hasattr(type(batches), "__getitem__")
+  if isinstance(batches, cabc.Mapping) or not iterable:
+    what = "a dict (one batch?)" if isinstance(batches, cabc.Mapping) else repr(batches)
+    raise ValueError(
+      f"batches must be an iterable of padded dict batches, e.g. pe.pad_batches(data, batch_size) or "
+      f"[batch]; got {what}"
+    )
+  if mask_fn is None and (not isinstance(mask_key, str) or not mask_key):
+    raise ValueError(
+      f"mask_key must be a non-empty string, the batches' key of the bool [B] mask (default 'mask'), or "
+      f"pass mask_fn=; got {mask_key!r}"
+    )
 
 
 def _check_mask_fn(mask_fn, outputs, checkpoint_dir) -> None:
