@@ -9,7 +9,14 @@ median ratio of process CPU time (steadier when other processes share the cores)
 Then how long a resume takes to skip 10,000 consumed batches: a Mapping behind ``pe.pad_batches`` (seeks: views)
 and a plain generator (read and dropped), and the same generator behind ``pe.pad_batches`` (dropped unpadded).
 
-Run: ``python benchmarks/bench_checkpoint.py [--rounds 5] [--steps 200]``.
+Then the cost of the params checksum (`padded_eval.eval.checkpoint.params_checksum`, computed once per call with a
+directory) on a ~100M-parameter tree (24 float32 leaves of 2048 x 2048), as a ratio to one step of the MLP above
+(its median time per step in a ``masked_eval`` call, measured in the same rounds), and in milliseconds (wall and
+process CPU time: other processes share the cores): the tree on one device (what the checksum reads of replicated
+params) and sharded over the 8 devices (FSDP params, jit); and, for scale, to one forward step of the model those
+params make (64 rows through the 24 layers, relu, on one device).
+
+Run: ``python benchmarks/bench_checkpoint.py [--rounds 5] [--steps 200] [--checksum-only]``.
 """
 
 import os
@@ -20,6 +27,7 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import itertools  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
@@ -151,11 +159,86 @@ def resume_time(count=10_000, rows=8):
       assert result == expected
 
 
+def checksum_cost(rounds, steps, leaves=24, side=2048):
+  """The params checksum of a ``leaves x side x side`` float32 tree against one MLP step (ratio and ms)."""
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  from padded_eval.eval.checkpoint import params_checksum
+
+  rng = np.random.default_rng(2)
+  tree = [rng.standard_normal((side, side), np.float32) for _ in range(leaves)]
+  size = leaves * side * side
+  mesh = jax.make_mesh((jax.device_count(),), ("fsdp",))
+  layouts = {
+    "one device": jax.device_put(tree, jax.devices()[0]),
+    "sharded over 8": jax.device_put(tree, NamedSharding(mesh, PartitionSpec("fsdp"))),
+  }
+  del tree
+  data = {
+    "x": rng.normal(size=(steps * BATCH - 100, FEATURES)).astype(np.float32),
+    "label": rng.integers(0, CLASSES, steps * BATCH - 100).astype(np.int32),
+  }
+  batches, weights = list(pe.pad_batches(data, BATCH)), params()
+  pe.masked_eval(step_fn, weights, batches)  # compile
+  first = {}
+  for name, placed in layouts.items():  # compile (and trace) once per layout
+    start = time.perf_counter()
+    digest = params_checksum(placed)
+    first[name] = time.perf_counter() - start
+  ratios, cpu_ratios = {name: [] for name in layouts}, {name: [] for name in layouts}
+  millis, cpu_millis = {name: [] for name in layouts}, {name: [] for name in layouts}
+  per_step, cpu_per_step, forward_ratios = [], [], []
+  big = layouts["one device"]
+  forward = jax.jit(lambda layers, x: functools.reduce(lambda h, w: jax.nn.relu(h @ w), layers, x))
+  rows = jax.device_put(rng.standard_normal((64, side), np.float32), jax.devices()[0])
+  forward(big, rows).block_until_ready()  # compile
+  for _ in range(rounds):
+    start = time.perf_counter()
+    forward(big, rows).block_until_ready()
+    forward_s = time.perf_counter() - start
+    start = time.perf_counter()
+    params_checksum(big)
+    forward_ratios.append((time.perf_counter() - start) / forward_s)
+    start, start_cpu = time.perf_counter(), time.process_time()
+    pe.masked_eval(step_fn, weights, batches)
+    step_s = (time.perf_counter() - start) / len(batches)
+    step_cpu = (time.process_time() - start_cpu) / len(batches)
+    per_step.append(step_s)
+    cpu_per_step.append(step_cpu)
+    for name, placed in layouts.items():
+      start, start_cpu = time.perf_counter(), time.process_time()
+      assert params_checksum(placed) == digest  # the same value wherever the leaves lie
+      elapsed, elapsed_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+      ratios[name].append(elapsed / step_s)
+      cpu_ratios[name].append(elapsed_cpu / step_cpu)
+      millis[name].append(elapsed * 1e3)
+      cpu_millis[name].append(elapsed_cpu * 1e3)
+  median = statistics.median
+  print(
+    f"params checksum of {size / 1e6:.1f}M float32 parameters ({leaves} leaves of {side} x {side}), "
+    f"{rounds} rounds; one MLP step ({BATCH} rows, pmap on 8 CPU devices, {len(batches)} steps per "
+    f"call): median {median(per_step) * 1e3:.2f} ms wall, {median(cpu_per_step) * 1e3:.2f} ms CPU"
+  )
+  for name in layouts:
+    print(
+      f"  {name:>14}: median {median(millis[name]):.0f} ms wall = {median(ratios[name]):.0f} MLP "
+      f"steps; {median(cpu_millis[name]):.0f} ms CPU = {median(cpu_ratios[name]):.0f} MLP steps' "
+      f"CPU (first call, with its compilation: {first[name] * 1e3:.0f} ms wall)"
+    )
+  print(
+    f"  against one forward step of the 100M model (64 rows, one device): median ratio "
+    f"{median(forward_ratios):.2f}"
+  )
+
+
 if __name__ == "__main__":
   parser = argparse.ArgumentParser()
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--steps", type=int, default=200)
+  parser.add_argument("--checksum-only", action="store_true")
   args = parser.parse_args()
-  speed(args.rounds, args.steps)
-  skipping()
-  resume_time()
+  if not args.checksum_only:
+    speed(args.rounds, args.steps)
+    skipping()
+    resume_time()
+  checksum_cost(args.rounds, args.steps)

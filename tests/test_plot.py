@@ -333,7 +333,7 @@ def test_masked_eval_result_draws_reliability_and_picks_by_name():
   )
 
 
-def test_results_pickle_with_their_metric_and_a_stored_result_cannot_be_drawn(tmp_path):
+def test_results_pickle_with_their_metric_and_values_alone_cannot_be_drawn(tmp_path):
   import pickle
 
   rng = np.random.default_rng(9)
@@ -344,6 +344,6 @@ def test_results_pickle_with_their_metric_and_a_stored_result_cannot_be_drawn(tm
   np.testing.assert_array_equal(again["confusionmatrix"], results["confusionmatrix"])
   counts = again.metric.children["confusionmatrix"].counts()
   np.testing.assert_array_equal(counts, skm.confusion_matrix(target, logits.argmax(-1)))
-  stored = pe.results.EvalResults(dict(results))  # what a finished checkpoint gives back
-  with pytest.raises(ValueError, match="read back from a finished checkpoint"):
-    pe.plot.confusion_matrix(stored, ax=_axes())
+  values = pe.results.EvalResults(dict(results))  # no metric (a finished checkpoint_dir has it)
+  with pytest.raises(ValueError, match="values alone"):
+    pe.plot.confusion_matrix(values, ax=_axes())

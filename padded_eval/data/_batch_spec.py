@@ -157,7 +157,7 @@ class BatchSpec:
           f"batch {index}: key {path_name(path)} has shape {shape}; expected "
           f"leading size {batch_size}, the size of {mask_key!r}"
         )
-      check_not_strings(path, dtype, index, allow_strings)
+      check_not_strings(path, dtype, index, allow_strings, leaf)
       if path != (mask_key,):
         leaves[path] = LeafSpec(shape[1:], dtype)
     return cls(leaves, batch_size, mask_key, structure)

@@ -24,6 +24,7 @@ __all__ = [
   "leaf_dtype",
   "pad_shapes_hint",
   "path_name",
+  "ragged_message",
   "tree_leaves",
   "unflatten",
 ]
@@ -131,6 +132,53 @@ def pad_shapes_hint(path: Path, got: tuple, want: tuple) -> str | None:
   )
 
 
+def ragged_message(path: Path, leaf: Any) -> str | None:
+  """For a leaf whose rows differ in shape (a ragged list, or a 1-D object array of arrays as a Hugging Face
+  column of lists gives): the problem and the `pad_shapes` that fixes it, naming the key; else None.
+
+  Args:
+    path: the leaf's key path.
+    leaf: a list or tuple of rows, or a numpy array (only a 1-D object array of sequences is ragged).
+  """
+  if isinstance(leaf, np.ndarray):
+    if leaf.dtype != object or leaf.ndim != 1 or not leaf.size:
+      return None
+    if not isinstance(leaf[0], (np.ndarray, list, tuple)):
+      return None  # strings (or other objects)
+  elif not isinstance(leaf, (list, tuple)) or not leaf:
+    return None
+  rows = list(leaf)
+  try:
+    shapes = [np.shape(row) for row in rows]
+  except ValueError:  # a row that is ragged itself
+    shapes = None
+  name = path_name(path)
+  if shapes is not None and len(set(shapes)) == 1:
+    return None  # rows of one shape
+  if not shapes or len({len(shape) for shape in shapes}) != 1 or not shapes[0]:
+    return (
+      f"key {name} holds rows of different shapes or ranks; expected rows of one shape. Ragged rows "
+      f"(sequences of different lengths) are padded by pe.pad_batches(..., pad_shapes={_literal(path, 'L')}), "
+      "L the longest row"
+    )
+  other = next(i for i, shape in enumerate(shapes) if shape != shapes[0])
+  sizes = tuple(max(axis) for axis in zip(*shapes))
+  return (
+    f"key {name} holds ragged rows (row 0 has shape {shapes[0]}, row {other} has shape {shapes[other]}); "
+    f"expected rows of one shape: pad them to fixed sizes with pe.pad_batches(..., "
+    f"pad_shapes={_literal(path, sizes)}), sizes of at least the longest row (these rows' longest shown), "
+    "so that every batch has one shape"
+  )
+
+
+def _literal(path: Path, sizes: Any) -> str:
+  literal = sizes if isinstance(sizes, str) else repr(sizes)
+  literal = f"({literal},)" if isinstance(sizes, str) else literal
+  for key in reversed(path):
+    literal = f"{{{key!r}: {literal}}}"
+  return literal
+
+
 def key_name(key: Any) -> Any:
   """One key of a pytree batch's key path as users name it: a dict key, an attribute name or an index.
 
@@ -142,8 +190,16 @@ def key_name(key: Any) -> Any:
   return key
 
 
-def check_not_strings(path: Path, dtype: np.dtype, index: int, allow_strings: bool) -> None:
-  """Raises ValueError for a string leaf of batch `index` (unless `allow_strings`): no device holds strings."""
+def check_not_strings(
+  path: Path, dtype: np.dtype, index: int, allow_strings: bool, leaf: Any = None
+) -> None:
+  """Raises ValueError for a string leaf of batch `index` (unless `allow_strings`): no device holds strings.
+
+  An object `leaf` of ragged rows (a column of lists) is reported as ragged, with the `pad_shapes` that fixes it.
+  """
+  ragged = None if leaf is None or dtype.kind != "O" else ragged_message(path, leaf)
+  if ragged is not None:
+    raise ValueError(f"batch {index}: {ragged}")
   if dtype.kind in STRING_KINDS and not allow_strings:
     raise ValueError(
       f"batch {index}: key {path_name(path)} holds strings ({dtype}), which "
@@ -163,7 +219,8 @@ def fill_value(pad_value: Any, path: Path, dtype: np.dtype) -> Any:
     A numpy scalar of `dtype` (or str/bytes for a string leaf).
 
   Raises:
-    ValueError: a dict where a scalar belongs, a string for a number, or a value that does not fit `dtype`.
+    ValueError: a dict where a scalar belongs, a string for a number, or a value that does not fit `dtype` (a
+      finite float that overflows to inf included).
   """
   value = pad_value
   for key in path:
@@ -180,9 +237,33 @@ def fill_value(pad_value: Any, path: Path, dtype: np.dtype) -> Any:
   if isinstance(value, (str, bytes)):
     raise ValueError(f"{where} is a string; expected a number for dtype {dtype}")
   try:
-    fill = np.array(value, dtype=dtype)
+    with np.errstate(over="ignore"):  # an overflow to inf is reported below
+      fill = np.array(value, dtype=dtype)
   except (ValueError, OverflowError, TypeError) as err:
     raise ValueError(f"{where} does not fit dtype {dtype} ({err}); pass a per-key dict") from None
   if dtype.kind in "biu" and fill != value:
     raise ValueError(f"{where} is not exactly representable in dtype {dtype}; pass a per-key dict")
+  if dtype.kind not in "biuc" and _overflows(value, fill):
+    raise ValueError(
+      f"{where} overflows dtype {dtype} (largest finite {_largest(dtype)}) and would pad with inf; pass a "
+      f"value within the dtype's range, e.g. a per-key dict pad_value={{{path_name(path)}: 0}} (inf itself "
+      "is accepted if meant)"
+    )
   return fill[()]
+
+
+def _overflows(value: Any, fill: np.ndarray) -> bool:
+  """Whether a finite pad value became inf (or NaN) in the leaf's float dtype."""
+  try:
+    return bool(np.isfinite(float(value))) and not np.isfinite(float(fill))
+  except (TypeError, ValueError, OverflowError):
+    return False
+
+
+def _largest(dtype: np.dtype) -> str:
+  try:
+    return f"{float(np.finfo(dtype).max):g}"
+  except ValueError:  # an ml_dtypes type numpy's finfo does not know
+    import ml_dtypes  # a dependency of jax
+
+    return f"{float(ml_dtypes.finfo(dtype).max):g}"

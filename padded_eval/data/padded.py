@@ -46,6 +46,8 @@ def pad_batches(
         arrives aligned and already holds exactly `batch_size` rows is passed through without a copy;
       - a `tf.data.Dataset` (or a tfds dataset) of dicts, batched or unbatched. It is padded inside the tf.data
         graph and yields numpy arrays (strings as ``object`` arrays of ``bytes``).
+      A pipeline that drops rows (``drop_remainder=True``), repeats them (a repeat other than ``.repeat(1)``)
+      or never ends (infinite cardinality) is refused.
     batch_size: rows per yielded batch; must be divisible by `num_devices`. None, for an already batched
       source (an iterable of batches, a batched tf.data or grain pipeline, a torch DataLoader): the rows of the
       source's first batch (read now: a re-iterable source is read once more, a one-shot iterator is peeked at),
@@ -88,14 +90,17 @@ def pad_batches(
     cardinality, or `num_batches` given), else it raises TypeError like a generator.
 
   Raises:
-    ValueError: `batch_size` not divisible by `num_devices`; `batch_size` None for a source that is not batched
+    ValueError: `batch_size` not divisible by `num_devices`; `mask_key` not a non-empty string; an array or a
+      list of non-dicts as `source` (refused at the call); `batch_size` None for a source that is not batched
       (a Mapping, an unbatched pipeline) or holds no batch; `pad_shapes` naming an unknown key, more axes than a
       key has, or sizes that are not ints >= 1; a row longer than its fixed size (naming the key, the row and
-      both lengths); bad `length_keys`; `index_key` not a string, equal to `mask_key` or to
+      both lengths); bad `length_keys` (a new key a source key already takes included); `index_key` not a string, equal to `mask_key` or to
       a source key; `index_offset` negative or ids beyond int32; leading sizes that disagree within a batch; a source
       key equal to `mask_key`; keys, trailing shapes or dtypes that change between batches; a `pad_value` that does
-      not fit a leaf's dtype or names an unknown key; a source holding more than `num_batches` batches (raised as
-      soon as it is seen: at the call when the length is known, else during iteration); `num_batches` with an
+      not fit a leaf's dtype (a finite float that would become inf included) or names an unknown key; a source holding more than `num_batches` batches (raised as
+      soon as it is seen: at the call when the length is known, else during iteration); a pipeline that drops
+      rows (``drop_remainder=True``: naming it and the rows lost), repeats them or never ends (refused at the
+      call); ragged rows without `pad_shapes` (naming the key and the `pad_shapes` that pads them); `num_batches` with an
       empty source whose fields are unknown; iterating a second time over a one-shot iterator or generator
       source (pass a re-iterable: a list of batches, a dataset, or an object whose ``__iter__`` starts over).
     TypeError: `source` is none of the above (nor a kind added with `padded_eval.data.sources.register`).
@@ -106,6 +111,10 @@ def pad_batches(
     >>> [b["x"].tolist() for b in batches], batches[1]["mask"].tolist()
     ([[0, 1, 2, 3], [4, 0, 0, 0]], [True, False, False, False])
   """
+  if not isinstance(mask_key, str) or not mask_key:
+    raise ValueError(
+      f"mask_key must be a non-empty string, the top-level key of the mask (default 'mask'); got {mask_key!r}"
+    )
   if batch_size is not None:
     batch_size = check_int("batch_size", batch_size, minimum=1)
   if num_devices is None:

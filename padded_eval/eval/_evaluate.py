@@ -132,9 +132,11 @@ def masked_eval(
       checkpoint, one dataset): the carried state is saved there every
       ``checkpoint_every`` steps (atomically, in the background), and a later call with
       the same directory resumes where the last saved step ended, with the exact same
-      result as an uninterrupted run; a finished evaluation stores its result, and calling
-      again returns it without reading ``batches``. See `padded_eval.eval.checkpoint`. Not
-      with ``outputs=True``.
+      result as an uninterrupted run; a finished evaluation stores its result (values and
+      final metric), and calling again returns it after reading only the first batch (which,
+      with the params, shows the question: the same metric, batch spec, batch size and
+      params, by value, or a ValueError). See `padded_eval.eval.checkpoint`. Not with
+      ``outputs=True``.
     checkpoint_every: steps between two saves (>= 1).
     mask_fn: ``mask_fn(batch) -> bool [rows, ...]``: the real elements of a batch that
       need not be a dict: with it, ``batches`` may be any pytree (a jraph
@@ -155,8 +157,8 @@ def masked_eval(
     ``metric.compute_logs()`` with scalars as Python floats and arrays as numpy
     arrays, plus ``"num_examples"``: the exact int number of real rows seen; a
     `padded_eval.eval.results.EvalResults` (a dict) whose ``.metric`` is the final metric on
-    the host, for its exact host views and `padded_eval.plot` (None for a result read
-    back from a finished checkpoint).
+    the host, for its exact host views and `padded_eval.plot` (the stored one for a
+    result read back from a finished checkpoint).
     With ``outputs=True``, the pair ``(results, per_row)``: ``per_row`` has the
     structure ``step_fn`` returned, with numpy leaves of exactly this process's
     real rows (padding removed), in the order of its batches: ``[num_examples, ...]``
@@ -164,7 +166,9 @@ def masked_eval(
     (gather them with ids from ``pe.pad_batches(..., index_key=...)``; see HOWTO.md).
 
   Raises:
-    ValueError: an unknown backend; a mesh or ``data_axes`` with ``"pmap"``; ``data_axes``
+    ValueError: ``step_fn`` not callable; ``batches`` not an iterable of batches (None, or one dict batch);
+      ``mask_key`` not a non-empty string (without ``mask_fn``); an unknown backend; a mesh or ``data_axes``
+      with ``"pmap"``; ``data_axes``
       naming axes the mesh does not have; no batches; a batch
       without ``mask_key`` or with a batch size not divisible by the devices (or
       the shards of the data axes); a batch whose shapes differ from the first; a
@@ -173,8 +177,9 @@ def masked_eval(
       ``outputs`` not a bool); with several processes, batches or settings that
       differ between processes (on every process, naming the one that differs);
       ``on_invalid="raise"`` and invalid values counted; ``checkpoint_dir`` written for
-      another evaluation (naming what differs: metric, batch structure or size, params
-      structure, backend layout, process count), or given with ``outputs=True``;
+      another evaluation, finished or not (naming what differs: metric, batch structure or
+      size, params structure or checksum, backend layout, process count), or given with
+      ``outputs=True``;
       ``mask_fn`` not callable, or given with ``outputs=True``, ``checkpoint_dir`` or
       several processes; with ``mask_fn``, a batch whose leaves do not share a leading
       size, or whose structure differs from the first, or a ``mask_fn`` result on
@@ -197,6 +202,7 @@ def masked_eval(
     ...                mesh=jax.make_mesh((1,), ("batch",)))
     {'mean': 4.0, 'num_examples': 5}
   """
+  _check_arguments(step_fn, batches)
   options = EvalOptions.checked(
     layout=(backend, axis_name, mesh, data_axes),
     mask=(mask_key, mask_fn),
@@ -206,13 +212,13 @@ def masked_eval(
   )
   runner = backends.make_backend(*options.layout)
   saver = _saver(options, runner, params)  # None without a checkpoint_dir
-  if saver is not None and saver.result is not None:
-    return EvalResults(saver.result)  # a finished evaluation: batches are not read
   num_batches = _length(batches)  # before iterating
   feed = _step_feed(batches, num_batches, runner, options, saver)
   first = _first_input(feed)
   compiled = _cache.cached_step(step_fn, runner, options.mask, options.outputs)
-  run = _run.start(compiled, params, first, saver)
+  run = _run.start(compiled, params, first, saver, feed.wait_final)
+  if run.stored is not None:  # a finished checkpoint_dir asked the same question: its answer
+    return _checked(run.stored, run.stored[NUM_EXAMPLES], options.on_invalid)
   hooks = _hooks(options, run, num_batches, saver)
   state = _run_steps(run, feed, first, hooks)
   metric, num_examples = run.finish(state, feed.wait_final)
@@ -229,6 +235,23 @@ def _saver(options: EvalOptions, runner: Any, params: Any) -> checkpoint.Saver |
   return checkpoint.Saver.open(
     options.checkpoint_dir, options.checkpoint_every, runner, params, options.timeout
   )
+
+
+def _check_arguments(step_fn, batches) -> None:
+  """Raises ValueError naming ``step_fn`` or ``batches`` when it is not what the driver needs
+  (``mask_key`` is checked by `padded_eval.eval._step.RowMask.of_call`)."""
+  if not callable(step_fn):
+    raise ValueError(
+      f"step_fn must be a function (params, batch) -> Metric, e.g. lambda params, batch: "
+      f'pe.metrics.Mean().batch_updates(values=..., mask=batch["mask"]); got {step_fn!r}'
+    )
+  iterable = isinstance(batches, cabc.Iterable) or hasattr(type(batches), "__getitem__")
+  if isinstance(batches, cabc.Mapping) or not iterable:
+    what = "a dict (one batch?)" if isinstance(batches, cabc.Mapping) else repr(batches)
+    raise ValueError(
+      f"batches must be an iterable of padded dict batches, e.g. pe.pad_batches(data, batch_size) or "
+      f"[batch]; got {what}"
+    )
 
 
 def _step_feed(batches, num_batches, runner, options: EvalOptions, saver) -> Any:
@@ -321,6 +344,13 @@ def _run_steps(run: _run.CompiledRun, feed, first, hooks: list[Hook]) -> Any:
   for hook in hooks:
     hook.close(failed=False)
   return state
+
+
+def _checked(results: EvalResults, num_examples: int, on_invalid: str) -> EvalResults:
+  """``results`` after the checks of ``on_invalid`` on its metric (rows counted, invalid values)."""
+  _check_example_counts(results.metric, num_examples, on_invalid)
+  _report_invalid(results.metric, on_invalid)
+  return results
 
 
 def _results(metric: Metric, num_examples: int, on_invalid: str) -> EvalResults:

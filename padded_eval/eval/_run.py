@@ -40,6 +40,8 @@ class CompiledRun:
   Attributes:
     initial_state: the carried device state the first step takes.
     first: the placed first step input.
+    stored: the `EvalResults` of a finished checkpoint directory that asked the same question,
+      or None.
     row_axes: leading axes of a step's ``per_row`` that index rows (the backend's).
   """
 
@@ -48,6 +50,7 @@ class CompiledRun:
     self._packing, self._host_mask = packing, host_mask  # host_mask: rows counted on the host
     self._host_rows = 0
     self.initial_state, self.row_axes = state, backend.row_axes
+    self.first = self.stored = None  # set by `start`
 
   def place(self, step_input: StepInput) -> Any:
     """``step_input`` on the devices (its real rows counted here where the run counts on the host)."""
@@ -71,30 +74,41 @@ class CompiledRun:
     return metric, rows
 
 
-def start(compiled: Any, params: Any, first: StepInput, saver: Any = None) -> CompiledRun:
+def start(
+  compiled: Any, params: Any, first: StepInput, saver: Any = None, wait: Callable | None = None
+) -> CompiledRun:
   """Places ``params`` and the first input, and chooses how the state is carried.
 
   Args:
     compiled: the `padded_eval.eval._cache.CachedStep` of the call.
     params: the user's params (host or device).
     first: the first host `StepInput`.
-    saver: the call's `padded_eval.eval.checkpoint.Saver`, or None: with one the state is a
-      donated tree, restored from its checkpoint if it has one.
+    saver: the call's `padded_eval.eval.checkpoint.Saver`, or None: with one the call's
+      question is checked against the directory's (`Saver.verify`), and the state is a donated
+      tree, restored from its checkpoint if it has one.
+    wait: ``wait(arrays)`` blocks on arrays computed across processes (the params checksum of
+      `Saver.verify`), with the feed's deadline.
 
   Returns:
-    The `CompiledRun`, with ``first`` placed (and counted where the run counts on the host).
+    The `CompiledRun`, with ``first`` placed (and counted where the run counts on the host);
+    its ``stored`` is the answer of a finished checkpoint directory (then nothing is to run).
   """
   backend = compiled.backend
   placed_params, placed_first = backend.place_params(params), backend.place_batch(first)
   empty = compiled.empty_state(placed_params, placed_first.batch)
-  if saver is None and is_small_state(empty):  # packed, placed once, not donated
+  stored = None
+  if saver is not None:
+    stored = saver.verify(empty, first.batch, params, placed_params, backend, wait)
+  if stored is not None:  # a finished evaluation: nothing to place or run
+    run = CompiledRun(backend, placed_params, compiled.compiled.step, None)
+  elif saver is None and is_small_state(empty):  # packed, placed once, not donated
     host_mask = compiled.mask if backend.counts_rows_on_host and compiled.mask.fn is None else None
     packing, step, state = compiled.packed(empty, count_rows=host_mask is None)
     run = CompiledRun(backend, placed_params, step, state, packing, host_mask)
   else:  # the tree, donated
-    saved = None if saver is None else saver.restored(empty, first.batch, params)
+    saved = None if saver is None else saver.restore(empty)
     state = backend.place_state(empty) if saved is None else backend.place_saved_state(saved)
     run = CompiledRun(backend, placed_params, compiled.compiled.step, state)
   run._count(first)
-  run.first = placed_first
+  run.first, run.stored = placed_first, stored
   return run

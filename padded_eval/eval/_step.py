@@ -55,15 +55,15 @@ class RowMask:
     """The mask of ``masked_eval(mask_key=..., mask_fn=...)``: a key (str) or a function.
 
     Raises:
-      ValueError: ``mask_fn`` (or a ``mask_key`` that is not a str) not callable.
+      ValueError: ``mask_fn`` not callable, or ``mask_key`` neither a non-empty str nor a function.
     """
     if mask_fn is None and callable(mask_key):
       mask_fn = mask_key
     if mask_fn is None:
-      if not isinstance(mask_key, str):
+      if not isinstance(mask_key, str) or not mask_key:
         raise ValueError(
-          f"mask_key must be a str (the batch key of the mask) or a function batch -> bool "
-          f"[rows, ...]; got {mask_key!r}"
+          "mask_key must be a non-empty string (the batches' key of the bool [B] mask, default "
+          f"'mask') or a function batch -> bool [rows, ...] (or pass mask_fn=); got {mask_key!r}"
         )
       return cls(mask_key)
     if not callable(mask_fn):

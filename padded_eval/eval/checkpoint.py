@@ -3,8 +3,10 @@
 A checkpoint directory identifies ONE evaluation (one model checkpoint on one dataset). It holds, per process,
 ``process_{p}/step_{n}.state``: this process's part of the carried state (every device's partial state, and the exact
 row count) after ``n`` steps, with a JSON header: the steps and this process's real batches consumed (the multi-host
-lockstep's position) and a fingerprint of the evaluation (process count, backend layout, params structure, batch
-spec, metric state structure). A finished evaluation also writes ``process_{p}/result.json``.
+lockstep's position) and a fingerprint of the evaluation (process count, backend layout, params structure, the
+params' values (`params_checksum`), batch spec, metric state structure). A finished evaluation writes
+``process_{p}/result.state`` instead: the fingerprint, the result's values and the final (reduced) metric's leaves,
+returned by a later call only if it asks the same question (the whole fingerprint matches).
 
 Writes are atomic: a file is written under a temporary name, flushed to disk and renamed (``os.replace``), so a
 process killed during a write leaves a ``.tmp`` file that is never read (and deleted on the next save). Writes run
@@ -26,6 +28,7 @@ pre-flight (`padded_eval.multihost._coordination.exchange`).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import os
 import re
@@ -39,6 +42,7 @@ import numpy as np
 from padded_eval.data._batch_spec import BatchSpec
 from padded_eval.data.padded import skipped
 from padded_eval.eval._hooks import Dispatched, Hook
+from padded_eval.eval.results import EvalResults
 from padded_eval.multihost._coordination import exchange
 from padded_eval.multihost.distributed import DEFAULT_TIMEOUT_S, ResumeAt, next_call_number
 from padded_eval.validation import check_positive_int
@@ -55,11 +59,14 @@ __all__ = [
 
 _STEP_FILE = re.compile(r"^step_(\d{10})\.state$")
 _MAGIC = b"padded_eval state 1\n"
-_RESULT = "result.json"
+_RESULT = (
+  "result.state"  # (directories finished before the stored metric wrote result.json: not read)
+)
 FINGERPRINT_NAMES = {
   "process_count": "the process count",
   "backend": "the backend layout",
   "params": "the params structure",
+  "params_checksum": "the params checksum (the params' values: another model checkpoint?)",
   "batch_size": "the batch size",
   "batch": "the batch structure",
   "metric": "the metric",
@@ -76,21 +83,29 @@ def tree_fingerprint(tree: Any) -> dict:
 
 
 def fingerprint(
-  *, backend: dict, params: Any, batch_spec: dict | None, state_shapes: Any | None
+  *,
+  backend: dict,
+  params: Any,
+  batch_spec: dict | None,
+  state_shapes: Any | None,
+  checksum: str | None = None,
 ) -> dict:
-  """What a checkpoint must match to be resumed: a JSON dict of the evaluation's structure.
+  """What a checkpoint must match to be resumed: a JSON dict of the evaluation.
 
   Args:
     backend: the backend's name and layout (mesh shape, data axis, shards).
     params: the params pytree (only its structure is kept).
-    batch_spec: `BatchSpec.to_json()` of the first batch, or None when not read (a stored result).
+    batch_spec: `BatchSpec.to_json()` of the first batch, or None when not read yet.
     state_shapes: the metric state's ``ShapeDtypeStruct`` pytree, or None when not traced.
+    checksum: `params_checksum` of the placed params, or None when not computed yet.
   """
   found = {
     "process_count": jax.process_count(),
     "backend": backend,
     "params": tree_fingerprint(params),
   }
+  if checksum is not None:
+    found["params_checksum"] = checksum
   if batch_spec is not None:
     found["batch_size"] = batch_spec["batch_size"]
     found["batch"] = batch_spec
@@ -102,6 +117,116 @@ def fingerprint(
 def _dtype_name(leaf: Any) -> str:
   dtype = getattr(leaf, "dtype", None)
   return np.dtype(dtype).str if dtype is not None else type(leaf).__name__
+
+
+# --- the params' values: a checksum of their bits, computed where they lie ----------------------
+
+_GOLDEN = 0x9E3779B9  # 2**32 / golden ratio: spreads consecutive positions over the words
+
+
+def params_checksum(params: Any, wait: Any = None) -> str:
+  """A checksum of every bit of ``params``, computed on the devices: 16 hex digits.
+
+  Every leaf is read as 32-bit words (1-, 2- and 4-byte elements one word each, zero-extended;
+  8-byte elements two; complex ones their real and imaginary parts). Word ``i`` of the tree (leaves
+  in ``jax.tree.leaves`` order, elements in row-major order) adds ``m_i = fmix32(w_i ^ (i *
+  0x9E3779B9 mod 2**32))`` (murmur3's finaliser, a bijection of 32-bit words) to two sums mod
+  2**32: ``sum m_i`` and ``sum m_i * (2 i + 1)``. Changing any one word changes the first sum;
+  a permutation of words or of leaves moves words to other positions, which changes both sums
+  except by a ~2**-64 accident. The value does not depend on where the leaves lie: a fully
+  replicated leaf is read on one device holding it (and summed by halves, `_sum_by_halves`), a
+  sharded one where its shards are (XLA adds the partial sums across devices and processes).
+  One jitted program per leaf shape,
+  dtype and sharding (its position is an argument), so leaves of one shape share a
+  compilation (measured: benchmarks/RESULTS.md).
+
+  Args:
+    params: a pytree of ``jax.Array`` leaves (other leaves are put on the default device).
+    wait: ``wait(sums)`` blocks until the programs finished (a deadline of several processes),
+      or None.
+
+  Returns:
+    ``"%08x%08x"`` of the two sums.
+  """
+  sums, offset = [], 0
+  for leaf in jax.tree.leaves(params):
+    leaf = leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf)
+    if leaf.is_fully_replicated:
+      leaf = leaf.addressable_shards[0].data  # one copy, no transfer
+    one_device = len(leaf.sharding.device_set) == 1
+    sums.append(_leaf_sums(leaf, np.uint32(offset), one_device))
+    offset = (offset + leaf.size * max(1, leaf.dtype.itemsize // 4)) % 2**32
+  if wait is not None:
+    wait(sums)
+  total = np.zeros(2, np.uint64)
+  for part in jax.device_get([part.addressable_shards[0].data for part in sums]):
+    total += part
+  first, second = (int(x) % 2**32 for x in total)
+  return f"{first:08x}{second:08x}"
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _leaf_sums(leaf: jax.Array, offset: jax.Array, one_device: bool) -> jax.Array:
+  """``uint32 [2]``: the two sums of `params_checksum` over ``leaf``, its first word at ``offset``."""
+  words = _words(leaf)
+  index = jnp.broadcast_to(offset, words.shape)
+  stride = 1
+  for axis in reversed(range(words.ndim)):
+    position = jax.lax.broadcasted_iota(jnp.uint32, words.shape, axis)
+    index = index + position * jnp.uint32(stride % 2**32)
+    stride *= words.shape[axis]
+  mixed = _fmix32(words ^ (index * jnp.uint32(_GOLDEN)))
+  lanes = (mixed, mixed * (index * jnp.uint32(2) + jnp.uint32(1)))
+  if one_device:
+    return jnp.stack([_sum_by_halves(lane) for lane in lanes])
+  return jnp.stack([jnp.sum(lane, dtype=jnp.uint32) for lane in lanes])  # XLA: partial sums
+
+
+def _sum_by_halves(x: jax.Array) -> jax.Array:
+  """The sum of uint32 ``x`` (mod 2**32) by adding halves, then their halves, along each axis.
+
+  Elementwise adds instead of one integer reduction, which XLA's CPU backend does not
+  vectorise: about 8x faster there on a 2048 x 2048 leaf.
+  """
+  for axis in range(x.ndim):
+    while x.shape[axis] > 1:
+      size = x.shape[axis]
+      half = size // 2
+      summed = jax.lax.slice_in_dim(x, 0, half, axis=axis) + jax.lax.slice_in_dim(
+        x, half, 2 * half, axis=axis
+      )
+      if size % 2:  # the odd last slice joins the first
+        first = jax.lax.slice_in_dim(summed, 0, 1, axis=axis)
+        first = first + jax.lax.slice_in_dim(x, size - 1, size, axis=axis)
+        summed = jax.lax.concatenate(
+          [first, jax.lax.slice_in_dim(summed, 1, half, axis=axis)], axis
+        )
+      x = summed
+  return x.reshape(())
+
+
+def _words(leaf: jax.Array) -> jax.Array:
+  """The bits of ``leaf`` as uint32 words: ``leaf.shape`` (+ ``[2]`` for 8-byte elements)."""
+  if jnp.issubdtype(leaf.dtype, jnp.complexfloating):
+    leaf = jnp.stack([jnp.real(leaf), jnp.imag(leaf)], axis=-1)
+  if leaf.dtype == jnp.bool_:
+    return leaf.astype(jnp.uint32)
+  if jnp.issubdtype(leaf.dtype, jnp.integer) and jnp.iinfo(leaf.dtype).bits < 8:
+    leaf = leaf.astype(jnp.int8)  # int4 / uint4: exact
+  size = leaf.dtype.itemsize
+  if size >= 4:
+    return jax.lax.bitcast_convert_type(leaf, jnp.uint32)  # 8 bytes: a trailing [2]
+  unsigned = jnp.uint16 if size == 2 else jnp.uint8
+  return jax.lax.bitcast_convert_type(leaf, unsigned).astype(jnp.uint32)
+
+
+def _fmix32(x: jax.Array) -> jax.Array:
+  """murmur3's 32-bit finaliser: a bijection whose every output bit depends on every input bit."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x85EBCA6B)
+  x = x ^ (x >> 13)
+  x = x * jnp.uint32(0xC2B2AE35)
+  return x ^ (x >> 16)
 
 
 class Restored:
@@ -149,14 +274,13 @@ class CheckpointDir:
     found = (_STEP_FILE.match(name) for name in os.listdir(self.path))
     return sorted(int(match.group(1)) for match in found if match)
 
-  def result(self) -> tuple[dict, dict] | None:
-    """``(fingerprint, results)`` of a finished evaluation, or None."""
+  def result(self) -> tuple[dict, dict, list[np.ndarray]] | None:
+    """``(fingerprint, values, metric leaves)`` of a finished evaluation, or None."""
     try:
-      with open(os.path.join(self.path, _RESULT)) as file:
-        stored = json.load(file)
+      header, leaves = read_state_file(os.path.join(self.path, _RESULT))
     except FileNotFoundError:
       return None
-    return stored["fingerprint"], _decode_result(stored["results"])
+    return header["fingerprint"], _decode_result(header["results"]), leaves
 
   def load(self, steps: int) -> Restored:
     """The checkpoint after ``steps`` steps (one of `saved_steps`)."""
@@ -212,11 +336,13 @@ class CheckpointDir:
     if pending is not None:
       pending.result()
 
-  def finish(self, results: dict, found: dict) -> None:
-    """Stores the final result and fingerprint (atomically) and deletes the step checkpoints."""
+  def finish(self, results: Any, found: dict) -> None:
+    """Stores the final result (its values and its metric's leaves) and fingerprint, atomically,
+    and deletes the step checkpoints."""
     self.close()
-    stored = {"fingerprint": found, "results": _encode_result(results)}
-    _atomic_write(os.path.join(self.path, _RESULT), [json.dumps(stored).encode()])
+    header = {"fingerprint": found, "results": _encode_result(dict(results))}
+    leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(results.metric)]
+    write_state_file(os.path.join(self.path, _RESULT), header, leaves)
     self._prune(keep_from=np.iinfo(np.int64).max)
 
   def close(self, deadline_s: float | None = None) -> None:
@@ -359,7 +485,8 @@ class Saver(Hook):
   the state's tree (`padded_eval.eval._run.start`), which is what it saves and restores.
 
   Attributes:
-    result: the stored result of a finished evaluation (then nothing else is done), or None.
+    result: ``(fingerprint, values, metric leaves)`` of a finished evaluation (returned by
+      `verify` if this call asks the same question), or None.
     resume_at: the `padded_eval.multihost.distributed.ResumeAt` where the run starts.
   """
 
@@ -396,7 +523,7 @@ class Saver(Hook):
 
     Raises:
       ValueError: the directory was written for another process count, backend layout or
-        params structure (the rest is checked at `restore`).
+        params structure (the rest is checked at `verify`).
     """
     directory = CheckpointDir(directory, every)
     partial = fingerprint(backend=runner.layout, params=params, batch_spec=None, state_shapes=None)
@@ -406,7 +533,7 @@ class Saver(Hook):
       stored = stored if everyone_done else None
     if stored is not None:
       directory.check(stored[0], partial)
-      return cls(directory, runner, partial, result=stored[1])
+      return cls(directory, runner, partial, result=stored, timeout=timeout)
     restored = directory.load(steps[-1]) if steps else None
     if restored is not None:
       directory.check(restored.fingerprint, partial)
@@ -434,20 +561,63 @@ class Saver(Hook):
     yield first
     yield from remaining
 
-  def restored(self, empty: Any, batch: Any, params: Any) -> Any:
-    """This process's saved part of the carried state (host arrays in ``empty``'s structure), or
-    None when there is no checkpoint to resume from (the run then starts from ``empty``).
+  def verify(
+    self, empty: Any, batch: Any, params: Any, placed: Any, runner: Any, wait: Any
+  ) -> EvalResults | None:
+    """Checks that this call asks the directory's question; returns a finished one's answer.
+
+    The whole fingerprint is compared: the saved one against this call's process count,
+    backend layout, params structure and values (`params_checksum` of the ``placed``
+    params, computed on the devices), batch spec of the first ``batch`` and size, and
+    the structure of the ``empty`` state (the metric, its configuration included).
+
+    Args:
+      empty: the empty carried state ``(metric, count)`` of one shard (host arrays).
+      batch: the first host batch.
+      params: the params as given (their structure is compared).
+      placed: the params as placed on the devices (their values are compared).
+      runner: the backend.
+      wait: ``wait(arrays)`` blocks until they are computed (with the deadline of
+        several processes).
+
+    Returns:
+      The stored result of a finished evaluation (its ``.metric`` rebuilt from the saved
+      leaves: curves and plots work), or None: evaluate (resuming if restored).
 
     Raises:
-      ValueError: the checkpoint was written for another batch structure, batch size or metric.
+      ValueError: the directory was written for another evaluation (naming what differs).
     """
     spec = BatchSpec.from_batch(batch, self._mask_key).to_json()
     self._found = fingerprint(
-      backend=self._runner.layout, params=params, batch_spec=spec, state_shapes=empty
+      backend=runner.layout,
+      params=params,
+      batch_spec=spec,
+      state_shapes=empty,
+      checksum=params_checksum(placed, wait),
     )
+    if self.result is None:
+      if self._restored is not None:
+        self._dir.check(self._restored.fingerprint, self._found)
+      return None
+    saved, values, leaves = self.result
+    self._dir.check(saved, self._found)
+    return EvalResults(values, self._stored_metric(empty[0], leaves))
+
+  def _stored_metric(self, empty_metric: Any, leaves: list[np.ndarray]) -> Any:
+    """The stored final metric: ``leaves`` in the (checked) structure of ``empty_metric``."""
+    want = [(np.shape(x), np.asarray(x).dtype) for x in jax.tree.leaves(empty_metric)]
+    if [(x.shape, x.dtype) for x in leaves] != want:
+      raise ValueError(
+        f"checkpoint_dir {self._dir.root!r}: the stored result's metric does not fit the "
+        "metric of this call (a corrupt result file); delete the directory to evaluate again"
+      )
+    return jax.tree.unflatten(jax.tree.structure(empty_metric), leaves)
+
+  def restore(self, empty: Any) -> Any:
+    """This process's saved part of the carried state (checked by `verify`), as host arrays in
+    ``empty``'s structure, or None when there is no checkpoint to resume from."""
     if self._restored is None:
       return None
-    self._dir.check(self._restored.fingerprint, self._found)
     saved = jax.tree.unflatten(jax.tree.structure(empty), self._restored.leaves)
     self._restored.leaves = None
     return saved

@@ -23,8 +23,8 @@ class EvalResults(dict):
 
   Attributes:
     metric: the final metric (a host copy of the state after the last step and the one
-      reduction), or None for a result read back from a finished checkpoint
-      (``checkpoint_dir=``), which stores values only.
+      reduction; a result read back from a finished ``checkpoint_dir`` has the stored one),
+      or None for an `EvalResults` made of values alone.
   """
 
   def __init__(self, values: dict[str, Any], metric: Metric | None = None):
@@ -67,13 +67,13 @@ def find_metric(m: Any, kind: type, argname: str = "m", name: str | None = None)
 
   Raises:
     ValueError: ``m`` holds no ``kind`` metric, several and ``name`` does not pick one,
-      or is a result read back from a checkpoint (values only).
+      or is an `EvalResults` of values alone (``.metric`` None).
   """
   if isinstance(m, EvalResults):
     if m.metric is None:
       raise ValueError(
-        f"{argname} is a masked_eval result read back from a finished checkpoint, which "
-        "stores values only; evaluate without checkpoint_dir (or into a new one) to draw it"
+        f"{argname} is an EvalResults of values alone (its .metric is None); pass the "
+        "result masked_eval returned (or its .metric) to draw it"
       )
     m = m.metric
   if not isinstance(m, Metric):

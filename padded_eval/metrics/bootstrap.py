@@ -183,7 +183,8 @@ class Bootstrap(Metric):
 
     Raises:
       ValueError: no ``index`` keyword (how to get row ids is in the message), an
-        index that is not int ``[B]``, or the wrapped metric's input errors.
+        index that is not int ``[B]`` (``B`` the rows of the mask, else of the first input),
+        or the wrapped metric's input errors.
     """
     if "index" not in self.routed(kwargs):
       raise ValueError(
@@ -199,6 +200,14 @@ class Bootstrap(Metric):
     if index.ndim != 1 or not jnp.issubdtype(index.dtype, jnp.integer):
       raise ValueError(
         f"index must be int row ids of shape [B]; got dtype {index.dtype} shape {index.shape}"
+      )
+    rows = _batch_rows(kwargs)
+    if rows is not None and rows[1][0] != index.shape[0]:
+      name, shape = rows
+      raise ValueError(
+        f"index has shape {index.shape}; expected [{shape[0]}], one row id per row of the batch ({name!r} has "
+        f"shape {shape}): pass the ids of the same batch, index=batch['index'] "
+        "(pe.pad_batches(..., index_key='index'))"
       )
     counts = poisson_counts(self.seed, self.num_replicas, index)  # [R, B]
     point = self.point.batch_updates(**kwargs)
@@ -313,6 +322,17 @@ class Bootstrap(Metric):
     return [
       (self.name if name == self.point.name else name, n) for name, n in self.point.example_report()
     ]
+
+
+def _batch_rows(kwargs: dict) -> tuple[str, tuple] | None:
+  """The keyword whose leading axis is the batch's rows (the mask, else the first array input) and its shape."""
+  names = ["mask"] if kwargs.get("mask") is not None else []
+  names += [name for name in kwargs if name != "mask" and kwargs[name] is not None]
+  for name in names:
+    shape = tuple(jnp.shape(kwargs[name]))
+    if shape:
+      return name, shape
+  return None
 
 
 def with_weights(kwargs: dict, counts: jax.Array) -> dict:

@@ -364,6 +364,31 @@ def test_other_bad_sources():
     pe.pad_batches(3, 4, num_devices=1)
 
 
+def test_ragged_lists_name_the_key_and_suggest_pad_shapes():  # issue 26: numpy's error named no key
+  ragged = {"tokens": [[1, 2, 3], [4], [5, 6]], "label": [0, 1, 0]}
+  hint = r"key 'tokens' holds ragged rows \(row 0 has shape \(3,\), row 1 has shape \(1,\)\).*pad_shapes=\{'tokens': \(3,\)\}"
+  with pytest.raises(
+    ValueError, match="the source: " + hint + r".*pe.pad_batches\(\[data\], \.\.\."
+  ):
+    pe.pad_batches(ragged, 4, num_devices=1)
+  batches = [{"tokens": np.ones((3, 3)), "label": np.zeros(3)}, ragged]
+  with pytest.raises(ValueError, match="batch 1: " + hint):
+    list(pe.pad_batches(batches, 4, num_devices=1))
+  with pytest.raises(ValueError, match="batch 1: " + hint):
+    len(
+      pe.pad_batches(batches, 4, num_devices=1)
+    )  # the rows of a list of batches are counted first
+  nested = {"f": {"tokens": [np.ones(2), np.ones(5)]}, "label": [0, 1]}
+  with pytest.raises(
+    ValueError, match=r"key 'f/tokens' .*pad_shapes=\{'f': \{'tokens': \(5,\)\}\}"
+  ):
+    pe.pad_batches(nested, 4, num_devices=1)
+  with pytest.raises(ValueError, match=r"key 'tokens' holds rows of different shapes or ranks"):
+    pe.pad_batches({"tokens": [[1, 2], 3]}, 4, num_devices=1)
+  fixed = pe.pad_batches([ragged], 4, num_devices=1, pad_shapes={"tokens": (3,)}, pad_value=-1)
+  assert [b["tokens"].tolist() for b in fixed] == [[[1, 2, 3], [4, -1, -1], [5, 6, -1], [-1] * 3]]
+
+
 @pytest.mark.parametrize(
   "pad_value, match",
   [
@@ -374,12 +399,59 @@ def test_other_bad_sources():
     ({"label": "?"}, r"pad_value '\?' for key 'label' is a string"),
     ({"lable": -1}, r"pad_value has key 'lable', which the source does not have"),
     ({"label": {"a": 1}}, r"pad_value has key 'label/a', which the source does not have"),
+    (  # issue 26: these padded with inf
+      {"half": 1e10},
+      r"pad_value 10000000000.0 for key 'half' overflows dtype float16 \(largest finite 65504\) and would "
+      r"pad with inf; pass a value within the dtype's range",
+    ),
+    ({"x": 1e39}, r"pad_value 1e\+39 for key 'x' overflows dtype float32"),
   ],
 )
 def test_bad_pad_values(pad_value, match):
   with pytest.raises(ValueError, match=match):
-    data = {"x": np.zeros(3), "label": np.zeros(3, np.int32), "flag": np.zeros(3, bool)}
+    data = {
+      "x": np.zeros(3, np.float32),
+      "label": np.zeros(3, np.int32),
+      "flag": np.zeros(3, bool),
+      "half": np.zeros(3, np.float16),
+    }
     list(pe.pad_batches(data, 4, num_devices=1, pad_value=pad_value))
+
+
+@pytest.mark.parametrize("pad", [np.inf, -np.inf, np.nan, 65504.0, -1e4])
+def test_float16_pads_with_any_value_it_holds(pad):
+  got = list(
+    pe.pad_batches({"half": np.arange(3, dtype=np.float16)}, 4, num_devices=1, pad_value=pad)
+  )
+  np.testing.assert_array_equal(got[0]["half"], np.array([0, 1, 2, pad], np.float16))
+
+
+@pytest.mark.parametrize(
+  "source, match",
+  [  # issue 26: accepted at the call, and failing only when iterated
+    (
+      np.arange(5),
+      r"source is an array \(ndarray of shape \(5,\)\), not named fields; expected a dict",
+    ),
+    (jax.numpy.zeros((4, 2)), r"source is an array \(\w+ of shape \(4, 2\)\)"),
+    ([np.zeros(3), np.ones(3)], r"source is a list whose element 0 is a ndarray; expected a dict"),
+    (
+      [(np.zeros(3), np.ones(3))],
+      r"element 0 is a tuple of 2 values; .*\[\{'image': x, 'label': y\}, \.\.\.\]",
+    ),
+  ],
+)
+def test_sources_that_are_not_named_fields_are_refused_at_the_call(source, match):
+  with pytest.raises(ValueError, match=match):
+    pe.pad_batches(source, 4, num_devices=1)
+
+
+@pytest.mark.parametrize("mask_key", [None, "", 3])
+def test_mask_key_must_be_a_non_empty_string(mask_key):  # issue 26: None became the mask's key
+  with pytest.raises(
+    ValueError, match=rf"^mask_key must be a non-empty string.*; got {mask_key!r}$"
+  ):
+    pe.pad_batches(dataset(3), 4, num_devices=1, mask_key=mask_key)
 
 
 def test_docstring_example():

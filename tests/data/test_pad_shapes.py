@@ -201,7 +201,7 @@ def test_several_axes_and_none_keeps_an_axis():
     ),
     (
       {"pad_shapes": {"x": (4,)}, "length_keys": {"x": "y"}},
-      r"length_keys adds key 'y', which the source already has",
+      r"length_keys\['x'\] is 'y', a key the source already has \(its values would be overwritten",
     ),
   ],
 )
@@ -209,6 +209,24 @@ def test_bad_pad_shapes_raise(kwargs, match):
   data = {"x": np.ones((5, 3)), "y": np.ones(5)}
   with pytest.raises(ValueError, match=match):
     pe.pad_batches(data, 4, num_devices=1, **kwargs)
+
+
+def test_a_lengths_key_equal_to_a_source_key_is_refused_for_every_source():
+  """Issue 26: an iterable (or grain, Hugging Face) source has no spec before reading, and the lengths silently
+  replaced its 'y' (the labels); now refused like index_key (grain and Hugging Face chunks take the same path)."""
+  tf = pytest.importorskip("tensorflow")
+  tokens, _, _ = sequences(11, seed=5)
+  labels = np.arange(11) % 3
+  sources = {
+    "iterable": [{"inputs": tokens[:6], "y": labels[:6]}, {"inputs": tokens[6:], "y": labels[6:]}],
+    "generator": (b for b in [{"inputs": tokens, "y": labels}]),
+    "tf.data": tf.data.Dataset.from_tensor_slices({"inputs": np.zeros((11, 3)), "y": labels}),
+  }
+  match = r"length_keys\['inputs'\] is 'y', a key the source already has .*e.g. 'inputs_length'"
+  options = dict(num_devices=1, pad_shapes={"inputs": (MAX_LEN,)}, length_keys={"inputs": "y"})
+  for source in sources.values():
+    with pytest.raises(ValueError, match=match):
+      list(pe.pad_batches(source, 4, **options))
 
 
 def test_unknown_key_in_batches_raises_when_read():

@@ -135,7 +135,7 @@ def test_tf_data_source():
   )
   for dataset_, rows, chunk_rows in (
     (unbatched, 10, [10]),
-    (unbatched.batch(4, drop_remainder=True), 8, [4, 4]),
+    (unbatched.take(8).batch(4, drop_remainder=True), 8, [4, 4]),  # drops nothing
     (unbatched.batch(3), None, [3, 3, 3, 1]),
   ):
     source = TfDataSource(dataset_, mask_key="mask")

@@ -39,6 +39,12 @@ PIPELINES = {  # name: (build(rows), len() known)
     lambda rows: grain.MapDataset.source(rows).filter(lambda row: True),
     False,
   ),
+  # gemma's eval pipeline calls .repeat(1): every row once (issue 26: it was refused)
+  "MapDataset.repeat(1)": (lambda rows: grain.MapDataset.source(rows).repeat(1), True),
+  "MapDataset.repeat(1).batch(5)": (
+    lambda rows: grain.MapDataset.source(rows).repeat(1).batch(5),
+    True,
+  ),
   "IterDataset": (lambda rows: grain.MapDataset.source(rows).to_iter_dataset(), False),
   "IterDataset.batch(6)": (
     lambda rows: grain.MapDataset.source(rows).to_iter_dataset().batch(6),
@@ -96,7 +102,9 @@ def test_pipelines_that_drop_or_repeat_rows_are_refused():
   source = grain.MapDataset.source(rows)
   cases = [
     (source.batch(5, drop_remainder=True), "batches with drop_remainder=True"),
-    (source.repeat(2), r"repeats its rows \(.repeat\(\)\)"),
+    (source.repeat(2), r"repeats its rows 2 times \(.repeat\(2\)\)"),
+    (source.repeat(), r"repeats its rows forever \(.repeat\(\)\)"),
+    (source.repeat(2).batch(8), r"repeats its rows 2 times"),
     (source.to_iter_dataset().batch(5, drop_remainder=True), "drop_remainder=True"),
     (loader(rows, [grain.transforms.Batch(5, drop_remainder=True)]), "Batch operation has drop"),
     (loader(rows, num_epochs=None), "reads infinitely many records of a source of 37"),
@@ -137,6 +145,18 @@ def test_grain_sharding_loses_the_remainder_and_process_slice_does_not():
     if b["mask"][i]
   ]
   assert sorted(ids) == list(range(9))
+
+
+def test_ragged_rows_name_the_key_and_suggest_pad_shapes():  # issue 26: grain's message named no key
+  rows = [{"y": np.int32(i), "tokens": np.arange(i % 3 + 1, dtype=np.int32)} for i in range(10)]
+  source = grain.MapDataset.source(rows)
+  match = r"key 'tokens' holds ragged rows \(row 0 has shape \(1,\), row 1 has shape \(2,\)\).*pad_shapes=\{'tokens': \(3,\)\}"
+  for dataset in (source, source.to_iter_dataset(), loader(rows)):
+    with pytest.raises(ValueError, match=match):
+      list(pe.pad_batches(dataset, 4, num_devices=1))
+  padded = pe.pad_batches(source, 4, num_devices=1, pad_shapes={"tokens": (3,)}, pad_value=-1)
+  tokens = np.concatenate([b["tokens"][b["mask"]] for b in padded])
+  np.testing.assert_array_equal(tokens, [[0, -1, -1], [0, 1, -1], [0, 1, 2]] * 3 + [[0, -1, -1]])
 
 
 def test_rows_that_are_not_dicts_say_how_to_name_the_fields():

@@ -112,6 +112,33 @@ def test_dataset_dict_and_mask_column_are_refused():
     pe.pad_batches(hf_dataset({"mask": np.zeros(3)}), 4, num_devices=1)
 
 
+def test_a_ragged_column_is_named_ragged_not_strings():  # issue 26: it was "holds strings (object)"
+  ds = datasets.Dataset.from_dict({"tokens": [[1, 2, 3], [4], [5, 6]], "label": [0, 1, 0]})
+  hint = r"key 'tokens' holds ragged rows \(row 0 has shape \(3,\), row 1 has shape \(1,\)\).*pad_shapes=\{'tokens': \(3,\)\}"
+  for source in (ds, ds.to_iterable_dataset()):
+    with pytest.raises(ValueError, match="chunk 0 of the dataset: " + hint):
+      list(pe.pad_batches(source, 4, num_devices=1))
+  column = next(ds.with_format("numpy").iter(batch_size=4))  # read without pad_batches
+  batch = {**column, "mask": np.ones(3, bool)}
+  step = lambda params, b: pe.metrics.Mean().batch_updates(values=b["label"], mask=b["mask"])
+  with pytest.raises(ValueError, match="batch 0: " + hint):
+    pe.masked_eval(step, None, [batch], backend="jit")
+  padded = pe.pad_batches(ds, 4, num_devices=1, pad_shapes={"tokens": (3,)}, pad_value=-1)
+  assert [b["tokens"].tolist() for b in padded] == [[[1, 2, 3], [4, -1, -1], [5, 6, -1], [-1] * 3]]
+
+
+def test_iterable_dataset_that_repeats_is_refused_and_repeat_once_is_read_once():  # issue 26
+  data = make_data(N)
+  iterable = hf_dataset(data).to_iterable_dataset()
+  with pytest.raises(
+    ValueError, match=r"repeats its rows forever \(.repeat\(None\)\), so the evaluation"
+  ):
+    pe.pad_batches(iterable.repeat(None), 8, num_devices=1)
+  with pytest.raises(ValueError, match=r"repeats its rows 2 times \(.repeat\(2\)\)"):
+    pe.pad_batches(iterable.repeat(2).map(lambda row: row), 8, num_devices=1)
+  check_padded(iterable.repeat(1), data, known_len=False)
+
+
 @pytest.mark.parametrize("n,count", [(11, 3), (37, 2), (2, 3)])
 def test_contiguous_shards_are_the_process_slices(n, count):
   """The documented multi-host choices take pe.process_slice's rows."""

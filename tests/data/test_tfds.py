@@ -32,21 +32,81 @@ def test_unbatched(n, batch_size):
   assert_batches_equal(got, expected_batches(data, batch_size, pad={"x": np.nan, "label": -1}))
 
 
-@pytest.mark.parametrize(
-  "input_batch, drop_remainder", [(3, False), (8, False), (5, True), (16, True)]
-)
-def test_batched_is_rebatched(input_batch, drop_remainder):
+@pytest.mark.parametrize("input_batch", [3, 8])
+def test_batched_is_rebatched(input_batch):
   data = dataset(37)
-  source = slices(data).batch(input_batch, drop_remainder=drop_remainder)
-  kept = 37 // input_batch * input_batch if drop_remainder else 37
-  got = pe.pad_batches(source, 8)
-  want = expected_batches({k: v[:kept] for k, v in data.items()}, 8)
-  assert_batches_equal(got, want)
-  if drop_remainder:  # static input batch size and known cardinality: the length is known
-    assert len(got) == len(want)
-  else:
-    with pytest.raises(TypeError, match="unknown"):
-      len(got)
+  got = pe.pad_batches(slices(data).batch(input_batch), 8)
+  assert_batches_equal(got, expected_batches(data, 8))
+  with pytest.raises(TypeError, match="unknown"):
+    len(got)
+
+
+def test_drop_remainder_that_drops_nothing_is_read_whole():
+  data = dataset(40)
+  pad = {"x": np.nan, "label": -1}
+  got = pe.pad_batches(slices(data).batch(5, drop_remainder=True), 16, pad_value=pad)
+  assert len(got) == 3  # static input batch size and known cardinality: the length is known
+  assert_batches_equal(got, expected_batches(data, 16, pad=pad))
+
+
+@pytest.mark.parametrize(
+  "pipeline, match",
+  [  # issue 26: each of these used to lose rows silently, repeat them, or run forever
+    (
+      lambda ds: ds.batch(16, drop_remainder=True),
+      r"drop_remainder=True.*: 11 of 203 rows in batches of 16",
+    ),
+    (lambda ds: ds.padded_batch(16, drop_remainder=True), r"drop_remainder=True.*11 of 203 rows"),
+    (
+      lambda ds: ds.batch(16, drop_remainder=True).map(lambda e: e).prefetch(2),
+      "drop_remainder=True",
+    ),
+    (lambda ds: ds.batch(16, drop_remainder=True).unbatch(), "drop_remainder=True"),
+    (
+      lambda ds: ds.filter(lambda e: e["label"] >= 0).batch(8, drop_remainder=True),
+      r"up to 7 rows",
+    ),
+    (lambda ds: ds.batch(10).rebatch(16, drop_remainder=True), "drop_remainder=True"),
+    (lambda ds: ds.repeat(), r"infinite \(its cardinality is tf.data.INFINITE_CARDINALITY"),
+    (lambda ds: ds.batch(16).repeat(), "infinite"),
+    (lambda ds: ds.filter(lambda e: e["label"] >= 0).repeat(), "infinite"),
+    (lambda ds: ds.repeat(2), r"repeats its rows 2 times \(.repeat\(2\)\)"),
+    (lambda ds: ds.repeat().take(300), r"repeats its rows forever \(.repeat\(\)\)"),
+    (lambda ds: tf.data.Dataset.zip({"a": ds.repeat(3)}), r"repeats its rows 3 times"),
+  ],
+)
+@pytest.mark.parametrize("batch_size", [64, None])
+def test_pipelines_that_drop_repeat_or_never_end_are_refused(pipeline, match, batch_size):
+  with pytest.raises(ValueError, match=match):
+    pe.pad_batches(pipeline(slices(dataset(203))), batch_size, num_devices=8)
+
+
+def test_ragged_rows_name_the_key_and_suggest_pad_shapes():  # issue 26: tf.data's message named no key
+  def rows():
+    for i in range(10):
+      yield {"y": np.int32(i), "g": {"tokens": np.arange(i % 3 + 1, dtype=np.int32)}}
+
+  spec = {"y": tf.TensorSpec([], tf.int32), "g": {"tokens": tf.TensorSpec([None], tf.int32)}}
+  source = tf.data.Dataset.from_generator(rows, output_signature=spec)
+  with pytest.raises(
+    ValueError,
+    match=r"^key 'g/tokens' holds ragged rows \(rows 0 and 1 of a batch have shapes \[1\] and \[2\]\).*"
+    r"pad_shapes=\{'g': \{'tokens': \(2,\)\}\}",
+  ):
+    list(pe.pad_batches(source, 4, num_devices=1))
+  padded = pe.pad_batches(
+    source, 4, num_devices=1, pad_shapes={"g": {"tokens": (3,)}}, pad_value=-1
+  )
+  tokens = np.concatenate([b["g"]["tokens"][b["mask"]] for b in padded])
+  np.testing.assert_array_equal(tokens, [[0, -1, -1], [0, 1, -1], [0, 1, 2]] * 3 + [[0, -1, -1]])
+
+
+def test_repeat_once_reads_every_row_once():  # gemma's grain pipeline calls .repeat(1); tf.data alike
+  data = dataset(203)
+  pad = {"x": np.nan, "label": -1}
+  for source in (slices(data).repeat(1), slices(data).batch(16).repeat(1)):
+    got = pe.pad_batches(source, 64, num_devices=8, pad_value=pad)
+    assert_batches_equal(got, expected_batches(data, 64, pad=pad))
 
 
 def test_filtered_unknown_cardinality():

@@ -201,6 +201,33 @@ def test_tf_data_source_through_pad_batches(backend):
   assert len(traces) == 1
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tf_data_of_203_rows_in_batches_of_64_on_8_devices_loses_no_row(backend):
+  """Issue 26: with drop_remainder=True 192 of 203 rows were counted; now refused, and every pipeline that
+  reads each row once gives scikit-learn's numbers (padded rows: NaN features, label -7)."""
+  tf = pytest.importorskip("tensorflow")
+  assert jax.local_device_count() == 8
+  params, data = make_params(), make_data(203, seed=5)
+  rows = tf.data.Dataset.from_tensor_slices(data)
+  pad = {"x": np.nan, "label": -7, "y": np.nan}
+  expected, traces = reference(params, data), []
+  step = make_step(traces)
+  for pipeline in (
+    rows,
+    rows.batch(16),
+    rows.batch(16).repeat(1),
+    rows.shuffle(7, seed=0).batch(20),
+  ):
+    result = pe.masked_eval(
+      step, params, pe.pad_batches(pipeline, BATCH, pad_value=pad), backend=backend
+    )
+    assert_matches(result, expected)
+    assert result["num_examples"] == 203
+  assert len(traces) == 1
+  with pytest.raises(ValueError, match=r"drop_remainder=True.*11 of 203 rows in batches of 16"):
+    pe.pad_batches(rows.batch(16, drop_remainder=True), BATCH, pad_value=pad)
+
+
 def test_progress_bar_counts_batches(capsys):
   data = make_data(130)
   result = pe.masked_eval(
@@ -303,6 +330,27 @@ def test_batch_whose_containers_change(backend):
     pe.masked_eval(_step_mean, None, [first, collections.OrderedDict(second)], backend=backend)
 
 
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [  # issue 26: a plain TypeError (or a batch named None) before
+    ({"step_fn": None}, r"^step_fn must be a function \(params, batch\) -> Metric.*; got None$"),
+    ({"batches": None}, r"^batches must be an iterable of padded dict batches.*; got None$"),
+    ({"batches": 3}, r"^batches must be an iterable .*; got 3$"),
+    (
+      {"batches": _batches(16, 1)[0]},
+      r"^batches must be an iterable .*; got a dict \(one batch\?\)$",
+    ),
+    ({"mask_key": None}, r"^mask_key must be a non-empty string.*; got None$"),
+    ({"mask_key": ""}, r"^mask_key must be a non-empty string.*; got ''$"),
+  ],
+)
+def test_bad_arguments_are_named(kwargs, match):
+  arguments = {"step_fn": _step_mean, "batches": _batches()} | kwargs
+  step_fn, batches = arguments.pop("step_fn"), arguments.pop("batches")
+  with pytest.raises(ValueError, match=match):
+    pe.masked_eval(step_fn, None, batches, backend="jit", **arguments)
+
+
 def test_no_batches():
   with pytest.raises(ValueError, match="batches yielded no batch"):
     pe.masked_eval(_step_mean, None, [], backend="jit")
@@ -337,5 +385,5 @@ def test_mask_key_may_be_the_mask_function(backend):
   )
   assert_matches(by_fn, reference(params, data))
   assert by_fn == by_key
-  with pytest.raises(ValueError, match="mask_key must be a str .* or a function"):
+  with pytest.raises(ValueError, match="mask_key must be a non-empty string .* or a function"):
     pe.masked_eval(make_step(traces), params, garbage_batches(data), backend=backend, mask_key=3)

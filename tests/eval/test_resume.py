@@ -86,17 +86,21 @@ def test_resume_from_pad_batches_seeks_and_keeps_row_ids(data, params, uninterru
   assert skipped == saved and 4 <= saved[0] <= 9  # due at 4 and 8 (deferred while a write runs)
 
 
-def test_finished_evaluation_returns_its_result_without_reading(data, params, tmp_path):
+def test_finished_evaluation_returns_its_result_reading_only_its_first_batch(
+  data, params, tmp_path
+):
+  """The first batch shows the question (batch spec, metric state): nothing after it is read, no
+  step runs."""
   first = pe.masked_eval(
     w.step_fn, params, w.batches(data), backend="jit", checkpoint_dir=tmp_path, checkpoint_every=7
   )
   assert _saved_steps(tmp_path) == []  # the result replaces the step checkpoints
 
-  def unreadable():
-    raise AssertionError("the source was read")
-    yield
+  def first_only():
+    yield next(w.batches(data))
+    raise AssertionError("the source was read past its first batch")
 
-  again = pe.masked_eval(w.step_fn, params, unreadable(), backend="jit", checkpoint_dir=tmp_path)
+  again = pe.masked_eval(w.step_fn, params, first_only(), backend="jit", checkpoint_dir=tmp_path)
   assert again == first and type(again["num_examples"]) is int
   _check_against_references(again, data, params)
 

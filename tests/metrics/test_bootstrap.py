@@ -376,6 +376,30 @@ def test_bad_index():
     boot(pe.metrics.Mean()).update(values=np.ones(3, np.float32), index=np.ones((3, 2), np.int32))
 
 
+@pytest.mark.parametrize("rows", [7, 9])
+@pytest.mark.parametrize(
+  "metric, inputs",
+  [
+    (pe.metrics.Mean(), {"values": np.ones(8, np.float32)}),
+    (pe.metrics.Mean(), {"values": np.ones(8, np.float32), "mask": np.ones(8, bool)}),
+    (
+      pe.metrics.Accuracy(task="binary"),
+      {"preds": np.ones(8, np.int32), "target": np.ones(8, np.int32)},
+    ),
+  ],
+)
+def test_index_of_the_wrong_length_is_named(
+  rows, metric, inputs
+):  # issue 26: it was blamed on the mask
+  named = "mask" if "mask" in inputs else next(iter(inputs))
+  with pytest.raises(
+    ValueError,
+    match=rf"^index has shape \({rows},\); expected \[8\], one row id per row of the batch \('{named}' has "
+    r"shape \(8,\)\)",
+  ):
+    boot(metric).update(index=np.arange(rows, dtype=np.int32), **inputs)
+
+
 # --- calibration on synthetic data ------------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ Scenarios are named ``KIND:BACKEND:SIZES`` with SIZES like ``600-437`` (rows per
   mid-run (final scenario).
 * ``resume`` -- the same call in a new session: resumes from the step every process saved, skipping what each
   consumed (reports the steps it found saved); ``resumedone`` -- once more: the stored result, and a source
-  that raises if read.
+  that raises if read past the first batches (those that show the question).
 * ``bench`` -- prints seconds per step with and without the has-data flag (not used by tests).
 """
 
@@ -79,6 +79,15 @@ def chunks(rows, seed, hook=None):
     stop = min(n, start + int(rng.integers(1, 24)))
     yield {k: v[start:stop] for k, v in rows.items()}
     start, index = stop, index + 1
+
+
+def chunks_covering(num_rows, seed):
+  """How many chunks `chunks(rows, seed)` yields before it has yielded ``num_rows`` rows."""
+  rng = np.random.default_rng(seed)
+  count = rows = 0
+  while rows < num_rows:
+    rows, count = rows + int(rng.integers(1, 24)), count + 1
+  return count
 
 
 def garbage_pad():
@@ -217,10 +226,14 @@ def run_resume(kind, backend, sizes, process, count):
       if index == 25:
         os.kill(os.getpid(), signal.SIGKILL)
 
-  if kind == "resumedone":
+  if kind == "resumedone":  # the stored result: only the batches the pre-flight reads ahead
+    from padded_eval.multihost.distributed import Lockstep
+
+    readable = chunks_covering((1 + Lockstep.LOOKAHEAD) * BATCH, 100 + process)
 
     def hook(index):
-      raise AssertionError("a finished evaluation read its source")
+      if index > readable:
+        raise AssertionError("a finished evaluation read its source past its first batches")
 
   mine = os.path.join(directory, f"process_{process}")
   saved = sorted(os.listdir(mine)) if os.path.isdir(mine) else []

@@ -323,8 +323,8 @@ def test_killed_processes_resume_together_exactly(resumed):
     np.testing.assert_allclose(result["accuracy"], expected["accuracy"], rtol=1e-6)
     np.testing.assert_allclose(result["mse"], expected["mse"], rtol=1e-5)
     again = _line(run, process, "resumedone:pmap:600-437")
-    assert "error" not in again, again  # the stored result: the raising source was not read
-    assert again["result"].pop("saved") == ["result.json"]
+    assert "error" not in again, again  # the stored result: the source was read no further
+    assert again["result"].pop("saved") == ["result.state"]
     assert again["result"] == uninterrupted
 
 

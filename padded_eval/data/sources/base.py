@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from padded_eval.data._batch_spec import BatchSpec, FlatBatch
-from padded_eval.data._tree import flatten, path_name
+from padded_eval.data._tree import flatten, path_name, ragged_message
 from padded_eval.data.sources.array_like import to_numpy
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ __all__ = [
   "ID_DTYPE",
   "PADDING_ID",
   "Chunk",
+  "RaggedRowsError",
   "RowIds",
   "Source",
   "check_index_key",
@@ -210,6 +211,10 @@ def _fitted(chunks: Iterator[Chunk], fitter: ShapeFitter, first_row: int) -> Ite
     first_row += rows
 
 
+class RaggedRowsError(ValueError):
+  """A source key holds ragged rows (rows of different shapes) that no `pad_shapes` pads."""
+
+
 class RowIds(NamedTuple):
   """``pad_batches(..., index_key=key, index_offset=offset)``: where the row ids go and where they start."""
 
@@ -271,8 +276,9 @@ def flatten_rows(
     ``(flat, rows)``: the flat batch and its leading size.
 
   Raises:
-    ValueError: not a Mapping, a key equal to `mask_key`, no arrays, a scalar leaf, or leading sizes that
-      disagree (every key named with its size).
+    ValueError: not a Mapping, a key equal to `mask_key`, no arrays, a scalar leaf, ragged rows (a list of rows
+      of different lengths, or an object array of them: naming the key and the `pad_shapes` that pads them),
+      or leading sizes that disagree (every key named with its size).
   """
   if type(batch) is not dict and not isinstance(batch, cabc.Mapping):
     raise ValueError(f"{where}: expected a Mapping of arrays, got {type(batch).__name__}")
@@ -284,12 +290,12 @@ def flatten_rows(
   if fit is not None:
     flat = fit(flat)
   if convert:
-    flat = {path: to_numpy(leaf) for path, leaf in flat.items()}
+    flat = {path: _converted(path, leaf, where) for path, leaf in flat.items()}
   if not flat:
     raise ValueError(f"{where}: expected a Mapping with at least one array, got no arrays")
   sizes = {}
   for path, leaf in flat.items():
-    shape = np.shape(leaf)
+    shape = _shape(path, leaf, where)
     if not shape:
       raise ValueError(
         f"{where}: key {path_name(path)} is a scalar; expected an array with a leading row dimension"
@@ -301,6 +307,32 @@ def flatten_rows(
       f"{where}: leading sizes disagree ({listed}); expected every key to have the same rows"
     )
   return flat, next(iter(sizes.values()))
+
+
+def _converted(path: tuple, leaf: Any, where: str) -> np.ndarray:
+  """`to_numpy(leaf)`; ragged rows raise a ValueError naming the key (not numpy's "inhomogeneous shape")."""
+  if type(leaf) is not np.ndarray or leaf.dtype == object:
+    message = ragged_message(path, leaf) if type(leaf) is np.ndarray else None
+    if message is None:
+      try:
+        return to_numpy(leaf)
+      except ValueError:
+        message = ragged_message(path, leaf)
+        if message is None:
+          raise
+    raise RaggedRowsError(f"{where}: {message}") from None
+  return leaf
+
+
+def _shape(path: tuple, leaf: Any, where: str) -> tuple:
+  """`np.shape(leaf)`; ragged rows raise as in `_converted`."""
+  try:
+    return np.shape(leaf)
+  except ValueError:
+    message = ragged_message(path, leaf)
+    if message is None:
+      raise
+    raise RaggedRowsError(f"{where}: {message}") from None
 
 
 def pad(flat: FlatBatch, rows: int, batch_size: int, mask_key: str, fills: dict) -> FlatBatch:

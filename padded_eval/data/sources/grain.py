@@ -7,8 +7,8 @@ batch is a view of a chunk; an unbatched `DataLoader` yields single rows, stacke
 in grain).
 
 A `MapDataset` knows its length: `len()` of the padded batches is known unless the pipeline filters. A pipeline
-that would lose or repeat rows is refused: ``drop_remainder=True``, a sampler that repeats (``num_epochs`` other
-than 1), or grain sharding whose shards drop the remainder (grain's sharded `IndexSampler` gives every shard
+that would lose or repeat rows is refused: ``drop_remainder=True``, a ``.repeat()`` other than ``.repeat(1)``, a
+sampler that repeats (``num_epochs`` other than 1), or grain sharding whose shards drop the remainder (grain's sharded `IndexSampler` gives every shard
 ``num_records // shard_count`` records). For multi-host evaluation, take this process's rows with
 ``ds[pe.process_slice(len(ds))]`` (a `MapDataset` slice, before ``.batch`` or ``to_iter_dataset``, or as the
 `DataLoader`'s data source): the union over processes is every row exactly once, as ``tfds.split_for_jax_process``.
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from padded_eval.data._tree import flatten, unflatten
+from padded_eval.data._tree import flatten, ragged_message, unflatten
 from padded_eval.data.sources.array_like import to_numpy
 from padded_eval.data.sources.base import Chunk, Source, drop_rows
 
@@ -68,7 +68,8 @@ class GrainSource(Source):
 
     Raises:
       ValueError: a pipeline that drops rows (``drop_remainder=True``, sharding with a remainder), repeats
-        them (``repeat()``, ``num_epochs`` other than 1), or a `MapDataset` that repeats forever.
+        them (``repeat(n)`` with n other than 1, ``num_epochs`` other than 1), or a `MapDataset` that repeats
+        forever.
     """
     self._data = obj
     self._kind = grain_kind(obj)
@@ -123,7 +124,24 @@ class GrainSource(Source):
     else:  # grain batches a filtered MapDataset only as an IterDataset
       data = self._data.to_iter_dataset() if self._kind == "MapDataset" else self._data
       elements = iter(data.batch(batch_size))
+    if not self._batched:
+      elements = self._ragged_named(elements, batch_size)
     return self._checked(elements)
+
+  def _ragged_named(self, elements: Iterator[Any], batch_size: int) -> Iterator[Any]:
+    """`elements` (grain's batches of the rows); grain's error for rows of different shapes becomes ours,
+    naming the key (the rows are read again, unbatched, to find it)."""
+    try:
+      yield from elements
+    except ValueError:
+      rows = [
+        flatten(_named(row, i), convert=False) for i, row in zip(range(batch_size), self._data)
+      ]
+      for path in rows[0] if rows else ():
+        message = ragged_message(path, [to_numpy(row[path]) for row in rows if path in row])
+        if message is not None:
+          raise ValueError(f"the grain {self._kind}: {message}") from None
+      raise
 
   def chunks_from(self, batch_size: int, start_row: int) -> Iterator[Chunk]:
     """Seeks in an unbatched, unfiltered `MapDataset`; else reads and drops rows.
@@ -184,13 +202,35 @@ def _check_dataset(dataset: Any, lineage: list, kind: str) -> None:
         f"the grain {kind} batches with drop_remainder=True, which drops the last rows; use "
         "drop_remainder=False (pad_batches pads the last batch and masks the padding)"
       )
-    if name.startswith("Repeat"):
+    if name.startswith("Repeat") and not _reads_once(node):
       raise ValueError(
-        f"the grain {kind} repeats its rows (.repeat()), so rows would count more than once; evaluate a "
-        "pipeline without repeat"
+        f"the grain {kind} repeats its rows{_times(node)}, so rows would count more than once; evaluate "
+        "a pipeline without repeat (or with .repeat(1))"
       )
   if kind == "MapDataset" and len(dataset) >= sys.maxsize:
     raise ValueError("the grain MapDataset is infinite; evaluate a pipeline of finite length")
+
+
+def _reads_once(repeat: Any) -> bool:
+  """Whether a repeat step reads each row once (``.repeat(1)``, as gemma's pipeline has): a `MapDataset` of
+  its parent's length."""
+  parents = getattr(repeat, "parents", ())
+  try:
+    return len(parents) == 1 and len(repeat) == len(parents[0])
+  except TypeError:  # an IterDataset has no length
+    return False
+
+
+def _times(repeat: Any) -> str:
+  """How often a repeat step reads its rows, in words."""
+  try:
+    length, parent = len(repeat), len(repeat.parents[0])
+  except (TypeError, AttributeError, IndexError):
+    return " (.repeat())"
+  if length >= sys.maxsize:
+    return " forever (.repeat())"
+  times = length // parent if parent else 0
+  return f" {times} times (.repeat({times}))"
 
 
 def _check_loader(loader: Any) -> list:

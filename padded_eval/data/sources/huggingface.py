@@ -8,7 +8,8 @@ format is respected: its selected columns, and what a ``with_format("torch" | "j
 columns: features such as images are decoded, integer columns come as int64 and floating ones as float32 (that
 format's choice), strings as unicode arrays, which pad with empty strings.
 
-A `Dataset` knows its length (`len()` of the padded batches is known); an `IterableDataset` does not. For
+A `Dataset` knows its length (`len()` of the padded batches is known); an `IterableDataset` does not, and one
+that repeats its rows (``.repeat(None)`` never ends) is refused. For
 multi-host evaluation, give each process its rows: ``ds.select(np.arange(len(ds))[pe.process_slice(len(ds))])``
 (``ds.shard(jax.process_count(), jax.process_index(), contiguous=True)`` takes the same rows, but refuses a
 dataset with fewer rows than processes).
@@ -29,6 +30,7 @@ __all__ = ["CHUNK_ROWS", "HuggingFaceSource", "hf_kind"]
 CHUNK_ROWS = 1024  # rows read at a time (rounded to a multiple of the batch size)
 _KINDS = ("Dataset", "IterableDataset", "DatasetDict", "IterableDatasetDict")
 _CONTAINER_FORMATS = (None, "python", "arrow", "pandas", "polars")  # read as "numpy" instead
+_MAX_PIPELINE_DEPTH = 256
 
 
 def hf_kind(obj: Any) -> str | None:
@@ -58,7 +60,8 @@ class HuggingFaceSource(Source):
       batched: ignored (rows are always examples).
 
     Raises:
-      ValueError: a `DatasetDict` (a dict of splits: pick one), or a column named `mask_key`.
+      ValueError: a `DatasetDict` (a dict of splits: pick one), a column named `mask_key`, or an
+        `IterableDataset` that repeats its rows (``.repeat(n)`` with n other than 1; None repeats forever).
     """
     del batched  # tf.data and grain only
     kind = hf_kind(obj)
@@ -68,6 +71,7 @@ class HuggingFaceSource(Source):
       )
     self._kind = kind
     self._mask_key = mask_key
+    _check_read_once(obj)
     self._dataset = _numpy_formatted(obj, kind)
     if mask_key in (obj.column_names or ()):
       raise ValueError(
@@ -91,6 +95,30 @@ class HuggingFaceSource(Source):
 
   def _checked(self, batches: Iterator[Any]) -> Iterator[Chunk]:
     return self.checked_chunks(_mappings(batches), self._mask_key, "chunk {index} of the dataset")
+
+
+def _check_read_once(dataset: Any) -> None:
+  """Refuses an `IterableDataset` with a repeat step other than ``.repeat(1)`` (None: forever).
+
+  Its steps are read through the private ``_ex_iterable`` chain; a `Dataset`'s ``.repeat(n)`` is a concatenation
+  of ``n`` copies, indistinguishable from its rows.
+  """
+  step = getattr(dataset, "_ex_iterable", None)
+  for _ in range(_MAX_PIPELINE_DEPTH):
+    if step is None:
+      return
+    if type(step).__name__.startswith("Repeat") and getattr(step, "num_times", 1) != 1:
+      times = step.num_times
+      how = (
+        "forever (.repeat(None)), so the evaluation would never end"
+        if times is None
+        else (f"{times} times (.repeat({times})), so rows would count more than once")
+      )
+      raise ValueError(
+        f"the Hugging Face IterableDataset repeats its rows {how}; evaluate a dataset without repeat "
+        "(or with .repeat(1))"
+      )
+    step = getattr(step, "ex_iterable", None)
 
 
 def _mappings(batches: Iterator[Any]) -> Iterator[cabc.Mapping]:

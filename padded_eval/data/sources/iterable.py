@@ -27,7 +27,14 @@ class IterableSource(Source):
     return isinstance(obj, cabc.Iterable) and not isinstance(obj, (str, bytes, cabc.Mapping))
 
   def __init__(self, obj: cabc.Iterable, *, mask_key: str, batched: bool | None = None):
+    """Wraps the batches (a Sequence's first element is checked now, nothing else is read).
+
+    Raises:
+      ValueError: `obj` is an array (its rows would be read as batches), or a Sequence whose first element is
+        not a Mapping.
+    """
     del batched  # tf.data only
+    _check_not_rows(obj)
     self._batches = obj
     self._mask_key = mask_key
     self._one_shot = isinstance(
@@ -88,3 +95,24 @@ class IterableSource(Source):
 
   def _checked(self, batches: Iterator) -> Iterator[Chunk]:
     return self.checked_chunks(batches, self._mask_key, "batch {index}")
+
+
+def _check_not_rows(obj: Any) -> None:
+  """Refuses at the call what would fail at the first batch: an array, or a Sequence of non-Mappings."""
+  expected = (
+    "expected a dict of arrays holding the whole dataset (e.g. pe.pad_batches({'x': x, 'label': y}, ...)) or "
+    "an iterable of dict batches"
+  )
+  if hasattr(obj, "shape") and hasattr(obj, "dtype"):  # numpy, jax, torch or tf arrays
+    raise ValueError(
+      f"source is an array ({type(obj).__name__} of shape {tuple(obj.shape)}), not named fields; {expected}"
+    )
+  if isinstance(obj, cabc.Sequence) and len(obj) and not isinstance(obj[0], cabc.Mapping):
+    first = obj[0]
+    what = type(first).__name__
+    if isinstance(first, (tuple, list)):
+      what += f" of {len(first)} values"
+    raise ValueError(
+      f"source is a {type(obj).__name__} whose element 0 is a {what}; {expected}, so that each field has a "
+      "name (e.g. [{'image': x, 'label': y}, ...])"
+    )

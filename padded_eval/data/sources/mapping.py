@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from padded_eval.data._batch_spec import BatchSpec
-from padded_eval.data.sources.base import Chunk, Source, flatten_rows
+from padded_eval.data.sources.base import Chunk, RaggedRowsError, Source, flatten_rows
 
 __all__ = ["MappingSource"]
 
@@ -25,10 +25,19 @@ class MappingSource(Source):
     """Checks and flattens the dataset (leaves become numpy arrays).
 
     Raises:
-      ValueError: see `flatten_rows` (leading sizes that disagree, a key equal to `mask_key`, no arrays, ...).
+      ValueError: see `flatten_rows` (leading sizes that disagree, a key equal to `mask_key`, no arrays, ragged
+        rows, ...).
     """
     del batched  # tf.data only
-    self._flat, self._rows = flatten_rows(obj, mask_key, where="the source")
+    try:
+      self._flat, self._rows = flatten_rows(obj, mask_key, where="the source")
+    except (
+      RaggedRowsError
+    ) as err:  # pad_shapes pads the batches of an iterable, not a whole dataset
+      raise RaggedRowsError(
+        f"{err}. A whole-dataset Mapping is taken as arrays: pass it as a list of one batch, "
+        "pe.pad_batches([data], ..., pad_shapes=...), for its ragged rows to be padded"
+      ) from None
     self._spec = BatchSpec.of_rows(self._flat, unknown_rows=True)
 
   @property

@@ -97,10 +97,17 @@ class ShapeFitter:
         )
       if len(leaf.shape) < len(sizes):
         raise ValueError(_rank_message(path, leaf.shape, sizes))
-    for key in self.length_keys.values():
-      if any(path[0] == key for path in spec.leaves):
+    self.check_new_keys(spec.leaves)
+
+  def check_new_keys(self, paths: cabc.Iterable[Path]) -> None:
+    """Raises ValueError if a source key (`paths`) takes the top-level key of a lengths field."""
+    paths = list(paths)
+    for padded, key in self.length_keys.items():
+      if any(path[0] == key for path in paths):
         raise ValueError(
-          f"length_keys adds key {key!r}, which the source already has; pick another"
+          f"length_keys[{path_name(padded)}] is {key!r}, a key the source already has (its values would be "
+          f"overwritten by the lengths); expected a new top-level key, e.g. '{padded[-1]}_length', or rename "
+          "the source's key"
         )
 
   def fixed_spec(self, spec: BatchSpec) -> BatchSpec:
@@ -144,8 +151,10 @@ class ShapeFitter:
 
     Raises:
       ValueError: a key the chunk does not have, too few axes, a row longer than a fixed size (naming the key,
-        the row and both lengths), or ragged rows whose other axes differ.
+        the row and both lengths), ragged rows whose other axes differ, or a lengths key the chunk already has.
     """
+    if self.length_keys:
+      self.check_new_keys(flat)
     out = dict(flat)
     for path, sizes in self.sizes.items():
       if path not in flat:

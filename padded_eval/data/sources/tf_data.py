@@ -4,6 +4,11 @@ Padding happens inside the tf.data graph: a batched source is re-chunked with `D
 with `Dataset.batch`; one `map` pads the short last batch (a full one skips the copy through `tf.cond`) and builds
 the mask. Python touches each batch once, to turn it into numpy. TensorFlow is imported only here, and only once a
 dataset has been passed.
+
+A pipeline that would lose rows, repeat them or never end is refused when wrapped: infinite cardinality (a
+``.repeat()``), a ``.repeat(n)`` with ``n`` other than 1 anywhere in the pipeline, and a ``batch`` /
+``padded_batch`` / ``rebatch`` with ``drop_remainder=True`` unless its input is known to fill every batch. The
+pipeline is read through tf.data's private ``_inputs()``; a kind of dataset that hides its inputs is not searched.
 """
 
 from __future__ import annotations
@@ -57,7 +62,9 @@ class TfDataSource(Source):
 
     Raises:
       ValueError: elements that are not dicts, a key equal to `mask_key`, no tensors, a leaf of unknown rank
-        (with `batched` None), static leading sizes that disagree (batched).
+        (with `batched` None), static leading sizes that disagree (batched); a pipeline that never ends
+        (infinite cardinality), repeats rows (``.repeat(n)``, n other than 1) or drops them
+        (``drop_remainder=True``).
     """
     self._dataset = obj
     element_spec = obj.element_spec
@@ -70,6 +77,7 @@ class TfDataSource(Source):
       raise ValueError(
         f"the dataset has a key {mask_key!r} equal to mask_key; rename it or pass another mask_key="
       )
+    _check_rows_read_once(obj)
     self._tensor_specs = flatten(element_spec, convert=False)
     if not self._tensor_specs:
       raise ValueError("expected a dataset of dicts with at least one tensor, got no tensors")
@@ -197,19 +205,43 @@ class TfDataSource(Source):
     """tf.data's leading-size error in the words of `pad_batches` (keys named), or else its message."""
     import tensorflow as tf
 
+    paths = list(self._tensor_specs)
+    order = tf.nest.flatten(unflatten({path: i for i, path in enumerate(paths)}))  # tf.data's order
+    paths = [paths[i] for i in order]
+    ragged = re.search(
+      r"different shapes in component (\d+)\. First element had shape (\[[\d, ]*\]) and element (\d+) had "
+      r"shape (\[[\d, ]*\])",
+      message,
+    )
+    if ragged:
+      component, first_shape, other, other_shape = ragged.groups()
+      path = paths[int(component)]
+      sizes = tuple(
+        max(a, b) for a, b in zip(_parsed_shape(first_shape), _parsed_shape(other_shape))
+      )
+      literal = repr(sizes)
+      for key in reversed(path):
+        literal = f"{{{key!r}: {literal}}}"
+      return (
+        f"key {path_name(path)} holds ragged rows (rows 0 and {other} of a batch have shapes {first_shape} and "
+        f"{other_shape}); expected rows of one shape: pad them to fixed sizes with pe.pad_batches(..., "
+        f"pad_shapes={literal}), sizes of at least the longest row"
+      )
     found = re.search(
       r"Component (\d+) had size (\d+) but component (\d+) had size,? (\d+)", message
     )
     if not found:
       return f"the tf.data source failed: {message.strip()}"
-    paths = list(self._tensor_specs)
-    order = tf.nest.flatten(unflatten({path: i for i, path in enumerate(paths)}))  # tf.data's order
-    paths = [paths[i] for i in order]
     first, first_rows, other, other_rows = (int(g) for g in found.groups())
     return (
       f"leading sizes disagree within a batch: key {path_name(paths[first])} has {first_rows} rows, "
       f"key {path_name(paths[other])} has {other_rows}; expected every key to have the same rows"
     )
+
+
+def _parsed_shape(text: str) -> tuple[int, ...]:
+  """A shape as tf.data's messages print it, ``"[3, 2]"``, as a tuple."""
+  return tuple(int(size) for size in text.strip("[]").split(",") if size.strip())
 
 
 def _infer_batched(dataset: Any, specs: dict) -> bool:
@@ -240,6 +272,65 @@ def _infer_batched(dataset: Any, specs: dict) -> bool:
     if node is None:
       return False
   return False
+
+
+def _check_rows_read_once(dataset: Any) -> None:
+  """Refuses a pipeline that never ends, repeats its rows or drops some (``drop_remainder=True``)."""
+  import tensorflow as tf
+
+  if int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
+    raise ValueError(
+      "the tf.data.Dataset is infinite (its cardinality is tf.data.INFINITE_CARDINALITY, e.g. after "
+      ".repeat()), so the evaluation would never end; evaluate a pipeline that reads every row once "
+      "(without .repeat())"
+    )
+  for node in _pipeline(dataset):
+    name = type(node).__name__
+    if "Repeat" in name and hasattr(node, "_count"):
+      count = int(node._count)
+      if count != 1:
+        times = "forever (.repeat())" if count < 0 else f"{count} times (.repeat({count}))"
+        raise ValueError(
+          f"the tf.data.Dataset repeats its rows {times}, so rows would not count exactly once; "
+          "evaluate a pipeline without repeat (or with .repeat(1))"
+        )
+    if "batch" in name.lower() and bool(getattr(node, "_drop_remainder", False)):
+      lost = _rows_dropped(node)
+      if lost:
+        raise ValueError(
+          f"the tf.data.Dataset is batched with drop_remainder=True, which drops the last rows{lost}; "
+          "batch with drop_remainder=False (pad_batches pads the short last batch and masks its padding)"
+        )
+
+
+def _rows_dropped(batch_node: Any) -> str:
+  """How many rows a ``drop_remainder=True`` batch drops, in words ("" when its input fills every batch)."""
+  size = getattr(batch_node, "_batch_size", None)
+  parent = getattr(batch_node, "_input_dataset", None)
+  if size is None:  # a rebatch: its input's rows are not counted here
+    return " (the rows of the short last batch)"
+  size = int(size)
+  rows = -1 if parent is None else int(parent.cardinality())
+  if rows < 0:
+    return f" (up to {size - 1} rows of batches of {size}; the input's row count is unknown)"
+  if rows % size == 0:
+    return ""
+  return f": {rows % size} of {rows} rows in batches of {size} would never be evaluated"
+
+
+def _pipeline(dataset: Any) -> Iterator[Any]:
+  """The dataset and the datasets it reads from (tf.data keeps no public handle on a dataset's inputs)."""
+  pending, seen = [dataset], set()
+  while pending and len(seen) < _MAX_PIPELINE_DEPTH:
+    node = pending.pop()
+    if id(node) in seen:
+      continue
+    seen.add(id(node))
+    yield node
+    try:
+      pending.extend(node._inputs())
+    except (AttributeError, NotImplementedError, TypeError):
+      continue
 
 
 def _check_static_leading_sizes(specs: dict) -> None:
