@@ -349,12 +349,13 @@ def _unstacked_only(compute: Callable) -> Callable:
   return checked
 
 
-_EMPTY_SHAPES: dict = {}  # (class, configuration) -> state leaf shapes; bounded below
+_EMPTY_SHAPES: dict = {}  # pytree structure -> state leaf shapes; bounded below
 
 
 def _empty_shapes(metric: Metric) -> tuple[tuple[int, ...], ...]:
-  """The state leaf shapes of ``metric.empty()`` (cached by class and configuration)."""
-  key = (type(metric), tuple(getattr(metric, f) for f in metric._config_fields))
+  """The state leaf shapes of ``metric.empty()`` (cached by the pytree structure, which
+  holds the configuration of the metric and of any nested ones)."""
+  key = jax.tree.structure(metric)
   try:
     return _EMPTY_SHAPES[key]
   except TypeError:  # an unhashable configuration value: not cached
