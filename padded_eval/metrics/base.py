@@ -27,12 +27,14 @@ from __future__ import annotations
 import abc
 import contextvars
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from padded_eval import validation
 from padded_eval.accumulate import Accumulator, ExactCount, ExactSum
@@ -92,6 +94,9 @@ class Metric(KeywordReader, abc.ABC):
     jax.tree_util.register_pytree_with_keys(
       cls, _flatten_with_keys, _unflatten_for(cls), flatten_func=_flatten
     )
+    own_compute = cls.__dict__.get("compute")
+    if own_compute is not None and not getattr(own_compute, "_checks_stacking", False):
+      cls.compute = _unstacked_only(own_compute)
 
   def __post_init__(self):
     super().__post_init__()  # name, configuration check
@@ -285,7 +290,22 @@ class Metric(KeywordReader, abc.ABC):
         f"cannot merge {type(self).__name__} metrics configured differently: "
         + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in diff.items())
       )
+    self._check_shapes(other, "merge")
     return self._map_state(lambda a, b: a.merge(b), other)
+
+  def _check_shapes(self, other, action: str) -> None:
+    """ValueError unless ``other``'s state leaves (a metric, or the shapes ``empty()`` has)
+    have this metric's shapes: a stacked per-device state is combined by ``aggregate()``."""
+    mine = jax.tree_util.tree_flatten_with_path(self)[0]
+    theirs = jax.tree.leaves(other)
+    for (path, a), b in zip(mine, theirs):
+      if np.shape(a) != np.shape(b):
+        where = jax.tree_util.keystr(path)
+        raise ValueError(
+          f"cannot {action} {type(self).__name__} states of different shapes ({where}: "
+          f"{np.shape(a)} vs {np.shape(b)}); a stacked per-device state (out of pmap, or "
+          "from lax.all_gather) must be combined with .aggregate() first"
+        )
 
   def _statistics_config(self) -> dict[str, Any]:
     """The configuration that shapes the statistics (all but ``name`` and arg routes)."""
@@ -306,6 +326,48 @@ class Metric(KeywordReader, abc.ABC):
   def compute_logs(self) -> dict[str, Any]:
     """``{name: value}``."""
     return {self.name: self.compute()}
+
+
+def _unstacked_only(compute: Callable) -> Callable:
+  """``compute`` that raises a ValueError on a stacked state (per-device values would
+  come back silently): the state's shapes must be those of ``empty()``."""
+
+  @functools.wraps(compute)
+  def checked(self, *args, **kwargs):
+    expected = _empty_shapes(self)
+    for (path, leaf), want in zip(jax.tree_util.tree_flatten_with_path(self)[0], expected):
+      if np.shape(leaf) != want:
+        raise ValueError(
+          f"{type(self).__name__}.compute() got a stacked state "
+          f"({jax.tree_util.keystr(path)}: shape {np.shape(leaf)}, expected {want}); a "
+          "per-device state (out of pmap, or from lax.all_gather) must be combined first: "
+          "metric.aggregate().compute()"
+        )
+    return compute(self, *args, **kwargs)
+
+  checked._checks_stacking = True
+  return checked
+
+
+_EMPTY_SHAPES: dict = {}  # pytree structure -> state leaf shapes; bounded below
+
+
+def _empty_shapes(metric: Metric) -> tuple[tuple[int, ...], ...]:
+  """The state leaf shapes of ``metric.empty()`` (cached by the pytree structure, which
+  holds the configuration of the metric and of any nested ones)."""
+  key = jax.tree.structure(metric)
+  try:
+    return _EMPTY_SHAPES[key]
+  except TypeError:  # an unhashable configuration value: not cached
+    key = None
+  except KeyError:
+    pass
+  shapes = tuple(np.shape(leaf) for leaf in jax.tree.leaves(jax.eval_shape(metric.empty)))
+  if key is not None:
+    if len(_EMPTY_SHAPES) >= 1024:
+      _EMPTY_SHAPES.clear()
+    _EMPTY_SHAPES[key] = shapes
+  return shapes
 
 
 def _flatten_with_keys(metric):
