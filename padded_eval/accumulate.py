@@ -316,7 +316,8 @@ class ExactSum(Accumulator):
       axis: the axes to sum (None: all).
       where: optional bool array broadcastable to ``values``; other elements are ignored
         (NaN there never leaks).
-      weights: optional float array broadcastable to ``values``.
+      weights: optional float array broadcastable to ``values``; an element of weight 0 is
+        ignored like one outside ``where`` (its value neither scales nor poisons the sum).
       power: 1 or 2.
 
     Returns:
@@ -328,6 +329,9 @@ class ExactSum(Accumulator):
     if power not in (1, 2):
       raise ValueError(f"power must be 1 or 2; got {power!r}")
     values = upcast(jnp.asarray(values))
+    if weights is not None:  # an element of weight 0 is not seen (its value sets no scale)
+      weights = upcast(jnp.asarray(weights))
+      where = (weights != 0) if where is None else (where & (weights != 0))
     if where is not None:
       values = jnp.where(where, values, 0.0)
     exp = 0
@@ -338,7 +342,7 @@ class ExactSum(Accumulator):
       values = values * values
       exp = 2 * (jnp.squeeze(scale, axis) if axis is not None else jnp.reshape(scale, ()))
     if weights is not None:
-      values = upcast(jnp.asarray(weights)) * values
+      values = weights * values
     if where is not None:
       values = jnp.where(where, values, 0.0)
     return cls.of(jnp.sum(values, axis=axis), exp)

@@ -25,7 +25,8 @@ def weighted_totals(values, mask, weights, ref, power: int = 1):
   """``(ExactSum(sum w * x**power), ExactSum(sum w))`` over the real elements of ``values``.
 
   Args:
-    values: float array (bf16/f16 upcast); NaN in masked-out places never leaks.
+    values: float array (bf16/f16 upcast); NaN in masked-out places, or in elements of
+      weight 0, never leaks.
     mask: None or a bool prefix of ``values``' shape.
     weights: None or a float prefix of ``values``' shape.
     ref: the name of ``values`` for error messages.
@@ -41,7 +42,8 @@ def weighted_totals(values, mask, weights, ref, power: int = 1):
   values = upcast(jnp.asarray(values))
   real, w = element_weights(mask, weights, values.shape, ref)
   if power == 1:  # one reduction (with the update's real rows): one all-reduce under jit
-    weighted = jnp.where(real, w * jnp.where(real, values, 0.0), 0.0)
+    used = real & (w != 0)  # a weight-0 element is not seen: inf or NaN there never leaks
+    weighted = jnp.where(used, w * jnp.where(used, values, 0.0), 0.0)
     (total, weight), _ = batch_totals([weighted, w], [])
     return ExactSum.of(total), ExactSum.of(weight)
   return ExactSum.of_sum(values, where=real, weights=w, power=power), ExactSum.of(jnp.sum(w))

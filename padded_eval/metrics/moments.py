@@ -143,8 +143,10 @@ _aggregate_moments = jax.jit(Accumulator.aggregate)
 @functools.partial(jax.jit, static_argnums=3)
 def _batch_moments(values, real, w, axes) -> Moments:
   """See :meth:`Moments.of`."""
+  # An element of weight 0 is not seen: its value sets no scale or shift (1e20 there made
+  # the others' squares round to 0), and inf or NaN there never leaks.
   used = (real & (w != 0))[..., None]
-  values = jnp.where(real[..., None], values, 0.0)
+  values = jnp.where(used, values, 0.0)
   weight = w[..., None]
   count = jnp.sum(w, axes, keepdims=True)[..., None]
   low = jnp.min(jnp.where(used, values, jnp.inf), axes, keepdims=True)
@@ -156,7 +158,7 @@ def _batch_moments(values, real, w, axes) -> Moments:
   # fused into an FMA (an unrounded shift) while ``n * shift`` used the rounded one; the
   # clip (min/max) and the split from bits in ``of_product`` leave no product to fuse.
   shift = jnp.where(count > 0, jnp.clip(mean, low, high), 0.0)
-  deviation = jnp.where(real[..., None], values - shift, 0.0)
+  deviation = jnp.where(used, values - shift, 0.0)
   scale = _magnitude_exponent(deviation, axes)
   scaled = ldexp(deviation, -scale)
   weighted = weight * scaled

@@ -1,0 +1,117 @@
+"""Regression tests of issue 26's numerical findings ("Numbers"), against numpy float64.
+
+Every dataset goes through jitted updates in padded batches whose padding rows hold NaN,
+inf or huge garbage; sizes divide neither the batch size nor the device count.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+import padded_eval as pe
+
+F64 = np.float64
+_GARBAGE = np.array([np.nan, np.inf, -np.inf, 3e38], np.float32)
+
+_update = jax.jit(lambda metric, batch: metric.update(**batch))
+
+
+def _padded(columns, batch_size, seed=0):
+  """``columns`` (equal-length arrays) cut into padded batches with garbage padding."""
+  rng = np.random.default_rng(seed)
+  n = len(next(iter(columns.values())))
+  batches = []
+  for start in range(0, n, batch_size):
+    size = min(batch_size, n - start)
+    batch = {}
+    for key, column in columns.items():
+      if np.issubdtype(column.dtype, np.floating):
+        values = rng.choice(_GARBAGE, batch_size).astype(column.dtype)
+      else:
+        values = rng.integers(-(2**30), 2**30, batch_size).astype(column.dtype)
+      values[:size] = column[start : start + size]
+      batch[key] = values
+    batch["mask"] = np.arange(batch_size) < size
+    batches.append(batch)
+  return batches
+
+
+def _batched(metric, columns, batch_size, jit=True):
+  for batch in _padded(columns, batch_size):
+    metric = _update(metric, batch) if jit else metric.update(**batch)
+  return metric
+
+
+# --- a weight-0 element changes nothing -------------------------------------------------
+
+_OUTLIERS = (1e20, -3e38, np.inf, -np.inf, np.nan)
+
+
+def _weighted_reference(name, x, y, w):
+  keep = w != 0
+  x, y, w = x[keep].astype(F64), y[keep].astype(F64), w[keep].astype(F64)
+  mean = lambda v: np.sum(w * v) / np.sum(w)
+  if name == "mse":
+    return mean((x - y) ** 2)
+  if name == "rmse":
+    return np.sqrt(mean((x - y) ** 2))
+  if name == "mae":
+    return mean(np.abs(x - y))
+  if name == "mean":
+    return mean(x)
+  if name == "std":
+    return np.sqrt(mean((x - mean(x)) ** 2))
+  if name == "r2":
+    return 1.0 - np.sum(w * (x - y) ** 2) / np.sum(w * (y - mean(y)) ** 2)
+  cxy = np.sum(w * (x - mean(x)) * (y - mean(y)))
+  return cxy / np.sqrt(np.sum(w * (x - mean(x)) ** 2) * np.sum(w * (y - mean(y)) ** 2))
+
+
+_WEIGHTED = {
+  "mse": (pe.metrics.MSE, "pair"),
+  "rmse": (pe.metrics.RMSE, "pair"),
+  "mae": (pe.metrics.MAE, "pair"),
+  "mean": (pe.metrics.Mean, "values"),
+  "std": (pe.metrics.Std, "values"),
+  "r2": (pe.metrics.R2Score, "pair"),
+  "pearson": (pe.metrics.PearsonCorrelation, "pair"),
+}
+
+
+def _weighted_columns(kind, x, y, w):
+  if kind == "values":
+    return {"values": x, "weights": w}
+  return {"preds": x, "target": y, "weights": w}
+
+
+def test_issue_example_weight_zero_outlier():
+  """x = [1, 2, 3, 5, 1e20], w = [1, 1, 1, 1, 0]: MSE 9.75, Std 1.479, Pearson 1 (was 0, 0, NaN)."""
+  x = np.array([1, 2, 3, 5, 1e20], np.float32)
+  w = np.array([1, 1, 1, 1, 0], np.float32)
+  zeros = np.zeros(5, np.float32)
+  mse = _batched(pe.metrics.MSE(), {"preds": x, "target": zeros, "weights": w}, 8).compute()
+  std = _batched(pe.metrics.Std(), {"values": x, "weights": w}, 8).compute()
+  pearson = pe.metrics.PearsonCorrelation()
+  pearson = _batched(pearson, {"preds": x, "target": 2 * x + 1, "weights": w}, 8).compute()
+  real = x[:4].astype(F64)
+  np.testing.assert_allclose(float(mse), np.mean(real**2), rtol=1e-6)
+  np.testing.assert_allclose(float(std), np.std(real), rtol=1e-6)
+  np.testing.assert_allclose(float(pearson), 1.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("outlier", _OUTLIERS)
+@pytest.mark.parametrize("name", sorted(_WEIGHTED))
+def test_weight_zero_outlier_changes_nothing(name, outlier):
+  """An element of weight 0 holding a huge, infinite or NaN value is not seen at all."""
+  rng = np.random.default_rng(3)
+  n = 37
+  x = (2.0 + rng.standard_normal(n)).astype(np.float32)
+  y = (0.5 * x + rng.standard_normal(n)).astype(np.float32)
+  w = rng.uniform(0.5, 2.0, n).astype(np.float32)
+  zero = rng.choice(n, 5, replace=False)
+  w[zero] = 0.0
+  x[zero[:3]] = outlier
+  y[zero[2:]] = outlier
+  make, kind = _WEIGHTED[name]
+  got = _batched(make(), _weighted_columns(kind, x, y, w), 16).compute()
+  np.testing.assert_allclose(float(got), _weighted_reference(name, x, y, w), rtol=2e-6)
