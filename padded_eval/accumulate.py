@@ -336,7 +336,8 @@ class ExactSum(Accumulator):
       values = jnp.where(where, values, 0.0)
     exp = 0
     if power == 2:
-      scale = scale_exponent(jnp.max(jnp.abs(values), axis=axis, keepdims=True))
+      # initial=0: an empty batch (0 rows) has no largest magnitude; its total is 0
+      scale = scale_exponent(jnp.max(jnp.abs(values), axis=axis, keepdims=True, initial=0.0))
       first, second = power_of_two_factors(-scale)
       values = values * first * second
       values = values * values

@@ -7,6 +7,7 @@ inf or huge garbage; sizes divide neither the batch size nor the device count.
 import jax
 import numpy as np
 import pytest
+from metric_cases import CASES
 
 import padded_eval as pe
 
@@ -115,3 +116,55 @@ def test_weight_zero_outlier_changes_nothing(name, outlier):
   make, kind = _WEIGHTED[name]
   got = _batched(make(), _weighted_columns(kind, x, y, w), 16).compute()
   np.testing.assert_allclose(float(got), _weighted_reference(name, x, y, w), rtol=2e-6)
+
+
+# --- an empty batch is an empty update ----------------------------------------------------
+
+
+def _zero_rows(batch, keys):
+  return {key: np.asarray(batch[key])[:0] for key in keys}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_zero_row_update_is_empty(case):
+  """0 rows (with and without mask / weights): NaN alone, nothing changed after real data.
+
+  Before: "zero-size array to reduction" (MSE, RMSE, R2, Std, Pearson) and
+  ZeroDivisionError (any metric given ``mask`` or ``weights`` on 0 rows).
+  """
+  batches = case.batches()
+  keys = sorted(batches[0])
+  variants = [keys, [k for k in keys if k not in ("mask", "weights")]]
+  if "weights" not in keys:
+    variants.append(keys + ["weights"])
+  for variant in variants:
+    batch = {**batches[0], "weights": np.ones(batches[0]["mask"].shape, np.float32)}
+    empty = _zero_rows(batch, variant)
+    alone = case.make().update(**empty)
+    assert np.all(np.isnan(np.asarray(alone.compute()))), (case.name, variant)
+    metric = case.make()
+    for batch in batches:
+      metric = metric.update(**batch).update(**empty)
+    np.testing.assert_allclose(
+      np.asarray(metric.compute(), F64),
+      case.reference(batches),
+      rtol=case.rtol,
+      atol=case.atol,
+      err_msg=f"{case.name}: {variant}",
+    )
+
+
+def test_zero_row_update_under_jit():
+  """The same under jit, where a 0-row batch is traced with static zero-size shapes."""
+  for metric, empty in (
+    (pe.metrics.MSE(), {"preds": np.zeros(0, np.float32), "target": np.zeros(0, np.float32)}),
+    (pe.metrics.Std(), {"values": np.zeros((0, 3), np.float32)}),
+    (
+      pe.metrics.PearsonCorrelation(num_outputs=2),
+      {"preds": np.zeros((0, 2), np.float32), "target": np.zeros((0, 2), np.float32)},
+    ),
+  ):
+    empty = {**empty, "mask": np.zeros(0, bool), "weights": np.zeros(0, np.float32)}
+    assert np.all(
+      np.isnan(np.asarray(jax.jit(lambda m, b: m.update(**b).compute())(metric, empty)))
+    )

@@ -471,7 +471,8 @@ def _row_flags(values, rows: int) -> jax.Array:
   values = jnp.asarray(values)
   if values.ndim == 0:
     return jnp.broadcast_to(values, (rows,))
-  return jnp.any(values.reshape(values.shape[0], -1), axis=-1)
+  # math.prod, not -1: a 0-row batch has no size to infer the other axis from
+  return jnp.any(values.reshape(values.shape[0], math.prod(values.shape[1:])), axis=-1)
 
 
 def real_row_flags(mask, weights, inputs) -> jax.Array | None:

@@ -42,7 +42,7 @@ def _outer(u, v):
 
 def _magnitude_exponent(x, axes):
   """Per column, the exponent bringing ``max |x|`` over ``axes`` into ``[0.5, 1)`` (0 if 0)."""
-  _, e = frexp(jnp.max(jnp.abs(x), axes, keepdims=True))
+  _, e = frexp(jnp.max(jnp.abs(x), axes, keepdims=True, initial=0.0))  # 0 rows: 0
   return e
 
 
@@ -149,8 +149,8 @@ def _batch_moments(values, real, w, axes) -> Moments:
   values = jnp.where(used, values, 0.0)
   weight = w[..., None]
   count = jnp.sum(w, axes, keepdims=True)[..., None]
-  low = jnp.min(jnp.where(used, values, jnp.inf), axes, keepdims=True)
-  high = jnp.max(jnp.where(used, values, -jnp.inf), axes, keepdims=True)
+  low = jnp.min(jnp.where(used, values, jnp.inf), axes, keepdims=True, initial=jnp.inf)
+  high = jnp.max(jnp.where(used, values, -jnp.inf), axes, keepdims=True, initial=-jnp.inf)
   safe_count = jnp.where(count > 0, count, 1.0)
   scale = _magnitude_exponent(values, axes)
   mean = ldexp(jnp.sum(weight * ldexp(values, -scale), axes, keepdims=True) / safe_count, scale)
