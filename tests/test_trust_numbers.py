@@ -7,6 +7,7 @@ inf or huge garbage; sizes divide neither the batch size nor the device count.
 import jax
 import numpy as np
 import pytest
+import scipy.special
 from metric_cases import CASES
 
 import padded_eval as pe
@@ -27,9 +28,10 @@ def _padded(columns, batch_size, seed=0):
     batch = {}
     for key, column in columns.items():
       if np.issubdtype(column.dtype, np.floating):
-        values = rng.choice(_GARBAGE, batch_size).astype(column.dtype)
+        values = rng.choice(_GARBAGE, (batch_size,) + column.shape[1:]).astype(column.dtype)
       else:
-        values = rng.integers(-(2**30), 2**30, batch_size).astype(column.dtype)
+        values = rng.integers(-(2**30), 2**30, (batch_size,) + column.shape[1:])
+        values = values.astype(column.dtype)
       values[:size] = column[start : start + size]
       batch[key] = values
     batch["mask"] = np.arange(batch_size) < size
@@ -168,3 +170,29 @@ def test_zero_row_update_under_jit():
     assert np.all(
       np.isnan(np.asarray(jax.jit(lambda m, b: m.update(**b).compute())(metric, empty)))
     )
+
+
+# --- Perplexity: targets outside the vocabulary are counted as invalid ---------------------
+
+
+@pytest.mark.parametrize("ignore_index", [None, -100])
+def test_perplexity_counts_targets_outside_vocabulary(ignore_index):
+  """Ids ``>= V``, ``< 0`` and -100 (without ``ignore_index``) are invalid, not NaN."""
+  rng = np.random.default_rng(5)
+  rows, length, vocab = 29, 6, 11
+  logits = (3.0 * rng.standard_normal((rows, length, vocab))).astype(np.float32)
+  target = rng.integers(0, vocab, (rows, length)).astype(np.int32)
+  bad = rng.random((rows, length)) < 0.15
+  target[bad] = rng.choice([vocab, vocab + 7, -1, -100], bad.sum())
+  ignored = target == ignore_index
+  keep = ~bad
+  log_probs = logits.astype(F64) - scipy.special.logsumexp(logits.astype(F64), -1, keepdims=True)
+  picked = np.take_along_axis(log_probs, np.where(keep, target, 0)[..., None], -1)[..., 0]
+  reference = np.exp(-np.mean(picked[keep]))
+  metric = _batched(
+    pe.metrics.Perplexity(ignore_index=ignore_index), {"preds": logits, "target": target}, 8
+  )
+  np.testing.assert_allclose(float(metric.compute()), reference, rtol=1e-5)
+  expected = int((bad & ~ignored).sum())
+  assert metric.invalid_counts() == {"target out of range": expected}
+  assert metric.invalid_report() == [("perplexity", "target out of range", expected)]

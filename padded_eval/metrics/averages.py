@@ -21,7 +21,7 @@ def zero_total(_metric=None) -> ExactSum:
   return ExactSum.zeros()
 
 
-def weighted_totals(values, mask, weights, ref, power: int = 1):
+def weighted_totals(values, mask, weights, ref, power: int = 1, invalid=None):
   """``(ExactSum(sum w * x**power), ExactSum(sum w))`` over the real elements of ``values``.
 
   Args:
@@ -32,9 +32,11 @@ def weighted_totals(values, mask, weights, ref, power: int = 1):
     ref: the name of ``values`` for error messages.
     power: 1 or 2; the powers are formed on values scaled by a power of two, so the
       totals neither overflow nor underflow float32 (see ``ExactSum.of_sum``).
+    invalid: None, or a list of bool arrays of ``values``' shape (invalid real elements,
+      already masked) counted in the same reduction (power 1 only).
 
   Returns:
-    The two scalar totals.
+    The two scalar totals; with ``invalid``, also the int32 count of each of its arrays.
 
   Raises:
     ValueError: if the mask or weights do not fit ``values``.
@@ -44,8 +46,11 @@ def weighted_totals(values, mask, weights, ref, power: int = 1):
   if power == 1:  # one reduction (with the update's real rows): one all-reduce under jit
     used = real & (w != 0)  # a weight-0 element is not seen: inf or NaN there never leaks
     weighted = jnp.where(used, w * jnp.where(used, values, 0.0), 0.0)
-    (total, weight), _ = batch_totals([weighted, w], [])
-    return ExactSum.of(total), ExactSum.of(weight)
+    (total, weight), counts = batch_totals([weighted, w], invalid or [])
+    totals = ExactSum.of(total), ExactSum.of(weight)
+    return totals if invalid is None else totals + (counts,)
+  if invalid is not None:
+    raise ValueError("weighted_totals counts invalid elements with power=1 only")
   return ExactSum.of_sum(values, where=real, weights=w, power=power), ExactSum.of(jnp.sum(w))
 
 
