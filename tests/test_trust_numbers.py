@@ -196,3 +196,44 @@ def test_perplexity_counts_targets_outside_vocabulary(ignore_index):
   expected = int((bad & ~ignored).sum())
   assert metric.invalid_counts() == {"target out of range": expected}
   assert metric.invalid_report() == [("perplexity", "target out of range", expected)]
+
+
+# --- int64 inputs beyond int32: exact or refused, never wrapped ----------------------------
+
+
+def test_int64_values_are_averaged_not_wrapped():
+  """int64 nanosecond timestamps (~1.7e18) and [2**40, 3]: float64's mean (was 9.1e8, 1.5)."""
+  rng = np.random.default_rng(7)
+  stamps = 1_700_000_000_000_000_000 + rng.integers(0, 10**15, 37, dtype=np.int64)
+  for values in (stamps, np.array([2**40, 3], np.int64)):
+    got = _batched(pe.metrics.Mean(), {"values": values}, 16, jit=False).compute()
+    np.testing.assert_allclose(float(got), np.mean(values.astype(F64)), rtol=1e-7)
+  errors = np.array([2**40, -(2**33), 5], np.int64)
+  got = _batched(pe.metrics.MSE(), {"preds": errors, "target": np.zeros(3, np.int64)}, 8, jit=False)
+  np.testing.assert_allclose(float(got.compute()), np.mean(errors.astype(F64) ** 2), rtol=1e-6)
+  got = _batched(
+    pe.metrics.Std(), {"values": np.array([2**40, 2**40 + 2**20], np.uint64)}, 8, False
+  )
+  np.testing.assert_allclose(float(got.compute()), 2.0**19, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+  "make, key, batch",
+  [
+    (pe.metrics.Accuracy, "target", {"preds": np.array([0, 1]), "target": np.array([2**32, 1])}),
+    (pe.metrics.Accuracy, "preds", {"preds": np.array([2**32, 1]), "target": np.array([0, 1])}),
+    (
+      pe.metrics.Perplexity,
+      "target",
+      {"preds": np.zeros((1, 2, 4), np.float32), "target": np.array([[1, -(2**40)]])},
+    ),
+  ],
+)
+def test_int64_ids_beyond_int32_are_refused(make, key, batch):
+  """A class or token id outside int32 is refused naming the argument (Accuracy was 1.0)."""
+  batch = {
+    k: np.asarray(v, np.int64) if k != "preds" or v.dtype.kind == "i" else v
+    for k, v in batch.items()
+  }
+  with pytest.raises(ValueError, match=rf"{key} holds integers .* outside int32"):
+    make().update(**batch)

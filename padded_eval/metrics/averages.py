@@ -76,6 +76,9 @@ class WeightedMean(Metric):
     total, weight = weighted_totals(values, mask, weights, ref, self.power)
     return {"total": total, "weight": weight}
 
+  def number_inputs(self) -> tuple[str, ...]:
+    return self.required_inputs()
+
   def compute(self) -> jax.Array:
     """The weighted mean over real elements; NaN if none was seen."""
     return self.total.ratio(self.weight)

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from padded_eval import validation
 from padded_eval.accumulate import Accumulator, ExactCount, ExactSum
@@ -167,7 +168,20 @@ class Metric(KeywordReader, abc.ABC):
     for key in self.optional_inputs():
       if kwargs.get(key) is not None:
         checked[key] = validation.as_input(key, kwargs[key], owner=owner)
+    numbers = set(self.number_inputs()) | {"weights"}
+    for key in set(self.required_inputs()) | set(self.optional_inputs()):
+      if checked.get(key) is not None and key != "mask":
+        checked[key] = _fit_int32(key, checked[key], key in numbers, checked.get("mask"), owner)
     return checked
+
+  def number_inputs(self) -> tuple[str, ...]:
+    """The update keywords read as numbers to average (not as class or token ids).
+
+    Integers beyond int32 there (int64 timestamps) are converted to float32 on the host,
+    rounded as float64 is; in any other keyword they are refused (see `_fit_int32`).
+    ``weights`` is always a number. Default: none.
+    """
+    return ()
 
   # --- invalid values (counted, since nothing can raise inside jit) ---------------------
 
@@ -306,6 +320,43 @@ class Metric(KeywordReader, abc.ABC):
   def compute_logs(self) -> dict[str, Any]:
     """``{name: value}``."""
     return {self.name: self.compute()}
+
+
+_INT32 = np.iinfo(np.int32)
+
+
+def _fit_int32(key: str, value, is_number: bool, mask, owner: str):
+  """``value``, with host integers outside int32 made exact or refused, never wrapped.
+
+  JAX's default 32-bit mode casts int64 to int32 by wrapping (``2**32`` becomes 0). A
+  number to average becomes float32 (rounded to nearest, as a float64 would be); a class
+  or token id outside int32 cannot be one, so it raises. Only the real elements of ``mask``
+  (a host bool prefix of ``value``'s shape) are checked; padding may hold anything.
+
+  Raises:
+    ValueError: an id (not ``is_number``) outside int32's range, naming ``key``.
+  """
+  if not isinstance(value, np.ndarray) or value.dtype.kind not in "iu" or value.dtype.itemsize < 4:
+    return value
+  if value.dtype.itemsize == 4 and value.dtype.kind == "i":
+    return value
+  if is_number:
+    return value.astype(np.float32)
+  seen = value
+  if (
+    isinstance(mask, np.ndarray)
+    and mask.dtype == np.bool_
+    and mask.shape == value.shape[: mask.ndim]
+  ):
+    seen = value[mask]
+  if seen.size and (seen.min() < _INT32.min or seen.max() > _INT32.max):
+    raise ValueError(
+      f"{owner}: {key} holds integers in [{seen.min()}, {seen.max()}] (dtype {value.dtype}), "
+      f"outside int32's range [{_INT32.min}, {_INT32.max}]: JAX's default 32-bit mode would wrap "
+      f"them. Class and token ids must fit int32: remap them (np.unique(..., return_inverse=True)), "
+      "or enable jax_enable_x64"
+    )
+  return value
 
 
 def _flatten_with_keys(metric):

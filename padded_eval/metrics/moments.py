@@ -246,6 +246,9 @@ class Std(Metric):
   moments: Moments = state(lambda self: Moments.zeros((), 1))
   example_rows: ExactCount = state(empty_count)
 
+  def number_inputs(self) -> tuple[str, ...]:
+    return self.required_inputs()
+
   def required_inputs(self) -> tuple[str, ...]:
     return (self.argname,)
 
@@ -300,6 +303,9 @@ class R2Score(Metric):
   target_moments: Moments = state(lambda self: Moments.zeros(self._output_shape(), 1))
   residual: ExactSum = state(lambda self: ExactSum.zeros(self._output_shape()))
   example_rows: ExactCount = state(empty_count)
+
+  def number_inputs(self) -> tuple[str, ...]:
+    return self.required_inputs()
 
   def _output_shape(self) -> tuple[int, ...]:
     return () if self.num_outputs == 1 else (self.num_outputs,)
@@ -356,6 +362,9 @@ class PearsonCorrelation(Metric):
   )
 
   example_rows: ExactCount = state(empty_count)
+
+  def number_inputs(self) -> tuple[str, ...]:
+    return self.required_inputs()
 
   def _check_config(self):
     _check_num_outputs(self.num_outputs)

@@ -70,6 +70,9 @@ class Perplexity(WeightedMean):
     ):
       raise ValueError(f"ignore_index must be None or an int; got {self.ignore_index!r}")
 
+  def number_inputs(self) -> tuple[str, ...]:
+    return ()  # target holds token ids
+
   def _values(self, *, preds, target, **_):
     logits, target = jnp.asarray(preds), jnp.asarray(target)
     if not jnp.issubdtype(target.dtype, jnp.integer):
