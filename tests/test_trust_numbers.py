@@ -4,6 +4,8 @@ Every dataset goes through jitted updates in padded batches whose padding rows h
 inf or huge garbage; sizes divide neither the batch size nor the device count.
 """
 
+import math
+
 import jax
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ import scipy.special
 from metric_cases import CASES
 
 import padded_eval as pe
+from padded_eval.floats import compensated_sum
 
 F64 = np.float64
 _GARBAGE = np.array([np.nan, np.inf, -np.inf, 3e38], np.float32)
@@ -237,3 +240,44 @@ def test_int64_ids_beyond_int32_are_refused(make, key, batch):
   }
   with pytest.raises(ValueError, match=rf"{key} holds integers .* outside int32"):
     make().update(**batch)
+
+
+# --- in-batch sums are compensated: cancelling values, any batching ------------------------
+
+
+@pytest.mark.parametrize("seed", [0, 2, 11])
+@pytest.mark.parametrize("batch_size", [7, 16, 64, 208, 256])
+def test_mean_of_cancelling_values_in_any_batching(seed, batch_size):
+  """203 values 1e4 + 1e6 N(0, 1): within 1e-6 of float64 (was 4.3e-6, batch-dependent)."""
+  rng = np.random.default_rng(seed)
+  values = (1e4 + 1e6 * rng.standard_normal(203)).astype(np.float32)
+  values -= np.float32(np.mean(values.astype(F64)) - 1e4 * rng.uniform(-1, 1))  # near 0
+  reference = np.mean(values.astype(F64))
+  got = _batched(pe.metrics.Mean(), {"values": values}, batch_size).compute()
+  assert abs(float(got) - reference) <= 1e-6 * abs(reference)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_compensated_sum_is_error_free_under_jit(sharded):
+  """``hi + lo`` is float64's sum within ``n 2**-48 sum|x|`` at XLA's default optimisation
+  level, with the operands computed in the same program and over 8 devices' shards."""
+  rng = np.random.default_rng(1)
+  n = 8 * 1021
+  x = (rng.standard_normal(n) * 10.0 ** rng.uniform(-6, 6, n)).astype(np.float32)
+  shift = np.float32(0.75)
+
+  @jax.jit
+  def run(x):
+    operands = x * shift + 1e3  # products and sums that XLA may fuse into the reduction
+    return compensated_sum(operands), operands
+
+  if sharded:
+    mesh = jax.make_mesh((8,), ("data",))
+    x = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
+  (hi, lo), operands = run(x)
+  operands = np.asarray(operands, F64)
+  exact = math.fsum(operands)
+  assert abs(float(hi) + float(lo) - exact) <= n * 2.0**-48 * np.sum(np.abs(operands))
+  assert abs(float(np.sum(operands.astype(np.float32))) - exact) > abs(
+    float(hi) + float(lo) - exact
+  )

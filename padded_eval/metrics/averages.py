@@ -47,11 +47,11 @@ def weighted_totals(values, mask, weights, ref, power: int = 1, invalid=None):
     used = real & (w != 0)  # a weight-0 element is not seen: inf or NaN there never leaks
     weighted = jnp.where(used, w * jnp.where(used, values, 0.0), 0.0)
     (total, weight), counts = batch_totals([weighted, w], invalid or [])
-    totals = ExactSum.of(total), ExactSum.of(weight)
+    totals = total, weight
     return totals if invalid is None else totals + (counts,)
   if invalid is not None:
     raise ValueError("weighted_totals counts invalid elements with power=1 only")
-  return ExactSum.of_sum(values, where=real, weights=w, power=power), ExactSum.of(jnp.sum(w))
+  return ExactSum.of_sum(values, where=real, weights=w, power=power), ExactSum.of_sum(w)
 
 
 class WeightedMean(Metric):

@@ -37,6 +37,7 @@ import numpy as np
 
 from padded_eval import validation
 from padded_eval.accumulate import Accumulator, ExactCount, ExactSum
+from padded_eval.floats import compensated_sum
 
 # Names that moved to leaf modules, re-exported here so existing imports keep working
 # (new code imports them from padded_eval.masking, padded_eval.routing and
@@ -442,7 +443,9 @@ def batch_totals(totals: list, counts: list) -> tuple[list, list]:
     counts: bool arrays (already masked), or None (counts 0).
 
   Returns:
-    ``(float32 scalar per total, int32 scalar per count)``, in the order given.
+    ``(ExactSum scalar per total, int32 scalar per count)``, in the order given. The totals
+    are compensated sums (:func:`padded_eval.floats.compensated_sum`: error-free
+    additions in any order), so cancelling values lose nothing to the batching.
   """
   totals = [jnp.asarray(t) for t in totals]
   flags = [f for f in (None if c is None else jnp.asarray(c) for c in counts) if f is not None]
@@ -465,25 +468,28 @@ def batch_totals(totals: list, counts: list) -> tuple[list, list]:
   ):
     float_sums, int_sums = _one_reduction(totals, flags)
   else:
-    float_sums = [jnp.sum(t.astype(jnp.float32)) for t in totals]
+    float_sums = [compensated_sum(t.astype(jnp.float32)) for t in totals]
     int_sums = list(_stacked_counts(flags))
   if claim:
     rows.counted, int_sums = int_sums[-1], int_sums[:-1]
   found = iter(range(len(int_sums)))
   zero = jnp.zeros((), jnp.int32)
+  float_sums = [ExactSum.of_pair(hi, lo) for hi, lo in float_sums]
   return float_sums, [zero if c is None else int_sums[next(found)] for c in counts]
 
 
 @jax.jit
 def _one_reduction(totals: list, flags: list) -> tuple[list, list]:
-  """float32 sums of ``totals`` and int32 counts of ``flags`` (all of one shape), from one
-  reduction of their stack. Jitted: one dispatch when called eagerly, inlined under jit."""
+  """Compensated float32 sums ``(hi, lo)`` of ``totals`` and int32 counts of ``flags`` (all of
+  one shape), from one reduction of their stack. Jitted: one dispatch when called eagerly,
+  inlined under jit."""
   stacked = jnp.stack(
     [t.astype(jnp.float32) for t in totals] + [f.astype(jnp.float32) for f in flags]
   )
-  sums = jnp.sum(stacked, axis=tuple(range(1, stacked.ndim)))
-  counts = sums[len(totals) :].astype(jnp.int32)
-  return [sums[i] for i in range(len(totals))], [counts[i] for i in range(len(flags))]
+  sums, errors = compensated_sum(stacked, axis=tuple(range(1, stacked.ndim)))
+  counts = sums[len(totals) :].astype(jnp.int32)  # exact: integers below 2**24
+  pairs = [(sums[i], errors[i]) for i in range(len(totals))]
+  return pairs, [counts[i] for i in range(len(flags))]
 
 
 def _stacked_counts(flags: list) -> jax.Array:

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.accumulate import Accumulator, ExactCount, ExactSum, register_accumulator, upcast
-from padded_eval.floats import ZERO_EXPONENT, frexp, ldexp
+from padded_eval.floats import ZERO_EXPONENT, compensated_sum, frexp, ldexp
 from padded_eval.masking import element_weights
 from padded_eval.metrics.base import Metric, empty_count, state
 from padded_eval.validation import check_choice
@@ -148,7 +148,9 @@ def _batch_moments(values, real, w, axes) -> Moments:
   used = (real & (w != 0))[..., None]
   values = jnp.where(used, values, 0.0)
   weight = w[..., None]
-  count = jnp.sum(w, axes, keepdims=True)[..., None]
+  count, count_error = compensated_sum(w, axes, keepdims=True)
+  count, count_error = count[..., None], count_error[..., None]
+  count_error = jnp.where(jnp.isfinite(count), count_error, 0.0)  # inf weights: NaN error
   low = jnp.min(jnp.where(used, values, jnp.inf), axes, keepdims=True, initial=jnp.inf)
   high = jnp.max(jnp.where(used, values, -jnp.inf), axes, keepdims=True, initial=-jnp.inf)
   safe_count = jnp.where(count > 0, count, 1.0)
@@ -162,17 +164,20 @@ def _batch_moments(values, real, w, axes) -> Moments:
   scale = _magnitude_exponent(deviation, axes)
   scaled = ldexp(deviation, -scale)
   weighted = weight * scaled
-  first = jnp.sum(weighted, axes, keepdims=True)
-  products = jnp.sum(_outer(weighted, scaled), axes, keepdims=True)
+  # Compensated sums (error-free additions): the batching changes nothing but the rounding
+  # of the deviations and products themselves.
+  first, first_error = compensated_sum(weighted, axes, keepdims=True)
+  products, products_error = compensated_sum(_outer(weighted, scaled), axes, keepdims=True)
   comoment = products - _outer(first, first) / safe_count[..., None]
   squeeze = lambda x: jnp.squeeze(x, axes)
   # total = n * shift + sum(w * (x - shift)): the product exactly, the small rest rounded.
   total = ExactSum.of_product(squeeze(count), squeeze(shift))
-  total = total.merge(ExactSum.of(squeeze(first), squeeze(scale)))
-  comoment = ExactSum.of(squeeze(comoment), squeeze(scale[..., :, None] + scale[..., None, :]))
-  return Moments._make(
-    ExactSum.of(squeeze(count)[..., 0]), total, comoment, squeeze(low), squeeze(high)
-  )
+  total = total.merge(ExactSum.of_pair(squeeze(first), squeeze(first_error), squeeze(scale)))
+  total = total.merge(ExactSum.of_product(squeeze(count_error), squeeze(shift)))
+  pair_scale = squeeze(scale[..., :, None] + scale[..., None, :])
+  comoment = ExactSum.of_pair(squeeze(comoment), squeeze(products_error), pair_scale)
+  weight_total = ExactSum.of_pair(squeeze(count)[..., 0], squeeze(count_error)[..., 0])
+  return Moments._make(weight_total, total, comoment, squeeze(low), squeeze(high))
 
 
 def _variance_parts(moments: Moments, column: int):
