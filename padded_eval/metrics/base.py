@@ -393,7 +393,7 @@ def _member_name(key, child: Metric, name: str) -> str:
 
 class _RowsToCount:
   """The real rows of the update in progress (`Metric.batch_updates`), and their count once
-  `batch_totals` has taken it in the metric's own reduction (one all-reduce, not two, under a
+  `batch_totals` has taken it in the metric's own reduction (one collective, not two, under a
   sharded jit).
 
   Attributes:
@@ -429,9 +429,9 @@ sum is an integer below 2**24), so they can share one reduction with float total
 
 
 def batch_totals(totals: list, counts: list) -> tuple[list, list]:
-  """A batch's float32 totals and True counts, in as few reductions as they allow.
+  """A batch's float totals (compensated) and True counts, in as few reductions as they allow.
 
-  Under a sharded jit every reduction over the rows is an all-reduce in every step, and XLA on
+  Under a sharded jit every reduction over the rows is a collective in every step, and XLA on
   CPU pays a rendezvous of all devices per reduced array: a metric's statistics are cheapest
   summed as one stacked array. When every array has the same shape (and the counts fewer than
   `FLOAT_COUNT_LIMIT` elements) they are one reduction, together with the real rows of the
