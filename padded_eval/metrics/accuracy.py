@@ -82,8 +82,8 @@ class Accuracy(Metric):
       [jnp.where(real, w, 0.0) * hits, w], self.invalid_flags(**bad)
     )
     return {
-      "correct": ExactSum.of(correct),
-      "weight": ExactSum.of(weight),
+      "correct": correct,
+      "weight": weight,
       "invalid": ExactCount.of(jnp.stack(invalid)),
     }
 

@@ -21,19 +21,22 @@ def zero_total(_metric=None) -> ExactSum:
   return ExactSum.zeros()
 
 
-def weighted_totals(values, mask, weights, ref, power: int = 1):
+def weighted_totals(values, mask, weights, ref, power: int = 1, invalid=None):
   """``(ExactSum(sum w * x**power), ExactSum(sum w))`` over the real elements of ``values``.
 
   Args:
-    values: float array (bf16/f16 upcast); NaN in masked-out places never leaks.
+    values: float array (bf16/f16 upcast); NaN in masked-out places, or in elements of
+      weight 0, never leaks.
     mask: None or a bool prefix of ``values``' shape.
     weights: None or a float prefix of ``values``' shape.
     ref: the name of ``values`` for error messages.
     power: 1 or 2; the powers are formed on values scaled by a power of two, so the
       totals neither overflow nor underflow float32 (see ``ExactSum.of_sum``).
+    invalid: None, or a list of bool arrays of ``values``' shape (invalid real elements,
+      already masked) counted in the same reduction (power 1 only).
 
   Returns:
-    The two scalar totals.
+    The two scalar totals; with ``invalid``, also the int32 count of each of its arrays.
 
   Raises:
     ValueError: if the mask or weights do not fit ``values``.
@@ -41,10 +44,14 @@ def weighted_totals(values, mask, weights, ref, power: int = 1):
   values = upcast(jnp.asarray(values))
   real, w = element_weights(mask, weights, values.shape, ref)
   if power == 1:  # one reduction (with the update's real rows): one all-reduce under jit
-    weighted = jnp.where(real, w * jnp.where(real, values, 0.0), 0.0)
-    (total, weight), _ = batch_totals([weighted, w], [])
-    return ExactSum.of(total), ExactSum.of(weight)
-  return ExactSum.of_sum(values, where=real, weights=w, power=power), ExactSum.of(jnp.sum(w))
+    used = real & (w != 0)  # a weight-0 element is not seen: inf or NaN there never leaks
+    weighted = jnp.where(used, w * jnp.where(used, values, 0.0), 0.0)
+    (total, weight), counts = batch_totals([weighted, w], invalid or [])
+    totals = total, weight
+    return totals if invalid is None else totals + (counts,)
+  if invalid is not None:
+    raise ValueError("weighted_totals counts invalid elements with power=1 only")
+  return ExactSum.of_sum(values, where=real, weights=w, power=power), ExactSum.of_sum(w)
 
 
 class WeightedMean(Metric):
@@ -68,6 +75,9 @@ class WeightedMean(Metric):
     values, ref = self._values(**kwargs)
     total, weight = weighted_totals(values, mask, weights, ref, self.power)
     return {"total": total, "weight": weight}
+
+  def number_inputs(self) -> tuple[str, ...]:
+    return self.required_inputs()
 
   def compute(self) -> jax.Array:
     """The weighted mean over real elements; NaN if none was seen."""

@@ -38,6 +38,7 @@ import numpy as np
 
 from padded_eval import validation
 from padded_eval.accumulate import Accumulator, ExactCount, ExactSum
+from padded_eval.floats import compensated_sum
 
 # Names that moved to leaf modules, re-exported here so existing imports keep working
 # (new code imports them from padded_eval.masking, padded_eval.routing and
@@ -172,7 +173,20 @@ class Metric(KeywordReader, abc.ABC):
     for key in self.optional_inputs():
       if kwargs.get(key) is not None:
         checked[key] = validation.as_input(key, kwargs[key], owner=owner)
+    numbers = set(self.number_inputs()) | {"weights"}
+    for key in set(self.required_inputs()) | set(self.optional_inputs()):
+      if checked.get(key) is not None and key != "mask":
+        checked[key] = _fit_int32(key, checked[key], key in numbers, checked.get("mask"), owner)
     return checked
+
+  def number_inputs(self) -> tuple[str, ...]:
+    """The update keywords read as numbers to average (not as class or token ids).
+
+    Integers beyond int32 there (int64 timestamps) are converted to float32 on the host,
+    rounded as float64 is; in any other keyword they are refused (see `_fit_int32`).
+    ``weights`` is always a number. Default: none.
+    """
+    return ()
 
   # --- invalid values (counted, since nothing can raise inside jit) ---------------------
 
@@ -370,6 +384,43 @@ def _empty_shapes(metric: Metric) -> tuple[tuple[int, ...], ...]:
   return shapes
 
 
+_INT32 = np.iinfo(np.int32)
+
+
+def _fit_int32(key: str, value, is_number: bool, mask, owner: str):
+  """``value``, with host integers outside int32 made exact or refused, never wrapped.
+
+  JAX's default 32-bit mode casts int64 to int32 by wrapping (``2**32`` becomes 0). A
+  number to average becomes float32 (rounded to nearest, as a float64 would be); a class
+  or token id outside int32 cannot be one, so it raises. Only the real elements of ``mask``
+  (a host bool prefix of ``value``'s shape) are checked; padding may hold anything.
+
+  Raises:
+    ValueError: an id (not ``is_number``) outside int32's range, naming ``key``.
+  """
+  if not isinstance(value, np.ndarray) or value.dtype.kind not in "iu" or value.dtype.itemsize < 4:
+    return value
+  if value.dtype.itemsize == 4 and value.dtype.kind == "i":
+    return value
+  if is_number:
+    return value.astype(np.float32)
+  seen = value
+  if (
+    isinstance(mask, np.ndarray)
+    and mask.dtype == np.bool_
+    and mask.shape == value.shape[: mask.ndim]
+  ):
+    seen = value[mask]
+  if seen.size and (seen.min() < _INT32.min or seen.max() > _INT32.max):
+    raise ValueError(
+      f"{owner}: {key} holds integers in [{seen.min()}, {seen.max()}] (dtype {value.dtype}), "
+      f"outside int32's range [{_INT32.min}, {_INT32.max}]: JAX's default 32-bit mode would wrap "
+      f"them. Class and token ids must fit int32: remap them (np.unique(..., return_inverse=True)), "
+      "or enable jax_enable_x64"
+    )
+  return value
+
+
 def _flatten_with_keys(metric):
   children = [(jax.tree_util.GetAttrKey(f), getattr(metric, f)) for f in metric._state_fields]
   return children, tuple(getattr(metric, f) for f in metric._config_fields)
@@ -403,7 +454,7 @@ def _member_name(key, child: Metric, name: str) -> str:
 
 class _RowsToCount:
   """The real rows of the update in progress (`Metric.batch_updates`), and their count once
-  `batch_totals` has taken it in the metric's own reduction (one all-reduce, not two, under a
+  `batch_totals` has taken it in the metric's own reduction (one collective, not two, under a
   sharded jit).
 
   Attributes:
@@ -439,9 +490,9 @@ sum is an integer below 2**24), so they can share one reduction with float total
 
 
 def batch_totals(totals: list, counts: list) -> tuple[list, list]:
-  """A batch's float32 totals and True counts, in as few reductions as they allow.
+  """A batch's float totals (compensated) and True counts, in as few reductions as they allow.
 
-  Under a sharded jit every reduction over the rows is an all-reduce in every step, and XLA on
+  Under a sharded jit every reduction over the rows is a collective in every step, and XLA on
   CPU pays a rendezvous of all devices per reduced array: a metric's statistics are cheapest
   summed as one stacked array. When every array has the same shape (and the counts fewer than
   `FLOAT_COUNT_LIMIT` elements) they are one reduction, together with the real rows of the
@@ -453,7 +504,9 @@ def batch_totals(totals: list, counts: list) -> tuple[list, list]:
     counts: bool arrays (already masked), or None (counts 0).
 
   Returns:
-    ``(float32 scalar per total, int32 scalar per count)``, in the order given.
+    ``(ExactSum scalar per total, int32 scalar per count)``, in the order given. The totals
+    are compensated sums (:func:`padded_eval.floats.compensated_sum`: error-free
+    additions in any order), so cancelling values lose nothing to the batching.
   """
   totals = [jnp.asarray(t) for t in totals]
   flags = [f for f in (None if c is None else jnp.asarray(c) for c in counts) if f is not None]
@@ -476,25 +529,28 @@ def batch_totals(totals: list, counts: list) -> tuple[list, list]:
   ):
     float_sums, int_sums = _one_reduction(totals, flags)
   else:
-    float_sums = [jnp.sum(t.astype(jnp.float32)) for t in totals]
+    float_sums = [compensated_sum(t.astype(jnp.float32)) for t in totals]
     int_sums = list(_stacked_counts(flags))
   if claim:
     rows.counted, int_sums = int_sums[-1], int_sums[:-1]
   found = iter(range(len(int_sums)))
   zero = jnp.zeros((), jnp.int32)
+  float_sums = [ExactSum.of_pair(hi, lo) for hi, lo in float_sums]
   return float_sums, [zero if c is None else int_sums[next(found)] for c in counts]
 
 
 @jax.jit
 def _one_reduction(totals: list, flags: list) -> tuple[list, list]:
-  """float32 sums of ``totals`` and int32 counts of ``flags`` (all of one shape), from one
-  reduction of their stack. Jitted: one dispatch when called eagerly, inlined under jit."""
+  """Compensated float32 sums ``(hi, lo)`` of ``totals`` and int32 counts of ``flags`` (all of
+  one shape), from one reduction of their stack. Jitted: one dispatch when called eagerly,
+  inlined under jit."""
   stacked = jnp.stack(
     [t.astype(jnp.float32) for t in totals] + [f.astype(jnp.float32) for f in flags]
   )
-  sums = jnp.sum(stacked, axis=tuple(range(1, stacked.ndim)))
-  counts = sums[len(totals) :].astype(jnp.int32)
-  return [sums[i] for i in range(len(totals))], [counts[i] for i in range(len(flags))]
+  sums, errors = compensated_sum(stacked, axis=tuple(range(1, stacked.ndim)))
+  counts = sums[len(totals) :].astype(jnp.int32)  # exact: integers below 2**24
+  pairs = [(sums[i], errors[i]) for i in range(len(totals))]
+  return pairs, [counts[i] for i in range(len(flags))]
 
 
 def _stacked_counts(flags: list) -> jax.Array:
@@ -533,7 +589,8 @@ def _row_flags(values, rows: int) -> jax.Array:
   values = jnp.asarray(values)
   if values.ndim == 0:
     return jnp.broadcast_to(values, (rows,))
-  return jnp.any(values.reshape(values.shape[0], -1), axis=-1)
+  # math.prod, not -1: a 0-row batch has no size to infer the other axis from
+  return jnp.any(values.reshape(values.shape[0], math.prod(values.shape[1:])), axis=-1)
 
 
 def real_row_flags(mask, weights, inputs) -> jax.Array | None:
