@@ -170,54 +170,51 @@ def compensated_sum(x: jax.Array) -> jax.Array:
   return hi[..., 0] + lo[..., 0]
 
 
-def _grouped(scores, labels, size):
-  """Per sorted element of one column: ``(positive, negative, N_below, N_tied, P_below)``."""
-  capacity = scores.shape[-1]
-  unused = (jnp.arange(capacity) >= size).astype(jnp.int32)
-  unused, scores, labels = jax.lax.sort((unused, scores, labels.astype(jnp.int32)), num_keys=3)
+def _grouped(buffer: ScoreBuffer):
+  """Per sorted element ``[L, capacity]``: ``(positive, negative, N_below, N_tied, P_below)``.
+
+  Written over the whole ``[L, capacity]`` buffer (no ``vmap``: eager use on arrays of a
+  ``jax.make_mesh`` mesh then stays op by op on their sharding).
+  """
+  capacity = buffer.capacity
+  index = jnp.broadcast_to(jnp.arange(capacity), buffer.scores.shape)
+  unused = (index >= buffer.size[..., None]).astype(jnp.int32)
+  labels = buffer.labels.astype(jnp.int32)
+  unused, scores, labels = jax.lax.sort((unused, buffer.scores, labels), num_keys=3)
   used = unused == 0
   positive, negative = used & (labels == 1), used & (labels == 0)
-  index = jnp.arange(capacity)
-  starts = jnp.concatenate(
-    [jnp.array([True]), (scores[1:] != scores[:-1]) | (unused[1:] != unused[:-1])]
-  )
-  ends = jnp.concatenate([starts[1:], jnp.array([True])])
-  start = jax.lax.cummax(jnp.where(starts, index, 0))
-  end = jax.lax.cummin(jnp.where(ends, index, capacity - 1), reverse=True)
-  negatives, positives = jnp.cumsum(negative), jnp.cumsum(positive)
-  below = negatives[start] - negative[start]
-  tied = negatives[end] - below
-  positives_below = positives[start] - positive[start]
+  differs = (scores[..., 1:] != scores[..., :-1]) | (unused[..., 1:] != unused[..., :-1])
+  first = jnp.ones(differs.shape[:-1] + (1,), bool)
+  starts = jnp.concatenate([first, differs], -1)
+  ends = jnp.concatenate([differs, first], -1)
+  start = jax.lax.cummax(jnp.where(starts, index, 0), axis=index.ndim - 1)
+  end = jax.lax.cummin(jnp.where(ends, index, capacity - 1), axis=index.ndim - 1, reverse=True)
+  negatives, positives = jnp.cumsum(negative, -1), jnp.cumsum(positive, -1)
+  at = lambda x, i: jnp.take_along_axis(x, i, -1)
+  below = at(negatives, start) - at(negative, start)
+  tied = at(negatives, end) - below
+  positives_below = at(positives, start) - at(positive, start)
   return positive, negative, below, tied, positives_below
-
-
-def _one_auroc(scores, labels, size):
-  positive, negative, below, tied, _ = _grouped(scores, labels, size)
-  p, n = jnp.sum(positive).astype(jnp.float32), jnp.sum(negative).astype(jnp.float32)
-  twice = compensated_sum(jnp.where(positive, 2 * below + tied, 0).astype(jnp.float32))
-  area = twice / jnp.where(p * n > 0, 2.0 * p * n, 1.0)
-  return jnp.where((p > 0) & (n > 0), area, jnp.nan)
-
-
-def _one_average_precision(scores, labels, size):
-  positive, negative, below, _, positives_below = _grouped(scores, labels, size)
-  p, n = jnp.sum(positive), jnp.sum(negative)
-  true_pos, false_pos = p - positives_below, n - below  # score >= the element's score
-  precision = true_pos.astype(jnp.float32) / jnp.maximum(true_pos + false_pos, 1)
-  total = compensated_sum(jnp.where(positive, precision, 0.0))
-  p = p.astype(jnp.float32)
-  return jnp.where(p > 0, total / jnp.where(p > 0, p, 1.0), jnp.nan)
 
 
 def auroc(buffer: ScoreBuffer) -> jax.Array:
   """float32 ``[L]`` exact AUROC per column, NaN without positives or negatives, or with
   dropped elements."""
-  values = jax.vmap(_one_auroc)(buffer.scores, buffer.labels, buffer.size)
-  return jnp.where(buffer.dropped > 0, jnp.nan, values)
+  positive, negative, below, tied, _ = _grouped(buffer)
+  p = jnp.sum(positive, -1).astype(jnp.float32)
+  n = jnp.sum(negative, -1).astype(jnp.float32)
+  twice = compensated_sum(jnp.where(positive, 2 * below + tied, 0).astype(jnp.float32))
+  area = twice / jnp.where(p * n > 0, 2.0 * p * n, 1.0)
+  return jnp.where((p > 0) & (n > 0) & (buffer.dropped == 0), area, jnp.nan)
 
 
 def average_precision(buffer: ScoreBuffer) -> jax.Array:
   """float32 ``[L]`` exact average precision per column, NaN without positives, or with
   dropped elements."""
-  values = jax.vmap(_one_average_precision)(buffer.scores, buffer.labels, buffer.size)
-  return jnp.where(buffer.dropped > 0, jnp.nan, values)
+  positive, negative, below, _, positives_below = _grouped(buffer)
+  p, n = jnp.sum(positive, -1, keepdims=True), jnp.sum(negative, -1, keepdims=True)
+  true_pos, false_pos = p - positives_below, n - below  # score >= the element's score
+  precision = true_pos.astype(jnp.float32) / jnp.maximum(true_pos + false_pos, 1)
+  total = compensated_sum(jnp.where(positive, precision, 0.0))
+  p = p[..., 0].astype(jnp.float32)
+  return jnp.where((p > 0) & (buffer.dropped == 0), total / jnp.where(p > 0, p, 1.0), jnp.nan)
