@@ -395,6 +395,13 @@ class JitBackend(_OnMesh):
   per_shard_state = False
   counts_rows_on_host = True  # a count in the step would be one more all-reduce per step
 
+  @classmethod
+  def create(cls, axis_name, mesh, data_axes=None):
+    """As for every backend, on the mesh's `padded_eval.sharding.auto_mesh` view: a
+    ``jax.make_mesh`` mesh (``Explicit`` axes) is traced like a ``jax.sharding.Mesh``."""
+    backend = super().create(axis_name, mesh, data_axes)
+    return cls(sharding_lib.auto_mesh(backend.mesh), backend.data_axes)
+
   def place_state(self, state):
     place = lambda: self.place_saved_state(jax.tree.map(np.array, state))
     return placement.placed_once(state, self, place)

@@ -18,6 +18,7 @@ from padded_eval import placement
 __all__ = [
   "DATA_AXIS_NAMES",
   "as_arrays",
+  "auto_mesh",
   "data_axes",
   "global_batch",
   "keep_or_replicate",
@@ -80,12 +81,47 @@ def data_axes(
   return tuple(axes)
 
 
+def auto_mesh(mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
+  """``mesh`` with every axis of type ``Auto``: the same devices, axis names and shape.
+
+  ``jax.make_mesh`` gives ``Explicit`` axes by default (JAX >= 0.7): an array placed on such
+  a mesh carries its sharding in its type, and inside ``jax.jit`` every op must then resolve
+  its output sharding from its operands' types or fail (a scatter of a batch split over
+  ``"data"`` into a replicated histogram raises "Resource axis: data ... not found in mesh:
+  ()", a ``[B, C]`` one-hot of split ids "All operands should have the same sharding").
+  The ``jit`` backend places everything on this view of the mesh instead, so ``step_fn`` and
+  the metrics are traced with XLA propagating the shardings, exactly as on a
+  ``jax.sharding.Mesh(devices, names)`` (whose axes are ``Auto``).
+
+  Args:
+    mesh: any device mesh.
+
+  Returns:
+    ``mesh`` itself if its axes are all ``Auto`` (or this JAX has no axis types), else a
+    ``Mesh`` of the same devices and names with ``Auto`` axes.
+
+  Example:
+    >>> import jax
+    >>> auto_mesh(jax.make_mesh((1,), ("data",))).axis_types
+    (Auto,)
+  """
+  axis_type = getattr(jax.sharding, "AxisType", None)
+  types = getattr(mesh, "axis_types", None)
+  if axis_type is None or types is None or all(t == axis_type.Auto for t in types):
+    return mesh
+  auto = (axis_type.Auto,) * len(mesh.axis_names)
+  return jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
+
+
 def keep_or_replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
   """``tree`` placed on ``mesh`` the way `masked_eval(backend="jit")` takes params.
 
   A leaf that is a ``jax.Array`` already laid out on the mesh's devices (a ``NamedSharding`` over
   a mesh with the same devices in the same order, e.g. params sharded over ``("fsdp",)``) is kept
-  as it is: the same object, no copy, no gather. Every other leaf (numpy arrays, Python scalars,
+  as it is: the same object, no copy, no gather; if its mesh differs from ``mesh`` only in the
+  axis types (params placed on a ``jax.make_mesh`` mesh, ``mesh`` its `auto_mesh`), the same
+  buffers are re-viewed with ``mesh`` (no copy either), since one compiled program takes
+  arrays of one mesh. Every other leaf (numpy arrays, Python scalars,
   arrays on other devices or uncommitted ones) is replicated over the mesh, in one
   ``jax.device_put``; the replicated copy of a ``jax.Array`` leaf is kept while that array
   lives and reused by later calls (`padded_eval.placement.place_reusing`).
@@ -99,12 +135,26 @@ def keep_or_replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
   """
   leaves, treedef = jax.tree.flatten(tree)
   devices = tuple(mesh.devices.flat)
+  leaves = [_viewed_on(leaf, mesh) for leaf in leaves]
   moved = [i for i, leaf in enumerate(leaves) if not _laid_out_on(leaf, devices)]
   if moved:
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     for i, placed in zip(moved, placement.place_reusing([leaves[i] for i in moved], replicated)):
       leaves[i] = placed
   return jax.tree.unflatten(treedef, leaves)
+
+
+def _viewed_on(leaf: Any, mesh: jax.sharding.Mesh) -> Any:
+  """``leaf`` on ``mesh`` if its own mesh is ``mesh`` but for the axis types (same buffers)."""
+  sharding = getattr(leaf, "sharding", None)
+  if not isinstance(leaf, jax.Array) or not isinstance(sharding, jax.sharding.NamedSharding):
+    return leaf
+  own = sharding.mesh
+  if own == mesh or auto_mesh(own) != auto_mesh(mesh):
+    return leaf
+  viewed = jax.sharding.NamedSharding(mesh, sharding.spec, memory_kind=sharding.memory_kind)
+  shards = [shard.data for shard in leaf.addressable_shards]
+  return jax.make_array_from_single_device_arrays(leaf.shape, viewed, shards)
 
 
 def _laid_out_on(leaf: Any, devices: tuple) -> bool:
