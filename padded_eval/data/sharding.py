@@ -18,6 +18,7 @@ from padded_eval.validation import check_divisible, check_int
 __all__ = [
   "DATA_AXIS_NAMES",
   "as_arrays",
+  "auto_mesh",
   "data_axes",
   "global_batch",
   "local_blocks",
@@ -84,6 +85,38 @@ def data_axes(
 def local_shard_count(mesh: jax.sharding.Mesh, axes: tuple[str, ...]) -> int:
   """This process's shards along the mesh ``axes``: how many parts its own rows are split into."""
   return int(np.prod([mesh.local_mesh.shape[axis] for axis in axes]))
+
+
+def auto_mesh(mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
+  """``mesh`` with every axis of type ``Auto``: the same devices, axis names and shape.
+
+  ``jax.make_mesh`` gives ``Explicit`` axes by default (JAX >= 0.7): an array placed on such
+  a mesh carries its sharding in its type, and inside ``jax.jit`` every op must then resolve
+  its output sharding from its operands' types or fail (a scatter of a batch split over
+  ``"data"`` into a replicated histogram raises "Resource axis: data ... not found in mesh:
+  ()", a ``[B, C]`` one-hot of split ids "All operands should have the same sharding").
+  The ``jit`` backend places everything on this view of the mesh instead, so ``step_fn`` and
+  the metrics are traced with XLA propagating the shardings, exactly as on a
+  ``jax.sharding.Mesh(devices, names)`` (whose axes are ``Auto``).
+
+  Args:
+    mesh: any device mesh.
+
+  Returns:
+    ``mesh`` itself if its axes are all ``Auto`` (or this JAX has no axis types), else a
+    ``Mesh`` of the same devices and names with ``Auto`` axes.
+
+  Example:
+    >>> import jax
+    >>> auto_mesh(jax.make_mesh((1,), ("data",))).axis_types
+    (Auto,)
+  """
+  axis_type = getattr(jax.sharding, "AxisType", None)
+  types = getattr(mesh, "axis_types", None)
+  if axis_type is None or types is None or all(t == axis_type.Auto for t in types):
+    return mesh
+  auto = (axis_type.Auto,) * len(mesh.axis_names)
+  return jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
 
 
 def local_blocks(leaf: jax.Array) -> list[jax.Array]:

@@ -157,7 +157,7 @@ def _accuracy_state(sums: list, counts: list) -> dict:
   """Accuracy's state from its `Totals`: ``(correct, weight)`` sums and the invalid counts."""
   correct, weight = sums
   return {
-    "correct": ExactSum.of(correct),
-    "weight": ExactSum.of(weight),
+    "correct": correct,
+    "weight": weight,
     "invalid": ExactCount.of(jnp.stack(counts)),
   }

@@ -51,9 +51,17 @@ weigh 0 in both tasks. ``None`` gives the ``[C]`` per-class scores. Undefined ra
 count as 0 (``zero_division=0``). With ``task="binary"`` ``average`` is not used: the
 positive class is scored. A metric that has seen no counted element computes NaN.
 
-With ``top_k > 1`` (multiclass Precision, Recall, F-scores, Specificity, JaccardIndex) a
-class is predicted for an element when it is among the ``k`` best; per class
-``tn = N - tp - fp - fn`` over the ``N`` counted elements (torchmetrics' rule).
+With ``top_k > 1`` (multiclass Precision, Recall, F-scores, Specificity, JaccardIndex),
+``top_k_rule`` says what is predicted:
+
+* ``"every"`` (default): each of the ``k`` best classes is predicted (``k`` predictions
+  per element: a target among them is a true positive, the others are false positives);
+  per class ``tn = N - tp - fp - fn`` over the ``N`` counted elements.
+* ``"torchmetrics"``: torchmetrics 1.9's rule, one prediction per element: the target
+  when it is among the ``k`` best, else the best class.
+
+Both give the same micro recall (the top-k accuracy); precision and the averaged scores
+differ.
 
 Counts are of elements: sample ``weights`` are not supported (``ValueError``).
 """
@@ -88,6 +96,9 @@ from padded_eval.metrics.base import state
 # --- the shared state ------------------------------------------------------------------
 
 
+TOP_K_RULES = ("every", "torchmetrics")
+
+
 class ConfusionState(ClassificationMetric):
   """Base of the confusion-count metrics: configuration, inputs and exact counts.
 
@@ -101,6 +112,7 @@ class ConfusionState(ClassificationMetric):
   task: str = config_field("multiclass")
   threshold: float = config_field(0.5)
   top_k: int = config_field(1)
+  top_k_rule: str = config_field("every")
   confusion: ExactCount = state(lambda self: ExactCount.zeros(self._counts_shape()))
 
   _full_matrix: ClassVar[bool] = False
@@ -117,6 +129,7 @@ class ConfusionState(ClassificationMetric):
     super()._check_config()
     validation.check_probability("threshold", self.threshold)
     validation.check_positive_int("top_k", self.top_k)
+    validation.check_choice("top_k_rule", self.top_k_rule, TOP_K_RULES)
     if self.top_k > 1 and (self.task != "multiclass" or self._full_matrix):
       raise ValueError(
         f"top_k={self.top_k} is for task='multiclass' Precision, Recall, "
@@ -142,6 +155,9 @@ class ConfusionState(ClassificationMetric):
       counts = matrix_counts(elements.labels, predicted, elements.valid, self.num_classes)
     else:
       predicted = elements.top_k(self.top_k)
+      if self.top_k_rule == "torchmetrics":  # the target if among the k best, else the best
+        hit = jnp.any(predicted == elements.labels[..., None], axis=-1)
+        predicted = jnp.where(hit, elements.labels, predicted[..., 0])[..., None]
       counts = class_counts(elements.labels, predicted, elements.valid, self.num_classes)
     return {"confusion": ExactCount.of(counts), "invalid": invalid}
 
@@ -379,9 +395,10 @@ class CohenKappa(ConfusionState):
 
   A multiclass prediction of no class (an out-of-range id or an all-NaN row) is class
   ``C`` of the :meth:`table`, a disagreement with every target. Undefined kappa (chance
-  agreement 1, e.g. constant inputs) computes 0. Observed and chance disagreement are
-  sums of non-negative terms (off-diagonal shares), so nothing cancels before the final
-  ``1 - observed / chance``.
+  agreement 1, e.g. constant inputs) computes 0. ``1 - observed / chance`` is formed from
+  exact integer products of the counts and rounded once
+  (:func:`padded_eval.metrics._exact_products.cohen_kappa`), so agreement at chance level
+  is exactly 0, as in scikit-learn.
   """
 
   weights: str | None = config_field(None)
@@ -393,18 +410,5 @@ class CohenKappa(ConfusionState):
     validation.check_choice("weights", self.weights, KAPPA_WEIGHTS)
 
   def compute(self) -> jax.Array:
-    table = self.table().total()
-    n = jnp.sum(table)
-    safe_n = jnp.where(n > 0, n, 1.0)
-    true_share, pred_share = jnp.sum(table, axis=1) / safe_n, jnp.sum(table, axis=0) / safe_n
-    expected = jnp.outer(true_share, pred_share)
-    ids = np.arange(table.shape[0])
-    distance = np.abs(ids[:, None] - ids[None, :]).astype(np.float32)
-    if self.weights is None:
-      disagreement = (distance > 0).astype(np.float32)
-    else:
-      disagreement = distance if self.weights == "linear" else distance**2
-    observed = jnp.sum(disagreement * table) / safe_n
-    chance = jnp.sum(disagreement * expected)
-    value = jnp.where(chance > 0, 1.0 - divide(observed, chance), 0.0)
+    value = exact_products.cohen_kappa(self.table(), weights=self.weights)
     return jnp.where(self.seen(), value, jnp.nan)

@@ -29,7 +29,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from padded_eval.exact._floats import ZERO_EXPONENT, frexp, ldexp
+from padded_eval.exact._floats import ZERO_EXPONENT, compensated_sum, frexp, ldexp
 from padded_eval.exact.accumulate import (
   Accumulator,
   ExactCount,
@@ -48,7 +48,7 @@ def _outer(u, v):
 
 def _magnitude_exponent(x, axes):
   """Per column, the exponent bringing ``max |x|`` over ``axes`` into ``[0.5, 1)`` (0 if 0)."""
-  _, e = frexp(jnp.max(jnp.abs(x), axes, keepdims=True))
+  _, e = frexp(jnp.max(jnp.abs(x), axes, keepdims=True, initial=0.0))  # 0 rows: 0
   return e
 
 
@@ -149,12 +149,16 @@ _aggregate_moments = jax.jit(Accumulator.aggregate)
 @functools.partial(jax.jit, static_argnums=3)
 def _batch_moments(values, real, w, axes) -> Moments:
   """See :meth:`Moments.of`."""
+  # An element of weight 0 is not seen: its value sets no scale or shift (1e20 there made
+  # the others' squares round to 0), and inf or NaN there never leaks.
   used = (real & (w != 0))[..., None]
-  values = jnp.where(real[..., None], values, 0.0)
+  values = jnp.where(used, values, 0.0)
   weight = w[..., None]
-  count = jnp.sum(w, axes, keepdims=True)[..., None]
-  low = jnp.min(jnp.where(used, values, jnp.inf), axes, keepdims=True)
-  high = jnp.max(jnp.where(used, values, -jnp.inf), axes, keepdims=True)
+  count, count_error = compensated_sum(w, axes, keepdims=True)
+  count, count_error = count[..., None], count_error[..., None]
+  count_error = jnp.where(jnp.isfinite(count), count_error, 0.0)  # inf weights: NaN error
+  low = jnp.min(jnp.where(used, values, jnp.inf), axes, keepdims=True, initial=jnp.inf)
+  high = jnp.max(jnp.where(used, values, -jnp.inf), axes, keepdims=True, initial=-jnp.inf)
   safe_count = jnp.where(count > 0, count, 1.0)
   scale = _magnitude_exponent(values, axes)
   mean = ldexp(jnp.sum(weight * ldexp(values, -scale), axes, keepdims=True) / safe_count, scale)
@@ -162,21 +166,24 @@ def _batch_moments(values, real, w, axes) -> Moments:
   # fused into an FMA (an unrounded shift) while ``n * shift`` used the rounded one; the
   # clip (min/max) and the split from bits in ``of_product`` leave no product to fuse.
   shift = jnp.where(count > 0, jnp.clip(mean, low, high), 0.0)
-  deviation = jnp.where(real[..., None], values - shift, 0.0)
+  deviation = jnp.where(used, values - shift, 0.0)
   scale = _magnitude_exponent(deviation, axes)
   scaled = ldexp(deviation, -scale)
   weighted = weight * scaled
-  first = jnp.sum(weighted, axes, keepdims=True)
-  products = jnp.sum(_outer(weighted, scaled), axes, keepdims=True)
+  # Compensated sums (error-free additions): the batching changes nothing but the rounding
+  # of the deviations and products themselves.
+  first, first_error = compensated_sum(weighted, axes, keepdims=True)
+  products, products_error = compensated_sum(_outer(weighted, scaled), axes, keepdims=True)
   comoment = products - _outer(first, first) / safe_count[..., None]
   squeeze = lambda x: jnp.squeeze(x, axes)
   # total = n * shift + sum(w * (x - shift)): the product exactly, the small rest rounded.
   total = ExactSum.of_product(squeeze(count), squeeze(shift))
-  total = total.merge(ExactSum.of(squeeze(first), squeeze(scale)))
-  comoment = ExactSum.of(squeeze(comoment), squeeze(scale[..., :, None] + scale[..., None, :]))
-  return Moments._make(
-    ExactSum.of(squeeze(count)[..., 0]), total, comoment, squeeze(low), squeeze(high)
-  )
+  total = total.merge(ExactSum.of_pair(squeeze(first), squeeze(first_error), squeeze(scale)))
+  total = total.merge(ExactSum.of_product(squeeze(count_error), squeeze(shift)))
+  pair_scale = squeeze(scale[..., :, None] + scale[..., None, :])
+  comoment = ExactSum.of_pair(squeeze(comoment), squeeze(products_error), pair_scale)
+  weight_total = ExactSum.of_pair(squeeze(count)[..., 0], squeeze(count_error)[..., 0])
+  return Moments._make(weight_total, total, comoment, squeeze(low), squeeze(high))
 
 
 def _variance_parts(moments: Moments, column: int):
@@ -250,6 +257,9 @@ class Std(Metric):
   moments: Moments = state(lambda self: Moments.zeros((), 1))
   example_rows: ExactCount = state(empty_count)
 
+  def number_inputs(self) -> tuple[str, ...]:
+    return self.required_inputs()
+
   def required_inputs(self) -> tuple[str, ...]:
     return (self.argname,)
 
@@ -304,6 +314,9 @@ class R2Score(Metric):
   target_moments: Moments = state(lambda self: Moments.zeros(self._output_shape(), 1))
   residual: ExactSum = state(lambda self: ExactSum.zeros(self._output_shape()))
   example_rows: ExactCount = state(empty_count)
+
+  def number_inputs(self) -> tuple[str, ...]:
+    return self.required_inputs()
 
   def _output_shape(self) -> tuple[int, ...]:
     return () if self.num_outputs == 1 else (self.num_outputs,)
@@ -360,6 +373,9 @@ class PearsonCorrelation(Metric):
   )
 
   example_rows: ExactCount = state(empty_count)
+
+  def number_inputs(self) -> tuple[str, ...]:
+    return self.required_inputs()
 
   def _check_config(self):
     _check_num_outputs(self.num_outputs)
