@@ -160,13 +160,17 @@ def psnr_reference(data_range):
   return reference
 
 
-def ssim_numpy(x, y, data_range, size=11, sigma=1.5, k1=0.01, k2=0.03):
-  """float64 mean SSIM of one image pair ``[H, W, C]``: scipy's Gaussian filter
-  (truncated at ``(size - 1) / 2``), the map averaged where the window fits."""
+def ssim_numpy(x, y, data_range, size=11, sigma=1.5, k1=0.01, k2=0.03, padding="reflect"):
+  """float64 mean SSIM of one image pair ``[H, W, C]`` with scipy's Gaussian filter
+  (truncated at ``(size - 1) / 2``): the map at every pixel of the image extended by
+  reflection without edge repeat (scipy's ``mode="mirror"``, torch's ``"reflect"``), or
+  with ``padding="valid"`` only where the window fits inside."""
   radius = (size - 1) // 2
 
   def blur(z):
-    return scipy.ndimage.gaussian_filter(z, sigma=(sigma, sigma, 0), truncate=radius / sigma)
+    return scipy.ndimage.gaussian_filter(
+      z, sigma=(sigma, sigma, 0), truncate=radius / sigma, mode="mirror"
+    )
 
   mu_x, mu_y = blur(x), blur(y)
   var_x, var_y = blur(x * x) - mu_x**2, blur(y * y) - mu_y**2
@@ -175,7 +179,9 @@ def ssim_numpy(x, y, data_range, size=11, sigma=1.5, k1=0.01, k2=0.03):
   ssim = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / (
     (mu_x**2 + mu_y**2 + c1) * (var_x + var_y + c2)
   )
-  return ssim[radius:-radius, radius:-radius].mean()
+  if padding == "valid":
+    ssim = ssim[radius:-radius, radius:-radius]
+  return ssim.mean()
 
 
 def ssim_skimage(x, y, data_range):

@@ -69,6 +69,7 @@ def _collection():
       "ndcg@3": pe.metrics.NDCGAtK(3).map_arg(**lists),
       "psnr": pe.metrics.PSNR(1.0).map_arg(**pixels),
       "ssim": pe.metrics.SSIM(1.0).map_arg(**pixels),
+      "ssim_valid": pe.metrics.SSIM(1.0, padding="valid").map_arg(**pixels),
       "mape": pe.metrics.MAPE().map_arg(preds="y_hat", target="y"),
       "msle": pe.metrics.MSLE().map_arg(preds="y_hat", target="y"),
       "explained_variance": pe.metrics.ExplainedVariance().map_arg(preds="y_hat", target="y"),
@@ -91,7 +92,8 @@ def _references(data):
     "map@4": fam.ranking_reference("map", 4)(lists),
     "ndcg@3": fam.ranking_reference("ndcg", 3)(lists),
     "psnr": fam.psnr_reference(1.0)(pixels),
-    "ssim": fam.ssim_reference(1.0, fam.ssim_skimage)(pixels),
+    "ssim": fam.ssim_reference(1.0)(pixels),
+    "ssim_valid": fam.ssim_reference(1.0, fam.ssim_skimage)(pixels),
     "mape": skm.mean_absolute_percentage_error(y, y_hat),
     "msle": skm.mean_squared_log_error(y, y_hat),
     "explained_variance": skm.explained_variance_score(y, y_hat),
@@ -116,7 +118,7 @@ def test_masked_eval_every_backend_one_trace(backend):
   result = pe.masked_eval(step_fn, None, _garbage_batches(data, rng), backend=backend)
   assert len(traces) == 1 and result["num_examples"] == N
   for name, want in _references(data).items():
-    rtol = 1e-5 if name == "ssim" else 1e-6
+    rtol = 1e-5 if name.startswith("ssim") else 1e-6
     np.testing.assert_allclose(result[name], want, rtol=rtol, atol=1e-7, err_msg=name)
 
 
@@ -222,6 +224,7 @@ def test_report_names_ignore_index_and_empty():
     (lambda: pe.metrics.PSNR(-1.0), "data_range"),
     (lambda: pe.metrics.SSIM(1.0, kernel_size=4), "kernel_size"),
     (lambda: pe.metrics.SSIM(1.0, sigma=0), "sigma"),
+    (lambda: pe.metrics.SSIM(1.0, padding="same"), "padding"),
     (lambda: pe.metrics.ExplainedVariance(multioutput="variance_weighted"), "multioutput"),
     (lambda: pe.metrics.ClassificationReport(1), "num_classes"),
   ],
@@ -237,7 +240,11 @@ def test_bad_inputs_say_what_was_expected():
   with pytest.raises(ValueError, match="weights"):
     pe.metrics.MRR().update(preds=np.ones((2, 3)), target=np.ones((2, 3)), weights=np.ones((2, 3)))
   with pytest.raises(ValueError, match="kernel_size=11"):
-    pe.metrics.SSIM(1.0).update(preds=np.ones((1, 8, 20, 1)), target=np.ones((1, 8, 20, 1)))
+    pe.metrics.SSIM(1.0, padding="valid").update(
+      preds=np.ones((1, 8, 20, 1)), target=np.ones((1, 8, 20, 1))
+    )
+  with pytest.raises(ValueError, match="at least 6"):
+    pe.metrics.SSIM(1.0).update(preds=np.ones((1, 5, 20)), target=np.ones((1, 5, 20)))
   with pytest.raises(ValueError, match="one shape"):
     pe.metrics.PSNR(1.0).update(preds=np.ones((1, 4, 4)), target=np.ones((1, 4, 5)))
 

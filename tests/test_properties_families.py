@@ -88,15 +88,18 @@ def test_psnr_any_batching(seed, n, data_range, noise):
   n=st.integers(1, 12),
   offset=st.sampled_from([0.0, 100.0]),
   noise=st.sampled_from([0.01, 0.2]),
+  padding=st.sampled_from(["reflect", "valid"]),
 )
-def test_ssim_any_batching_and_offset(seed, n, offset, noise):
+def test_ssim_any_batching_and_offset(seed, n, offset, noise, padding):
   # images far from 0 (offset 100, data_range 1): the variances do not cancel
   rng = np.random.default_rng(seed)
   target = (offset + rng.random((n, 12, 11, 2))).astype(np.float32)
   preds = (target + noise * rng.standard_normal(target.shape)).astype(np.float32)
-  got = evaluate_randomly(pe.metrics.SSIM(1.0), {"preds": preds, "target": target}, rng)
+  metric = pe.metrics.SSIM(1.0, padding=padding)
+  got = evaluate_randomly(metric, {"preds": preds, "target": target}, rng)
   p, t = preds.astype(np.float64), target.astype(np.float64)
-  want = np.mean([fam.ssim_skimage(a, b, 1.0) for a, b in zip(p, t)])
+  per_image = fam.ssim_skimage if padding == "valid" else fam.ssim_numpy
+  want = np.mean([per_image(a, b, 1.0) for a, b in zip(p, t)])
   assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 

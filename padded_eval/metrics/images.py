@@ -129,25 +129,36 @@ def valid_filter(x: jax.Array, kernel: np.ndarray) -> jax.Array:
   return sum(float(g) * rows[..., :, i : i + width, :] for i, g in enumerate(kernel))
 
 
+PADDINGS = ("reflect", "valid")
+
+
 class SSIM(ImageMean):
   """Structural similarity index, the mean over images of each image's mean SSIM.
 
   Gaussian window (``kernel_size`` 11, ``sigma`` 1.5), ``C1 = (k1 * data_range)**2``,
-  ``C2 = (k2 * data_range)**2``, population (co)variances; the SSIM map is averaged over
-  the places where the window fits inside the image and over channels. Equals
-  torchmetrics ``StructuralSimilarityIndexMeasure(data_range=...)`` (its defaults) and
-  scikit-image ``structural_similarity(gaussian_weights=True, sigma=1.5,
-  use_sample_covariance=False, data_range=..., channel_axis=-1)``. Variances are formed
-  around each image's mean, so nothing cancels for images far from 0.
+  ``C2 = (k2 * data_range)**2``, population (co)variances (clipped at 0, as torchmetrics
+  does), the SSIM map averaged over pixels and channels. ``padding`` says where the map
+  is formed:
+
+  * ``"reflect"`` (default): at every pixel, the image extended by reflection (no edge
+    repeat) under the window; equals torchmetrics
+    ``StructuralSimilarityIndexMeasure(data_range=...)`` with its defaults (1.9).
+  * ``"valid"``: only where the window fits inside the image (the original paper's code);
+    equals scikit-image ``structural_similarity(gaussian_weights=True, sigma=1.5,
+    use_sample_covariance=False, data_range=..., channel_axis=-1)``.
+
+  Variances are formed around each image's mean, so nothing cancels for images far from 0.
 
   Args:
     data_range: ``max - min`` of the pixel values.
     kernel_size: the window's side, an odd int (default 11).
     sigma: the Gaussian's standard deviation in pixels (default 1.5).
     k1, k2: the stabilizing constants (defaults 0.01, 0.03).
+    padding: ``"reflect"`` or ``"valid"`` (see above).
 
   Update keywords: ``preds``, ``target`` ``[B, H, W, C]`` or ``[B, H, W]`` images of
-  one shape, ``H`` and ``W`` at least ``kernel_size``; ``mask``, ``weights`` ``[B]``.
+  one shape (``H``, ``W`` at least ``kernel_size`` with ``"valid"``, above
+  ``kernel_size // 2`` with ``"reflect"``); ``mask``, ``weights`` ``[B]``.
 
   Example:
     >>> import jax.numpy as jnp
@@ -160,6 +171,7 @@ class SSIM(ImageMean):
   sigma: float = 1.5
   k1: float = 0.01
   k2: float = 0.03
+  padding: str = "reflect"
 
   _min_ndim = 3
 
@@ -171,24 +183,33 @@ class SSIM(ImageMean):
     validation.check_positive_number("sigma", self.sigma)
     validation.check_positive_number("k1", self.k1)
     validation.check_positive_number("k2", self.k2)
+    validation.check_choice("padding", self.padding, PADDINGS)
 
   def _image_values(self, preds, target):
     if preds.ndim == 3:
       preds, target = preds[..., None], target[..., None]
-    if preds.ndim != 4 or min(preds.shape[1:3]) < self.kernel_size:
+    radius = self.kernel_size // 2
+    smallest = self.kernel_size if self.padding == "valid" else radius + 1
+    if preds.ndim != 4 or min(preds.shape[1:3]) < smallest:
       raise ValueError(
-        f"SSIM takes images [B, H, W, C] (or [B, H, W]) with H and W at least "
-        f"kernel_size={self.kernel_size}; got preds of shape {preds.shape}"
+        f"SSIM(padding={self.padding!r}) takes images [B, H, W, C] (or [B, H, W]) with H and "
+        f"W at least {smallest} (kernel_size={self.kernel_size}); got preds of shape "
+        f"{preds.shape}"
       )
     # deviations from each image's (and channel's) mean: the window's variances are then
     # small differences of small numbers, not of large ones
     center_x = jnp.mean(preds, axis=(1, 2), keepdims=True)
     center_y = jnp.mean(target, axis=(1, 2), keepdims=True)
     x, y = preds - center_x, target - center_y
+    if self.padding == "reflect":
+      pad = ((0, 0), (radius, radius), (radius, radius), (0, 0))
+      x, y = jnp.pad(x, pad, mode="reflect"), jnp.pad(y, pad, mode="reflect")
     kernel = gaussian_kernel(self.kernel_size, float(self.sigma))
     filtered = valid_filter(jnp.stack([x, y, x * x, y * y, x * y]), kernel)
     mean_x, mean_y, xx, yy, xy = filtered
-    var_x, var_y, cov = xx - mean_x**2, yy - mean_y**2, xy - mean_x * mean_y
+    var_x = jnp.maximum(xx - mean_x**2, 0.0)
+    var_y = jnp.maximum(yy - mean_y**2, 0.0)
+    cov = xy - mean_x * mean_y
     mu_x, mu_y = mean_x + center_x, mean_y + center_y
     c1 = (float(self.k1) * float(self.data_range)) ** 2
     c2 = (float(self.k2) * float(self.data_range)) ** 2
