@@ -157,6 +157,28 @@ def test_msle_counts_values_at_or_below_minus_one_and_leaves_them_out():
   )
 
 
+@pytest.mark.parametrize(
+  "metric, kind, inputs",
+  [
+    (pe.metrics.PSNR(1.0), "nan pixel", {"preds": np.zeros((3, 4, 4, 1)), "target": "nan"}),
+    (pe.metrics.SSIM(1.0), "nan pixel", {"preds": np.zeros((3, 12, 12)), "target": "nan"}),
+    (pe.metrics.MAPE(), "nan value", {"preds": np.zeros(3), "target": "nan"}),
+    (pe.metrics.ExplainedVariance(), "nan value", {"preds": np.zeros(3), "target": "nan"}),
+  ],
+  ids=["psnr", "ssim", "mape", "explained_variance"],
+)
+def test_nan_in_real_rows_is_counted_and_not_dropped(metric, kind, inputs):
+  target = np.ones_like(inputs["preds"]) + np.arange(3).reshape(
+    (3,) + (1,) * (inputs["preds"].ndim - 1)
+  )
+  target.reshape(-1)[1] = np.nan  # one NaN element in the first real row
+  target[2] = np.nan  # padding: never counted
+  batch = {"preds": inputs["preds"], "target": target, "mask": np.array([True, True, False])}
+  updated = metric.update(**batch)
+  assert updated.invalid_counts() == {kind: 1}
+  assert np.isnan(float(updated.compute()))
+
+
 def test_ranking_query_weights_with_candidate_mask():
   rng = np.random.default_rng(3)
   batch = fam.ranking_batches(rng, graded=True)[0]

@@ -5,13 +5,16 @@ any float or int dtype, computed in float32. Each image's value is formed inside
 batch; the state is the exact sum of the values of real images and their (weighted)
 count (:class:`~padded_eval.accumulate.ExactSum`), so the result over padded batches and
 devices is the mean over the dataset's images. ``mask`` and ``weights`` are ``[B]``
-(whole images); padded images may hold NaN or garbage.
+(whole images); padded images may hold NaN or garbage. A NaN pixel of a real image is
+counted in ``invalid`` (``"nan pixel"``, reported by ``masked_eval``) and makes the result
+NaN: it is never dropped silently.
 """
 
 from __future__ import annotations
 
 import abc
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +23,14 @@ import numpy as np
 from padded_eval import validation
 from padded_eval.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import broadcast_mask, broadcast_prefix
-from padded_eval.metrics.base import Metric, batch_totals, empty_count, empty_sum, state
+from padded_eval.metrics.base import (
+  Metric,
+  batch_totals,
+  empty_count,
+  empty_sum,
+  invalid_state,
+  state,
+)
 
 
 def image_pair(preds, target, *, min_ndim: int = 2, owner: str) -> tuple[jax.Array, jax.Array]:
@@ -62,7 +72,9 @@ class ImageMean(Metric):
   total: ExactSum = state(empty_sum)
   weight: ExactSum = state(empty_sum)
   example_rows: ExactCount = state(empty_count)
+  invalid: ExactCount = state(invalid_state)
 
+  invalid_kinds: ClassVar[tuple[str, ...]] = ("nan pixel",)
   _min_ndim = 2
 
   def _check_config(self):
@@ -79,7 +91,12 @@ class ImageMean(Metric):
     real = (w != 0).reshape((-1,) + (1,) * (preds.ndim - 1))
     values = self._image_values(jnp.where(real, preds, 0.0), jnp.where(real, target, 0.0))
     (total, weight), _ = batch_totals([jnp.where(w != 0, w * values, 0.0), w], [])
-    return {"total": ExactSum.of(total), "weight": ExactSum.of(weight)}
+    nan = real & (jnp.isnan(preds) | jnp.isnan(target))  # counted; the image's value is NaN
+    return {
+      "total": ExactSum.of(total),
+      "weight": ExactSum.of(weight),
+      "invalid": self.count_invalid(**{"nan pixel": nan}),
+    }
 
   def compute(self) -> jax.Array:
     """The mean over images (float32 scalar); NaN when no image was seen."""

@@ -44,7 +44,9 @@ class MAPE(WeightedMean):
 
   ``eps`` is float64's machine epsilon, as in scikit-learn's
   ``mean_absolute_percentage_error``: a target of 0 gives a huge (finite) error, not
-  inf. The result is a fraction (0.1 is 10%). NaN when empty.
+  inf. The result is a fraction (0.1 is 10%). NaN when empty. A real element with a NaN
+  error (NaN in ``preds`` or ``target``) is counted in ``invalid`` (``"nan value"``) and
+  makes the result NaN.
 
   Example:
     >>> import jax.numpy as jnp
@@ -53,9 +55,18 @@ class MAPE(WeightedMean):
     0.1
   """
 
+  invalid: ExactCount = state(invalid_state)
+  invalid_kinds: ClassVar[tuple[str, ...]] = ("nan value",)
+
   def _values(self, *, preds, target, **_):
     preds, target = _pair(preds, target)
     return jnp.abs(preds - target) / jnp.maximum(jnp.abs(target), MAPE_EPSILON), "preds"
+
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    values, ref = self._values(preds=preds, target=target)
+    nan = broadcast_mask(mask, values.shape, ref) & jnp.isnan(values)
+    total, weight = weighted_totals(values, mask, weights, ref, self.power)
+    return {"total": total, "weight": weight, "invalid": self.count_invalid(**{"nan value": nan})}
 
 
 class MSLE(WeightedMean):
@@ -108,7 +119,8 @@ class ExplainedVariance(Metric):
   Both variances are (weighted) population variances around the dataset's means, merged
   exactly (Chan). As scikit-learn's ``explained_variance_score`` (``force_finite=True``):
   an output whose residuals do not vary scores 1, and one whose target is constant
-  (but residuals vary) scores 0. NaN when empty.
+  (but residuals vary) scores 0. NaN when empty. A real element with NaN in ``preds`` or
+  ``target`` is counted in ``invalid`` (``"nan value"``) and makes the result NaN.
 
   Args:
     num_outputs: 1 (every element of ``preds`` is one observation) or ``D`` for
@@ -130,6 +142,8 @@ class ExplainedVariance(Metric):
     lambda self: Moments.zeros(() if self.num_outputs == 1 else (self.num_outputs,), 2)
   )
   example_rows: ExactCount = state(empty_count)
+  invalid: ExactCount = state(invalid_state)
+  invalid_kinds: ClassVar[tuple[str, ...]] = ("nan value",)
 
   def _check_config(self):
     validation.check_positive_int("num_outputs", self.num_outputs)
@@ -145,7 +159,11 @@ class ExplainedVariance(Metric):
     real, w = element_weights(mask, weights, preds.shape, "preds")
     axes = tuple(range(preds.ndim - (self.num_outputs > 1)))
     variables = jnp.stack([target, target - preds], axis=-1)
-    return {"moments": Moments.of(variables, real, w, axes)}
+    nan = real & (jnp.isnan(preds) | jnp.isnan(target))
+    return {
+      "moments": Moments.of(variables, real, w, axes),
+      "invalid": self.count_invalid(**{"nan value": nan}),
+    }
 
   def compute(self) -> jax.Array:
     """The score: a float32 scalar, or ``[D]`` with ``multioutput="raw_values"``."""
