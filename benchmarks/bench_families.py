@@ -9,7 +9,8 @@ batch statistics into the carried state. The two programs are timed in interleav
 in one process (``common.interleaved_seconds``); the figure is
 ``min(t_metric) / min(t_forward) - 1`` over the rounds (the fastest run of each is the least
 disturbed by other load on a shared machine), beside the median of the per-round ratios:
-the share of a forward pass the metric adds.
+the share of a forward pass the metric adds. XLA's cost analysis of the two compiled
+programs gives the same share in flops and bytes accessed, which no other load disturbs.
 One device (plain ``jit``), so it is the metric's own arithmetic, not a collective.
 """
 
@@ -108,10 +109,19 @@ def _programs(metric, params, forward, x, target):
     return jax.lax.scan(step, (jnp.zeros(()), metric), (x, target, mask))[0]
 
   args = jax.device_put((params, x, target, mask))
-  return {
+  programs = {
     "forward": lambda: jax.block_until_ready(forward_only(*args)),
     "metric": lambda: jax.block_until_ready(with_metric(*args)),
   }
+  costs = {"forward": _cost(forward_only, args), "metric": _cost(with_metric, args)}
+  return programs, costs
+
+
+def _cost(fn, args) -> dict:
+  """XLA's own count of the compiled program's flops and bytes accessed (load-independent)."""
+  cost = fn.lower(*args).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return {"flops": float(cost.get("flops", 0.0)), "bytes": float(cost.get("bytes accessed", 0.0))}
 
 
 def run(rounds: int = 15, steps: int = 20) -> list[dict]:
@@ -119,7 +129,8 @@ def run(rounds: int = 15, steps: int = 20) -> list[dict]:
   rows = []
   for name, task, make in CASES:
     description, params, forward, x, target = task(np.random.default_rng(0), steps)
-    timings = interleaved_seconds(_programs(make(), params, forward, x, target), rounds)
+    programs, costs = _programs(make(), params, forward, x, target)
+    timings = interleaved_seconds(programs, rounds)
     best = {key: min(t[key] for t in timings) for key in ("forward", "metric")}
     shares = [t["metric"] / t["forward"] - 1.0 for t in timings]
     rows.append(
@@ -129,6 +140,8 @@ def run(rounds: int = 15, steps: int = 20) -> list[dict]:
         "forward_ms": 1e3 * best["forward"] / steps,
         "share": best["metric"] / best["forward"] - 1.0,
         "median_share": float(np.median(shares)),
+        "flops_share": costs["metric"]["flops"] / costs["forward"]["flops"] - 1.0,
+        "bytes_share": costs["metric"]["bytes"] / costs["forward"]["bytes"] - 1.0,
       }
     )
   return rows
@@ -142,11 +155,15 @@ def main(argv=None):
   print(
     f"devices: {jax.devices()[0].platform} x{jax.device_count()}; {args.steps} steps per program"
   )
-  print(f"{'metric':26s} {'forward ms/step':>15s} {'share (min)':>11s} {'(median)':>9s}  task")
+  print(
+    f"{'metric':26s} {'forward ms/step':>15s} {'time (min)':>10s} {'(median)':>9s} "
+    f"{'flops':>8s} {'bytes':>8s}  task"
+  )
   for row in run(args.rounds, args.steps):
     print(
-      f"{row['metric']:26s} {row['forward_ms']:15.3f} {row['share']:11.1%} "
-      f"{row['median_share']:9.1%}  {row['task']}"
+      f"{row['metric']:26s} {row['forward_ms']:15.3f} {row['share']:10.1%} "
+      f"{row['median_share']:9.1%} {row['flops_share']:8.1%} {row['bytes_share']:8.1%}  "
+      f"{row['task']}"
     )
 
 

@@ -55,14 +55,12 @@ class RankedLists:
     kept: bool ``[B, L]``, the sorted candidate is real and valid (dropped ones last).
     group_start, group_end: int32 ``[B, L]``, the first and last place (0-based) of the
       candidate's group of tied scores among the kept ones.
-    ideal: float32 ``[B, L]``, the kept relevances sorted descending (the best ranking).
   """
 
   relevance: jax.Array
   kept: jax.Array
   group_start: jax.Array
   group_end: jax.Array
-  ideal: jax.Array
 
   @property
   def relevant(self) -> jax.Array:
@@ -95,8 +93,7 @@ def rank_lists(preds, target, real) -> RankedLists:
   last = jnp.concatenate([differs, jnp.ones_like(differs[:, :1])], axis=1)  # ends a group
   group_start = jax.lax.cummax(jnp.where(first, places, 0), axis=1)
   group_end = jax.lax.cummin(jnp.where(last, places, places[-1]), axis=1, reverse=True)
-  ideal = -jnp.sort(-relevance, axis=1)
-  return RankedLists(sorted_relevance, kept, group_start, group_end, ideal)
+  return RankedLists(sorted_relevance, kept, group_start, group_end)
 
 
 def _check_k(k, allow_none: bool = True) -> None:
@@ -313,4 +310,6 @@ class NDCGAtK(RankingMetric):
     shared = cumulative[lists.group_end + 1] - cumulative[lists.group_start]
     size = (lists.group_end - lists.group_start + 1).astype(jnp.float32)
     gains = jnp.where(lists.kept, lists.relevance * shared / size, 0.0)
-    return _ratio(jnp.sum(gains, 1), jnp.sum(lists.ideal * discount, 1))
+    # the ideal ranking's DCG needs only the best min(k, L) relevances (top_k: no full sort)
+    best = jax.lax.top_k(lists.relevance, min(self.k or length, length))[0]
+    return _ratio(jnp.sum(gains, 1), jnp.sum(best * discount[: best.shape[1]], 1))
