@@ -18,6 +18,12 @@ averages the gains of tied candidates over the places they share (scikit-learn's
 ``ndcg_score(ignore_ties=False)``), so its value does not depend on the order of ties.
 A NaN score ranks after every other real candidate.
 
+Peers: on the same queries (``indexes`` = the row) the values equal torchmetrics'
+``RetrievalRecall``, ``RetrievalPrecision``, ``RetrievalMRR``, ``RetrievalMAP`` and
+``RetrievalNormalizedDCG`` (``benchmarks/peers_torchmetrics.py``) when scores are > 0 and
+untied: torchmetrics 1.9 counts a candidate scored <= 0 as not relevant in the first
+four, and orders ties by its sort.
+
 Invalid real candidates, counted by kind in ``invalid`` (``masked_eval`` reports them)
 and dropped from their query as if masked: ``"negative relevance"`` (e.g. the -1 that
 TF-Ranking uses for padding), ``"nan relevance"``. ``"nan score"`` is counted and the
