@@ -10,7 +10,7 @@ loss of one pass over the whole dataset.
 Masked-out rows never influence a value or a gradient: ``preds`` and ``target`` are
 set to 0 there with ``where`` before any arithmetic, so NaN padding is harmless.
 
-Example:
+Examples:
   >>> import jax.numpy as jnp
   >>> import padded_eval as pe
   >>> xent = pe.losses.Crossentropy()

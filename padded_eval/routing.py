@@ -17,7 +17,7 @@ reader's keyword ``argname`` is ``kwargs[source_keyword][path[0]][path[1]]...``.
 are applied in order, the most recently added first (it sees the caller's keywords).
 Other keywords pass through unchanged.
 
-Example:
+Examples:
   >>> from padded_eval import routing
   >>> step = routing.map_arg_step({"preds": "logits"})
   >>> routing.route_kwargs((step,), {"logits": 1, "target": 2})

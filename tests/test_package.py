@@ -74,7 +74,13 @@ def test_readme_links_work_on_a_package_index():
   relative = [t for t in targets if not t.startswith("https://")]
   assert not relative, relative
   repository = PROJECT["urls"]["Repository"]
-  assert all(t.startswith(repository) for t in targets if "github" in t), targets
+  raw = repository.replace("https://github.com/", "https://raw.githubusercontent.com/")
+  ours = [t for t in targets if "github" in t]
+  assert all(t.startswith((repository + "/", raw + "/")) for t in ours), ours
+  # the files linked on the default branch exist in this checkout
+  for target in ours:
+    path = target.removeprefix(raw + "/main/").split("/main/", 1)[-1].split("#")[0]
+    assert (ROOT / path).exists(), target
 
 
 def test_no_extra_pulls_cuda_wheels():

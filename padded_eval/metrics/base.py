@@ -13,7 +13,7 @@ metrics only define their batch statistics (``_batch_state``) and ``compute``:
 ``merge``, ``reduce`` and ``aggregate`` are written once here, by mapping the
 accumulators' own exact operations over the state.
 
-Example:
+Examples:
   >>> import jax.numpy as jnp
   >>> import padded_eval as pe
   >>> m = pe.metrics.Mean()
@@ -77,6 +77,16 @@ class Metric(KeywordReader, abc.ABC):
   ``name``, ``arg_routes``, :meth:`map_arg`, :meth:`index_into`, the configuration
   hook ``_check_config`` and :meth:`required_inputs` come from
   :class:`padded_eval.routing.KeywordReader`, shared with losses.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> first = pe.metrics.Mean("x").update(x=np.array([1.0, 2.0, 99.0]), mask=np.array([True, True, False]))
+    >>> second = pe.metrics.Mean("x").update(x=np.array([6.0]))
+    >>> float(first.merge(second).compute())  # (1 + 2 + 6) / 3: the masked row never counts
+    3.0
+    >>> float(pe.metrics.Mean("x").compute())  # nothing seen
+    nan
   """
 
   # The update keywords: keyword-only parameters of _batch_state (and of _values, where

@@ -343,7 +343,7 @@ class AUROC(_ScoreHistogram):
   Args:
     num_thresholds: number of score bins (positional; default 65_537).
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> m = AUROC().update(preds=jnp.array([0.1, 0.4, 0.35, 0.8]), target=jnp.array([0, 0, 1, 1]))
     >>> round(float(m.compute()), 4)
@@ -398,7 +398,17 @@ class AUROC(_ScoreHistogram):
 class AUPRC(_ScoreHistogram):
   """Area under the precision-recall curve as average precision (scikit-learn's
   ``average_precision_score``: ``sum_k (R_k - R_{k-1}) P_k`` over thresholds from the
-  highest bin down), from binned scores (see the module docstring)."""
+  highest bin down), from binned scores (see the module docstring).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.AUPRC().update(preds=probs, target=labels)
+    >>> round(float(m.compute()), 4)  # average precision: (1 + 2/4 + 3/5) / 3
+    0.7
+  """
 
   def _area(self, positives, negatives):
     pos = positives.total()

@@ -44,7 +44,7 @@ class Perplexity(WeightedMean):
   ``target`` ``[B, T]`` int token ids; ``mask`` bool ``[B]`` or ``[B, T]``; ``weights``
   the same shape rule. ``compute()`` is NaN when no real token was seen.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> m = Perplexity().update(preds=jnp.zeros((1, 2, 4)), target=jnp.array([[0, 3]]))
     >>> round(float(m.compute()), 4)
