@@ -43,7 +43,7 @@ from padded_eval.accumulate import Accumulator, ExactCount, ExactSum
 from padded_eval.masking import broadcast_mask as broadcast_mask
 from padded_eval.masking import element_weights as element_weights
 from padded_eval.masking import masked as masked
-from padded_eval.routing import KeywordReader
+from padded_eval.routing import KeywordReader, dataclass_transform
 from padded_eval.routing import index_into_step as index_into_step
 from padded_eval.routing import map_arg_step as map_arg_step
 from padded_eval.routing import route_kwargs as route_kwargs
@@ -52,9 +52,13 @@ from padded_eval.validation import check_choice as check_choice
 _STATE = "padded_eval_state"
 
 
-def state(factory: Callable[[Any], Any]):
-  """Declares a state field; ``factory(metric)`` builds its empty value from the config."""
-  return dataclasses.field(init=False, repr=False, compare=False, metadata={_STATE: factory})
+def state(factory: Callable[[Any], Any], *, init: bool = False) -> Any:
+  """Declares a state field; ``factory(metric)`` builds its empty value from the config.
+
+  ``init`` stays False (state is never a constructor argument); it is a parameter so that
+  type checkers, told by ``dataclass_transform``, know it.
+  """
+  return dataclasses.field(init=init, repr=False, compare=False, metadata={_STATE: factory})
 
 
 def is_state(field: dataclasses.Field) -> bool:
@@ -66,6 +70,7 @@ def _is_node(x) -> bool:
   return isinstance(x, (Accumulator, Metric))
 
 
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, state))
 @dataclasses.dataclass(frozen=True, eq=False)
 class Metric(KeywordReader, abc.ABC):
   """Base class of every metric; see the module docstring and docs/architecture.md.
