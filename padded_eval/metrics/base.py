@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from padded_eval import validation
 from padded_eval.accumulate import Accumulator, ExactCount, ExactSum
@@ -148,7 +149,7 @@ class Metric(KeywordReader, abc.ABC):
   def _batch_state(self, **kwargs) -> Mapping[str, Any]:
     """The state of one batch: ``{state_field: accumulator}``."""
 
-  def batch_updates(self, **kwargs) -> Metric:
+  def batch_updates(self, **kwargs: ArrayLike) -> Metric:
     """A new metric holding only this batch's statistics. Keyword-only.
 
     Raises:
@@ -191,7 +192,7 @@ class Metric(KeywordReader, abc.ABC):
   #: it in ``_batch_state`` with :meth:`count_invalid`.
   invalid_kinds: ClassVar[tuple[str, ...]] = ()
 
-  def count_invalid(self, **bad: jax.Array) -> ExactCount:
+  def count_invalid(self, **bad: ArrayLike) -> ExactCount:
     """The batch's invalid counts, in ``invalid_kinds`` order.
 
     Args:
@@ -285,7 +286,7 @@ class Metric(KeywordReader, abc.ABC):
         report.append((_member_name(key, child, name), n))
     return report
 
-  def update(self, **kwargs) -> Metric:
+  def update(self, **kwargs: ArrayLike) -> Metric:
     """A new metric: this batch's statistics merged in. Keyword-only."""
     return self.merge(self.batch_updates(**kwargs))
 

@@ -45,6 +45,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from padded_eval import validation
 from padded_eval.metrics.base import Metric, state
@@ -190,7 +191,7 @@ class Bootstrap(Metric):
   def optional_inputs(self) -> tuple[str, ...]:
     return ()
 
-  def batch_updates(self, **kwargs) -> Bootstrap:
+  def batch_updates(self, **kwargs: ArrayLike) -> Bootstrap:
     """This batch's statistics: the wrapped metric's and every replica's. Keyword-only.
 
     Raises:
