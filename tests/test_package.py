@@ -110,3 +110,21 @@ def test_demo_without_its_extras_says_which_in_one_line():
   assert "pip install 'padded_eval[tf,demo]'" in lines[0] and "flax" in lines[0], lines
   assert "tensorflow_datasets" in lines[0] and "optax" not in lines[0], lines
   assert importlib.util.find_spec("flax") is not None  # this process is untouched
+
+
+def test_public_surface_takes_arraylike_and_returns_jax_arrays():
+  """py.typed makes these annotations what a user's type checker sees."""
+  import inspect
+
+  metrics = [
+    value
+    for value in vars(pe.metrics).values()
+    if isinstance(value, type) and issubclass(value, pe.Metric)
+  ]
+  for metric in metrics:
+    for method in ("update", "batch_updates"):
+      kwargs = inspect.signature(getattr(metric, method)).parameters["kwargs"]
+      assert kwargs.annotation == "ArrayLike", (metric.__name__, method, kwargs.annotation)
+    if metric not in (pe.Metric, pe.metrics.Bootstrap):  # those return what they wrap
+      returned = inspect.signature(metric.compute).return_annotation
+      assert returned == "jax.Array", (metric.__name__, returned)
