@@ -32,3 +32,6 @@ from padded_eval.sharding import prefetch_to_device as prefetch_to_device
 from padded_eval.sharding import shard as shard
 from padded_eval.sharding import unshard as unshard
 from padded_eval.step_cache import RecompileWarning as RecompileWarning
+
+# The one place the version is written; pyproject.toml reads it ([tool.setuptools.dynamic]).
+__version__ = "0.1.0"
