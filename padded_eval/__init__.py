@@ -32,3 +32,6 @@ from padded_eval.losses import regularizers as regularizers
 from padded_eval.metrics.base import Metric as Metric
 from padded_eval.multihost import distributed as distributed
 from padded_eval.multihost.distributed import process_slice as process_slice
+
+# The one place the version is written; pyproject.toml reads it ([tool.setuptools.dynamic]).
+__version__ = "0.1.0"

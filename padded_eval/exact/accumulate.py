@@ -159,6 +159,8 @@ class ExactCount(Accumulator):
   """
 
   _fields = ("lo", "hi")
+  lo: jax.Array
+  hi: jax.Array
 
   @classmethod
   def zeros(cls, shape=()) -> ExactCount:
@@ -282,6 +284,9 @@ class ExactSum(Accumulator):
   """
 
   _fields = ("hi", "lo", "exponent")
+  hi: jax.Array
+  lo: jax.Array
+  exponent: jax.Array
 
   @classmethod
   def zeros(cls, shape=()) -> ExactSum:

@@ -49,6 +49,16 @@ class Accuracy(Metric):
   with scores, not 0/1 for binary: not counted), ``"pred id out of range"`` (a negative
   class id: a miss), ``"nan score"`` (a miss unless another class ranks) and
   ``"probability outside [0, 1]"`` (binary without ``from_logits``).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> logits = np.array([[2.0, 1, 0], [0, 2.0, 1], [1, 0, 2.0], [2.0, 0, 1]])
+    >>> labels = np.array([0, 1, 1, 2])
+    >>> float(pe.metrics.Accuracy().update(preds=logits, target=labels).compute())
+    0.5
+    >>> float(pe.metrics.Accuracy(top_k=2).update(preds=logits, target=labels).compute())
+    0.75
   """
 
   top_k: int = 1

@@ -97,7 +97,7 @@ class Mean(WeightedMean):
   Args:
     argname: the update keyword to average (default ``"values"``).
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> m = Mean("mse").update(mse=jnp.array([2.0, 4.0]))
     >>> float(m.compute())
@@ -131,6 +131,13 @@ class MSE(WeightedMean):
   """Mean squared error ``mean((preds - target)**2)`` over real elements.
 
   The squares are formed on scaled errors: finite whenever the result fits float32.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> preds, target = np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.0, 5.0])
+    >>> round(float(pe.metrics.MSE().update(preds=preds, target=target).compute()), 4)  # 8 / 3
+    2.6667
   """
 
   power = 2
@@ -140,14 +147,30 @@ class MSE(WeightedMean):
 
 
 class MAE(WeightedMean):
-  """Mean absolute error ``mean(|preds - target|)`` over real elements."""
+  """Mean absolute error ``mean(|preds - target|)`` over real elements.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> preds, target = np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.0, 5.0])
+    >>> round(float(pe.metrics.MAE().update(preds=preds, target=target).compute()), 4)  # 4 / 3
+    1.3333
+  """
 
   def _values(self, *, preds, target, **_):
     return jnp.abs(_error(preds, target)), "preds"
 
 
 class RMSE(MSE):
-  """Root mean squared error: ``sqrt`` of :class:`MSE` over the whole dataset."""
+  """Root mean squared error: ``sqrt`` of :class:`MSE` over the whole dataset.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> preds, target = np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.0, 5.0])
+    >>> round(float(pe.metrics.RMSE().update(preds=preds, target=target).compute()), 4)  # sqrt(8 / 3)
+    1.633
+  """
 
   def compute(self) -> jax.Array:
     """``sqrt(sum(w * e**2) / sum(w))`` formed on the scaled totals (no overflow)."""

@@ -13,7 +13,7 @@ metrics only define their batch statistics (``_batch_state``) and ``compute``:
 ``merge``, ``reduce`` and ``aggregate`` are written once here, by mapping the
 accumulators' own exact operations over the state.
 
-Example:
+Examples:
   >>> import jax.numpy as jnp
   >>> import padded_eval as pe
   >>> m = pe.metrics.Mean()
@@ -34,18 +34,23 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from padded_eval import validation
 from padded_eval.exact._floats import compensated_sum
 from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
-from padded_eval.routing import KeywordReader
+from padded_eval.routing import KeywordReader, dataclass_transform
 
 _STATE = "padded_eval_state"
 
 
-def state(factory: Callable[[Any], Any]):
-  """Declares a state field; ``factory(metric)`` builds its empty value from the config."""
-  return dataclasses.field(init=False, repr=False, compare=False, metadata={_STATE: factory})
+def state(factory: Callable[[Any], Any], *, init: bool = False) -> Any:
+  """Declares a state field; ``factory(metric)`` builds its empty value from the config.
+
+  ``init`` stays False (state is never a constructor argument); it is a parameter so that
+  type checkers, told by ``dataclass_transform``, know it.
+  """
+  return dataclasses.field(init=init, repr=False, compare=False, metadata={_STATE: factory})
 
 
 def is_state(field: dataclasses.Field) -> bool:
@@ -57,6 +62,7 @@ def _is_node(x) -> bool:
   return isinstance(x, (Accumulator, Metric))
 
 
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, state))
 @dataclasses.dataclass(frozen=True, eq=False)
 class Metric(KeywordReader, abc.ABC):
   """Base class of every metric; see the module docstring and docs/architecture.md.
@@ -68,6 +74,16 @@ class Metric(KeywordReader, abc.ABC):
   ``name``, ``arg_routes``, :meth:`map_arg`, :meth:`index_into`, the configuration
   hook ``_check_config`` and :meth:`required_inputs` come from
   :class:`padded_eval.routing.KeywordReader`, shared with losses.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> first = pe.metrics.Mean("x").update(x=np.array([1.0, 2.0, 99.0]), mask=np.array([True, True, False]))
+    >>> second = pe.metrics.Mean("x").update(x=np.array([6.0]))
+    >>> float(first.merge(second).compute())  # (1 + 2 + 6) / 3: the masked row never counts
+    3.0
+    >>> float(pe.metrics.Mean("x").compute())  # nothing seen
+    nan
   """
 
   # The update keywords: keyword-only parameters of _batch_state (and of _values, where
@@ -128,7 +144,7 @@ class Metric(KeywordReader, abc.ABC):
     """The state of one batch: ``{state_field: accumulator}``, or the `Totals` it is built from
     (summed by `batch_updates` in one reduction with the update's real rows)."""
 
-  def batch_updates(self, **kwargs) -> Metric:
+  def batch_updates(self, **kwargs: ArrayLike) -> Metric:
     """A new metric holding only this batch's statistics. Keyword-only.
 
     Raises:
@@ -183,7 +199,7 @@ class Metric(KeywordReader, abc.ABC):
   #: it in ``_batch_state`` with :meth:`count_invalid`.
   invalid_kinds: ClassVar[tuple[str, ...]] = ()
 
-  def count_invalid(self, **bad: jax.Array) -> ExactCount:
+  def count_invalid(self, **bad: ArrayLike) -> ExactCount:
     """The batch's invalid counts, in ``invalid_kinds`` order.
 
     Args:
@@ -276,7 +292,7 @@ class Metric(KeywordReader, abc.ABC):
         report.append((_member_name(key, child, name), n))
     return report
 
-  def update(self, **kwargs) -> Metric:
+  def update(self, **kwargs: ArrayLike) -> Metric:
     """A new metric: this batch's statistics merged in. Keyword-only."""
     return self.merge(self.batch_updates(**kwargs))
 

@@ -245,7 +245,7 @@ def f_beta(tp, fp, fn, beta: float) -> jax.Array:
 class Precision(ClassScore):
   """``tp / (tp + fp)``: the fraction of predicted positives that are right.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> m = Precision(task="binary").update(preds=jnp.array([0.9, 0.8, 0.1]),
     ...                                     target=jnp.array([1, 0, 1]))
@@ -258,21 +258,51 @@ class Precision(ClassScore):
 
 
 class Recall(ClassScore):
-  """``tp / (tp + fn)``: the fraction of true positives found (sensitivity)."""
+  """``tp / (tp + fn)``: the fraction of true positives found (sensitivity).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.Recall(task="binary").update(preds=probs, target=labels)
+    >>> round(float(m.compute()), 4)  # tp / (tp + fn) = 2 / 3
+    0.6667
+  """
 
   def _score(self, tp, fp, fn, tn):
     return divide(tp, tp + fn)
 
 
 class Specificity(ClassScore):
-  """``tn / (tn + fp)``: the fraction of true negatives found."""
+  """``tn / (tn + fp)``: the fraction of true negatives found.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.Specificity(task="binary").update(preds=probs, target=labels)
+    >>> round(float(m.compute()), 4)  # tn / (tn + fp) = 1 / 3
+    0.3333
+  """
 
   def _score(self, tp, fp, fn, tn):
     return divide(tn, tn + fp)
 
 
 class F1Score(ClassScore):
-  """Harmonic mean of precision and recall, ``2 tp / (2 tp + fn + fp)``."""
+  """Harmonic mean of precision and recall, ``2 tp / (2 tp + fn + fp)``.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.F1Score(task="binary").update(preds=probs, target=labels)
+    >>> round(float(m.compute()), 4)  # 2 tp / (2 tp + fp + fn) = 4 / 7
+    0.5714
+  """
 
   def _score(self, tp, fp, fn, tn):
     return f_beta(tp, fp, fn, 1.0)
@@ -283,6 +313,15 @@ class FBetaScore(ClassScore):
 
   Args:
     beta: a positive float (the only positional argument).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.FBetaScore(beta=2.0, task="binary").update(preds=probs, target=labels)
+    >>> round(float(m.compute()), 4)  # 5 tp / (5 tp + 4 fn + fp) = 10 / 16
+    0.625
   """
 
   beta: float = 1.0
@@ -302,6 +341,15 @@ class JaccardIndex(ClassScore):
   scores, ``target`` ``[B, H, W]``, ``mask`` ``[B]`` or ``[B, H, W]``) the default
   ``average="macro"`` is the mIoU over classes present; ``ignore_index`` (e.g. 255, or a
   background class id) removes those pixels, and a class id from the mean.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.JaccardIndex(task="binary").update(preds=probs, target=labels)
+    >>> round(float(m.compute()), 4)  # tp / (tp + fp + fn) = 2 / 5
+    0.4
   """
 
   def _score(self, tp, fp, fn, tn):
@@ -324,6 +372,15 @@ class ConfusionMatrix(ConfusionState):
     num_classes: the number of classes (the only positional argument; ``None`` for binary).
     normalize: ``None`` (counts), ``"true"`` (rows sum to 1), ``"pred"`` (columns sum to
       1) or ``"all"``; an all-zero row or column stays 0.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> logits = np.array([[2.0, 1, 0], [0, 2.0, 1], [1, 0, 2.0], [2.0, 0, 1]])
+    >>> labels = np.array([0, 1, 1, 2])
+    >>> m = pe.metrics.ConfusionMatrix(num_classes=3).update(preds=logits, target=labels)
+    >>> m.counts().tolist()  # rows: the labels, columns: the predictions
+    [[1, 0, 0], [0, 1, 1], [1, 0, 0]]
   """
 
   num_classes: int | None = None
@@ -373,6 +430,15 @@ class MatthewsCorrCoef(ConfusionState):
   of the three terms formed exactly from the integer counts
   (:mod:`padded_eval.metrics._exact_products`) and rounded once, so nearly constant
   inputs do not cancel (constant inputs give exactly 0, like scikit-learn).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> logits = np.array([[2.0, 1, 0], [0, 2.0, 1], [1, 0, 2.0], [2.0, 0, 1]])
+    >>> labels = np.array([0, 1, 1, 2])
+    >>> m = pe.metrics.MatthewsCorrCoef(num_classes=3).update(preds=logits, target=labels)
+    >>> round(float(m.compute()), 4)  # (2 * 4 - 5) / sqrt((16 - 6) * (16 - 6))
+    0.3
   """
 
   _full_matrix: ClassVar[bool] = True
@@ -399,6 +465,15 @@ class CohenKappa(ConfusionState):
   exact integer products of the counts and rounded once
   (:func:`padded_eval.metrics._exact_products.cohen_kappa`), so agreement at chance level
   is exactly 0, as in scikit-learn.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> logits = np.array([[2.0, 1, 0], [0, 2.0, 1], [1, 0, 2.0], [2.0, 0, 1]])
+    >>> labels = np.array([0, 1, 1, 2])
+    >>> m = pe.metrics.CohenKappa(num_classes=3).update(preds=logits, target=labels)
+    >>> round(float(m.compute()), 4)  # (1/2 - 5/16) / (1 - 5/16)
+    0.2727
   """
 
   weights: str | None = config_field(None)

@@ -455,7 +455,7 @@ class AUROC(_ScoreHistogram):
       ``masked_eval``: ``len(batches) * batch_size`` rows, times spatial elements); more are
       counted as invalid and the value is NaN.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> m = AUROC().update(preds=jnp.array([0.1, 0.4, 0.35, 0.8]), target=jnp.array([0, 0, 1, 1]))
     >>> round(float(m.compute()), 4)
@@ -517,7 +517,17 @@ class AUPRC(_ScoreHistogram):
   ``average_precision_score``: ``sum_k (R_k - R_{k-1}) P_k`` over thresholds from the
   highest bin down), from binned scores (``|compute() - exact| <= error_bound()``), or
   exactly with ``exact=True`` and ``capacity`` (as for :class:`AUROC`: every counted score
-  kept, ``5 * L * capacity`` bytes, thresholds at every distinct score)."""
+  kept, ``5 * L * capacity`` bytes, thresholds at every distinct score).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.AUPRC().update(preds=probs, target=labels)
+    >>> round(float(m.compute()), 4)  # average precision: (1 + 2/4 + 3/5) / 3
+    0.7
+  """
 
   _exact_area = staticmethod(exact_scores.average_precision)
 

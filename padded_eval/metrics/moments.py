@@ -245,7 +245,7 @@ class Std(Metric):
   Update keywords: ``values`` (``argname``) ``[...]`` float; ``mask`` / ``weights`` a
   prefix of its shape. ``compute()`` is NaN when ``n - ddof <= 0`` (e.g. empty).
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> m = Std().update(values=jnp.array([1.0, 3.0, jnp.nan]), mask=jnp.array([True, True, False]))
     >>> float(m.compute())
@@ -307,6 +307,13 @@ class R2Score(Metric):
 
   Update keywords: ``preds``, ``target`` float of equal shape; ``mask`` / ``weights``
   a prefix of their shape.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> preds, target = np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.0, 5.0])
+    >>> round(float(pe.metrics.R2Score().update(preds=preds, target=target).compute()), 4)  # 1 - 8 / 14
+    0.4286
   """
 
   num_outputs: int = 1
@@ -365,6 +372,14 @@ class PearsonCorrelation(Metric):
 
   Update keywords: ``preds``, ``target`` float of equal shape; ``mask`` / ``weights``
   a prefix of their shape.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> preds, target = np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.0, 5.0])
+    >>> m = pe.metrics.PearsonCorrelation().update(preds=preds, target=target)
+    >>> round(float(m.compute()), 4)  # 4 / sqrt(2 * 14)
+    0.7559
   """
 
   num_outputs: int = 1

@@ -52,7 +52,7 @@ class Perplexity(WeightedMean):
   without ``ignore_index=-100`` is one) is not averaged but counted as invalid, kind
   ``"target out of range"`` (:meth:`invalid_counts`, :meth:`invalid_report`).
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> m = Perplexity().update(preds=jnp.zeros((1, 2, 4)), target=jnp.array([[0, 3]]))
     >>> round(float(m.compute()), 4)
