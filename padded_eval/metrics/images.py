@@ -93,8 +93,8 @@ class ImageMean(Metric):
     (total, weight), _ = batch_totals([jnp.where(w != 0, w * values, 0.0), w], [])
     nan = real & (jnp.isnan(preds) | jnp.isnan(target))  # counted; the image's value is NaN
     return {
-      "total": ExactSum.of(total),
-      "weight": ExactSum.of(weight),
+      "total": total,  # batch_totals gives compensated ExactSums
+      "weight": weight,
       "invalid": self.count_invalid(**{"nan pixel": nan}),
     }
 

@@ -150,8 +150,8 @@ class RankingMetric(Metric):
     scores = jnp.where(query, self._query_scores(lists), 0.0)
     (total, count), _ = batch_totals([jnp.where(query, w * scores, 0.0), w], [])
     return {
-      "total": ExactSum.of(total),
-      "queries": ExactSum.of(count),
+      "total": total,  # batch_totals gives compensated ExactSums
+      "queries": count,
       "invalid": self.count_invalid(
         **{"negative relevance": negative, "nan relevance": nan_relevance, "nan score": nan_score}
       ),
