@@ -339,3 +339,8 @@ CASES: list[MetricCase] = [
     lambda bs: _perplexity(bs, ignore_index=-100),
   ),
 ]
+
+# Families in their own modules (each appends its rows here; imported last: they use the above).
+from metric_cases_text import TEXT_CASES  # noqa: E402
+
+CASES.extend(TEXT_CASES)

@@ -19,7 +19,12 @@ from padded_eval.metrics.confusion import Recall as Recall
 from padded_eval.metrics.confusion import Specificity as Specificity
 from padded_eval.metrics.curves import AUPRC as AUPRC
 from padded_eval.metrics.curves import AUROC as AUROC
+from padded_eval.metrics.edit_distance import ExactMatch as ExactMatch
+from padded_eval.metrics.edit_distance import RougeL as RougeL
+from padded_eval.metrics.edit_distance import WordErrorRate as WordErrorRate
 from padded_eval.metrics.moments import PearsonCorrelation as PearsonCorrelation
 from padded_eval.metrics.moments import R2Score as R2Score
 from padded_eval.metrics.moments import Std as Std
+from padded_eval.metrics.ngrams import BLEU as BLEU
+from padded_eval.metrics.ngrams import RougeN as RougeN
 from padded_eval.metrics.text import Perplexity as Perplexity
