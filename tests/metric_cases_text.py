@@ -1,7 +1,6 @@
 """Rows of the metric table for the text metrics (BLEU, ROUGE, WER, exact match).
 
-Imported at the end of ``tests/metric_cases.py``, which appends :data:`TEXT_CASES` to
-``CASES``. The references are the packages themselves on the same ids written as
+Imported at the end of ``tests/metric_cases.py``; appends :data:`TEXT_CASES` to its ``CASES``. The references are the packages themselves on the same ids written as
 words (pad ids removed): sacrebleu (``tokenize="none"``, ``score / 100``; an all-padding
 reference is ``None``, absent), Google's rouge-score (a whitespace tokenizer;
 ``score_multi`` for several references) and jiwer; exact match is string equality.
@@ -12,7 +11,7 @@ from __future__ import annotations
 import jiwer
 import numpy as np
 import sacrebleu
-from metric_cases import MetricCase, padded_batches, real
+from metric_cases import CASES, MetricCase, padded_batches, real
 from rouge_score import rouge_scorer
 
 import padded_eval as pe
@@ -182,3 +181,5 @@ TEXT_CASES = [
     atol=0.0,
   ),
 ]
+
+CASES.extend(TEXT_CASES)
