@@ -197,3 +197,13 @@ def test_higher_is_better():
   assert pe.metrics.BLEU.higher_is_better and pe.metrics.RougeN(1).higher_is_better
   assert pe.metrics.RougeL.higher_is_better and pe.metrics.ExactMatch.higher_is_better
   assert pe.metrics.WordErrorRate.higher_is_better is False
+
+
+@pytest.mark.parametrize(
+  "module", [pe.metrics.ngrams, pe.metrics.edit_distance, pe.metrics.token_sequences]
+)
+def test_docstring_examples(module):
+  import doctest
+
+  result = doctest.testmod(module)
+  assert result.failed == 0 and (module is pe.metrics.token_sequences or result.attempted > 0)

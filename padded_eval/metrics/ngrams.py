@@ -46,7 +46,11 @@ def _shifted(table: jax.Array, k: int) -> jax.Array:
 def ngram_counts(
   hyps: Sequences, refs: Sequences, max_order: int
 ) -> Iterator[tuple[int, jax.Array, jax.Array, jax.Array]]:
-  """Per order ``n = 1 .. max_order``, the counts of each hypothesis n-gram.
+  """Per order ``n = 1 .. max_order``, each hypothesis n-gram's rank and reference counts.
+
+  A distinct n-gram seen ``c`` times in the hypothesis has ranks ``0 .. c - 1`` there, so
+  ``sum(in_hyp & (rank < k))`` over its positions is ``min(c, k)``: clipped counts need no
+  count of the hypothesis' own n-grams.
 
   Args:
     hyps: ``[B, T]`` hypotheses.
@@ -54,25 +58,23 @@ def ngram_counts(
     max_order: the largest n-gram order.
 
   Yields:
-    ``(n, hyp_count, first, ref_count)``: int32 ``[B, T]`` occurrences in the hypothesis
-    of the n-gram starting at each position; bool ``[B, T]``, True at the first occurrence
-    of each distinct n-gram (so a sum over ``first`` counts each n-gram once); int32
-    ``[B, R, T]`` its occurrences in each reference.
+    ``(n, rank, in_hyp, ref_count)``: int32 ``[B, T]``, how many times the n-gram starting
+    at each position occurred earlier in the hypothesis; bool ``[B, T]``, True where an
+    n-gram starts; int32 ``[B, R, T]``, its occurrences in each reference.
   """
   h, r = hyps.tokens, refs.tokens
   length = h.shape[-1]
-  same_h = h[:, :, None] == h[:, None, :]  # [B, T, T]
-  same_r = h[:, None, :, None] == r[:, :, None, :]  # [B, R, T, S]
   earlier = jnp.tril(jnp.ones((length, length), bool), -1)  # [i, j]: j < i
+  same_h = (h[:, :, None] == h[:, None, :]) & earlier  # [B, T, T]
+  same_r = h[:, None, :, None] == r[:, :, None, :]  # [B, R, T, S]
   eq_h, eq_r = same_h, same_r
   for n in range(1, max_order + 1):
     if n > 1:
       eq_h, eq_r = eq_h & _shifted(same_h, n - 1), eq_r & _shifted(same_r, n - 1)
     in_hyp, in_ref = hyps.valid(n), refs.valid(n)
-    hyp_count = jnp.sum(eq_h & in_hyp[:, None, :], axis=-1, dtype=jnp.int32)
-    first = in_hyp & jnp.logical_not(jnp.any(eq_h & earlier, axis=-1))
+    rank = jnp.sum(eq_h, axis=-1, dtype=jnp.int32)  # j < i: an n-gram inside the hypothesis
     ref_count = jnp.sum(eq_r & in_ref[:, :, None, :], axis=-1, dtype=jnp.int32)
-    yield n, hyp_count, first, ref_count
+    yield n, rank, in_hyp, ref_count
 
 
 def ngram_totals(sequences: Sequences, n: int) -> jax.Array:
@@ -94,9 +96,9 @@ def bleu_rows(batch: TokenBatch, max_order: int) -> list[jax.Array]:
   """int32 ``[B]`` columns: the clipped matches of each order, the n-grams of each order,
   the hypothesis length and the closest reference length of each row."""
   matches, totals = [], []
-  for n, hyp_count, first, ref_count in ngram_counts(batch.hyps, batch.refs, max_order):
+  for n, rank, in_hyp, ref_count in ngram_counts(batch.hyps, batch.refs, max_order):
     clip = jnp.max(ref_count, axis=1)  # an absent reference has no n-gram
-    matches.append(jnp.sum(jnp.where(first, jnp.minimum(hyp_count, clip), 0), axis=-1))
+    matches.append(jnp.sum(in_hyp & (rank < clip), axis=-1, dtype=jnp.int32))
     totals.append(ngram_totals(batch.hyps, n))
   return matches + totals + [batch.hyps.lengths, closest_reference_lengths(batch)]
 
@@ -104,11 +106,9 @@ def bleu_rows(batch: TokenBatch, max_order: int) -> list[jax.Array]:
 @functools.partial(jax.jit, static_argnames="n")  # one dispatch when updated eagerly
 def rouge_n_scores(batch: TokenBatch, n: int) -> jax.Array:
   """float32 ``[B]``: each row's best ROUGE-N F-measure over its references."""
-  *_, (_, hyp_count, first, ref_count) = ngram_counts(batch.hyps, batch.refs, n)
-  shared = jnp.where(first[:, None, :], jnp.minimum(hyp_count[:, None, :], ref_count), 0)
-  scores = f_measure(
-    jnp.sum(shared, -1), ngram_totals(batch.hyps, n)[:, None], ngram_totals(batch.refs, n)
-  )
+  *_, (_, rank, in_hyp, ref_count) = ngram_counts(batch.hyps, batch.refs, n)
+  shared = jnp.sum(in_hyp[:, None, :] & (rank[:, None, :] < ref_count), -1, dtype=jnp.int32)
+  scores = f_measure(shared, ngram_totals(batch.hyps, n)[:, None], ngram_totals(batch.refs, n))
   return jnp.max(jnp.where(batch.present, scores, 0.0), axis=-1)
 
 
