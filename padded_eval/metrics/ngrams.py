@@ -33,16 +33,6 @@ from padded_eval.metrics.token_sequences import (
 NO_REFERENCE = "row without a reference"
 
 
-def _shifted(table: jax.Array, k: int) -> jax.Array:
-  """``table[..., i + k, j + k]`` over the last two axes (False past the end)."""
-  if k == 0:
-    return table
-  rows, cols = table.shape[-2:]
-  part = table[..., k:, k:]
-  widths = [(0, 0)] * (table.ndim - 2) + [(0, rows - part.shape[-2]), (0, cols - part.shape[-1])]
-  return jnp.pad(part, widths)
-
-
 def ngram_counts(
   hyps: Sequences, refs: Sequences, max_order: int
 ) -> Iterator[tuple[int, jax.Array, jax.Array, jax.Array]]:
@@ -58,20 +48,25 @@ def ngram_counts(
     max_order: the largest n-gram order.
 
   Yields:
-    ``(n, rank, in_hyp, ref_count)``: int32 ``[B, T]``, how many times the n-gram starting
-    at each position occurred earlier in the hypothesis; bool ``[B, T]``, True where an
-    n-gram starts; int32 ``[B, R, T]``, its occurrences in each reference.
+    ``(n, rank, in_hyp, ref_count)`` over the ``P = max(T - n + 1, 0)`` positions where an
+    n-gram can start: int32 ``[B, P]``, how many times the n-gram starting there occurred
+    earlier in the hypothesis; bool ``[B, P]``, True where one starts; int32 ``[B, R, P]``,
+    its occurrences in each reference.
   """
   h, r = hyps.tokens, refs.tokens
   length = h.shape[-1]
   earlier = jnp.tril(jnp.ones((length, length), bool), -1)  # [i, j]: j < i
   same_h = (h[:, :, None] == h[:, None, :]) & earlier  # [B, T, T]
   same_r = h[:, None, :, None] == r[:, :, None, :]  # [B, R, T, S]
-  eq_h, eq_r = same_h, same_r
+  eq_h, eq_r = same_h, same_r  # order n: [B, T - n + 1, T - n + 1], [B, R, T - n + 1, S - n + 1]
   for n in range(1, max_order + 1):
-    if n > 1:
-      eq_h, eq_r = eq_h & _shifted(same_h, n - 1), eq_r & _shifted(same_r, n - 1)
-    in_hyp, in_ref = hyps.valid(n), refs.valid(n)
+    if (
+      n > 1
+    ):  # the n-gram at (i, j) is the (n - 1)-gram there and the ids at (i + n - 1, j + n - 1)
+      eq_h = eq_h[:, :-1, :-1] & same_h[:, n - 1 :, n - 1 :]
+      eq_r = eq_r[..., :-1, :-1] & same_r[..., n - 1 :, n - 1 :]
+    starts = eq_h.shape[-1]
+    in_hyp, in_ref = hyps.valid(n)[:, :starts], refs.valid(n)[..., : eq_r.shape[-1]]
     rank = jnp.sum(eq_h, axis=-1, dtype=jnp.int32)  # j < i: an n-gram inside the hypothesis
     ref_count = jnp.sum(eq_r & in_ref[:, :, None, :], axis=-1, dtype=jnp.int32)
     yield n, rank, in_hyp, ref_count

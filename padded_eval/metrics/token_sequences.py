@@ -21,6 +21,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
+import numbers
 from typing import ClassVar
 
 import jax
@@ -121,7 +122,7 @@ class TokenMetric(Metric):
   several_references: ClassVar[bool] = True
 
   def _check_config(self):
-    if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, int):
+    if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, numbers.Integral):
       raise ValueError(f"pad_id must be an int token id; got {self.pad_id!r}")
     validation.check_positive_int("vocab_size", self.vocab_size, allow_none=True)
 
