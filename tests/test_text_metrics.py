@@ -207,3 +207,23 @@ def test_docstring_examples(module):
 
   result = doctest.testmod(module)
   assert result.failed == 0 and (module is pe.metrics.token_sequences or result.attempted > 0)
+
+
+def test_weights_are_refused_so_a_bootstrap_resamples_rows_through_the_mask():
+  rng = np.random.default_rng(11)
+  preds, target = sentences(rng, (24,), 8, vocab=4), sentences(rng, (24,), 8, vocab=4)
+  preds[:8] = target[:8]  # some exact matches
+  batch = {"preds": preds, "target": target, "mask": np.arange(24) < 21}
+  for make in (
+    lambda: pe.metrics.BLEU(max_order=1),
+    lambda: pe.metrics.RougeN(1),
+    pe.metrics.RougeL,
+    pe.metrics.WordErrorRate,
+    pe.metrics.ExactMatch,
+  ):
+    with pytest.raises(ValueError, match="does not take sample weights"):
+      make().update(**batch, weights=np.ones(24, np.float32))
+    boot = pe.metrics.Bootstrap(make(), num_replicas=64)
+    boot = boot.update(**batch, index=np.arange(24))
+    low, high = (float(x) for x in boot.compute_interval())
+    assert low < high, make  # replicas differ: rows were resampled, not ignored

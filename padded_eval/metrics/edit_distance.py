@@ -146,8 +146,8 @@ class WordErrorRate(TokenMetric):
   several_references: ClassVar[bool] = False
   higher_is_better: ClassVar[bool] = False
 
-  def _batch_state(self, *, preds, target, mask=None, **_):
-    batch = self.token_batch(preds, target, mask)
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    batch = self.token_batch(preds, target, mask, weights)
     refs = Sequences(batch.refs.tokens[:, 0], batch.refs.lengths[:, 0])
     distances = edit_distances(batch.hyps, refs)
     ones = jnp.ones_like(distances)

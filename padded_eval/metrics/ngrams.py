@@ -159,8 +159,8 @@ class BLEU(TokenMetric):
     validation.check_positive_int("max_order", self.max_order)
     check_flag("smooth", self.smooth)
 
-  def _batch_state(self, *, preds, target, mask=None, **_):
-    batch = self.token_batch(preds, target, mask)
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    batch = self.token_batch(preds, target, mask, weights)
     flags = [batch.bad_ids, batch.no_reference().astype(jnp.int32), jnp.ones_like(batch.bad_ids)]
     sums = row_sums(bleu_rows(batch, self.max_order) + flags, batch.real)
     k = self.max_order

@@ -126,15 +126,22 @@ class TokenMetric(Metric):
       raise ValueError(f"pad_id must be an int token id; got {self.pad_id!r}")
     validation.check_positive_int("vocab_size", self.vocab_size, allow_none=True)
 
-  def token_batch(self, preds, target, mask) -> TokenBatch:
+  def token_batch(self, preds, target, mask, weights=None) -> TokenBatch:
     """The batch's sentences, padding removed (see the module docstring).
 
     Raises:
+      ValueError: ``weights`` given: the text metrics count ids and rows (a bootstrap
+        resamples them through the mask instead).
       ValueError: ``preds`` is not ``[B, T]`` ints, ``target`` not ``[B, S]`` (or
         ``[B, R, S]`` where several references are allowed) ints with the same ``B``, or
         ``mask`` not bool ``[B]``.
     """
     owner = f"{type(self).__name__}.update"
+    if weights is not None:
+      raise ValueError(
+        f"{owner}: {type(self).__name__} counts ids and rows and does not take sample weights; "
+        "got weights. Drop the keyword, or mask rows out instead"
+      )
     preds, target = _int_ids("preds", preds, owner), _int_ids("target", target, owner)
     shapes = "[B, S] or [B, R, S]" if self.several_references else "[B, S]"
     if preds.ndim != 2:
@@ -210,8 +217,8 @@ class MeanRowScore(TokenMetric):
   def _row_scores(self, batch: TokenBatch) -> jax.Array:
     """float32 ``[B]``: each row's score (any value on padded rows)."""
 
-  def _batch_state(self, *, preds, target, mask=None, **_):
-    batch = self.token_batch(preds, target, mask)
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    batch = self.token_batch(preds, target, mask, weights)
     scores = self._row_scores(batch)
     bad, rows = row_sums([batch.bad_ids, jnp.ones_like(batch.bad_ids)], batch.real)
     return {
