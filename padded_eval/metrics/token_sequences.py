@@ -8,6 +8,8 @@ everywhere:
 * ``target``: ``[B, S]`` (one reference per row) or ``[B, R, S]`` (``R`` references);
 * ``mask``: optional bool ``[B]``, True for a real row (a padded row contributes nothing,
   whatever its ids).
+* ``weights`` are refused (``ValueError``): these metrics count ids and rows, and
+  ``Bootstrap`` then resamples rows through the mask.
 
 ``pad_id`` marks padding anywhere in a row: a sentence is its ids other than ``pad_id``,
 in order (what a detokenizer that skips padding prints). A reference that is all padding
