@@ -29,14 +29,14 @@ from padded_eval.metrics.moments import R2Score as R2Score
 from padded_eval.metrics.moments import Std as Std
 from padded_eval.metrics.ngrams import BLEU as BLEU
 from padded_eval.metrics.ngrams import RougeN as RougeN
-from padded_eval.metrics.ranking import MAPAtK as MAPAtK
 from padded_eval.metrics.ranking import MRR as MRR
+from padded_eval.metrics.ranking import MAPAtK as MAPAtK
 from padded_eval.metrics.ranking import NDCGAtK as NDCGAtK
 from padded_eval.metrics.ranking import PrecisionAtK as PrecisionAtK
 from padded_eval.metrics.ranking import RecallAtK as RecallAtK
-from padded_eval.metrics.regression import ExplainedVariance as ExplainedVariance
 from padded_eval.metrics.regression import MAPE as MAPE
 from padded_eval.metrics.regression import MSLE as MSLE
+from padded_eval.metrics.regression import ExplainedVariance as ExplainedVariance
 from padded_eval.metrics.report import ClassificationReport as ClassificationReport
 from padded_eval.metrics.segmentation import Dice as Dice
 from padded_eval.metrics.text import Perplexity as Perplexity
