@@ -496,3 +496,7 @@ CASES += [
     atol=0.0,
   ),
 ]
+
+# Families in their own modules: each appends its rows to CASES when imported (last: they use
+# the above; a module imported first imports this one, and then appends once all the same).
+import metric_cases_text  # noqa: E402, F401

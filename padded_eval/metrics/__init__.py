@@ -19,11 +19,16 @@ from padded_eval.metrics.confusion import Recall as Recall
 from padded_eval.metrics.confusion import Specificity as Specificity
 from padded_eval.metrics.curves import AUPRC as AUPRC
 from padded_eval.metrics.curves import AUROC as AUROC
+from padded_eval.metrics.edit_distance import ExactMatch as ExactMatch
+from padded_eval.metrics.edit_distance import RougeL as RougeL
+from padded_eval.metrics.edit_distance import WordErrorRate as WordErrorRate
 from padded_eval.metrics.images import PSNR as PSNR
 from padded_eval.metrics.images import SSIM as SSIM
 from padded_eval.metrics.moments import PearsonCorrelation as PearsonCorrelation
 from padded_eval.metrics.moments import R2Score as R2Score
 from padded_eval.metrics.moments import Std as Std
+from padded_eval.metrics.ngrams import BLEU as BLEU
+from padded_eval.metrics.ngrams import RougeN as RougeN
 from padded_eval.metrics.ranking import MRR as MRR
 from padded_eval.metrics.ranking import MAPAtK as MAPAtK
 from padded_eval.metrics.ranking import NDCGAtK as NDCGAtK
