@@ -23,3 +23,7 @@ from padded_eval.metrics.moments import PearsonCorrelation as PearsonCorrelation
 from padded_eval.metrics.moments import R2Score as R2Score
 from padded_eval.metrics.moments import Std as Std
 from padded_eval.metrics.text import Perplexity as Perplexity
+
+# isort: split
+# Slices and comparisons (issue 30)
+from padded_eval.metrics.sliced import Sliced as Sliced
