@@ -26,4 +26,5 @@ from padded_eval.metrics.text import Perplexity as Perplexity
 
 # isort: split
 # Slices and comparisons (issue 30)
+from padded_eval.metrics.comparison import compare as compare
 from padded_eval.metrics.sliced import Sliced as Sliced
