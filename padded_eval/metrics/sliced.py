@@ -269,10 +269,12 @@ class Sliced(Metric):
   def compute_logs(self) -> dict[str, Any]:
     """``{f"{key}/{slice name}": value}``: every key of the wrapped metric's logs, per slice.
 
-    Computed once over the slice axis, then split on the host (so it runs eagerly).
+    Computed once over the slice axis, then split on the host: it does not trace (under
+    ``jit`` it raises, so ``masked_eval`` computes it eagerly rather than compiling a
+    program with one output per slice).
     """
     logs = self._with_empty_nan(jax.vmap(lambda m: m.compute_logs())(self.slices))
-    logs = jax.device_get(logs)
+    logs = jax.tree.map(np.asarray, logs)  # on the host (refuses to trace: one entry per slice)
     names = self.names()
     return {f"{key}/{names[s]}": value[s] for key, value in logs.items() for s in range(len(names))}
 
