@@ -102,8 +102,9 @@ class Accumulator(abc.ABC):
     """Both totals combined."""
 
   @abc.abstractmethod
-  def _combine(self, total: Callable, maximum: Callable, n: int):
-    """Totals ``n`` parts given a summing and a maximum function over them."""
+  def _combine(self, total: Callable, maximum: Callable, n: int, spread: Callable = None):
+    """Totals ``n`` parts given a summing and a maximum function over them; ``spread`` maps a
+    combined value back onto the parts (default: broadcast)."""
 
   def reduce(self, axis_name) -> Accumulator:
     """Totals across the mapped axis ``axis_name``; every device gets the total."""
@@ -111,6 +112,32 @@ class Accumulator(abc.ABC):
     return self._combine(
       lambda x: jax.lax.psum(x, axis_name), lambda x: jax.lax.pmax(x, axis_name), n
     )
+
+  def segment_sum(self, segment_ids: jax.Array, num_segments: int) -> Accumulator:
+    """Totals of the leading axis's parts grouped by ``segment_ids``: ``[num_segments, ...]``.
+
+    The same exact combination as :meth:`aggregate` (count limbs split so the integer sums
+    cannot wrap, float parts split at a quantum common to each segment), with
+    ``jax.ops.segment_sum`` in place of the sum: a part with an id outside
+    ``[0, num_segments)`` is dropped, a segment without parts is an empty total.
+
+    Args:
+      segment_ids: int ``[n]``, the segment of each of the ``n`` leading parts.
+      num_segments: the number of segments (static).
+
+    Raises:
+      ValueError: more parts than :meth:`aggregate` combines exactly (``2**16``).
+    """
+    ids = jnp.asarray(segment_ids, jnp.int32)
+    n = self.shape[0]
+
+    def total(x):
+      return jax.ops.segment_sum(x, ids, num_segments)
+
+    def maximum(x):
+      return jax.ops.segment_max(x, ids, num_segments)
+
+    return self._combine(total, maximum, n, spread=lambda x: x[jnp.clip(ids, 0, num_segments - 1)])
 
   def aggregate(self) -> Accumulator:
     """Totals over a leading stacked axis (after ``all_gather`` or out of ``pmap``).
@@ -184,8 +211,8 @@ class ExactCount(Accumulator):
     lo = self.lo + other.lo  # < 2**31: cannot wrap
     return self._make(lo & _LIMB_MASK, self.hi + other.hi + (lo >> LIMB_BITS))
 
-  def _combine(self, total, maximum, n):
-    del maximum
+  def _combine(self, total, maximum, n, spread=None):
+    del maximum, spread
     if n >= 1 << (31 - _HALF_BITS):
       raise ValueError(f"ExactCount reduces over at most {1 << 16} devices; got {n}")
     low = total(self.lo & _HALF_MASK)  # < n * 2**15
@@ -380,7 +407,7 @@ class ExactSum(Accumulator):
     hi, lo = two_sum(a_hi, b_hi)
     return self._make(*_normalized(hi, lo + (a_lo + b_lo), exp))
 
-  def _combine(self, total, maximum, n):
+  def _combine(self, total, maximum, n, spread=None):
     # Scale every part to the largest exponent, then split it at a quantum common to all
     # parts, so that the high parts are multiples of it with at most 24 - ceil(log2 n)
     # bits: their total is exact in any order.
@@ -389,7 +416,8 @@ class ExactSum(Accumulator):
       raise ValueError(f"ExactSum reduces over at most 2**20 parts; got {n}")
     finite = jnp.isfinite(self.hi)
     exp = maximum(jnp.where(finite, self.exponent, ZERO_EXPONENT))
-    hi, lo = ldexp(self.hi, self.exponent - exp), ldexp(self.lo, self.exponent - exp)
+    parts_exp = exp if spread is None else spread(exp)
+    hi, lo = ldexp(self.hi, self.exponent - parts_exp), ldexp(self.lo, self.exponent - parts_exp)
     quantum = 2.0 ** -(24 - headroom)
     high = jnp.where(finite, jnp.round(hi / quantum) * quantum, hi)
     low = jnp.where(finite, hi - high, 0.0)  # exact

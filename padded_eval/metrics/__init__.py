@@ -40,3 +40,8 @@ from padded_eval.metrics.regression import ExplainedVariance as ExplainedVarianc
 from padded_eval.metrics.report import ClassificationReport as ClassificationReport
 from padded_eval.metrics.segmentation import Dice as Dice
 from padded_eval.metrics.text import Perplexity as Perplexity
+
+# isort: split
+# Slices and comparisons (issue 30)
+from padded_eval.metrics.comparison import compare as compare
+from padded_eval.metrics.sliced import Sliced as Sliced

@@ -48,8 +48,9 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from padded_eval import validation
-from padded_eval.metrics._poisson_counts import COUNT_BITS, poisson_counts
-from padded_eval.metrics.base import Metric, state
+from padded_eval.exact.accumulate import ExactCount
+from padded_eval.metrics._poisson_counts import COUNT_BITS, ID_DIGITS, id_digits, poisson_counts
+from padded_eval.metrics.base import Metric, real_row_flags, state
 
 RESAMPLE_MODES = ("auto", "weights", "repeat")
 #: The default bound on the state's size (point estimate plus replicas), in bytes.
@@ -67,6 +68,11 @@ def _empty_point(bootstrap: Bootstrap) -> Metric:
 
 def _empty_replicas(bootstrap: Bootstrap) -> Metric:
   return stacked(bootstrap.point.empty(), bootstrap.num_replicas)
+
+
+def _empty_ids(bootstrap: Bootstrap) -> ExactCount:
+  del bootstrap  # the same for every configuration
+  return ExactCount.zeros((1 + ID_DIGITS,))
 
 
 def nbytes(tree) -> int:
@@ -123,6 +129,7 @@ class Bootstrap(Metric):
   max_state_bytes: int = DEFAULT_MAX_STATE_BYTES
   point: Metric = state(_empty_point)
   replica_states: Metric = state(_empty_replicas)
+  ids: ExactCount = state(_empty_ids)
 
   def __init__(
     self,
@@ -154,6 +161,7 @@ class Bootstrap(Metric):
     self._check_size(metric)
     object.__setattr__(self, "point", metric.empty())
     object.__setattr__(self, "replica_states", _empty_replicas(self))
+    object.__setattr__(self, "ids", _empty_ids(self))
 
   def _check_config(self) -> None:
     if not isinstance(self.name, str) or not self.name:
@@ -180,8 +188,17 @@ class Bootstrap(Metric):
       )
 
   def state_nbytes(self) -> int:
-    """Bytes of the state: the point estimate plus ``num_replicas`` copies."""
-    return nbytes(self.point) + nbytes(self.replica_states)
+    """Bytes of the state: the point estimate plus ``num_replicas`` copies (and 72 bytes of
+    row-id checksum)."""
+    return nbytes(self.point) + nbytes(self.replica_states) + nbytes(self.ids)
+
+  def examples_checksum(self) -> np.ndarray:
+    """int64 ``[9]``: the real rows seen and 8 order-free sums of hashes of their ids.
+
+    Equal for two runs over the same examples (whatever their batching, padding, devices or
+    hosts); :func:`padded_eval.metrics.compare` refuses two runs whose checksums differ.
+    """
+    return self.ids.to_numpy()
 
   # --- inputs ---------------------------------------------------------------------------
 
@@ -230,7 +247,7 @@ class Bootstrap(Metric):
     replicas = self._replica_updates(unrouted, counts, inner)
     # The same pytree structure as the point estimate (its routes kept), leaves [R, ...].
     replicas = jax.tree.unflatten(jax.tree.structure(point), jax.tree.leaves(replicas))
-    return {"point": point, "replica_states": replicas}
+    return {"point": point, "replica_states": replicas, "ids": _ids_checksum(index, kwargs)}
 
   def _replica_updates(self, metric: Metric, counts: jax.Array, inner: dict) -> Metric:
     if self.resample == "weights":
@@ -254,6 +271,7 @@ class Bootstrap(Metric):
     return self.replace_state(
       point=self.point.merge(other.point),
       replica_states=jax.vmap(lambda a, b: a.merge(b))(self.replica_states, other.replica_states),
+      ids=self.ids.merge(other.ids),
     )
 
   def reduce(self, axis_name) -> Bootstrap:
@@ -261,6 +279,7 @@ class Bootstrap(Metric):
     return self.replace_state(
       point=self.point.reduce(axis_name),
       replica_states=jax.vmap(lambda a: a.reduce(axis_name))(self.replica_states),
+      ids=self.ids.reduce(axis_name),
     )
 
   def aggregate(self) -> Bootstrap:
@@ -268,6 +287,7 @@ class Bootstrap(Metric):
     return self.replace_state(
       point=self.point.aggregate(),
       replica_states=jax.vmap(lambda a: a.aggregate(), in_axes=1)(self.replica_states),
+      ids=self.ids.aggregate(),
     )
 
   # --- results ---------------------------------------------------------------------------
@@ -346,6 +366,17 @@ def _batch_rows(kwargs: dict) -> tuple[str, tuple] | None:
     if shape:
       return name, shape
   return None
+
+
+def _ids_checksum(index: jax.Array, kwargs: dict) -> ExactCount:
+  """``[1 + ID_DIGITS]``: the batch's real rows (the ``mask``'s, weights aside: a weight-0
+  row is still the same example) and the sums of their id digits."""
+  real = real_row_flags(kwargs.get("mask"), None, [index])
+  if real is None:
+    real = jnp.ones(index.shape, bool)
+  digits = jnp.where(real[None, :], id_digits(index), 0)
+  sums = jnp.concatenate([jnp.sum(real, dtype=jnp.int32)[None], jnp.sum(digits, axis=1)])
+  return ExactCount.of(sums)
 
 
 def with_weights(kwargs: dict, counts: jax.Array) -> dict:

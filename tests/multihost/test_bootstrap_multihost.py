@@ -18,6 +18,7 @@ import pytest
 pytestmark = pytest.mark.multihost
 
 WORKER = os.path.join(os.path.dirname(__file__), "_bootstrap_worker.py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def free_port() -> int:
@@ -26,13 +27,15 @@ def free_port() -> int:
     return sock.getsockname()[1]
 
 
-def run_workers(count=2, deadline_s=240):
+def run_workers(count=2, deadline_s=240, worker_path=WORKER):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+  # The workers import this checkout's padded_eval, the one the test imports.
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
   port = free_port()
   procs = [
     subprocess.Popen(
-      [sys.executable, WORKER, str(port), str(count), str(p)],
+      [sys.executable, worker_path, str(port), str(count), str(p)],
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=True,
