@@ -51,6 +51,8 @@ class Accuracy(Metric):
   ``"probability outside [0, 1]"`` (binary without ``from_logits``).
   """
 
+  higher_is_better: ClassVar[bool | None] = True
+
   top_k: int = 1
   task: str = config_field("multiclass")
   threshold: float = config_field(0.5)

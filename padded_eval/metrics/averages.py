@@ -7,6 +7,7 @@ elements, so the result over many padded batches equals one pass over the data.
 from __future__ import annotations
 
 import abc
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +57,8 @@ class WeightedMean(Metric):
   ``power = 2`` (the mean of squares, formed without overflow). ``compute()`` is
   ``total / weight``, NaN if no real element was seen.
   """
+
+  higher_is_better: ClassVar[bool | None] = None
 
   power = 1
   total: ExactSum = state(zero_total)
@@ -121,6 +124,8 @@ class MSE(WeightedMean):
   The squares are formed on scaled errors: finite whenever the result fits float32.
   """
 
+  higher_is_better: ClassVar[bool | None] = False
+
   power = 2
 
   def _values(self, *, preds, target, **_):
@@ -129,6 +134,8 @@ class MSE(WeightedMean):
 
 class MAE(WeightedMean):
   """Mean absolute error ``mean(|preds - target|)`` over real elements."""
+
+  higher_is_better: ClassVar[bool | None] = False
 
   def _values(self, *, preds, target, **_):
     return jnp.abs(_error(preds, target)), "preds"

@@ -142,6 +142,11 @@ class Bootstrap(Metric):
     object.__setattr__(self, "point", metric.empty())
     object.__setattr__(self, "replica_states", _empty_replicas(self))
 
+  @property
+  def higher_is_better(self) -> bool | None:
+    """The wrapped metric's direction (its interval's too)."""
+    return self.point.higher_is_better
+
   def _check_config(self) -> None:
     if not isinstance(self.name, str) or not self.name:
       raise ValueError(f"name must be a non-empty str; got {self.name!r}")

@@ -184,6 +184,8 @@ class ConfusionState(ClassificationMetric):
 class ClassScore(ConfusionState):
   """A per-class ratio of counts, averaged by ``average``; subclasses define ``_score``."""
 
+  higher_is_better: ClassVar[bool | None] = True
+
   average: str | None = config_field("macro")
 
   def _check_config(self):
@@ -310,6 +312,8 @@ class ConfusionMatrix(ConfusionState):
       1) or ``"all"``; an all-zero row or column stays 0.
   """
 
+  higher_is_better: ClassVar[bool | None] = None
+
   num_classes: int | None = None
   normalize: str | None = config_field(None)
   _full_matrix: ClassVar[bool] = True
@@ -359,6 +363,8 @@ class MatthewsCorrCoef(ConfusionState):
   inputs do not cancel (constant inputs give exactly 0, like scikit-learn).
   """
 
+  higher_is_better: ClassVar[bool | None] = True
+
   _full_matrix: ClassVar[bool] = True
 
   def compute(self) -> jax.Array:
@@ -383,6 +389,8 @@ class CohenKappa(ConfusionState):
   sums of non-negative terms (off-diagonal shares), so nothing cancels before the final
   ``1 - observed / chance``.
   """
+
+  higher_is_better: ClassVar[bool | None] = True
 
   weights: str | None = config_field(None)
   _full_matrix: ClassVar[bool] = True

@@ -25,6 +25,7 @@ co-moments (Pearson NaN, Std 0, R2 by scikit-learn's zero-variance rule).
 from __future__ import annotations
 
 import functools
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -245,6 +246,8 @@ class Std(Metric):
     1.0
   """
 
+  higher_is_better: ClassVar[bool | None] = None
+
   ddof: int = 0
   argname: str = "values"
   moments: Moments = state(lambda self: Moments.zeros((), 1))
@@ -298,6 +301,8 @@ class R2Score(Metric):
   Update keywords: ``preds``, ``target`` float of equal shape; ``mask`` / ``weights``
   a prefix of their shape.
   """
+
+  higher_is_better: ClassVar[bool | None] = True
 
   num_outputs: int = 1
   multioutput: str = "uniform_average"
@@ -353,6 +358,8 @@ class PearsonCorrelation(Metric):
   Update keywords: ``preds``, ``target`` float of equal shape; ``mask`` / ``weights``
   a prefix of their shape.
   """
+
+  higher_is_better: ClassVar[bool | None] = True
 
   num_outputs: int = 1
   moments: Moments = state(

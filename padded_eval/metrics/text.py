@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 
@@ -50,6 +52,8 @@ class Perplexity(WeightedMean):
     >>> round(float(m.compute()), 4)
     4.0
   """
+
+  higher_is_better: ClassVar[bool | None] = False
 
   ignore_index: int | None = None
 
