@@ -288,6 +288,18 @@ def _update_cases(sizes: Sizes):
     cls_batch,
     accuracy,
   )
+  # A mean of real values (the compensated in-batch sums of issue 26): the MLP's outputs.
+  cases[f"Mean of the outputs (C={sizes.classes})"] = (
+    mlp,
+    mlp_init(1, widths + (sizes.classes,)),
+    cls_batch,
+    {
+      "padded_eval": lambda o, d: pe.metrics.Mean().batch_updates(values=o, mask=d["mask"]),
+      "flax nnx metrics": na("n/a: Average takes no mask"),
+      "clu.metrics": na("not measured"),
+      "metrax": na("not measured"),
+    },
+  )
   f1_class = metric_class("F1Score")
   cases["F1 macro (C=1000)"] = (
     mlp,
@@ -392,6 +404,59 @@ def update_cost_table(sizes: Sizes, log=print) -> tuple[str, dict]:
   return markdown_table(header, rows) + "\n" + note, measured
 
 
+def compensated_sum_table(sizes: Sizes, log=print) -> tuple[str, dict]:
+  """The step time of forward + Mean (compensated in-batch sums) against forward + the same
+  masked mean with a plain float32 sum (what Mean did before issue 26), in one process."""
+  log("speed: compensated in-batch sums")
+  rng, b = seeded(7), sizes.batch
+  x = jnp.asarray(rng.normal(size=(b, sizes.features)).astype(np.float32))
+  mask = jnp.arange(b) < b - 3
+  params = mlp_init(1, (sizes.features, sizes.hidden, sizes.hidden, sizes.classes))
+
+  def plain(p, x, mask):
+    o = mlp(p, x)
+    real = jnp.broadcast_to(mask[:, None], o.shape).astype(jnp.float32)
+    sums = jnp.sum(jnp.stack([jnp.where(real > 0, o, 0.0), real]), axis=(1, 2))
+    return pe.accumulate.ExactSum.of(sums[0]), pe.accumulate.ExactSum.of(sums[1])
+
+  steps = {
+    "forward": jax.jit(lambda p, x, mask: mlp(p, x)),
+    "plain": jax.jit(plain),
+    "compensated": jax.jit(
+      lambda p, x, mask: pe.metrics.Mean().batch_updates(values=mlp(p, x), mask=mask)
+    ),
+  }
+  fns = {name: lambda step=step: step(params, x, mask) for name, step in steps.items()}
+  times = interleaved(fns, 3 * sizes.update_repeats, warmup=2)
+  per_round = [dict(zip(times, round_times)) for round_times in zip(*times.values())]
+  cost = {
+    name: statistics.median((t[name] - t["forward"]) / t["forward"] for t in per_round)
+    for name in ("plain", "compensated")
+  }
+  ratio = statistics.median(t["compensated"] / t["plain"] for t in per_round)
+  rows = [
+    [
+      f"Mean of the MLP's outputs ({b} x {sizes.classes})",
+      f"{min(times['forward']) * 1e3:.2f} ms",
+      f"{cost['plain'] * 100:+.0f}%",
+      f"{cost['compensated'] * 100:+.0f}%",
+      f"{ratio:.3f}",
+    ]
+  ]
+  header = [
+    "update",
+    "forward alone",
+    "plain float32 sums: cost",
+    "compensated sums: cost",
+    "step time, compensated / plain",
+  ]
+  note = (
+    f"\nMedians over {3 * sizes.update_repeats} interleaved rounds of per-round ratios, one "
+    "device, one process.\n"
+  )
+  return markdown_table(header, rows) + "\n" + note, {"compensated_over_plain": ratio, **cost}
+
+
 # --- how many times each approach traces its step -----------------------------------------------
 
 
@@ -482,13 +547,21 @@ def run(quick: bool, log=print) -> tuple[str, dict]:
   sizes = QUICK if quick else FULL
   eval_md, seconds = eval_table(sizes, log)
   update_md, costs = update_cost_table(sizes, log)
+  compensated_md, compensated = compensated_sum_table(sizes, log)
   trace_md, traces = trace_table(sizes, log)
   markdown = (
     "### Whole-dataset evaluation\n\n"
     + eval_md
     + "\n### Per-step metric update cost\n\n"
     + update_md
+    + "\n### Compensated in-batch sums (issue 26)\n\n"
+    + compensated_md
     + "\n### Traces (compilations) of the step\n\n"
     + trace_md
   )
-  return markdown, {"seconds": seconds, "update_costs": costs, "traces": traces}
+  return markdown, {
+    "seconds": seconds,
+    "update_costs": costs,
+    "compensated_sums": compensated,
+    "traces": traces,
+  }

@@ -38,6 +38,9 @@ from padded_eval.metrics.base import Metric as Metric
 from padded_eval.multihost import distributed as distributed
 from padded_eval.multihost.distributed import process_slice as process_slice
 
+# The one place the version is written; pyproject.toml reads it ([tool.setuptools.dynamic]).
+__version__ = "0.1.0"
+
 
 def __getattr__(name: str):
   """``pe.nnx`` and ``pe.clu``: imported when first read, so flax and clu stay optional."""

@@ -27,7 +27,7 @@ last batch counts half, and the result equals one update over the whole dataset.
 Regularizers are weighted by the batch's number of real examples (see
 :mod:`padded_eval.losses.regularizers`).
 
-Example:
+Examples:
   >>> import jax.numpy as jnp
   >>> import padded_eval as pe
   >>> metrics = pe.Metrics([pe.metrics.Accuracy(), pe.metrics.Accuracy(top_k=2)])
@@ -239,6 +239,16 @@ class Metrics(_Collection):
 
   Raises:
     ValueError: if a child is not a Metric or Loss, or a dict key is not a str.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> metrics = pe.Metrics(
+    ...   [pe.metrics.Accuracy(), pe.metrics.Recall(task="multiclass", num_classes=3, average="macro")])
+    >>> logits = np.array([[2.0, 0, 0], [0, 2.0, 0], [0, 2.0, 0], [0, 0, 2.0]])
+    >>> metrics = metrics.update(preds=logits, target=np.array([0, 1, 2, 2]))
+    >>> {key: round(float(value), 4) for key, value in metrics.compute_logs().items()}
+    {'accuracy': 0.75, 'recall': 0.8333}
   """
 
   def __init__(self, metrics, *, name: str | None = None):
@@ -267,6 +277,14 @@ class Losses(_Collection):
 
   Raises:
     ValueError: if a child is not a Loss, or a dict key is not a str.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> losses = pe.Losses([pe.losses.MeanSquaredError(), pe.losses.MeanAbsoluteError()])
+    >>> losses = losses.update(preds=np.array([1.0, 2.0]), target=np.array([0.0, 0.0]))
+    >>> {key: float(value) for key, value in losses.compute_logs().items()}
+    {'meansquarederror': 2.5, 'meanabsoluteerror': 1.5}
   """
 
   def __init__(self, losses, *, name: str | None = None):
@@ -334,6 +352,15 @@ class LossesAndMetrics(Metric):
 
   Raises:
     ValueError: if both are None.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> both = pe.LossesAndMetrics(metrics=[pe.metrics.Accuracy()], losses=[pe.losses.Crossentropy()])
+    >>> logits = np.log(np.array([[0.5, 0.5], [0.8, 0.2]]))  # log-probabilities
+    >>> both = both.update(preds=logits, target=np.array([0, 0]))
+    >>> {key: round(float(value), 4) for key, value in both.compute_logs().items()}
+    {'loss': 0.4581, 'crossentropy': 0.4581, 'accuracy': 1.0}
   """
 
   higher_is_better: ClassVar[bool | None] = None

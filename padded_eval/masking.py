@@ -12,7 +12,7 @@ The rule (see docs/architecture.md, "The mask rule"):
 * Masked-out elements are selected away with ``jnp.where`` (:func:`masked`) before any
   arithmetic, never multiplied by 0, so NaN or inf in padded rows never leaks.
 
-Example:
+Examples:
   >>> import jax.numpy as jnp
   >>> from padded_eval import masking
   >>> real, w = masking.element_weights(jnp.array([True, False]), None, (2, 3))

@@ -43,6 +43,12 @@ def new_axes(ax=None):
 
   Raises:
     ImportError: when matplotlib is not installed (it is the ``plot`` extra).
+
+  Examples:
+    >>> import padded_eval as pe
+    >>> ax = pe.plot.new_axes()
+    >>> pe.plot.new_axes(ax) is ax
+    True
   """
   if ax is not None:
     return ax
@@ -78,6 +84,15 @@ def confusion_matrix(m, labels=None, normalize=None, ax=None, *, class_index=Non
 
   Raises:
     ValueError: a wrong ``m``, ``normalize``, ``labels`` length or ``class_index``.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> m = pe.metrics.ConfusionMatrix(num_classes=2).update(
+    ...   preds=np.array([[2.0, 0], [0, 1.0], [3.0, 1]]), target=np.array([0, 1, 1]))
+    >>> ax = pe.plot.confusion_matrix(m)
+    >>> ax.images[0].get_array().tolist()
+    [[1, 0], [1, 1]]
   """
   validation.check_choice("normalize", normalize, NORMALIZE)
   counts = _confusion_counts(m, class_index, name)
@@ -131,7 +146,14 @@ def _confusion_counts(m, class_index, name) -> np.ndarray:
 
 def normalized(counts: np.ndarray, normalize: str | None) -> np.ndarray:
   """``counts`` normalised over rows (``"true"``), columns (``"pred"``) or ``"all"``,
-  float64 (a zero row or column stays 0); the counts themselves for ``None``."""
+  float64 (a zero row or column stays 0); the counts themselves for ``None``.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> pe.plot.normalized(np.array([[1, 3], [0, 0]]), "true").tolist()  # a zero row stays 0
+    [[0.25, 0.75], [0.0, 0.0]]
+  """
   if normalize is None:
     return counts
   axis = {"true": 1, "pred": 0, "all": None}[normalize]
@@ -165,6 +187,14 @@ def roc_curve(m, ax=None, *, class_index=None, name=None):
 
   Raises:
     ValueError: ``m`` is not and holds no AUROC (or several and no ``name``), or a bad ``class_index``.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> m = pe.metrics.AUROC().update(preds=np.array([0.1, 0.4, 0.35, 0.8]), target=np.array([0, 0, 1, 1]))
+    >>> ax = pe.plot.roc_curve(m)
+    >>> ax.get_xlabel(), ax.get_ylabel()
+    ('false positive rate', 'true positive rate')
   """
   m = find_metric(m, AUROC, "m", name)
   ax = new_axes(ax)
@@ -191,6 +221,14 @@ def pr_curve(m, ax=None, *, class_index=None, name=None):
 
   Raises:
     ValueError: ``m`` is not and holds no AUPRC (or several and no ``name``), or a bad ``class_index``.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> m = pe.metrics.AUPRC().update(preds=np.array([0.1, 0.4, 0.35, 0.8]), target=np.array([0, 0, 1, 1]))
+    >>> ax = pe.plot.pr_curve(m)
+    >>> ax.get_xlabel(), ax.get_ylabel()
+    ('recall', 'precision')
   """
   m = find_metric(m, AUPRC, "m", name)
   ax = new_axes(ax)
@@ -247,6 +285,15 @@ def reliability_diagram(m, ax=None, *, name=None):
 
   Raises:
     ValueError: ``m`` is not and holds no CalibrationError (or several and no ``name``).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> m = pe.metrics.CalibrationError(n_bins=2).update(
+    ...   preds=np.array([0.2, 0.3, 0.8, 0.9]), target=np.array([0, 1, 1, 1]))
+    >>> ax = pe.plot.reliability_diagram(m)
+    >>> [round(float(bar.get_height()), 2) for bar in ax.patches]  # the accuracy of each bin
+    [0.5, 1.0]
   """
   m = find_metric(m, CalibrationError, "m", name)
   mean_confidence, accuracy, count = m.bins()

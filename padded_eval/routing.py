@@ -17,7 +17,7 @@ reader's keyword ``argname`` is ``kwargs[source_keyword][path[0]][path[1]]...``.
 are applied in order, the most recently added first (it sees the caller's keywords).
 Other keywords pass through unchanged.
 
-Example:
+Examples:
   >>> from padded_eval import routing
   >>> step = routing.map_arg_step({"preds": "logits"})
   >>> routing.route_kwargs((step,), {"logits": 1, "target": 2})
@@ -30,7 +30,14 @@ import copy
 import dataclasses
 import inspect
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+  from typing_extensions import dataclass_transform
+else:  # it only informs type checkers (typing has it from Python 3.11)
+
+  def dataclass_transform(**_):
+    return lambda cls: cls
 
 
 def map_arg_step(sources: Mapping[str, str]) -> tuple:

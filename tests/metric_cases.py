@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+import family_references as fam
 import numpy as np
 import scipy.special
 import scipy.stats
@@ -337,5 +338,161 @@ CASES: list[MetricCase] = [
       rng, {"preds": _normal(6, 11, scale=2.0), "target": _ignored_tokens}
     ),
     lambda bs: _perplexity(bs, ignore_index=-100),
+  ),
+]
+
+# --- ranking, images, regression extras, classification report (issue 29) ------------------
+# batches and references: tests/family_references.py
+
+
+def _poisoned(make):
+  return lambda rng: [poison(b, rng) for b in make(rng)]
+
+
+def _ranking(name, metric, reference_name, k=None, **batches):
+  return MetricCase(
+    name,
+    metric,
+    _poisoned(lambda rng: fam.ranking_batches(rng, **batches)),
+    fam.ranking_reference(reference_name, k),
+    rtol=1e-6,
+    atol=1e-7,
+  )
+
+
+def _msle_inputs(rng, b):
+  return {"preds": rng.uniform(-0.5, 3.0, (b, 3)), "target": rng.uniform(-0.5, 3.0, (b, 3))}
+
+
+CASES += [
+  _ranking("recall_at_3", lambda: pe.metrics.RecallAtK(3), "recall", 3),
+  _ranking("recall_at_2_graded", lambda: pe.metrics.RecallAtK(2), "recall", 2, graded=True),
+  _ranking("precision_at_3", lambda: pe.metrics.PrecisionAtK(3), "precision", 3),
+  _ranking(
+    "precision_all_weighted",
+    lambda: pe.metrics.PrecisionAtK(),
+    "precision",
+    weighted=True,
+    row_mask=True,
+  ),
+  _ranking("mrr", lambda: pe.metrics.MRR(), "mrr"),
+  _ranking("mrr_row_mask", lambda: pe.metrics.MRR(), "mrr", row_mask=True),
+  _ranking("map_at_4", lambda: pe.metrics.MAPAtK(4), "map", 4),
+  _ranking("map_all_weighted", lambda: pe.metrics.MAPAtK(), "map", weighted=True, row_mask=True),
+  _ranking("ndcg_at_3_ties", lambda: pe.metrics.NDCGAtK(3), "ndcg", 3, graded=True),
+  _ranking("ndcg_all_ties", lambda: pe.metrics.NDCGAtK(), "ndcg", graded=True),
+  _ranking("ndcg_at_5_binary", lambda: pe.metrics.NDCGAtK(5), "ndcg", 5),
+  MetricCase(
+    "psnr",
+    lambda: pe.metrics.PSNR(1.0),
+    _poisoned(lambda rng: fam.image_batches(rng, (5, 4, 3))),
+    fam.psnr_reference(1.0),
+    rtol=1e-6,
+    atol=0.0,
+  ),
+  MetricCase(
+    "psnr_weighted_range_255",
+    lambda: pe.metrics.PSNR(255.0),
+    _poisoned(lambda rng: fam.image_batches(rng, (4, 6), weighted=True)),
+    fam.psnr_reference(255.0),
+    rtol=1e-6,
+    atol=0.0,
+  ),
+  MetricCase(
+    "ssim",
+    lambda: pe.metrics.SSIM(1.0),
+    _poisoned(lambda rng: fam.image_batches(rng, (12, 13, 2))),
+    fam.ssim_reference(1.0),
+    rtol=1e-5,
+    atol=0.0,
+  ),
+  MetricCase(
+    "ssim_valid_skimage_one_channel",
+    lambda: pe.metrics.SSIM(1.0, padding="valid"),
+    _poisoned(lambda rng: fam.image_batches(rng, (14, 11))),
+    fam.ssim_reference(1.0, fam.ssim_skimage),
+    rtol=1e-5,
+    atol=0.0,
+  ),
+  MetricCase(
+    "dice_segmentation",
+    lambda: pe.metrics.Dice(num_classes=4),
+    lambda rng: padded_batches(rng, {"preds": _ints(4, 6, 5), "target": _ints(4, 6, 5)}),
+    lambda bs: sklearn.metrics.f1_score(
+      real(bs, "target").ravel(), real(bs, "preds").ravel(), average="macro"
+    ),
+    rtol=1e-6,
+    atol=0.0,
+  ),
+  MetricCase(
+    "mape",
+    lambda: pe.metrics.MAPE(),
+    lambda rng: padded_batches(rng, {"preds": _normal(3), "target": _normal(3, loc=0.5)}),
+    lambda bs: sklearn.metrics.mean_absolute_percentage_error(
+      real(bs, "target"), real(bs, "preds")
+    ),
+    rtol=1e-6,
+    atol=0.0,
+  ),
+  MetricCase(
+    "mape_weighted",
+    lambda: pe.metrics.MAPE(),
+    lambda rng: padded_batches(rng, {**_REGRESSION, "weights": _positive()}),
+    lambda bs: sklearn.metrics.mean_absolute_percentage_error(
+      real(bs, "target"), real(bs, "preds"), sample_weight=real(bs, "weights")
+    ),
+    rtol=1e-6,
+    atol=0.0,
+  ),
+  MetricCase(
+    "msle",
+    lambda: pe.metrics.MSLE(),
+    lambda rng: padded_batches(
+      rng, lambda r, b: {k: v.astype(np.float32) for k, v in _msle_inputs(r, b).items()}
+    ),
+    lambda bs: sklearn.metrics.mean_squared_log_error(real(bs, "target"), real(bs, "preds")),
+    rtol=1e-6,
+    atol=0.0,
+  ),
+  MetricCase(
+    "msle_weighted_tokens",
+    lambda: pe.metrics.MSLE(),
+    lambda rng: padded_batches(
+      rng, {"preds": _positive(5), "target": _positive(5), "weights": _positive(5)}, token_axis=5
+    ),
+    lambda bs: sklearn.metrics.mean_squared_log_error(
+      real(bs, "target"), real(bs, "preds"), sample_weight=real(bs, "weights")
+    ),
+    rtol=1e-6,
+    atol=0.0,
+  ),
+  MetricCase(
+    "explained_variance",
+    lambda: pe.metrics.ExplainedVariance(),
+    lambda rng: padded_batches(rng, _correlated_pair),
+    lambda bs: sklearn.metrics.explained_variance_score(real(bs, "target"), real(bs, "preds")),
+    rtol=1e-6,
+    atol=1e-7,
+  ),
+  MetricCase(
+    "explained_variance_raw_weighted",
+    lambda: pe.metrics.ExplainedVariance(num_outputs=3, multioutput="raw_values"),
+    lambda rng: padded_batches(rng, {**_REGRESSION_3, "weights": _positive()}),
+    lambda bs: sklearn.metrics.explained_variance_score(
+      real(bs, "target"),
+      real(bs, "preds"),
+      sample_weight=real(bs, "weights"),
+      multioutput="raw_values",
+    ),
+    rtol=1e-6,
+    atol=1e-7,
+  ),
+  MetricCase(
+    "classification_report",
+    lambda: pe.metrics.ClassificationReport(5),
+    lambda rng: padded_batches(rng, {"preds": _normal(5), "target": _ints(4)}),
+    lambda bs: fam.report_table(bs, 5),
+    rtol=1e-6,
+    atol=0.0,
   ),
 ]

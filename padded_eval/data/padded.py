@@ -105,7 +105,7 @@ def pad_batches(
       source (pass a re-iterable: a list of batches, a dataset, or an object whose ``__iter__`` starts over).
     TypeError: `source` is none of the above (nor a kind added with `padded_eval.data.sources.register`).
 
-  Example:
+  Examples:
     >>> import numpy as np
     >>> batches = list(pad_batches({"x": np.arange(5)}, 4, num_devices=2))
     >>> [b["x"].tolist() for b in batches], batches[1]["mask"].tolist()
@@ -166,6 +166,15 @@ class PaddedBatches(cabc.Iterable):
     num_batches: the fixed number of batches, or None.
     index_key: top-level key of the int32 ``[batch_size]`` row ids, or None.
     index_offset: the id of the source's first row.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> batches = pe.pad_batches({"x": np.arange(5)}, 4, num_devices=2)
+    >>> isinstance(batches, pe.PaddedBatches), batches.batch_size
+    (True, 4)
+    >>> [batch["mask"].tolist() for batch in batches]  # each iteration re-reads the source
+    [[True, True, True, True], [True, False, False, False]]
   """
 
   def __init__(

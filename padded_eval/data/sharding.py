@@ -18,6 +18,7 @@ from padded_eval.validation import check_divisible, check_int
 __all__ = [
   "DATA_AXIS_NAMES",
   "as_arrays",
+  "auto_mesh",
   "data_axes",
   "global_batch",
   "local_blocks",
@@ -57,7 +58,7 @@ def data_axes(
     ValueError: ``requested`` is empty, not a str or sequence of str, names an axis twice, or
       names an axis the mesh does not have.
 
-  Example:
+  Examples:
     >>> import jax
     >>> data_axes(jax.make_mesh((1, 8, 1), ("data", "fsdp", "tensor")))
     ('data', 'fsdp')
@@ -84,6 +85,38 @@ def data_axes(
 def local_shard_count(mesh: jax.sharding.Mesh, axes: tuple[str, ...]) -> int:
   """This process's shards along the mesh ``axes``: how many parts its own rows are split into."""
   return int(np.prod([mesh.local_mesh.shape[axis] for axis in axes]))
+
+
+def auto_mesh(mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
+  """``mesh`` with every axis of type ``Auto``: the same devices, axis names and shape.
+
+  ``jax.make_mesh`` gives ``Explicit`` axes by default (JAX >= 0.7): an array placed on such
+  a mesh carries its sharding in its type, and inside ``jax.jit`` every op must then resolve
+  its output sharding from its operands' types or fail (a scatter of a batch split over
+  ``"data"`` into a replicated histogram raises "Resource axis: data ... not found in mesh:
+  ()", a ``[B, C]`` one-hot of split ids "All operands should have the same sharding").
+  The ``jit`` backend places everything on this view of the mesh instead, so ``step_fn`` and
+  the metrics are traced with XLA propagating the shardings, exactly as on a
+  ``jax.sharding.Mesh(devices, names)`` (whose axes are ``Auto``).
+
+  Args:
+    mesh: any device mesh.
+
+  Returns:
+    ``mesh`` itself if its axes are all ``Auto`` (or this JAX has no axis types), else a
+    ``Mesh`` of the same devices and names with ``Auto`` axes.
+
+  Example:
+    >>> import jax
+    >>> auto_mesh(jax.make_mesh((1,), ("data",))).axis_types
+    (Auto,)
+  """
+  axis_type = getattr(jax.sharding, "AxisType", None)
+  types = getattr(mesh, "axis_types", None)
+  if axis_type is None or types is None or all(t == axis_type.Auto for t in types):
+    return mesh
+  auto = (axis_type.Auto,) * len(mesh.axis_names)
+  return jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
 
 
 def local_blocks(leaf: jax.Array) -> list[jax.Array]:
@@ -117,7 +150,7 @@ def shard(tree: Any, num_devices: int | None = None) -> Any:
   Raises:
     ValueError: a leaf is a scalar or its leading size is not divisible by `num_devices` (the leaf's path is named).
 
-  Example:
+  Examples:
     >>> import numpy as np
     >>> shard({"x": np.zeros((8, 3))}, num_devices=4)["x"].shape
     (4, 2, 3)
@@ -143,6 +176,15 @@ def unshard(tree: Any) -> Any:
 
   Raises:
     ValueError: a leaf has fewer than two dimensions.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> per_device = {"x": np.arange(24).reshape(4, 2, 3)}  # 4 devices, 2 rows each
+    >>> pe.unshard(per_device)["x"].shape
+    (8, 3)
+    >>> bool((pe.unshard(pe.shard({"x": np.arange(8)}, 4))["x"] == np.arange(8)).all())
+    True
   """
 
   def merge(path, leaf):
@@ -176,6 +218,16 @@ def prefetch_to_device(
   Raises:
     ValueError: `size` < 1, a leading size not divisible by the device count, or a string leaf (which cannot live
       on a device: drop it from the batch first).
+
+  Examples:
+    >>> import jax
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> n = jax.local_device_count()
+    >>> batches = [{"x": np.ones((2 * n, 3), np.float32)} for _ in range(3)]
+    >>> placed = list(pe.prefetch_to_device(batches, size=2))
+    >>> len(placed), placed[0]["x"].shape == (n, 2, 3)
+    (3, True)
   """
   check_int("size", size, minimum=1)
   devices = list(jax.local_devices() if devices is None else devices)
@@ -218,6 +270,15 @@ def global_batch(
   Raises:
     ValueError: `axis` is not a mesh axis, a leading size does not divide evenly over the local shards, or a
       leaf holds strings.
+
+  Examples:
+    >>> import jax
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> n = jax.device_count()
+    >>> batch = pe.global_batch({"x": np.ones((2 * n, 3), np.float32)})
+    >>> batch["x"].shape == (2 * n, 3), len(batch["x"].sharding.device_set) == n
+    (True, True)
   """
   if mesh is None:
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("batch",))

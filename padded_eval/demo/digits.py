@@ -23,9 +23,11 @@ first. The heavy imports (JAX, Flax, TensorFlow) happen inside :func:`run`.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
+import sys
 import time
 import traceback
 from typing import Any
@@ -55,6 +57,9 @@ counted, traces of the eval step) next to scikit-learn on the whole split, and e
 the confusion matrix, ROC and PR curves and reliability diagram of the model (PNGs;
 needs matplotlib, the `plot` extra).
 """
+
+# What the demo imports beyond the package: the modules of the `tf` and `demo` extras.
+EXTRA_MODULES = ("tensorflow", "tensorflow_datasets", "flax", "optax", "sklearn")
 
 PLOT_FILES = ("confusion_matrix.png", "roc_curve.png", "pr_curve.png", "reliability_diagram.png")
 
@@ -394,8 +399,21 @@ def format_table(rows: list[dict[str, Any]]) -> str:
   return "\n".join(lines)
 
 
+def missing_extras() -> list[str]:
+  """The modules of the ``tf`` and ``demo`` extras that cannot be imported (none are imported here)."""
+  return [name for name in EXTRA_MODULES if importlib.util.find_spec(name) is None]
+
+
 def run(args: argparse.Namespace) -> int:
-  """Runs the demo with parsed options; returns the exit status (0: masked_eval exact)."""
+  """Runs the demo with parsed options; returns the exit status (0: masked_eval exact, 2: usage)."""
+  missing = missing_extras()
+  if missing:
+    print(
+      f"the demo needs the tf and demo extras ({', '.join(missing)} not installed): "
+      "pip install 'padded_eval[tf,demo]'",
+      file=sys.stderr,
+    )
+    return 2
   import jax
 
   num_devices = jax.local_device_count()

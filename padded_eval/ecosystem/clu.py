@@ -9,7 +9,7 @@ padded_eval metric as its one pytree field; ``from_model_output`` is the metric'
 ``merge`` its ``merge`` and ``reduce`` its ``aggregate`` over the gathered axis (the exact
 limbs summed, so the result does not depend on the device count). ``from_model_output`` reads
 the metric's keywords (``map_arg(preds="logits", target="labels")`` for CLU's names) and
-ignores the others. HOWTO.md, "CLU".
+ignores the others. docs/howto/ecosystem.md.
 """
 
 from __future__ import annotations

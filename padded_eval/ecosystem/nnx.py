@@ -7,7 +7,7 @@ pytree: exact accumulators, configuration as static metadata), so ``nnx.jit`` tr
 per configuration and the padded rows are selected away before any arithmetic, as in the
 metric itself. ``update`` takes the metric's keywords (``preds``, ``target``, ``mask``, ...;
 ``map_arg`` renames them, e.g. to nnx's ``logits`` / ``labels``) and ignores the others, so it
-shares one ``MultiMetric.update(**batch)`` with nnx's metrics. HOWTO.md, "nnx".
+shares one ``MultiMetric.update(**batch)`` with nnx's metrics. docs/howto/ecosystem.md.
 """
 
 from __future__ import annotations

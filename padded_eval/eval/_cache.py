@@ -41,7 +41,21 @@ RECOMPILES_BEFORE_WARNING = 3
 
 
 class RecompileWarning(UserWarning):
-  """The same step code was compiled again for the same shapes (a new function object per call)."""
+  """The same step code was compiled again for the same shapes (a new function object per call).
+
+  Examples:
+    >>> import warnings
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> batches = pe.pad_batches({"x": np.arange(3.0)}, 8)
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...   warnings.simplefilter("always")
+    ...   for _ in range(3):  # a new function object for the same code each time
+    ...     step = lambda params, batch: pe.metrics.Mean("x").batch_updates(x=batch["x"], mask=batch["mask"])
+    ...     _ = pe.masked_eval(step, None, batches, backend="jit")
+    >>> any(issubclass(w.category, pe.RecompileWarning) for w in caught)
+    True
+  """
 
 
 class _Identity:

@@ -51,7 +51,22 @@ NUM_EXAMPLES = "num_examples"
 
 
 class InvalidValuesWarning(RuntimeWarning):
-  """``masked_eval(..., on_invalid="warn")``: the metrics counted invalid values in real rows."""
+  """``masked_eval(..., on_invalid="warn")``: the metrics counted invalid values in real rows.
+
+  Examples:
+    >>> import warnings
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> data = {"logits": np.eye(3, dtype=np.float32), "label": np.array([0, 1, 7])}  # 7: no such class
+    >>> def step(params, batch):
+    ...   return pe.metrics.Accuracy().batch_updates(
+    ...     preds=batch["logits"], target=batch["label"], mask=batch["mask"])
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...   warnings.simplefilter("always")
+    ...   results = pe.masked_eval(step, None, pe.pad_batches(data, 8), backend="jit", on_invalid="warn")
+    >>> any(issubclass(w.category, pe.InvalidValuesWarning) for w in caught)
+    True
+  """
 
 
 def masked_eval(
@@ -192,7 +207,7 @@ def masked_eval(
   number, known or not; every process runs the same steps and gets the same, global
   result (see `padded_eval.multihost.distributed`).
 
-  Example:
+  Examples:
     >>> import jax, numpy as np, padded_eval as pe
     >>> def step_fn(params, batch):
     ...   return pe.metrics.Mean().batch_updates(values=batch["x"] * params,

@@ -33,6 +33,18 @@ class EvalResults(dict):
     metric: the final metric (a host copy of the state after the last step and the one
       reduction; a result read back from a finished ``checkpoint_dir`` has the stored one),
       or None for an `EvalResults` made of values alone.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> data = {"x": np.array([1.0, 2.0, 3.0, 6.0, 8.0])}
+    >>> def step(params, batch):
+    ...   return pe.metrics.Mean("x").batch_updates(x=batch["x"], mask=batch["mask"])
+    >>> results = pe.masked_eval(step, None, pe.pad_batches(data, 8), backend="jit")
+    >>> results
+    {'mean': 4.0, 'num_examples': 5}
+    >>> float(results.metric.compute())
+    4.0
   """
 
   def __init__(self, values: dict[str, Any], metric: Metric | None = None):

@@ -34,6 +34,44 @@ def two_sum(a, b):
   return s, (a - a_virtual) + (b - b_virtual)
 
 
+def _add_pairs(first, second):
+  """The combiner of :func:`compensated_sum`: two ``(sum, error)`` pairs added error-free."""
+  (a, a_error), (b, b_error) = first, second
+  total, error = two_sum(a, b)
+  return total, error + (a_error + b_error)
+
+
+def compensated_sum(x, axis=None, keepdims: bool = False):
+  """``(hi, lo)``: the float32 sum of ``x`` over ``axis`` as an unevaluated pair.
+
+  One variadic reduction whose combiner is :func:`two_sum` (additions only, so XLA cannot
+  contract it into an FMA, and it is error-free in whatever order XLA combines the
+  elements, across devices included): ``hi + lo`` is the sum with an error of about
+  ``n * 2**-48 * sum |x|`` (the rounding of the summed error terms) instead of a plain
+  float32 sum's ``log2(n) * 2**-24 * sum |x|``. With inf or NaN in ``x``, ``hi`` is the
+  plain sum's inf or NaN (``lo`` then is NaN; :class:`~padded_eval.exact.accumulate.ExactSum`
+  ignores it).
+
+  Args:
+    x: float32 array ``[...]``.
+    axis: None (all axes), an int or a tuple of ints.
+    keepdims: keep the summed axes with size 1.
+
+  Returns:
+    Two float32 arrays of the reduced shape.
+  """
+  x = jnp.asarray(x, jnp.float32)
+  if axis is None:
+    axes = tuple(range(x.ndim))
+  else:
+    axes = tuple(sorted(a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis)))
+  zero = jnp.zeros((), jnp.float32)
+  hi, lo = jax.lax.reduce((x, jnp.zeros_like(x)), (zero, zero), _add_pairs, axes)
+  if keepdims:
+    hi, lo = jnp.expand_dims(hi, axes), jnp.expand_dims(lo, axes)
+  return hi, lo
+
+
 def _split(x):
   """``x = hi + lo`` exactly, read from ``x``'s bits (no float arithmetic on ``x``).
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from padded_eval.exact._floats import (
   ZERO_EXPONENT,
+  compensated_sum,
   exponent,
   frexp,
   ldexp,
@@ -158,6 +159,8 @@ class ExactCount(Accumulator):
   """
 
   _fields = ("lo", "hi")
+  lo: jax.Array
+  hi: jax.Array
 
   @classmethod
   def zeros(cls, shape=()) -> ExactCount:
@@ -281,6 +284,9 @@ class ExactSum(Accumulator):
   """
 
   _fields = ("hi", "lo", "exponent")
+  hi: jax.Array
+  lo: jax.Array
+  exponent: jax.Array
 
   @classmethod
   def zeros(cls, shape=()) -> ExactSum:
@@ -295,6 +301,14 @@ class ExactSum(Accumulator):
     return cls._make(*_scaled(sums, jnp.zeros_like(sums), exp))
 
   @classmethod
+  def of_pair(cls, hi: jax.Array, lo: jax.Array, exponent: jax.typing.ArrayLike = 0) -> ExactSum:
+    """The total ``(hi + lo) * 2**exponent`` of an unevaluated float32 pair (any ``hi``, ``lo``),
+    e.g. a :func:`~padded_eval.exact._floats.compensated_sum`."""
+    hi, lo = upcast(jnp.asarray(hi)), upcast(jnp.asarray(lo))
+    exp = jnp.broadcast_to(jnp.asarray(exponent, jnp.int32), hi.shape)
+    return cls._make(*_normalized(hi, lo, exp))
+
+  @classmethod
   def of_sum(
     cls, values: jax.typing.ArrayLike, *, axis=None, where=None, weights=None, power: int = 1
   ) -> ExactSum:
@@ -304,15 +318,19 @@ class ExactSum(Accumulator):
     per output element (the largest magnitude into ``[0.5, 1)``) before they are squared
     and summed, so nothing overflows or underflows unless it is negligible next to the
     total (one extra reduction, for the largest magnitude). ``power=1`` is the plain
-    float32 sum (one pass, bit for bit as before): it overflows only when the batch's
-    ``sum |w * x|`` exceeds float32's max; the ExactSum it starts never overflows later.
+    compensated float32 sum (:func:`~padded_eval.exact._floats.compensated_sum`, one pass): it
+    overflows only when the batch's ``sum |w * x|`` exceeds float32's max; the ExactSum it
+    starts never overflows later. Sums are compensated (error about ``n * 2**-48 * sum |w x|``),
+    so cancelling values lose nothing to the batching; each product ``w * x`` (and square)
+    is rounded once, exactly so for 0/1 weights.
 
     Args:
       values: float array (bf16/f16 upcast).
       axis: the axes to sum (None: all).
       where: optional bool array broadcastable to ``values``; other elements are ignored
         (NaN there never leaks).
-      weights: optional float array broadcastable to ``values``.
+      weights: optional float array broadcastable to ``values``; an element of weight 0 is
+        ignored like one outside ``where`` (its value neither scales nor poisons the sum).
       power: 1 or 2.
 
     Returns:
@@ -324,20 +342,24 @@ class ExactSum(Accumulator):
     if power not in (1, 2):
       raise ValueError(f"power must be 1 or 2; got {power!r}")
     values = upcast(jnp.asarray(values))
+    if weights is not None:  # an element of weight 0 is not seen (its value sets no scale)
+      weights = upcast(jnp.asarray(weights))
+      where = (weights != 0) if where is None else (where & (weights != 0))
     if where is not None:
       values = jnp.where(where, values, 0.0)
     exp = 0
     if power == 2:
-      scale = scale_exponent(jnp.max(jnp.abs(values), axis=axis, keepdims=True))
+      # initial=0: an empty batch (0 rows) has no largest magnitude; its total is 0
+      scale = scale_exponent(jnp.max(jnp.abs(values), axis=axis, keepdims=True, initial=0.0))
       first, second = power_of_two_factors(-scale)
       values = values * first * second
       values = values * values
       exp = 2 * (jnp.squeeze(scale, axis) if axis is not None else jnp.reshape(scale, ()))
     if weights is not None:
-      values = upcast(jnp.asarray(weights)) * values
+      values = weights * values
     if where is not None:
       values = jnp.where(where, values, 0.0)
-    return cls.of(jnp.sum(values, axis=axis), exp)
+    return cls.of_pair(*compensated_sum(values, axis=axis), exp)
 
   @classmethod
   def of_product(cls, a: jax.typing.ArrayLike, b: jax.typing.ArrayLike) -> ExactSum:

@@ -10,7 +10,7 @@ loss of one pass over the whole dataset.
 Masked-out rows never influence a value or a gradient: ``preds`` and ``target`` are
 set to 0 there with ``where`` before any arithmetic, so NaN padding is harmless.
 
-Example:
+Examples:
   >>> import jax.numpy as jnp
   >>> import padded_eval as pe
   >>> xent = pe.losses.Crossentropy()
@@ -31,11 +31,12 @@ import jax.numpy as jnp
 
 from padded_eval.exact.accumulate import upcast
 from padded_eval.masking import broadcast_mask, element_weights, masked
-from padded_eval.routing import KeywordReader
+from padded_eval.routing import KeywordReader, dataclass_transform
 
 EPSILON = 1e-7  # probabilities are clipped to [EPSILON, 1 - EPSILON] (Keras)
 
 
+@dataclass_transform(frozen_default=True)
 @dataclasses.dataclass(frozen=True)
 class Loss(KeywordReader, abc.ABC):
   """Base of every loss: hashable configuration, ``loss(**kw)`` -> scalar mean.

@@ -10,7 +10,7 @@ adds nothing, and for fixed parameters the accumulated value is exactly the
 regularizer, however the data was batched or padded. While parameters change (during
 training) it is the mean over examples of the regularizer at the step that saw them.
 
-Example:
+Examples:
   >>> import jax.numpy as jnp
   >>> import padded_eval as pe
   >>> float(pe.regularizers.L2(0.5)(parameters={"w": jnp.array([1.0, 2.0])}))

@@ -15,6 +15,8 @@ sums have at most ``2**16`` terms.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -84,6 +86,22 @@ def difference(a: jax.Array, b: jax.Array) -> jax.Array:
   return jnp.where(negative, -value, value)
 
 
+def constant_digits(values: np.ndarray) -> jax.Array:
+  """int32 ``[..., NUM_DIGITS]`` digits of a non-negative integer numpy array (below ``2**61``)."""
+  values = np.asarray(values, np.int64)
+  shifts = DIGIT_BITS * np.arange(NUM_DIGITS)
+  return jnp.asarray((values[..., None] >> shifts) & _DIGIT_MASK, jnp.int32)
+
+
+def _row_and_column_sums(table: ExactCount):
+  """Digits of the row sums ``t`` ``[K]``, column sums ``p`` ``[K]``, total ``n`` and trace ``c``."""
+  true_count = jax.tree.map(lambda limb: limb.T, table).aggregate()
+  pred_count = table.aggregate()
+  n = true_count.aggregate()
+  correct = jax.tree.map(jnp.diagonal, table).aggregate()
+  return tuple(map(digits, (true_count, pred_count, n, correct)))
+
+
 @jax.jit  # compiled once per table shape, also for eager compute()
 def matthews_corrcoef(table: ExactCount) -> jax.Array:
   """float32 Matthews correlation of an exact square table ``[K, K]`` (0 where undefined).
@@ -92,12 +110,8 @@ def matthews_corrcoef(table: ExactCount) -> jax.Array:
   total, ``c`` the trace, ``t`` / ``p`` the row / column sums; the three differences are
   exact (formed on digits) and rounded once each.
   """
-  true_count = jax.tree.map(lambda limb: limb.T, table).aggregate()  # row sums [K], exact
-  pred_count = table.aggregate()  # column sums [K]
-  n = true_count.aggregate()
-  correct = jax.tree.map(jnp.diagonal, table).aggregate()
+  true_count, pred_count, n, correct = _row_and_column_sums(table)
   k = table.shape[0]
-  true_count, pred_count, n, correct = map(digits, (true_count, pred_count, n, correct))
   products = times(  # one batch: c n, n n, t p, t t, p p
     jnp.concatenate([correct[None], n[None], true_count, true_count, pred_count]),
     jnp.concatenate([n[None], n[None], pred_count, true_count, pred_count]),
@@ -111,3 +125,36 @@ def matthews_corrcoef(table: ExactCount) -> jax.Array:
   return jnp.where(
     denominator > 0, cov_true_pred / jnp.where(denominator > 0, denominator, 1.0), 0.0
   )
+
+
+@functools.partial(jax.jit, static_argnames="weights")
+def cohen_kappa(table: ExactCount, weights: str | None = None) -> jax.Array:
+  """float32 Cohen's kappa of an exact square table ``[K, K]`` (0 where undefined).
+
+  With disagreement weights ``w`` (``1 - I``, ``|i - j|`` or ``(i - j)**2``), row / column
+  sums ``t`` / ``p`` and total ``n``: ``kappa = 1 - n sum w T / sum w t p``, computed as
+  ``(D - n sum w T) / D`` with ``D = sum w t p``. Every term is an integer formed exactly on
+  digits; the numerator is one exact difference rounded once, so chance agreement gives
+  exactly 0. Unweighted this is ``(c n - sum t p) / (n^2 - sum t p)`` (``O(K)``); the
+  weighted forms hold ``[K, K]`` digit products (``O(K**2)`` memory in ``compute``).
+  """
+  true_count, pred_count, n, correct = _row_and_column_sums(table)
+  if weights is None:
+    products = times(
+      jnp.concatenate([correct[None], n[None], true_count]),
+      jnp.concatenate([n[None], n[None], pred_count]),
+    )
+    chance = normalize(jnp.sum(products[2:], 0))  # sum t p
+    numerator = difference(products[0], chance)  # c n - sum t p
+    denominator = difference(products[1], chance)  # n^2 - sum t p
+  else:
+    ids = np.arange(table.shape[0])
+    distance = np.abs(ids[:, None] - ids[None, :])
+    w = constant_digits(distance if weights == "linear" else distance**2)  # [K, K, D]
+    weighted_pred = total(times(w, pred_count[None]), axis=1)  # sum_j w_ij p_j, [K, D]
+    chance = total(times(true_count, weighted_pred), axis=0)  # D = sum_ij w_ij t_i p_j
+    weighted_cells = total(total(times(w, digits(table)), axis=1), axis=0)  # sum w T
+    observed = times(n, weighted_cells)  # n sum w T
+    numerator = difference(chance, observed)
+    denominator = difference(chance, jnp.zeros_like(chance))
+  return jnp.where(denominator > 0, numerator / jnp.where(denominator > 0, denominator, 1.0), 0.0)

@@ -49,6 +49,16 @@ class Accuracy(Metric):
   with scores, not 0/1 for binary: not counted), ``"pred id out of range"`` (a negative
   class id: a miss), ``"nan score"`` (a miss unless another class ranks) and
   ``"probability outside [0, 1]"`` (binary without ``from_logits``).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> logits = np.array([[2.0, 1, 0], [0, 2.0, 1], [1, 0, 2.0], [2.0, 0, 1]])
+    >>> labels = np.array([0, 1, 1, 2])
+    >>> float(pe.metrics.Accuracy().update(preds=logits, target=labels).compute())
+    0.5
+    >>> float(pe.metrics.Accuracy(top_k=2).update(preds=logits, target=labels).compute())
+    0.75
   """
 
   higher_is_better: ClassVar[bool | None] = True
@@ -159,7 +169,7 @@ def _accuracy_state(sums: list, counts: list) -> dict:
   """Accuracy's state from its `Totals`: ``(correct, weight)`` sums and the invalid counts."""
   correct, weight = sums
   return {
-    "correct": ExactSum.of(correct),
-    "weight": ExactSum.of(weight),
+    "correct": correct,
+    "weight": weight,
     "invalid": ExactCount.of(jnp.stack(counts)),
   }

@@ -22,21 +22,25 @@ def zero_total(_metric=None) -> ExactSum:
   return ExactSum.zeros()
 
 
-def weighted_totals(values, mask, weights, ref, power: int = 1) -> Totals:
+def weighted_totals(values, mask, weights, ref, power: int = 1, invalid=None) -> Totals:
   """The `Totals` of ``(ExactSum(sum w * x**power), ExactSum(sum w))`` over the real elements
   of ``values`` (summed by `Metric.batch_updates`, in one reduction with the real rows where
   ``power`` is 1).
 
   Args:
-    values: float array (bf16/f16 upcast); NaN in masked-out places never leaks.
+    values: float array (bf16/f16 upcast); NaN in masked-out places, or in elements of
+      weight 0, never leaks.
     mask: None or a bool prefix of ``values``' shape.
     weights: None or a float prefix of ``values``' shape.
     ref: the name of ``values`` for error messages.
     power: 1 or 2; the powers are formed on values scaled by a power of two, so the
       totals neither overflow nor underflow float32 (see ``ExactSum.of_sum``).
+    invalid: None, or a list of bool arrays of ``values``' shape (invalid real elements,
+      already masked) counted in the same reduction (power 1 only).
 
   Returns:
-    `Totals` whose ``build`` gives the two scalar totals.
+    `Totals` whose ``build`` gives the two scalar totals; with ``invalid``, also the int32
+    count of each of its arrays.
 
   Raises:
     ValueError: if the mask or weights do not fit ``values``.
@@ -44,9 +48,14 @@ def weighted_totals(values, mask, weights, ref, power: int = 1) -> Totals:
   values = upcast(jnp.asarray(values))
   real, w = element_weights(mask, weights, values.shape, ref)
   if power == 1:  # one reduction (with the update's real rows): one all-reduce under jit
-    weighted = jnp.where(real, w * jnp.where(real, values, 0.0), 0.0)
-    return Totals([weighted, w], [], lambda sums, _: tuple(ExactSum.of(s) for s in sums))
-  pair = ExactSum.of_sum(values, where=real, weights=w, power=power), ExactSum.of(jnp.sum(w))
+    used = real & (w != 0)  # a weight-0 element is not seen: inf or NaN there never leaks
+    weighted = jnp.where(used, w * jnp.where(used, values, 0.0), 0.0)
+    if invalid is None:
+      return Totals([weighted, w], [], lambda sums, _: tuple(sums))
+    return Totals([weighted, w], invalid, lambda sums, counts: (*sums, counts))
+  if invalid is not None:
+    raise ValueError("weighted_totals counts invalid elements with power=1 only")
+  pair = ExactSum.of_sum(values, where=real, weights=w, power=power), ExactSum.of_sum(w)
   return Totals([], [], lambda *_: pair)
 
 
@@ -74,6 +83,9 @@ class WeightedMean(Metric):
     totals = weighted_totals(values, mask, weights, ref, self.power)
     return totals.then(lambda pair: {"total": pair[0], "weight": pair[1]})
 
+  def number_inputs(self) -> tuple[str, ...]:
+    return self.required_inputs()
+
   def compute(self) -> jax.Array:
     """The weighted mean over real elements; NaN if none was seen."""
     return self.total.ratio(self.weight)
@@ -88,7 +100,7 @@ class Mean(WeightedMean):
   Args:
     argname: the update keyword to average (default ``"values"``).
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> m = Mean("mse").update(mse=jnp.array([2.0, 4.0]))
     >>> float(m.compute())
@@ -122,6 +134,13 @@ class MSE(WeightedMean):
   """Mean squared error ``mean((preds - target)**2)`` over real elements.
 
   The squares are formed on scaled errors: finite whenever the result fits float32.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> preds, target = np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.0, 5.0])
+    >>> round(float(pe.metrics.MSE().update(preds=preds, target=target).compute()), 4)  # 8 / 3
+    2.6667
   """
 
   higher_is_better: ClassVar[bool | None] = False
@@ -133,7 +152,15 @@ class MSE(WeightedMean):
 
 
 class MAE(WeightedMean):
-  """Mean absolute error ``mean(|preds - target|)`` over real elements."""
+  """Mean absolute error ``mean(|preds - target|)`` over real elements.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> preds, target = np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.0, 5.0])
+    >>> round(float(pe.metrics.MAE().update(preds=preds, target=target).compute()), 4)  # 4 / 3
+    1.3333
+  """
 
   higher_is_better: ClassVar[bool | None] = False
 
@@ -142,7 +169,15 @@ class MAE(WeightedMean):
 
 
 class RMSE(MSE):
-  """Root mean squared error: ``sqrt`` of :class:`MSE` over the whole dataset."""
+  """Root mean squared error: ``sqrt`` of :class:`MSE` over the whole dataset.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> preds, target = np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.0, 5.0])
+    >>> round(float(pe.metrics.RMSE().update(preds=preds, target=target).compute()), 4)  # sqrt(8 / 3)
+    1.633
+  """
 
   def compute(self) -> jax.Array:
     """``sqrt(sum(w * e**2) / sum(w))`` formed on the scaled totals (no overflow)."""

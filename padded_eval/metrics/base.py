@@ -13,7 +13,7 @@ metrics only define their batch statistics (``_batch_state``) and ``compute``:
 ``merge``, ``reduce`` and ``aggregate`` are written once here, by mapping the
 accumulators' own exact operations over the state.
 
-Example:
+Examples:
   >>> import jax.numpy as jnp
   >>> import padded_eval as pe
   >>> m = pe.metrics.Mean()
@@ -26,23 +26,31 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
 
 from padded_eval import validation
+from padded_eval.exact._floats import compensated_sum
 from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
-from padded_eval.routing import KeywordReader
+from padded_eval.routing import KeywordReader, dataclass_transform
 
 _STATE = "padded_eval_state"
 
 
-def state(factory: Callable[[Any], Any]):
-  """Declares a state field; ``factory(metric)`` builds its empty value from the config."""
-  return dataclasses.field(init=False, repr=False, compare=False, metadata={_STATE: factory})
+def state(factory: Callable[[Any], Any], *, init: bool = False) -> Any:
+  """Declares a state field; ``factory(metric)`` builds its empty value from the config.
+
+  ``init`` stays False (state is never a constructor argument); it is a parameter so that
+  type checkers, told by ``dataclass_transform``, know it.
+  """
+  return dataclasses.field(init=init, repr=False, compare=False, metadata={_STATE: factory})
 
 
 def is_state(field: dataclasses.Field) -> bool:
@@ -54,6 +62,7 @@ def _is_node(x) -> bool:
   return isinstance(x, (Accumulator, Metric))
 
 
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, state))
 @dataclasses.dataclass(frozen=True, eq=False)
 class Metric(KeywordReader, abc.ABC):
   """Base class of every metric; see the module docstring and docs/architecture.md.
@@ -65,6 +74,16 @@ class Metric(KeywordReader, abc.ABC):
   ``name``, ``arg_routes``, :meth:`map_arg`, :meth:`index_into`, the configuration
   hook ``_check_config`` and :meth:`required_inputs` come from
   :class:`padded_eval.routing.KeywordReader`, shared with losses.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> first = pe.metrics.Mean("x").update(x=np.array([1.0, 2.0, 99.0]), mask=np.array([True, True, False]))
+    >>> second = pe.metrics.Mean("x").update(x=np.array([6.0]))
+    >>> float(first.merge(second).compute())  # (1 + 2 + 6) / 3: the masked row never counts
+    3.0
+    >>> float(pe.metrics.Mean("x").compute())  # nothing seen
+    nan
   """
 
   # The update keywords: keyword-only parameters of _batch_state (and of _values, where
@@ -86,6 +105,9 @@ class Metric(KeywordReader, abc.ABC):
     jax.tree_util.register_pytree_with_keys(
       cls, _flatten_with_keys, _unflatten_for(cls), flatten_func=_flatten
     )
+    own_compute = cls.__dict__.get("compute")
+    if own_compute is not None and not getattr(own_compute, "_checks_stacking", False):
+      cls.compute = _unstacked_only(own_compute)
 
   def __post_init__(self):
     super().__post_init__()  # name, configuration check
@@ -128,7 +150,7 @@ class Metric(KeywordReader, abc.ABC):
     """The state of one batch: ``{state_field: accumulator}``, or the `Totals` it is built from
     (summed by `batch_updates` in one reduction with the update's real rows)."""
 
-  def batch_updates(self, **kwargs) -> Metric:
+  def batch_updates(self, **kwargs: ArrayLike) -> Metric:
     """A new metric holding only this batch's statistics. Keyword-only.
 
     Raises:
@@ -161,7 +183,20 @@ class Metric(KeywordReader, abc.ABC):
     for key in self.optional_inputs():
       if kwargs.get(key) is not None:
         checked[key] = validation.as_input(key, kwargs[key], owner=owner)
+    numbers = set(self.number_inputs()) | {"weights"}
+    for key in set(self.required_inputs()) | set(self.optional_inputs()):
+      if checked.get(key) is not None and key != "mask":
+        checked[key] = _fit_int32(key, checked[key], key in numbers, checked.get("mask"), owner)
     return checked
+
+  def number_inputs(self) -> tuple[str, ...]:
+    """The update keywords read as numbers to average (not as class or token ids).
+
+    Integers beyond int32 there (int64 timestamps) are converted to float32 on the host,
+    rounded as float64 is; in any other keyword they are refused (see `_fit_int32`).
+    ``weights`` is always a number. Default: none.
+    """
+    return ()
 
   # --- invalid values (counted, since nothing can raise inside jit) ---------------------
 
@@ -170,7 +205,7 @@ class Metric(KeywordReader, abc.ABC):
   #: it in ``_batch_state`` with :meth:`count_invalid`.
   invalid_kinds: ClassVar[tuple[str, ...]] = ()
 
-  def count_invalid(self, **bad: jax.Array) -> ExactCount:
+  def count_invalid(self, **bad: ArrayLike) -> ExactCount:
     """The batch's invalid counts, in ``invalid_kinds`` order.
 
     Args:
@@ -263,7 +298,7 @@ class Metric(KeywordReader, abc.ABC):
         report.append((_member_name(key, child, name), n))
     return report
 
-  def update(self, **kwargs) -> Metric:
+  def update(self, **kwargs: ArrayLike) -> Metric:
     """A new metric: this batch's statistics merged in. Keyword-only."""
     return self.merge(self.batch_updates(**kwargs))
 
@@ -278,7 +313,22 @@ class Metric(KeywordReader, abc.ABC):
         f"cannot merge {type(self).__name__} metrics configured differently: "
         + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in diff.items())
       )
+    self._check_shapes(other, "merge")
     return self._map_state(lambda a, b: a.merge(b), other)
+
+  def _check_shapes(self, other, action: str) -> None:
+    """ValueError unless ``other``'s state leaves (a metric, or the shapes ``empty()`` has)
+    have this metric's shapes: a stacked per-device state is combined by ``aggregate()``."""
+    mine = jax.tree_util.tree_flatten_with_path(self)[0]
+    theirs = jax.tree.leaves(other)
+    for (path, a), b in zip(mine, theirs):
+      if np.shape(a) != np.shape(b):
+        where = jax.tree_util.keystr(path)
+        raise ValueError(
+          f"cannot {action} {type(self).__name__} states of different shapes ({where}: "
+          f"{np.shape(a)} vs {np.shape(b)}); a stacked per-device state (out of pmap, or "
+          "from lax.all_gather) must be combined with .aggregate() first"
+        )
 
   def _statistics_config(self) -> dict[str, Any]:
     """The configuration that shapes the statistics (all but ``name`` and arg routes)."""
@@ -299,6 +349,85 @@ class Metric(KeywordReader, abc.ABC):
   def compute_logs(self) -> dict[str, Any]:
     """``{name: value}``."""
     return {self.name: self.compute()}
+
+
+def _unstacked_only(compute: Callable) -> Callable:
+  """``compute`` that raises a ValueError on a stacked state (per-device values would
+  come back silently): the state's shapes must be those of ``empty()``."""
+
+  @functools.wraps(compute)
+  def checked(self, *args, **kwargs):
+    expected = _empty_shapes(self)
+    for (path, leaf), want in zip(jax.tree_util.tree_flatten_with_path(self)[0], expected):
+      if np.shape(leaf) != want:
+        raise ValueError(
+          f"{type(self).__name__}.compute() got a stacked state "
+          f"({jax.tree_util.keystr(path)}: shape {np.shape(leaf)}, expected {want}); a "
+          "per-device state (out of pmap, or from lax.all_gather) must be combined first: "
+          "metric.aggregate().compute()"
+        )
+    return compute(self, *args, **kwargs)
+
+  checked._checks_stacking = True
+  return checked
+
+
+_EMPTY_SHAPES: dict = {}  # pytree structure -> state leaf shapes; bounded below
+
+
+def _empty_shapes(metric: Metric) -> tuple[tuple[int, ...], ...]:
+  """The state leaf shapes of ``metric.empty()`` (cached by the pytree structure, which
+  holds the configuration of the metric and of any nested ones)."""
+  key = jax.tree.structure(metric)
+  try:
+    return _EMPTY_SHAPES[key]
+  except TypeError:  # an unhashable configuration value: not cached
+    key = None
+  except KeyError:
+    pass
+  shapes = tuple(np.shape(leaf) for leaf in jax.tree.leaves(jax.eval_shape(metric.empty)))
+  if key is not None:
+    if len(_EMPTY_SHAPES) >= 1024:
+      _EMPTY_SHAPES.clear()
+    _EMPTY_SHAPES[key] = shapes
+  return shapes
+
+
+_INT32 = np.iinfo(np.int32)
+
+
+def _fit_int32(key: str, value, is_number: bool, mask, owner: str):
+  """``value``, with host integers outside int32 made exact or refused, never wrapped.
+
+  JAX's default 32-bit mode casts int64 to int32 by wrapping (``2**32`` becomes 0). A
+  number to average becomes float32 (rounded to nearest, as a float64 would be); a class
+  or token id outside int32 cannot be one, so it raises. Only the real elements of ``mask``
+  (a host bool prefix of ``value``'s shape) are checked; padding may hold anything.
+
+  Raises:
+    ValueError: an id (not ``is_number``) outside int32's range, naming ``key``.
+  """
+  if not isinstance(value, np.ndarray) or value.dtype.kind not in "iu" or value.dtype.itemsize < 4:
+    return value
+  if value.dtype.itemsize == 4 and value.dtype.kind == "i":
+    return value
+  if is_number:
+    return value.astype(np.float32)
+  seen = value
+  if (
+    isinstance(mask, np.ndarray)
+    and mask.dtype == np.bool_
+    and mask.shape == value.shape[: mask.ndim]
+  ):
+    seen = value[mask]
+  if seen.size and (seen.min() < _INT32.min or seen.max() > _INT32.max):
+    raise ValueError(
+      f"{owner}: {key} holds integers in [{seen.min()}, {seen.max()}] (dtype {value.dtype}), "
+      f"outside int32's range [{_INT32.min}, {_INT32.max}]: JAX's default 32-bit mode would wrap "
+      f"them. Class and token ids must fit int32: remap them (np.unique(..., return_inverse=True)), "
+      "or enable jax_enable_x64"
+    )
+  return value
 
 
 def _flatten_with_keys(metric):
@@ -373,13 +502,13 @@ class Totals:
   Args:
     sums: float arrays (values already masked: 0 where not real); each is summed whole.
     counts: bool arrays (already masked) or None (counts 0).
-    build: ``(float32 scalar per sum, int32 scalar per count) -> state dict`` (or what
-      `then` maps to one).
+    build: ``(ExactSum scalar per sum (compensated), int32 scalar per count) -> state dict``
+      (or what `then` maps to one).
 
   Example:
     >>> import jax.numpy as jnp
     >>> totals = Totals([jnp.array([1.0, 2.0])], [jnp.array([True, False])], lambda s, c: (s, c))
-    >>> [float(x) for x in totals.reduced(None)[0][0]]
+    >>> [float(x.total()) for x in totals.reduced(None)[0][0]]
     [3.0]
   """
 
@@ -408,9 +537,9 @@ sum is an integer below 2**24), so they can share one reduction with float total
 
 
 def batch_totals(totals: list, counts: list) -> tuple[list, list]:
-  """A batch's float32 totals and True counts, in as few reductions as they allow.
+  """A batch's float totals (compensated) and True counts, in as few reductions as they allow.
 
-  Under a sharded jit every reduction over the rows is an all-reduce in every step, and XLA on
+  Under a sharded jit every reduction over the rows is a collective in every step, and XLA on
   CPU pays a rendezvous of all devices per reduced array: a metric's statistics are cheapest
   summed as one stacked array. When every array has the same shape (and the counts fewer than
   `FLOAT_COUNT_LIMIT` elements) they are one reduction; otherwise the totals and the counts are
@@ -421,7 +550,9 @@ def batch_totals(totals: list, counts: list) -> tuple[list, list]:
     counts: bool arrays (already masked), or None (counts 0).
 
   Returns:
-    ``(float32 scalar per total, int32 scalar per count)``, in the order given.
+    ``(ExactSum scalar per total, int32 scalar per count)``, in the order given. The totals
+    are compensated sums (:func:`padded_eval.exact._floats.compensated_sum`: error-free
+    additions in any order), so cancelling values lose nothing to the batching.
   """
   totals = [jnp.asarray(t) for t in totals]
   flags = [f for f in (None if c is None else jnp.asarray(c) for c in counts) if f is not None]
@@ -434,23 +565,26 @@ def batch_totals(totals: list, counts: list) -> tuple[list, list]:
   ):
     float_sums, int_sums = _one_reduction(totals, flags)
   else:
-    float_sums = [jnp.sum(t.astype(jnp.float32)) for t in totals]
+    float_sums = [compensated_sum(t.astype(jnp.float32)) for t in totals]
     int_sums = list(_stacked_counts(flags))
   found = iter(range(len(int_sums)))
   zero = jnp.zeros((), jnp.int32)
+  float_sums = [ExactSum.of_pair(hi, lo) for hi, lo in float_sums]
   return float_sums, [zero if c is None else int_sums[next(found)] for c in counts]
 
 
 @jax.jit
 def _one_reduction(totals: list, flags: list) -> tuple[list, list]:
-  """float32 sums of ``totals`` and int32 counts of ``flags`` (all of one shape), from one
-  reduction of their stack. Jitted: one dispatch when called eagerly, inlined under jit."""
+  """Compensated float32 sums ``(hi, lo)`` of ``totals`` and int32 counts of ``flags`` (all of
+  one shape), from one reduction of their stack. Jitted: one dispatch when called eagerly,
+  inlined under jit."""
   stacked = jnp.stack(
     [t.astype(jnp.float32) for t in totals] + [f.astype(jnp.float32) for f in flags]
   )
-  sums = jnp.sum(stacked, axis=tuple(range(1, stacked.ndim)))
-  counts = sums[len(totals) :].astype(jnp.int32)
-  return [sums[i] for i in range(len(totals))], [counts[i] for i in range(len(flags))]
+  sums, errors = compensated_sum(stacked, axis=tuple(range(1, stacked.ndim)))
+  counts = sums[len(totals) :].astype(jnp.int32)  # exact: integers below 2**24
+  pairs = [(sums[i], errors[i]) for i in range(len(totals))]
+  return pairs, [counts[i] for i in range(len(flags))]
 
 
 def _stacked_counts(flags: list) -> jax.Array:
@@ -489,7 +623,8 @@ def _row_flags(values, rows: int) -> jax.Array:
   values = jnp.asarray(values)
   if values.ndim == 0:
     return jnp.broadcast_to(values, (rows,))
-  return jnp.any(values.reshape(values.shape[0], -1), axis=-1)
+  # math.prod, not -1: a 0-row batch has no size to infer the other axis from
+  return jnp.any(values.reshape(values.shape[0], math.prod(values.shape[1:])), axis=-1)
 
 
 def real_row_flags(mask, weights, inputs) -> jax.Array | None:

@@ -27,7 +27,7 @@ State memory is ``(num_replicas + 1)`` times the wrapped metric's state (see
 :meth:`Bootstrap.state_nbytes` and HOWTO.md for a table); a ValueError explains a
 configuration beyond ``max_state_bytes``.
 
-Example:
+Examples:
   >>> import jax.numpy as jnp
   >>> import padded_eval as pe
   >>> m = pe.metrics.Bootstrap(pe.metrics.Mean(), num_replicas=50)
@@ -45,6 +45,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from padded_eval import validation
 from padded_eval.metrics._poisson_counts import COUNT_BITS, poisson_counts
@@ -101,6 +102,18 @@ class Bootstrap(Metric):
 
   Raises:
     ValueError: a bad argument, or a state larger than ``max_state_bytes``.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> hits = (np.arange(200) % 4 != 0).astype(np.float32)  # 150 of 200
+    >>> m = pe.metrics.Bootstrap(pe.metrics.Mean("x"), num_replicas=500, seed=0)
+    >>> m = m.update(x=hits, index=np.arange(200))
+    >>> float(m.compute())  # the wrapped metric's exact value
+    0.75
+    >>> low, high = (float(v) for v in m.compute_interval())
+    >>> bool(low < 0.75 < high), bool(0.09 < high - low < 0.15)  # about 2 * 1.96 * sqrt(p (1 - p) / n) = 0.12
+    (True, True)
   """
 
   num_replicas: int = 1000
@@ -183,7 +196,7 @@ class Bootstrap(Metric):
   def optional_inputs(self) -> tuple[str, ...]:
     return ()
 
-  def batch_updates(self, **kwargs) -> Bootstrap:
+  def batch_updates(self, **kwargs: ArrayLike) -> Bootstrap:
     """This batch's statistics: the wrapped metric's and every replica's. Keyword-only.
 
     Raises:

@@ -63,7 +63,7 @@ class CalibrationError(ClassificationMetric):
     from_logits: ``preds`` are logits (sigmoid for binary, softmax for multiclass).
     ignore_index: targets equal to it are not counted.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> m = CalibrationError(2, task="binary").update(preds=jnp.array([0.2, 0.9]),
     ...                                               target=jnp.array([0, 1]))

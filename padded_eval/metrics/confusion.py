@@ -51,9 +51,17 @@ weigh 0 in both tasks. ``None`` gives the ``[C]`` per-class scores. Undefined ra
 count as 0 (``zero_division=0``). With ``task="binary"`` ``average`` is not used: the
 positive class is scored. A metric that has seen no counted element computes NaN.
 
-With ``top_k > 1`` (multiclass Precision, Recall, F-scores, Specificity, JaccardIndex) a
-class is predicted for an element when it is among the ``k`` best; per class
-``tn = N - tp - fp - fn`` over the ``N`` counted elements (torchmetrics' rule).
+With ``top_k > 1`` (multiclass Precision, Recall, F-scores, Specificity, JaccardIndex),
+``top_k_rule`` says what is predicted:
+
+* ``"every"`` (default): each of the ``k`` best classes is predicted (``k`` predictions
+  per element: a target among them is a true positive, the others are false positives);
+  per class ``tn = N - tp - fp - fn`` over the ``N`` counted elements.
+* ``"torchmetrics"``: torchmetrics 1.9's rule, one prediction per element: the target
+  when it is among the ``k`` best, else the best class.
+
+Both give the same micro recall (the top-k accuracy); precision and the averaged scores
+differ.
 
 Counts are of elements: sample ``weights`` are not supported (``ValueError``).
 """
@@ -88,6 +96,9 @@ from padded_eval.metrics.base import state
 # --- the shared state ------------------------------------------------------------------
 
 
+TOP_K_RULES = ("every", "torchmetrics")
+
+
 class ConfusionState(ClassificationMetric):
   """Base of the confusion-count metrics: configuration, inputs and exact counts.
 
@@ -101,6 +112,7 @@ class ConfusionState(ClassificationMetric):
   task: str = config_field("multiclass")
   threshold: float = config_field(0.5)
   top_k: int = config_field(1)
+  top_k_rule: str = config_field("every")
   confusion: ExactCount = state(lambda self: ExactCount.zeros(self._counts_shape()))
 
   _full_matrix: ClassVar[bool] = False
@@ -117,6 +129,7 @@ class ConfusionState(ClassificationMetric):
     super()._check_config()
     validation.check_probability("threshold", self.threshold)
     validation.check_positive_int("top_k", self.top_k)
+    validation.check_choice("top_k_rule", self.top_k_rule, TOP_K_RULES)
     if self.top_k > 1 and (self.task != "multiclass" or self._full_matrix):
       raise ValueError(
         f"top_k={self.top_k} is for task='multiclass' Precision, Recall, "
@@ -142,6 +155,9 @@ class ConfusionState(ClassificationMetric):
       counts = matrix_counts(elements.labels, predicted, elements.valid, self.num_classes)
     else:
       predicted = elements.top_k(self.top_k)
+      if self.top_k_rule == "torchmetrics":  # the target if among the k best, else the best
+        hit = jnp.any(predicted == elements.labels[..., None], axis=-1)
+        predicted = jnp.where(hit, elements.labels, predicted[..., 0])[..., None]
       counts = class_counts(elements.labels, predicted, elements.valid, self.num_classes)
     return {"confusion": ExactCount.of(counts), "invalid": invalid}
 
@@ -231,7 +247,7 @@ def f_beta(tp, fp, fn, beta: float) -> jax.Array:
 class Precision(ClassScore):
   """``tp / (tp + fp)``: the fraction of predicted positives that are right.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> m = Precision(task="binary").update(preds=jnp.array([0.9, 0.8, 0.1]),
     ...                                     target=jnp.array([1, 0, 1]))
@@ -244,21 +260,51 @@ class Precision(ClassScore):
 
 
 class Recall(ClassScore):
-  """``tp / (tp + fn)``: the fraction of true positives found (sensitivity)."""
+  """``tp / (tp + fn)``: the fraction of true positives found (sensitivity).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.Recall(task="binary").update(preds=probs, target=labels)
+    >>> round(float(m.compute()), 4)  # tp / (tp + fn) = 2 / 3
+    0.6667
+  """
 
   def _score(self, tp, fp, fn, tn):
     return divide(tp, tp + fn)
 
 
 class Specificity(ClassScore):
-  """``tn / (tn + fp)``: the fraction of true negatives found."""
+  """``tn / (tn + fp)``: the fraction of true negatives found.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.Specificity(task="binary").update(preds=probs, target=labels)
+    >>> round(float(m.compute()), 4)  # tn / (tn + fp) = 1 / 3
+    0.3333
+  """
 
   def _score(self, tp, fp, fn, tn):
     return divide(tn, tn + fp)
 
 
 class F1Score(ClassScore):
-  """Harmonic mean of precision and recall, ``2 tp / (2 tp + fn + fp)``."""
+  """Harmonic mean of precision and recall, ``2 tp / (2 tp + fn + fp)``.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.F1Score(task="binary").update(preds=probs, target=labels)
+    >>> round(float(m.compute()), 4)  # 2 tp / (2 tp + fp + fn) = 4 / 7
+    0.5714
+  """
 
   def _score(self, tp, fp, fn, tn):
     return f_beta(tp, fp, fn, 1.0)
@@ -269,6 +315,15 @@ class FBetaScore(ClassScore):
 
   Args:
     beta: a positive float (the only positional argument).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.FBetaScore(beta=2.0, task="binary").update(preds=probs, target=labels)
+    >>> round(float(m.compute()), 4)  # 5 tp / (5 tp + 4 fn + fp) = 10 / 16
+    0.625
   """
 
   beta: float = 1.0
@@ -288,6 +343,15 @@ class JaccardIndex(ClassScore):
   scores, ``target`` ``[B, H, W]``, ``mask`` ``[B]`` or ``[B, H, W]``) the default
   ``average="macro"`` is the mIoU over classes present; ``ignore_index`` (e.g. 255, or a
   background class id) removes those pixels, and a class id from the mean.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.JaccardIndex(task="binary").update(preds=probs, target=labels)
+    >>> round(float(m.compute()), 4)  # tp / (tp + fp + fn) = 2 / 5
+    0.4
   """
 
   def _score(self, tp, fp, fn, tn):
@@ -310,6 +374,15 @@ class ConfusionMatrix(ConfusionState):
     num_classes: the number of classes (the only positional argument; ``None`` for binary).
     normalize: ``None`` (counts), ``"true"`` (rows sum to 1), ``"pred"`` (columns sum to
       1) or ``"all"``; an all-zero row or column stays 0.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> logits = np.array([[2.0, 1, 0], [0, 2.0, 1], [1, 0, 2.0], [2.0, 0, 1]])
+    >>> labels = np.array([0, 1, 1, 2])
+    >>> m = pe.metrics.ConfusionMatrix(num_classes=3).update(preds=logits, target=labels)
+    >>> m.counts().tolist()  # rows: the labels, columns: the predictions
+    [[1, 0, 0], [0, 1, 1], [1, 0, 0]]
   """
 
   higher_is_better: ClassVar[bool | None] = None
@@ -361,6 +434,15 @@ class MatthewsCorrCoef(ConfusionState):
   of the three terms formed exactly from the integer counts
   (:mod:`padded_eval.metrics._exact_products`) and rounded once, so nearly constant
   inputs do not cancel (constant inputs give exactly 0, like scikit-learn).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> logits = np.array([[2.0, 1, 0], [0, 2.0, 1], [1, 0, 2.0], [2.0, 0, 1]])
+    >>> labels = np.array([0, 1, 1, 2])
+    >>> m = pe.metrics.MatthewsCorrCoef(num_classes=3).update(preds=logits, target=labels)
+    >>> round(float(m.compute()), 4)  # (2 * 4 - 5) / sqrt((16 - 6) * (16 - 6))
+    0.3
   """
 
   higher_is_better: ClassVar[bool | None] = True
@@ -385,9 +467,19 @@ class CohenKappa(ConfusionState):
 
   A multiclass prediction of no class (an out-of-range id or an all-NaN row) is class
   ``C`` of the :meth:`table`, a disagreement with every target. Undefined kappa (chance
-  agreement 1, e.g. constant inputs) computes 0. Observed and chance disagreement are
-  sums of non-negative terms (off-diagonal shares), so nothing cancels before the final
-  ``1 - observed / chance``.
+  agreement 1, e.g. constant inputs) computes 0. ``1 - observed / chance`` is formed from
+  exact integer products of the counts and rounded once
+  (:func:`padded_eval.metrics._exact_products.cohen_kappa`), so agreement at chance level
+  is exactly 0, as in scikit-learn.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> logits = np.array([[2.0, 1, 0], [0, 2.0, 1], [1, 0, 2.0], [2.0, 0, 1]])
+    >>> labels = np.array([0, 1, 1, 2])
+    >>> m = pe.metrics.CohenKappa(num_classes=3).update(preds=logits, target=labels)
+    >>> round(float(m.compute()), 4)  # (1/2 - 5/16) / (1 - 5/16)
+    0.2727
   """
 
   higher_is_better: ClassVar[bool | None] = True
@@ -401,18 +493,5 @@ class CohenKappa(ConfusionState):
     validation.check_choice("weights", self.weights, KAPPA_WEIGHTS)
 
   def compute(self) -> jax.Array:
-    table = self.table().total()
-    n = jnp.sum(table)
-    safe_n = jnp.where(n > 0, n, 1.0)
-    true_share, pred_share = jnp.sum(table, axis=1) / safe_n, jnp.sum(table, axis=0) / safe_n
-    expected = jnp.outer(true_share, pred_share)
-    ids = np.arange(table.shape[0])
-    distance = np.abs(ids[:, None] - ids[None, :]).astype(np.float32)
-    if self.weights is None:
-      disagreement = (distance > 0).astype(np.float32)
-    else:
-      disagreement = distance if self.weights == "linear" else distance**2
-    observed = jnp.sum(disagreement * table) / safe_n
-    chance = jnp.sum(disagreement * expected)
-    value = jnp.where(chance > 0, 1.0 - divide(observed, chance), 0.0)
+    value = exact_products.cohen_kappa(self.table(), weights=self.weights)
     return jnp.where(self.seen(), value, jnp.nan)

@@ -29,7 +29,9 @@ Bins (``binning``), monotone in the score:
   rounding of the final sums): their ties are real ties, which scikit-learn also counts
   as half a pair (AUROC) or one threshold (AUPRC).
 
-Error bound. Pairs in different bins are ordered exactly; a positive and a negative in
+Error bound: the binned promise is ``|compute() - exact| <= error_bound()``, computed from
+the same counts, not a fixed tolerance (scores 0.5 and 0.5001 with target [0, 1] share a
+bin: 0.5 with bound 0.5, where scikit-learn gives 1.0). Pairs in different bins are ordered exactly; a positive and a negative in
 one bin count as a tie (half a pair, the trapezoid rule), so
 ``|AUROC - exact| <= 0.5 * sum_k pos_k * neg_k / (P * N)``, half the share of
 (positive, negative) pairs sharing a bin; :meth:`AUROC.error_bound` returns it (it
@@ -69,6 +71,19 @@ only the model's outputs (with a Mean instead: 1.4x; 2_049 bins: 1.8x; 1_025: 1.
 65_537: 43x); a bigger model makes the metric's share smaller. Fewer bins mean more ties:
 :meth:`AUROC.error_bound` and :meth:`AUPRC.error_bound` bound the error from the state.
 
+Exact mode (``exact=True, capacity=N``): every counted (score, label) element is kept
+instead of the histograms (:mod:`padded_eval.metrics.exact_scores`, ``5 * L * capacity``
+bytes: ``capacity`` float32 scores and int8 labels per column, ``N`` at least the elements
+one column sees, e.g. ``len(batches) * batch_size``; elements beyond it are reported as
+invalid and the value is NaN), sorted once in ``compute()``: scikit-learn's
+``roc_auc_score`` / ``average_precision_score`` (ties as scikit-learn counts them) on any
+data, within float32 rounding (1e-6), every task and average (``"ogb"`` included);
+``error_bound()`` is 0 and ``curve()`` has one point per distinct score, as scikit-learn's.
+
+Logits given without ``from_logits=True`` are probabilities outside ``[0, 1]``: counted
+(nothing can raise under jit) and reported by ``masked_eval`` as such, with "pass
+from_logits=True".
+
 OGB's mean average precision (``average="ogb"``, multilabel only): the mean over tasks
 (labels) that have at least one positive and one negative counted label of the task's
 area, OGB's ``Evaluator`` rule for ogbg-molpcba (``"ap"``) and ogbg-molhiv / molbace /
@@ -105,6 +120,7 @@ import numpy as np
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount
+from padded_eval.metrics import exact_scores
 from padded_eval.metrics._classification_inputs import (
   AVERAGES,
   ClassificationMetric,
@@ -113,8 +129,14 @@ from padded_eval.metrics._classification_inputs import (
   divide,
   num_columns,
 )
-from padded_eval.metrics._formatting import SCORE_INVALID_KINDS, nan_missing_labels, probabilities
+from padded_eval.metrics._formatting import (
+  PROBABILITY_OUT_OF_RANGE,
+  SCORE_INVALID_KINDS,
+  nan_missing_labels,
+  probabilities,
+)
 from padded_eval.metrics.base import state
+from padded_eval.metrics.exact_scores import ScoreBuffer
 
 DEFAULT_NUM_THRESHOLDS = 65_537
 #: The default state of a multilabel metric stays within this many bytes (16 MiB).
@@ -138,7 +160,13 @@ def default_num_thresholds(task: str, num_classes) -> int:
 
 
 def _empty_histogram(metric):
-  return ExactCount.zeros((num_columns(metric.task, metric.num_classes), metric.num_thresholds))
+  bins = 0 if metric.exact else metric.num_thresholds  # exact: the scores are kept instead
+  return ExactCount.zeros((num_columns(metric.task, metric.num_classes), bins))
+
+
+def _empty_buffer(metric):
+  capacity = metric.capacity if metric.exact else 0  # binned: no scores kept
+  return ScoreBuffer.zeros(num_columns(metric.task, metric.num_classes), capacity)
 
 
 def score_elements(metric, preds, target, mask):
@@ -172,8 +200,11 @@ class _ScoreHistogram(ClassificationMetric):
   task: str = config_field("binary")
   average: str | None = config_field("macro")
   binning: str | None = config_field(None)
+  exact: bool = config_field(False)
+  capacity: int | None = config_field(None)
   positives: ExactCount = state(_empty_histogram)
   negatives: ExactCount = state(_empty_histogram)
+  buffer: ScoreBuffer = state(_empty_buffer)
 
   invalid_kinds: ClassVar[tuple[str, ...]] = SCORE_INVALID_KINDS
   _scores_only: ClassVar[bool] = True
@@ -196,9 +227,32 @@ class _ScoreHistogram(ClassificationMetric):
       )
     validation.check_choice("average", self.average, CURVE_AVERAGES)
     validation.check_choice("binning", self.binning, BINNINGS)
+    self._check_exact()
     if self.average == "ogb" and self.task != "multilabel":
       raise ValueError(
         f"average='ogb' averages over the tasks of task='multilabel'; got task={self.task!r}"
+      )
+
+  def _check_exact(self):
+    name = type(self).__name__
+    if not isinstance(self.exact, bool):
+      raise ValueError(f"exact must be True or False; got {self.exact!r}")
+    if not self.exact:
+      if self.capacity is not None:
+        raise ValueError(
+          f"capacity sizes the kept scores of {name}(exact=True); got capacity="
+          f"{self.capacity!r} with exact=False: pass exact=True, or drop capacity"
+        )
+      return
+    if (
+      isinstance(self.capacity, bool)
+      or not isinstance(self.capacity, int)
+      or not 1 <= self.capacity <= exact_scores.MAX_CAPACITY
+    ):
+      raise ValueError(
+        f"{name}(exact=True) keeps every counted element: capacity must be an int in [1, "
+        f"{exact_scores.MAX_CAPACITY}], the most elements one class column sees (rows x "
+        f"spatial elements), e.g. capacity=len(batches) * batch_size; got {self.capacity!r}"
       )
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
@@ -206,6 +260,8 @@ class _ScoreHistogram(ClassificationMetric):
     if self.average == "ogb":
       target, mask = nan_missing_labels(target, mask)
     scores, truth, valid, invalid = score_elements(self, preds, target, mask)
+    if self.exact:
+      return {"buffer": ScoreBuffer.of(scores, truth, valid, self.capacity), "invalid": invalid}
     t = self.num_thresholds
     columns = scores.shape[-1]
     bins = self._bins(jnp.where(valid, scores, 0.5))
@@ -242,27 +298,36 @@ class _ScoreHistogram(ClassificationMetric):
     """float32 ``[L]`` per-column value, NaN where undefined."""
 
   def _averaged(self, per_column) -> jax.Array:
-    """``per_column(positives, negatives) -> [L]`` averaged by ``average``."""
+    """``per_column(positives, negatives) -> [L]`` (exact: ``_exact_area(buffer)``) averaged
+    by ``average``."""
     positives, negatives = self.positives, self.negatives
     included = self.included_classes()
-    if self.task == "binary":
-      return per_column(positives, negatives)[0]
-    if self.average == "micro":
+    if self.exact:
+      column_values = lambda: type(self)._exact_area(self.buffer)
+      micro_value = lambda: type(self)._exact_area(self.buffer.pooled(included))[0]
+      positive_counts, negative_counts = self.buffer.label_counts()
+    else:
       keep = jnp.asarray(included)[:, None]
 
       def summed(count):  # exact total over the kept columns, as one column
         total = jax.tree.map(lambda limb: jnp.where(keep, limb, 0), count).aggregate()
         return jax.tree.map(lambda limb: limb[None], total)
 
-      return per_column(summed(positives), summed(negatives))[0]
-    values = per_column(positives, negatives)
+      column_values = lambda: per_column(positives, negatives)
+      micro_value = lambda: per_column(summed(positives), summed(negatives))[0]
+      positive_counts, negative_counts = positives.total().sum(-1), negatives.total().sum(-1)
+    if self.task == "binary":
+      return column_values()[0]
+    if self.average == "micro":
+      return micro_value()
+    values = column_values()
     usable = jnp.asarray(included) & ~jnp.isnan(values)
     if self.average == "ogb":  # tasks with a positive and a negative label
-      usable &= (positives.total().sum(-1) > 0) & (negatives.total().sum(-1) > 0)
+      usable &= (positive_counts > 0) & (negative_counts > 0)
     if self.average is None:
       return jnp.where(included, values, jnp.nan)
     weighted = self.average == "weighted"
-    weight = positives.total().sum(-1) if weighted else jnp.ones_like(values)
+    weight = positive_counts if weighted else jnp.ones_like(values)
     weight = jnp.where(usable, weight, 0.0)
     total = jnp.sum(weight)
     mean = jnp.sum(weight * jnp.where(usable, values, 0.0)) / jnp.where(total > 0, total, 1.0)
@@ -271,6 +336,24 @@ class _ScoreHistogram(ClassificationMetric):
   def compute(self) -> jax.Array:
     """Scalar float32 (``[C]`` with ``average=None``); NaN where undefined."""
     return self._averaged(self._area)
+
+  def _exact_error_bound(self) -> jax.Array:
+    value = self.compute()  # exact: 0 where the value is defined
+    return jnp.where(jnp.isnan(value), jnp.nan, jnp.zeros_like(value))
+
+  def invalid_report(self) -> list[tuple[str, str, int]]:
+    """As for every metric; probabilities outside ``[0, 1]`` are named as the logits they
+    usually are, and (``exact=True``) elements beyond ``capacity`` are reported too."""
+    hint = f"{PROBABILITY_OUT_OF_RANGE} (logits? pass from_logits=True)"
+    report = [
+      (name, hint if kind == PROBABILITY_OUT_OF_RANGE else kind, n)
+      for name, kind, n in super().invalid_report()
+    ]
+    dropped = int(np.sum(np.asarray(jax.device_get(self.buffer.dropped), np.int64)))
+    if dropped:
+      kind = f"element beyond capacity={self.capacity} (value NaN; pass a larger capacity)"
+      report.append((self.name, kind, dropped))
+    return report
 
   # --- curves, on the host ---
 
@@ -299,11 +382,17 @@ class _ScoreHistogram(ClassificationMetric):
     """Exact int64 ``(positives [T], negatives [T])`` of the column ``class_index`` names."""
     positives, negatives = self.positives.to_numpy(), self.negatives.to_numpy()
     columns = num_columns(self.task, self.num_classes)
-    if positives.shape != (columns, self.num_thresholds):
+    if positives.shape != (columns, 0 if self.exact else self.num_thresholds):
       raise ValueError(
         f"the state has shape {positives.shape}; expected {(columns, self.num_thresholds)} "
         "(aggregate() a stacked or per-device state first)"
       )
+    return self._select_column(positives, negatives, class_index)
+
+  def _select_column(self, positives, negatives, class_index):
+    """``(positives[c], negatives[c])`` for the column ``class_index`` names (summed for
+    ``"micro"``); ValueError for an index that names no counted class."""
+    columns = num_columns(self.task, self.num_classes)
     if self.task == "binary":
       if class_index not in (None, 0):
         raise ValueError(f"class_index must be None for task='binary'; got {class_index!r}")
@@ -324,12 +413,28 @@ class _ScoreHistogram(ClassificationMetric):
     return positives[class_index], negatives[class_index]
 
   def _points(self, class_index):
-    """Cumulative exact ``(tp, fp, thresholds)`` from the highest non-empty bin down."""
+    """Cumulative exact ``(tp, fp, thresholds)`` from the highest non-empty bin down (exact:
+    from the highest distinct score down, scikit-learn's ``_binary_clf_curve``)."""
+    if self.exact:
+      return self._exact_points(class_index)
     positives, negatives = self._column_counts(class_index)
     filled = (positives + negatives) > 0
     tp = np.cumsum(positives[filled][::-1])
     fp = np.cumsum(negatives[filled][::-1])
     return tp, fp, self.bin_edges()[filled][::-1]
+
+  def _exact_points(self, class_index):
+    buffer = jax.device_get(self.buffer)
+    labels = np.asarray(buffer.labels, np.int64)
+    used = np.arange(labels.shape[-1]) < np.asarray(buffer.size)[:, None]
+    eye = np.eye(len(used), dtype=np.int64)  # column c's row selects c (micro: the included)
+    chosen = self._select_column(eye, eye, class_index)[0] > 0
+    keep = used & chosen[:, None]
+    scores, truth = np.asarray(buffer.scores)[keep], labels[keep]
+    order = np.argsort(-scores.astype(np.float64), kind="stable")
+    scores, truth = scores[order].astype(np.float64), truth[order]
+    last = np.r_[np.diff(scores) != 0, True] if len(scores) else np.zeros(0, bool)
+    return np.cumsum(truth)[last], np.cumsum(1 - truth)[last], scores[last]
 
   def _per_class(self, one_curve, class_index):
     if self.task != "binary" and class_index is None:
@@ -339,12 +444,20 @@ class _ScoreHistogram(ClassificationMetric):
 
 
 class AUROC(_ScoreHistogram):
-  """Area under the ROC curve from binned scores (see the module docstring).
+  """Area under the ROC curve from binned scores, or exactly (see the module docstring).
 
   Args:
-    num_thresholds: number of score bins (positional; default 65_537).
+    num_thresholds: number of score bins (positional; default 65_537). The binned value is
+      within ``error_bound()`` of the exact one: ``|compute() - exact| <= error_bound()``.
+    exact: keep every counted element's score (``capacity`` of them per column) and compute
+      scikit-learn's ``roc_auc_score`` exactly (ties as half a pair) instead of binning.
+      Memory ``5 * L * capacity`` bytes, ``L`` = 1 (binary) or ``num_classes``; see
+      :mod:`padded_eval.metrics.exact_scores`.
+    capacity: with ``exact=True``, the most elements one column sees (for one call of
+      ``masked_eval``: ``len(batches) * batch_size`` rows, times spatial elements); more are
+      counted as invalid and the value is NaN.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> m = AUROC().update(preds=jnp.array([0.1, 0.4, 0.35, 0.8]), target=jnp.array([0, 0, 1, 1]))
     >>> round(float(m.compute()), 4)
@@ -389,17 +502,36 @@ class AUROC(_ScoreHistogram):
 
     return self._per_class(one_curve, class_index)
 
+  _exact_area = staticmethod(exact_scores.auroc)
+
   def error_bound(self) -> jax.Array:
     """Bound on ``|compute() - exact AUROC|``: half the share of (positive, negative)
-    pairs that fell in one bin, averaged like ``compute()``. 0 in exact mode only if no
-    bin holds both classes; in exact mode the result is exact regardless."""
+    pairs that fell in one bin, averaged like ``compute()``. 0 with ``binning="linear"`` grid
+    scores only if no bin holds both classes, though the result is exact there regardless;
+    0 with ``exact=True`` (float32 rounding apart)."""
+    if self.exact:
+      return self._exact_error_bound()
     return self._averaged(self._tie_share)
 
 
 class AUPRC(_ScoreHistogram):
   """Area under the precision-recall curve as average precision (scikit-learn's
   ``average_precision_score``: ``sum_k (R_k - R_{k-1}) P_k`` over thresholds from the
-  highest bin down), from binned scores (see the module docstring)."""
+  highest bin down), from binned scores (``|compute() - exact| <= error_bound()``), or
+  exactly with ``exact=True`` and ``capacity`` (as for :class:`AUROC`: every counted score
+  kept, ``5 * L * capacity`` bytes, thresholds at every distinct score).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.AUPRC().update(preds=probs, target=labels)
+    >>> round(float(m.compute()), 4)  # average precision: (1 + 2/4 + 3/5) / 3
+    0.7
+  """
+
+  _exact_area = staticmethod(exact_scores.average_precision)
 
   def _area(self, positives, negatives):
     pos = positives.total()
@@ -428,8 +560,10 @@ class AUPRC(_ScoreHistogram):
     bins above, ``a`` in ``[1, pos_k]`` and ``b`` in ``[0, neg_k]`` of its bin, so the
     error is at most ``sum_k pos_k * max(highest_k - binned_k, binned_k - lowest_k) / P``
     (float32 rounding of the sums apart; the result is exact anyway where each bin
-    holds one distinct score).
+    holds one distinct score). 0 with ``exact=True``.
     """
+    if self.exact:
+      return self._exact_error_bound()
     return self._averaged(self._precision_spread)
 
   def curve(self, class_index=None):

@@ -30,7 +30,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from padded_eval.exact._floats import ZERO_EXPONENT, frexp, ldexp
+from padded_eval.exact._floats import ZERO_EXPONENT, compensated_sum, frexp, ldexp
 from padded_eval.exact.accumulate import (
   Accumulator,
   ExactCount,
@@ -49,7 +49,7 @@ def _outer(u, v):
 
 def _magnitude_exponent(x, axes):
   """Per column, the exponent bringing ``max |x|`` over ``axes`` into ``[0.5, 1)`` (0 if 0)."""
-  _, e = frexp(jnp.max(jnp.abs(x), axes, keepdims=True))
+  _, e = frexp(jnp.max(jnp.abs(x), axes, keepdims=True, initial=0.0))  # 0 rows: 0
   return e
 
 
@@ -150,12 +150,16 @@ _aggregate_moments = jax.jit(Accumulator.aggregate)
 @functools.partial(jax.jit, static_argnums=3)
 def _batch_moments(values, real, w, axes) -> Moments:
   """See :meth:`Moments.of`."""
+  # An element of weight 0 is not seen: its value sets no scale or shift (1e20 there made
+  # the others' squares round to 0), and inf or NaN there never leaks.
   used = (real & (w != 0))[..., None]
-  values = jnp.where(real[..., None], values, 0.0)
+  values = jnp.where(used, values, 0.0)
   weight = w[..., None]
-  count = jnp.sum(w, axes, keepdims=True)[..., None]
-  low = jnp.min(jnp.where(used, values, jnp.inf), axes, keepdims=True)
-  high = jnp.max(jnp.where(used, values, -jnp.inf), axes, keepdims=True)
+  count, count_error = compensated_sum(w, axes, keepdims=True)
+  count, count_error = count[..., None], count_error[..., None]
+  count_error = jnp.where(jnp.isfinite(count), count_error, 0.0)  # inf weights: NaN error
+  low = jnp.min(jnp.where(used, values, jnp.inf), axes, keepdims=True, initial=jnp.inf)
+  high = jnp.max(jnp.where(used, values, -jnp.inf), axes, keepdims=True, initial=-jnp.inf)
   safe_count = jnp.where(count > 0, count, 1.0)
   scale = _magnitude_exponent(values, axes)
   mean = ldexp(jnp.sum(weight * ldexp(values, -scale), axes, keepdims=True) / safe_count, scale)
@@ -163,21 +167,24 @@ def _batch_moments(values, real, w, axes) -> Moments:
   # fused into an FMA (an unrounded shift) while ``n * shift`` used the rounded one; the
   # clip (min/max) and the split from bits in ``of_product`` leave no product to fuse.
   shift = jnp.where(count > 0, jnp.clip(mean, low, high), 0.0)
-  deviation = jnp.where(real[..., None], values - shift, 0.0)
+  deviation = jnp.where(used, values - shift, 0.0)
   scale = _magnitude_exponent(deviation, axes)
   scaled = ldexp(deviation, -scale)
   weighted = weight * scaled
-  first = jnp.sum(weighted, axes, keepdims=True)
-  products = jnp.sum(_outer(weighted, scaled), axes, keepdims=True)
+  # Compensated sums (error-free additions): the batching changes nothing but the rounding
+  # of the deviations and products themselves.
+  first, first_error = compensated_sum(weighted, axes, keepdims=True)
+  products, products_error = compensated_sum(_outer(weighted, scaled), axes, keepdims=True)
   comoment = products - _outer(first, first) / safe_count[..., None]
   squeeze = lambda x: jnp.squeeze(x, axes)
   # total = n * shift + sum(w * (x - shift)): the product exactly, the small rest rounded.
   total = ExactSum.of_product(squeeze(count), squeeze(shift))
-  total = total.merge(ExactSum.of(squeeze(first), squeeze(scale)))
-  comoment = ExactSum.of(squeeze(comoment), squeeze(scale[..., :, None] + scale[..., None, :]))
-  return Moments._make(
-    ExactSum.of(squeeze(count)[..., 0]), total, comoment, squeeze(low), squeeze(high)
-  )
+  total = total.merge(ExactSum.of_pair(squeeze(first), squeeze(first_error), squeeze(scale)))
+  total = total.merge(ExactSum.of_product(squeeze(count_error), squeeze(shift)))
+  pair_scale = squeeze(scale[..., :, None] + scale[..., None, :])
+  comoment = ExactSum.of_pair(squeeze(comoment), squeeze(products_error), pair_scale)
+  weight_total = ExactSum.of_pair(squeeze(count)[..., 0], squeeze(count_error)[..., 0])
+  return Moments._make(weight_total, total, comoment, squeeze(low), squeeze(high))
 
 
 def _variance_parts(moments: Moments, column: int):
@@ -239,7 +246,7 @@ class Std(Metric):
   Update keywords: ``values`` (``argname``) ``[...]`` float; ``mask`` / ``weights`` a
   prefix of its shape. ``compute()`` is NaN when ``n - ddof <= 0`` (e.g. empty).
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> m = Std().update(values=jnp.array([1.0, 3.0, jnp.nan]), mask=jnp.array([True, True, False]))
     >>> float(m.compute())
@@ -252,6 +259,9 @@ class Std(Metric):
   argname: str = "values"
   moments: Moments = state(lambda self: Moments.zeros((), 1))
   example_rows: ExactCount = state(empty_count)
+
+  def number_inputs(self) -> tuple[str, ...]:
+    return self.required_inputs()
 
   def required_inputs(self) -> tuple[str, ...]:
     return (self.argname,)
@@ -300,6 +310,13 @@ class R2Score(Metric):
 
   Update keywords: ``preds``, ``target`` float of equal shape; ``mask`` / ``weights``
   a prefix of their shape.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> preds, target = np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.0, 5.0])
+    >>> round(float(pe.metrics.R2Score().update(preds=preds, target=target).compute()), 4)  # 1 - 8 / 14
+    0.4286
   """
 
   higher_is_better: ClassVar[bool | None] = True
@@ -309,6 +326,9 @@ class R2Score(Metric):
   target_moments: Moments = state(lambda self: Moments.zeros(self._output_shape(), 1))
   residual: ExactSum = state(lambda self: ExactSum.zeros(self._output_shape()))
   example_rows: ExactCount = state(empty_count)
+
+  def number_inputs(self) -> tuple[str, ...]:
+    return self.required_inputs()
 
   def _output_shape(self) -> tuple[int, ...]:
     return () if self.num_outputs == 1 else (self.num_outputs,)
@@ -357,6 +377,14 @@ class PearsonCorrelation(Metric):
 
   Update keywords: ``preds``, ``target`` float of equal shape; ``mask`` / ``weights``
   a prefix of their shape.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> preds, target = np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.0, 5.0])
+    >>> m = pe.metrics.PearsonCorrelation().update(preds=preds, target=target)
+    >>> round(float(m.compute()), 4)  # 4 / sqrt(2 * 14)
+    0.7559
   """
 
   higher_is_better: ClassVar[bool | None] = True
@@ -367,6 +395,9 @@ class PearsonCorrelation(Metric):
   )
 
   example_rows: ExactCount = state(empty_count)
+
+  def number_inputs(self) -> tuple[str, ...]:
+    return self.required_inputs()
 
   def _check_config(self):
     _check_num_outputs(self.num_outputs)

@@ -7,9 +7,11 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from padded_eval.exact.accumulate import upcast
+from padded_eval.exact.accumulate import ExactCount, upcast
 from padded_eval.masking import broadcast_mask
+from padded_eval.metrics._formatting import TARGET_OUT_OF_RANGE
 from padded_eval.metrics.averages import WeightedMean, weighted_totals
+from padded_eval.metrics.base import invalid_state, state
 
 
 def token_cross_entropy(logits: jax.Array, target: jax.Array) -> jax.Array:
@@ -46,7 +48,11 @@ class Perplexity(WeightedMean):
   ``target`` ``[B, T]`` int token ids; ``mask`` bool ``[B]`` or ``[B, T]``; ``weights``
   the same shape rule. ``compute()`` is NaN when no real token was seen.
 
-  Example:
+  A real token whose target is outside ``[0, V)`` (and is not ``ignore_index``: -100
+  without ``ignore_index=-100`` is one) is not averaged but counted as invalid, kind
+  ``"target out of range"`` (:meth:`invalid_counts`, :meth:`invalid_report`).
+
+  Examples:
     >>> import jax.numpy as jnp
     >>> m = Perplexity().update(preds=jnp.zeros((1, 2, 4)), target=jnp.array([[0, 3]]))
     >>> round(float(m.compute()), 4)
@@ -56,12 +62,18 @@ class Perplexity(WeightedMean):
   higher_is_better: ClassVar[bool | None] = False
 
   ignore_index: int | None = None
+  invalid: ExactCount = state(invalid_state)
+
+  invalid_kinds: ClassVar[tuple[str, ...]] = (TARGET_OUT_OF_RANGE,)
 
   def _check_config(self):
     if self.ignore_index is not None and (
       isinstance(self.ignore_index, bool) or not isinstance(self.ignore_index, int)
     ):
       raise ValueError(f"ignore_index must be None or an int; got {self.ignore_index!r}")
+
+  def number_inputs(self) -> tuple[str, ...]:
+    return ()  # target holds token ids
 
   def _values(self, *, preds, target, **_):
     logits, target = jnp.asarray(preds), jnp.asarray(target)
@@ -82,8 +94,12 @@ class Perplexity(WeightedMean):
     real = broadcast_mask(mask, target.shape, ref)
     if self.ignore_index is not None:
       real = real & (target != self.ignore_index)
-    totals = weighted_totals(cross_entropy, real, weights, ref)
-    return totals.then(lambda pair: {"total": pair[0], "weight": pair[1]})
+    in_vocabulary = (target >= 0) & (target < jnp.shape(preds)[-1])
+    bad = self.invalid_flags(**{TARGET_OUT_OF_RANGE: real & ~in_vocabulary})
+    totals = weighted_totals(cross_entropy, real & in_vocabulary, weights, ref, invalid=bad)
+    return totals.then(
+      lambda t: {"total": t[0], "weight": t[1], "invalid": ExactCount.of(jnp.stack(t[2]))}
+    )
 
   def compute(self) -> jax.Array:
     """``exp(sum(w * ce) / sum(w))`` as a float32 scalar; NaN if no real token."""

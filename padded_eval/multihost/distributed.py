@@ -105,7 +105,7 @@ def process_slice(
   Raises:
     ValueError: a negative `num_examples`, or `process_index` outside ``[0, process_count)``.
 
-  Example:
+  Examples:
     >>> [process_slice(5, process_index=i, process_count=2) for i in range(2)]
     [slice(0, 3, None), slice(3, 5, None)]
   """

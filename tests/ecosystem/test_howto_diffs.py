@@ -1,4 +1,4 @@
-"""The before/after ```diff blocks of HOWTO.md run: the code before the change and after it.
+"""The before/after ```diff blocks of docs/howto/ecosystem.md run: the code before the change and after it.
 
 A diff block's context and ``-`` lines are the user's code before, its context and ``+`` lines
 the code after switching to padded_eval. Both run; the *after* result is checked against
@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 import sklearn.metrics
 
-HOWTO = pathlib.Path(__file__).resolve().parents[2] / "HOWTO.md"
+HOWTO = pathlib.Path(__file__).resolve().parents[2] / "docs" / "howto" / "ecosystem.md"
 DIFF = re.compile(r"^```diff\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 
 
 def diff_blocks() -> dict[str, str]:
-  """``{section heading: diff text}`` for each section of HOWTO.md holding a diff block."""
+  """``{section heading: diff text}`` for each section of the page holding a diff block."""
   text = HOWTO.read_text()
   blocks = {}
   for match in DIFF.finditer(text):
-    heading = re.findall(r"^## (.*)$", text[: match.start()], re.MULTILINE)[-1]
+    heading = re.findall(r"^#{2,3} (.*)$", text[: match.start()], re.MULTILINE)[-1]
     blocks[heading] = match.group(1)
   return blocks
 
@@ -42,7 +42,7 @@ def versions(diff: str) -> tuple[str, str]:
 
 def run(code: str, name: str) -> dict:
   namespace = {"__name__": name}
-  exec(compile(code, f"HOWTO.md ({name})", "exec"), namespace)
+  exec(compile(code, f"docs/howto/ecosystem.md ({name})", "exec"), namespace)
   return namespace
 
 

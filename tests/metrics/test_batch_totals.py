@@ -18,6 +18,7 @@ from padded_eval.eval._step import RowMask
 from padded_eval.metrics import base
 
 ALL_REDUCE = r"= (.+?) all-reduce(?:-start)?\("
+ALL_GATHER = r"= (.+?) all-gather(?:-start)?\("
 
 
 def masked_data(rng, rows, cols=None):
@@ -38,7 +39,7 @@ def test_totals_and_counts_match_numpy(limit, monkeypatch):
   terms = [np.where(real, values * weights, 0), np.where(real, weights, 0)]
   sums, counts = jax.jit(base.batch_totals)(terms, flags)
   np.testing.assert_allclose(
-    [float(s) for s in sums],
+    [float(s.to_numpy()) for s in sums],
     [np.sum(t.astype(np.float64)) for t in terms],
     rtol=1e-6,
   )
@@ -52,7 +53,9 @@ def test_arrays_of_different_shapes_are_summed_apart_and_stay_exact():
   values, real = masked_data(rng, 40, 3)
   row_flags = real.any(-1)
   sums, counts = base.batch_totals([np.where(real, values, 0)], [real, row_flags, None])
-  assert float(sums[0]) == pytest.approx(np.sum(np.where(real, values, 0).astype(np.float64)))
+  assert float(sums[0].to_numpy()) == pytest.approx(
+    np.sum(np.where(real, values, 0).astype(np.float64))
+  )
   assert [int(c) for c in counts] == [int(real.sum()), int(row_flags.sum()), 0]
 
 
@@ -98,9 +101,11 @@ def mean_step(params, batch):
 
 
 @pytest.mark.parametrize("step_fn", [accuracy_step, mean_step])
-def test_a_jit_step_of_accuracy_or_mean_runs_one_all_reduce_of_one_array(step_fn):
+def test_a_jit_step_of_accuracy_or_mean_gathers_one_stacked_array(step_fn):
   """One process: the driver counts the real rows on the host, and the metric's statistics are
-  one array: the packed step's one all-reduce."""
+  one array. Its sums are compensated (one variadic reduction with an error-free combiner,
+  issue 26), which XLA partitions as a local reduction and one gather of each device's
+  ``(sum, error)`` pair: no all-reduce, two small gathers."""
   rng = np.random.default_rng(4)
   data = {"x": rng.normal(size=(75, 3)).astype(np.float32), "y": rng.integers(0, 3, 75)}
   params = rng.normal(size=(3, 3)).astype(np.float32)
@@ -113,8 +118,9 @@ def test_a_jit_step_of_accuracy_or_mean_runs_one_all_reduce_of_one_array(step_fn
   empty = cached.empty_state(placed_params, placed.batch)
   _, step, packed = cached.packed(empty, count_rows=False)  # the jit run counts on the host
   text = step.lower(placed_params, packed, placed).compile().as_text()
-  shapes = re.findall(ALL_REDUCE, text)
-  assert len(shapes) == 1 and "(" not in shapes[0], shapes
+  assert re.findall(ALL_REDUCE, text) == []
+  gathers = re.findall(ALL_GATHER, text)
+  assert len(gathers) == 2 and all("(" not in shape for shape in gathers), gathers
 
 
 def test_masks_with_holes_are_counted_exactly_on_every_backend(backend):

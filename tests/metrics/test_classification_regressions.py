@@ -296,8 +296,14 @@ def test_invalid_counts_match_numpy(name, make, case, jit):
   want = {kind: 0 for kind in metric.invalid_kinds}
   want.update({kind: int(n) for kind, n in expected.items()})
   assert counts == want
+  # curves name probabilities outside [0, 1] as the logits they usually are (issue 26)
+  curves = isinstance(metric, (M.AUROC, M.AUPRC))
+  hint = {
+    "probability outside [0, 1]": "probability outside [0, 1] (logits? pass from_logits=True)"
+  }
+  reported = lambda kind: hint.get(kind, kind) if curves else kind
   assert sorted(metric.invalid_report()) == sorted(
-    (metric.name, kind, n) for kind, n in want.items() if n
+    (metric.name, reported(kind), n) for kind, n in want.items() if n
   )
 
 
@@ -412,12 +418,12 @@ def test_config_checks_go_through_validation(make, argname):
 def test_inputs_are_parsed_once_for_every_classification_metric():
   """The formatter is the only parser: no _config or private input parser is left."""
   root = pathlib.Path(pe.__file__).parent / "metrics"
-  for name in ("confusion", "curves", "calibration", "accuracy", "classification_inputs"):
+  for name in ("confusion", "curves", "calibration", "accuracy", "_classification_inputs"):
     source = (root / f"{name}.py").read_text()
     for private_parser in ("def _config", "def score_inputs", "def _elements", "def _in_top_k"):
       assert private_parser not in source, (name, private_parser)
   for cls in (M.Precision, M.ConfusionMatrix, M.AUROC, M.AUPRC, M.CalibrationError):
-    assert issubclass(cls, pe.metrics.classification_inputs.ClassificationMetric)
+    assert issubclass(cls, pe.metrics._classification_inputs.ClassificationMetric)
 
 
 def test_valid_inputs_with_garbage_padding_count_nothing_invalid():

@@ -78,10 +78,12 @@ def _curve_reference(kind, task, average, ignore=None):
   return reference
 
 
-def _curve_case(kind, task, average="macro", *, logits=False, ignore=None, suffix=""):
+def _curve_case(kind, task, average="macro", *, logits=False, ignore=None, suffix="", exact=False):
   cls = M.AUROC if kind == "auroc" else M.AUPRC
   logit_grid = {"num_thresholds": 1025, "binning": "logit"}  # logits k / 8: a bin each
   grid = logit_grid if logits else {"num_thresholds": 1001, "binning": "linear"}
+  if exact:  # every score kept: 64 >= the 48 rows of a case
+    grid, suffix = {"exact": True, "capacity": 64}, suffix + "_exact"
   make = lambda: cls(
     task=task,
     num_classes=None if task == "binary" else C,
@@ -116,6 +118,14 @@ CURVE_CASES = [
       for a in ("macro", "weighted", "micro", None)
     ]
     + [_curve_case(kind, "multilabel", "macro", ignore=-1, logits=True, suffix="_logits_ignore")]
+    + [
+      _curve_case(kind, "binary", exact=True),
+      _curve_case(kind, "binary", logits=True, suffix="_logits", exact=True),
+      _curve_case(kind, "multiclass", "macro", ignore=2, suffix="_ignore_class", exact=True),
+      _curve_case(kind, "multiclass", "micro", exact=True),
+      _curve_case(kind, "multilabel", "weighted", exact=True),
+      _curve_case(kind, "multilabel", None, ignore=-1, logits=True, suffix="_ignore", exact=True),
+    ]
   )
 ]
 
@@ -192,9 +202,10 @@ ECE_CASES = (
 CASES = CURVE_CASES + ECE_CASES
 _OTHER_CHECKS = {c.__name__.removeprefix("check_"): c for c in CHECKS if c is not check_eager}
 # Every generic check on one curve row; the main ones on one calibration row.
-PROTOCOL = [("auroc_binary_macro_logits", c) for c in _OTHER_CHECKS] + [
-  ("ece_multiclass_l1_logits_ignore", c) for c in ("scan", "pmap_reduce", "empty_state")
-]
+PROTOCOL = (
+  [("auroc_binary_macro_logits", c) for c in _OTHER_CHECKS]
+  + [("auprc_multilabel_None_ignore_exact", c) for c in _OTHER_CHECKS]
+) + [("ece_multiclass_l1_logits_ignore", c) for c in ("scan", "pmap_reduce", "empty_state")]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)

@@ -28,7 +28,23 @@ GOOD_VALUES = (TARGET + 0.01 * rng.standard_normal(NUM)).astype(np.float32)
 BAD_VALUES = (-TARGET + rng.standard_normal(NUM)).astype(np.float32)
 MASK = rng.random(NUM) < 0.8
 
+POSITIVE_TARGET = rng.uniform(0.5, 2.0, NUM).astype(np.float32)
+RELEVANCE = rng.integers(0, 3, (NUM, 6)).astype(np.float32)
+IMAGES = rng.uniform(0.0, 1.0, (5, 16, 16, 1)).astype(np.float32)
+
 classes = {"preds": (GOOD_LOGITS, BAD_LOGITS), "target": LABELS}
+positive = {
+  "preds": ((POSITIVE_TARGET * 1.01).astype(np.float32), (POSITIVE_TARGET * 3.0 + 1.0)),
+  "target": POSITIVE_TARGET,
+}
+ranked = {
+  "preds": ((RELEVANCE + 0.1 * rng.random((NUM, 6))).astype(np.float32), -RELEVANCE),
+  "target": RELEVANCE,
+}
+images = {
+  "preds": ((IMAGES + 0.01 * rng.random(IMAGES.shape)).astype(np.float32), 1.0 - IMAGES),
+  "target": IMAGES,
+}
 binary = {"preds": (GOOD_PROBS, BAD_PROBS), "target": POSITIVE}
 regression = {"preds": (GOOD_VALUES, BAD_VALUES), "target": TARGET}
 
@@ -53,10 +69,29 @@ DIRECTIONS = {
   "R2Score": (pe.metrics.R2Score(), regression),
   "Perplexity": (pe.metrics.Perplexity(), classes),
   "LossAverage": (LossAverage(loss=pe.losses.MeanSquaredError()), regression),
+  "Dice": (pe.metrics.Dice(num_classes=3), classes),
+  "ExplainedVariance": (pe.metrics.ExplainedVariance(), regression),
+  "MAPE": (pe.metrics.MAPE(), positive),
+  "MSLE": (pe.metrics.MSLE(), positive),
+  "RecallAtK": (pe.metrics.RecallAtK(3), ranked),
+  "PrecisionAtK": (pe.metrics.PrecisionAtK(3), ranked),
+  "MRR": (pe.metrics.MRR(), ranked),
+  "MAPAtK": (pe.metrics.MAPAtK(3), ranked),
+  "NDCGAtK": (pe.metrics.NDCGAtK(3), ranked),
+  "PSNR": (pe.metrics.PSNR(data_range=1.0), images),
+  "SSIM": (pe.metrics.SSIM(data_range=1.0), images),
 }
-# No direction: a mean or spread of any values, a matrix of counts, a collection (its members
+# No direction: a mean or spread of any values, a matrix of counts, a report dict, a collection (its members
 # have theirs), a bootstrap (its wrapped metric's).
-NO_DIRECTION = {"Mean", "Std", "ConfusionMatrix", "Metrics", "Losses", "LossesAndMetrics"}
+NO_DIRECTION = {
+  "Mean",
+  "Std",
+  "ConfusionMatrix",
+  "ClassificationReport",
+  "Metrics",
+  "Losses",
+  "LossesAndMetrics",
+}
 
 
 def public_metric_classes():
@@ -71,7 +106,8 @@ def public_metric_classes():
 
 def score(metric, inputs, which):
   batch = {k: (v[which] if isinstance(v, tuple) else v) for k, v in inputs.items()}
-  return float(jax.jit(lambda b: metric.update(**b, mask=MASK).compute())(batch))
+  mask = np.resize(MASK, len(batch["target"]))
+  return float(jax.jit(lambda b: metric.update(**b, mask=mask).compute())(batch))
 
 
 @pytest.mark.parametrize("cls", public_metric_classes(), ids=lambda cls: cls.__name__)

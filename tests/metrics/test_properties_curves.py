@@ -185,3 +185,30 @@ def test_perplexity_is_shift_invariant(seed, n, offset):
   logits, target, _, expected, rtol = _perplexity_case(rng, n, offset, "float32", False)
   got = evaluate_randomly(pe.metrics.Perplexity(), {"preds": logits, "target": target}, rng)
   assert_close(got, expected, rtol=rtol, atol=0.0)
+
+
+# --- exact mode: any scores, close ones included ------------------------------------------------
+
+
+@given(
+  seed=SEEDS,
+  n=st.integers(2, 40),
+  spread=st.sampled_from([0.0, 1e-7, 1e-4, 0.3]),
+  task=st.sampled_from(["binary", "multilabel"]),
+)
+def test_exact_curves_match_sklearn_on_close_scores(seed, n, spread, task):
+  """Scores a few float32 ulps (or 1e-4) apart around shared centres, and exact ties:
+  ``exact=True`` is scikit-learn's value within 1e-6 through any batching, merge tree and
+  device count (the binned default merges such scores into one bin)."""
+  rng = np.random.default_rng(seed)
+  shape = (n,) if task == "binary" else (n, C)
+  target = (rng.random(shape) < 0.4).astype(np.int32)
+  target[:2] = [[0] * C, [1] * C] if task == "multilabel" else [0, 1]
+  centres = rng.choice(np.array([0.1, 0.5, 0.9], np.float32), size=shape)
+  preds = (centres + np.float32(spread) * rng.integers(-2, 3, size=shape)).astype(np.float32)
+  config = dict(exact=True, capacity=n, task=task, num_classes=None if task == "binary" else C)
+  metric = pe.Metrics({"auroc": pe.metrics.AUROC(**config), "auprc": pe.metrics.AUPRC(**config)})
+  got = evaluate_randomly(metric, {"preds": preds, "target": target}, rng)
+  scores = preds.astype(np.float64)
+  assert_close(got["auroc"], skm.roc_auc_score(target, scores), rtol=0.0, atol=1e-6)
+  assert_close(got["auprc"], skm.average_precision_score(target, scores), rtol=0.0, atol=1e-6)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from padded_eval.data import sharding as sharding_lib
 from padded_eval.eval import _step as step_parts
 from padded_eval.eval._step import checked_step_fn
 from padded_eval.eval.backends._base import CompiledStep, MeshBackend
@@ -22,6 +23,13 @@ class JitBackend(MeshBackend):
 
   per_shard_state = False
   counts_rows_on_host = True  # a count in the step would be one more all-reduce per step
+
+  @classmethod
+  def create(cls, axis_name, mesh, data_axes=None):
+    """As for every backend, on the mesh's `padded_eval.data.sharding.auto_mesh` view: a
+    ``jax.make_mesh`` mesh (``Explicit`` axes) is traced like a ``jax.sharding.Mesh``."""
+    backend = super().create(axis_name, mesh, data_axes)
+    return cls(sharding_lib.auto_mesh(backend.mesh), backend.data_axes)
 
   def place_state(self, state):
     return self.place_saved_state(jax.tree.map(np.array, state))  # fresh buffers: donated
@@ -53,7 +61,9 @@ def keep_or_replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
 
   A leaf that is a ``jax.Array`` already laid out on the mesh's devices (a ``NamedSharding`` over
   a mesh with the same devices in the same order, e.g. params sharded over ``("fsdp",)``) is kept
-  as it is: the same object, no copy, no gather. Every other leaf (numpy arrays, Python scalars,
+  as it is: the same object, no copy, no gather; if its mesh differs from ``mesh`` only in the
+  axis types (params placed on a ``jax.make_mesh`` mesh, ``mesh`` its `auto_mesh`), the same
+  buffers are re-viewed with ``mesh`` (no copy either). Every other leaf (numpy arrays, Python scalars,
   arrays on other devices or uncommitted ones) is replicated over the mesh, in one
   ``jax.device_put`` (the copy is the call's: nothing keeps it after `masked_eval` returns).
 
@@ -66,12 +76,27 @@ def keep_or_replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
   """
   leaves, treedef = jax.tree.flatten(tree)
   devices = tuple(mesh.devices.flat)
+  leaves = [_viewed_on(leaf, mesh) for leaf in leaves]
   moved = [i for i, leaf in enumerate(leaves) if not _laid_out_on(leaf, devices)]
   if moved:
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     for i, placed in zip(moved, jax.device_put([leaves[i] for i in moved], replicated)):
       leaves[i] = placed
   return jax.tree.unflatten(treedef, leaves)
+
+
+def _viewed_on(leaf: Any, mesh: jax.sharding.Mesh) -> Any:
+  """``leaf`` on ``mesh`` if its own mesh is ``mesh`` but for the axis types (same buffers)."""
+  sharding = getattr(leaf, "sharding", None)
+  if not isinstance(leaf, jax.Array) or not isinstance(sharding, jax.sharding.NamedSharding):
+    return leaf
+  own = sharding.mesh
+  auto_mesh = sharding_lib.auto_mesh
+  if own == mesh or auto_mesh(own) != auto_mesh(mesh):
+    return leaf
+  viewed = jax.sharding.NamedSharding(mesh, sharding.spec, memory_kind=sharding.memory_kind)
+  shards = [shard.data for shard in leaf.addressable_shards]
+  return jax.make_array_from_single_device_arrays(leaf.shape, viewed, shards)
 
 
 def _laid_out_on(leaf: Any, devices: tuple) -> bool:

@@ -1,0 +1,220 @@
+"""The exact state of ``AUROC(exact=True)`` / ``AUPRC(exact=True)``: every counted element kept.
+
+A :class:`ScoreBuffer` holds, per column (``L`` = 1 for binary, else ``num_classes``), the
+float32 scores and 0/1 labels of the counted elements in a fixed-capacity buffer
+``[L, capacity]``, filled from the front (``size [L]`` slots used, the rest zero). It
+merges exactly: the other buffer's used slots are written after this one's (a gather,
+``O(L * capacity)`` per merge, so per step), and elements that do not fit are counted in
+``dropped [L]`` (reported as invalid, and the value is then NaN), never lost silently. It
+reduces across devices by gathering the buffers (``all_gather``: ``devices`` times the
+state, once, at the end) and folding them, and aggregates a stacked axis the same way.
+The buffer is a set, not a sequence: the area depends only on the (score, label) pairs
+it holds, so merging in any order or tree gives the same value, bit for bit.
+
+The areas are computed once, at the end: each column is sorted by (score, label), tied
+scores form one group (``-0.0`` equals ``0.0``, as in scikit-learn), and
+
+* AUROC ``= sum_{positives} (2 * N_below + N_tied) / (2 * P * N)``, ``N_below`` the negatives
+  of lower score, ``N_tied`` those of equal score (scikit-learn's trapezoid over distinct
+  thresholds counts a tied pair as half);
+* average precision ``= sum_{positives} precision(s) / P``, ``precision(s)`` the precision
+  of the threshold ``score >= s`` (scikit-learn's ``average_precision_score``).
+
+The terms are exact integers below ``2**24`` (up to 8M elements per column; above they are
+rounded to float32 once, relatively ``< 6e-8``, all of one sign) or one float32 division,
+summed with error-free pairwise steps (:func:`compensated_sum`), so the error against
+scikit-learn stays at float32 rounding of the final division (``~1e-7``).
+
+Memory: ``5 * L * capacity`` bytes (float32 score, int8 label) plus ``8 * L``; under pmap /
+shard_map every device carries one buffer of the full capacity (its own rows end up in
+the first slots), and the final reduce gathers ``devices`` of them once. The sort at the
+end is ``O(L * capacity * log(capacity))``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from padded_eval.exact._floats import two_sum
+from padded_eval.exact.accumulate import Accumulator, register_accumulator
+
+MAX_CAPACITY = 1 << 29  # sizes of two merged buffers stay below 2**31
+
+
+@register_accumulator
+class ScoreBuffer(Accumulator):
+  """Kept (score, label) elements per column.
+
+  Attributes:
+    scores: float32 ``[L, capacity]``; slots at and after ``size`` hold 0.
+    labels: int8 ``[L, capacity]``: 1 positive, 0 negative (0 in unused slots).
+    size: int32 ``[L]``: used slots, ``<= capacity``.
+    dropped: int32 ``[L]``: elements that did not fit.
+  """
+
+  _fields = ("scores", "labels", "size", "dropped")
+
+  @classmethod
+  def zeros(cls, columns: int, capacity: int) -> ScoreBuffer:
+    zeros = jnp.zeros((columns,), jnp.int32)
+    return cls._make(
+      jnp.zeros((columns, capacity), jnp.float32),
+      jnp.zeros((columns, capacity), jnp.int8),
+      zeros,
+      zeros,
+    )
+
+  @classmethod
+  def of(cls, scores, truth, valid, capacity: int) -> ScoreBuffer:
+    """The buffer of one batch's elements ``[..., L]`` (``valid`` ones only)."""
+    columns = scores.shape[-1]
+    scores = jnp.reshape(scores, (-1, columns)).astype(jnp.float32) + 0.0  # -0.0 -> 0.0
+    truth = jnp.reshape(truth, (-1, columns))
+    valid = jnp.reshape(valid, (-1, columns))
+    position = jnp.cumsum(valid.astype(jnp.int32), axis=0) - 1  # [n, L]
+    count = jnp.sum(valid.astype(jnp.int32), axis=0)
+    slot = jnp.where(valid, position, capacity)  # out of range: not written
+    column = jnp.broadcast_to(jnp.arange(columns), slot.shape)
+    empty = cls.zeros(columns, capacity)
+    kept_scores = empty.scores.at[column, slot].set(scores, mode="drop")
+    kept_labels = empty.labels.at[column, slot].set(truth.astype(jnp.int8), mode="drop")
+    size = jnp.minimum(count, capacity)
+    return cls._make(kept_scores, kept_labels, size, count - size)
+
+  @property
+  def capacity(self) -> int:
+    return self.scores.shape[-1]
+
+  def merge(self, other: ScoreBuffer) -> ScoreBuffer:
+    capacity = self.capacity
+    source = jnp.arange(capacity) - self.size[..., None]  # slot j takes other's j - size
+    taken = (source >= 0) & (source < other.size[..., None])
+    index = jnp.clip(source, 0, capacity - 1)
+    scores = jnp.where(taken, jnp.take_along_axis(other.scores, index, -1), self.scores)
+    labels = jnp.where(taken, jnp.take_along_axis(other.labels, index, -1), self.labels)
+    total = self.size + other.size
+    size = jnp.minimum(total, capacity)
+    return self._make(scores, labels, size, self.dropped + other.dropped + (total - size))
+
+  def reduce(self, axis_name) -> ScoreBuffer:
+    """Every device's buffer gathered and folded (every device gets the whole).
+
+    The gather is a ``psum`` of each buffer written into its own row of a zero
+    ``[devices, ...]`` stack (exact: every other row adds zero), so its result is known to be
+    the same on every device (what ``shard_map``'s replication check asks of ``P()``).
+    """
+    devices = jax.lax.psum(1, axis_name)
+    me = jax.lax.axis_index(axis_name)
+
+    def gathered(x):
+      stack = jnp.zeros((devices,) + x.shape, x.dtype).at[me].set(x)
+      return jax.lax.psum(stack, axis_name)
+
+    return jax.tree.map(gathered, self).aggregate()
+
+  def aggregate(self) -> ScoreBuffer:
+    """The buffers stacked on a leading axis, folded into one."""
+    parts = self
+    if any(_on_several_devices(x) for x in jax.tree.leaves(self)):
+      parts = jax.device_get(self)  # eager parts over several devices: fold on the host
+    folded = jax.tree.map(lambda x: x[0], parts)
+    for i in range(1, parts.size.shape[0]):
+      folded = folded.merge(jax.tree.map(lambda x, i=i: x[i], parts))
+    return folded
+
+  def _combine(self, total, maximum, n):
+    del total, maximum, n
+    raise ValueError(
+      "a ScoreBuffer is combined by gathering, not summing: use reduce(axis_name) or aggregate()"
+    )
+
+  def label_counts(self) -> tuple[jax.Array, jax.Array]:
+    """float32 ``(positives [L], negatives [L])`` kept."""
+    used = jnp.arange(self.capacity) < self.size[..., None]
+    positives = jnp.sum(used & (self.labels == 1), -1)
+    return positives.astype(jnp.float32), (self.size - positives).astype(jnp.float32)
+
+  def pooled(self, included: np.ndarray) -> ScoreBuffer:
+    """One column of every ``included`` column's elements (the micro average)."""
+    used = (jnp.arange(self.capacity) < self.size[..., None]) & jnp.asarray(included)[:, None]
+    flat = lambda x: jnp.reshape(x, (1, -1))
+    size = jnp.sum(used.astype(jnp.int32))
+    order = jnp.argsort(~flat(used), axis=-1, stable=True)  # used slots first
+    take = lambda x: jnp.take_along_axis(flat(x), order, -1)
+    scores = jnp.where(jnp.arange(order.shape[-1]) < size, take(self.scores), 0.0)
+    return self._make(scores, take(self.labels), size[None], jnp.sum(self.dropped)[None])
+
+
+def _on_several_devices(x) -> bool:
+  """Whether ``x`` is a concrete array held by more than one local device (not a tracer)."""
+  return (
+    isinstance(x, jax.Array)
+    and not isinstance(x, jax.core.Tracer)
+    and x.is_fully_addressable
+    and len(x.sharding.device_set) > 1
+  )
+
+
+def compensated_sum(x: jax.Array) -> jax.Array:
+  """float32 sum over the last axis by pairwise error-free additions (``two_sum``)."""
+  width = x.shape[-1]
+  size = 1 << max(width - 1, 0).bit_length()
+  hi = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, size - width)])
+  lo = jnp.zeros_like(hi)
+  while hi.shape[-1] > 1:
+    s, e = two_sum(hi[..., 0::2], hi[..., 1::2])
+    lo = lo[..., 0::2] + lo[..., 1::2] + e
+    hi = s
+  return hi[..., 0] + lo[..., 0]
+
+
+def _grouped(buffer: ScoreBuffer):
+  """Per sorted element ``[L, capacity]``: ``(positive, negative, N_below, N_tied, P_below)``.
+
+  Written over the whole ``[L, capacity]`` buffer (no ``vmap``: eager use on arrays of a
+  ``jax.make_mesh`` mesh then stays op by op on their sharding).
+  """
+  capacity = buffer.capacity
+  index = jnp.broadcast_to(jnp.arange(capacity), buffer.scores.shape)
+  unused = (index >= buffer.size[..., None]).astype(jnp.int32)
+  labels = buffer.labels.astype(jnp.int32)
+  unused, scores, labels = jax.lax.sort((unused, buffer.scores, labels), num_keys=3)
+  used = unused == 0
+  positive, negative = used & (labels == 1), used & (labels == 0)
+  differs = (scores[..., 1:] != scores[..., :-1]) | (unused[..., 1:] != unused[..., :-1])
+  first = jnp.ones(differs.shape[:-1] + (1,), bool)
+  starts = jnp.concatenate([first, differs], -1)
+  ends = jnp.concatenate([differs, first], -1)
+  start = jax.lax.cummax(jnp.where(starts, index, 0), axis=index.ndim - 1)
+  end = jax.lax.cummin(jnp.where(ends, index, capacity - 1), axis=index.ndim - 1, reverse=True)
+  negatives, positives = jnp.cumsum(negative, -1), jnp.cumsum(positive, -1)
+  at = lambda x, i: jnp.take_along_axis(x, i, -1)
+  below = at(negatives, start) - at(negative, start)
+  tied = at(negatives, end) - below
+  positives_below = at(positives, start) - at(positive, start)
+  return positive, negative, below, tied, positives_below
+
+
+def auroc(buffer: ScoreBuffer) -> jax.Array:
+  """float32 ``[L]`` exact AUROC per column, NaN without positives or negatives, or with
+  dropped elements."""
+  positive, negative, below, tied, _ = _grouped(buffer)
+  p = jnp.sum(positive, -1).astype(jnp.float32)
+  n = jnp.sum(negative, -1).astype(jnp.float32)
+  twice = compensated_sum(jnp.where(positive, 2 * below + tied, 0).astype(jnp.float32))
+  area = twice / jnp.where(p * n > 0, 2.0 * p * n, 1.0)
+  return jnp.where((p > 0) & (n > 0) & (buffer.dropped == 0), area, jnp.nan)
+
+
+def average_precision(buffer: ScoreBuffer) -> jax.Array:
+  """float32 ``[L]`` exact average precision per column, NaN without positives, or with
+  dropped elements."""
+  positive, negative, below, _, positives_below = _grouped(buffer)
+  p, n = jnp.sum(positive, -1, keepdims=True), jnp.sum(negative, -1, keepdims=True)
+  true_pos, false_pos = p - positives_below, n - below  # score >= the element's score
+  precision = true_pos.astype(jnp.float32) / jnp.maximum(true_pos + false_pos, 1)
+  total = compensated_sum(jnp.where(positive, precision, 0.0))
+  p = p[..., 0].astype(jnp.float32)
+  return jnp.where((p > 0) & (buffer.dropped == 0), total / jnp.where(p > 0, p, 1.0), jnp.nan)

@@ -1,0 +1,185 @@
+"""Regression metrics beside MSE/MAE/R2: MAPE, MSLE and ExplainedVariance (scikit-learn).
+
+MAPE and MSLE are weighted means of a per-element value (the weighted-mean base of
+:mod:`padded_eval.metrics.averages`: two exact totals). ExplainedVariance needs two
+variances around the dataset's means, kept as Chan-merged
+:class:`~padded_eval.metrics.moments.Moments`, so it equals one pass over the data
+whatever the batching, devices and hosts.
+
+Update keywords: ``preds``, ``target`` float of equal shape ``[B, ...]``; ``mask`` and
+``weights`` a prefix of their shape. Every element is one observation (as scikit-learn
+with ``multioutput="uniform_average"`` when all outputs have the same count).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from padded_eval import validation
+from padded_eval.exact.accumulate import ExactCount, upcast
+from padded_eval.masking import broadcast_mask, element_weights
+from padded_eval.metrics.averages import WeightedMean, weighted_totals
+from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
+from padded_eval.metrics.moments import Moments
+
+#: scikit-learn's floor on ``|target|`` in MAPE (``np.finfo(np.float64).eps``).
+MAPE_EPSILON = float(np.finfo(np.float64).eps)
+
+
+def _pair(preds, target) -> tuple[jax.Array, jax.Array]:
+  preds, target = upcast(jnp.asarray(preds)), upcast(jnp.asarray(target))
+  if preds.shape != target.shape:
+    raise ValueError(
+      f"preds has shape {preds.shape} but target has shape {target.shape}; expected equal shapes"
+    )
+  return preds, target
+
+
+class MAPE(WeightedMean):
+  """Mean absolute percentage error ``mean(|preds - target| / max(|target|, eps))``.
+
+  ``eps`` is float64's machine epsilon, as in scikit-learn's
+  ``mean_absolute_percentage_error``: a target of 0 gives a huge (finite) error, not
+  inf. The result is a fraction (0.1 is 10%). NaN when empty. A real element with a NaN
+  error (NaN in ``preds`` or ``target``) is counted in ``invalid`` (``"nan value"``) and
+  makes the result NaN.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> m = MAPE().update(preds=jnp.array([1.1, 1.8]), target=jnp.array([1.0, 2.0]))
+    >>> round(float(m.compute()), 6)
+    0.1
+  """
+
+  higher_is_better: ClassVar[bool | None] = False
+
+  invalid: ExactCount = state(invalid_state)
+  invalid_kinds: ClassVar[tuple[str, ...]] = ("nan value",)
+
+  def _values(self, *, preds, target, **_):
+    preds, target = _pair(preds, target)
+    return jnp.abs(preds - target) / jnp.maximum(jnp.abs(target), MAPE_EPSILON), "preds"
+
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    values, ref = self._values(preds=preds, target=target)
+    nan = broadcast_mask(mask, values.shape, ref) & jnp.isnan(values)
+    invalid = self.count_invalid(**{"nan value": nan})
+    totals = weighted_totals(values, mask, weights, ref, self.power)
+    return totals.then(lambda pair: {"total": pair[0], "weight": pair[1], "invalid": invalid})
+
+
+class MSLE(WeightedMean):
+  """Mean squared logarithmic error ``mean((log1p(preds) - log1p(target))**2)``.
+
+  The difference is formed as ``log1p((preds - target) / (1 + target))``, which does
+  not cancel when ``preds`` is close to ``target``. Equals scikit-learn's
+  ``mean_squared_log_error``, which refuses values ``<= -1``: here a real element with
+  ``preds`` or ``target`` ``<= -1`` (or NaN) is counted in ``invalid``
+  (``"value <= -1"``, reported by ``masked_eval``) and left out. NaN when empty.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> m = MSLE().update(preds=jnp.array([0.0, 3.0]), target=jnp.array([0.0, 1.0]))
+    >>> round(float(m.compute()), 6)  # log(4 / 2)**2 / 2
+    0.240227
+  """
+
+  higher_is_better: ClassVar[bool | None] = False
+
+  power = 2
+  invalid: ExactCount = state(invalid_state)
+  invalid_kinds: ClassVar[tuple[str, ...]] = ("value <= -1",)
+
+  def _values(self, *, preds, target, **_):
+    preds, target = _pair(preds, target)
+    return jnp.log1p((preds - target) / (1.0 + target)), "preds"
+
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    values, ref = self._values(preds=preds, target=target)
+    preds, target = _pair(preds, target)
+    real = broadcast_mask(mask, values.shape, ref)
+    bad = real & ~((preds > -1.0) & (target > -1.0))
+    invalid = self.count_invalid(**{"value <= -1": bad})
+    totals = weighted_totals(values, real & ~bad, weights, ref, self.power)
+    return totals.then(lambda pair: {"total": pair[0], "weight": pair[1], "invalid": invalid})
+
+
+MULTIOUTPUT = ("uniform_average", "raw_values")
+
+
+def _second_moment(moments: Moments, column: int):
+  """``(M_jj, varies)``: variable ``column``'s co-moment and whether it is not constant
+  (False for a constant variable or a rounded ``M_jj <= 0``; True for NaN)."""
+  second = moments.comoment[..., column, column]
+  mantissa, _ = second.frexp()
+  return second, ~((mantissa <= 0) | moments.constant()[..., column])
+
+
+class ExplainedVariance(Metric):
+  """Explained variance ``1 - Var(target - preds) / Var(target)`` (scikit-learn).
+
+  Both variances are (weighted) population variances around the dataset's means, merged
+  exactly (Chan). As scikit-learn's ``explained_variance_score`` (``force_finite=True``):
+  an output whose residuals do not vary scores 1, and one whose target is constant
+  (but residuals vary) scores 0. NaN when empty. A real element with NaN in ``preds`` or
+  ``target`` is counted in ``invalid`` (``"nan value"``) and makes the result NaN.
+
+  Args:
+    num_outputs: 1 (every element of ``preds`` is one observation) or ``D`` for
+      ``preds`` / ``target`` ``[batch, ..., D]``, one score per output.
+    multioutput: ``"uniform_average"`` (the mean of the outputs' scores) or
+      ``"raw_values"`` (``[D]``).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> m = ExplainedVariance().update(preds=jnp.array([2.5, 0.0, 2.0, 8.0]),
+    ...                                target=jnp.array([3.0, -0.5, 2.0, 7.0]))
+    >>> round(float(m.compute()), 4)  # sklearn's docstring example
+    0.9572
+  """
+
+  higher_is_better: ClassVar[bool | None] = True
+
+  num_outputs: int = 1
+  multioutput: str = "uniform_average"
+  moments: Moments = state(
+    lambda self: Moments.zeros(() if self.num_outputs == 1 else (self.num_outputs,), 2)
+  )
+  example_rows: ExactCount = state(empty_count)
+  invalid: ExactCount = state(invalid_state)
+  invalid_kinds: ClassVar[tuple[str, ...]] = ("nan value",)
+
+  def _check_config(self):
+    validation.check_positive_int("num_outputs", self.num_outputs)
+    validation.check_choice("multioutput", self.multioutput, MULTIOUTPUT)
+
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    preds, target = _pair(preds, target)
+    if self.num_outputs > 1 and (preds.ndim < 2 or preds.shape[-1] != self.num_outputs):
+      raise ValueError(
+        f"num_outputs={self.num_outputs} expects preds and target of shape "
+        f"[batch, ..., {self.num_outputs}]; got {preds.shape}"
+      )
+    real, w = element_weights(mask, weights, preds.shape, "preds")
+    axes = tuple(range(preds.ndim - (self.num_outputs > 1)))
+    variables = jnp.stack([target, target - preds], axis=-1)
+    nan = real & (jnp.isnan(preds) | jnp.isnan(target))
+    return {
+      "moments": Moments.of(variables, real, w, axes),
+      "invalid": self.count_invalid(**{"nan value": nan}),
+    }
+
+  def compute(self) -> jax.Array:
+    """The score: a float32 scalar, or ``[D]`` with ``multioutput="raw_values"``."""
+    target_var, target_varies = _second_moment(self.moments, 0)
+    residual_var, residual_varies = _second_moment(self.moments, 1)
+    ratio = residual_var.ratio(target_var)
+    scores = jnp.where(residual_varies, jnp.where(target_varies, 1.0 - ratio, 0.0), 1.0)
+    scores = jnp.where(self.moments.count.total() > 0, scores, jnp.nan)
+    if self.multioutput == "raw_values" or self.num_outputs == 1:
+      return scores
+    return jnp.mean(scores)

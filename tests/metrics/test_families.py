@@ -1,0 +1,276 @@
+"""Issue 29's non-text families beyond the generic grid (``tests/metric_cases.py`` rows):
+``masked_eval`` on every backend with one trace, invalid counts, ``report()`` against
+scikit-learn, configuration errors and the docstring examples.
+
+The data has 45 rows (divides neither the batch of 16 nor the 8 devices); padded rows
+hold NaN, inf and garbage. References are float64 (``tests/family_references.py``).
+"""
+
+from __future__ import annotations
+
+import doctest
+
+import family_references as fam
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sklearn.metrics as skm
+
+import padded_eval as pe
+from padded_eval.metrics import images, ranking, regression, report, segmentation
+
+N, BATCH, LIST, CLASSES = 45, 16, 7, 4
+
+
+def _dataset(rng):
+  lengths = rng.integers(0, LIST + 1, N)
+  target = rng.random((N, 12, 11, 2)).astype(np.float32)
+  labels = rng.integers(0, CLASSES, N).astype(np.int32)
+  return {
+    "scores": np.round(rng.standard_normal((N, LIST)), 1).astype(np.float32),
+    "relevance": rng.integers(0, 4, (N, LIST)).astype(np.float32),
+    "candidates": np.arange(LIST)[None, :] < lengths[:, None],
+    "image": target,
+    "noisy": np.clip(target + 0.1 * rng.standard_normal(target.shape), 0, 1).astype(np.float32),
+    "y": rng.uniform(0.2, 3.0, N).astype(np.float32),
+    "y_hat": rng.uniform(0.2, 3.0, N).astype(np.float32),
+    "label": labels,
+    "logits": rng.standard_normal((N, CLASSES)).astype(np.float32),
+  }
+
+
+def _garbage_batches(data, rng):
+  batches = []
+  for start in range(0, N, BATCH):
+    real = min(BATCH, N - start)
+    batch = {"mask": np.arange(BATCH) < real}
+    for key, value in data.items():
+      pad = (BATCH - real,) + value.shape[1:]
+      if value.dtype == np.float32:
+        garbage = rng.choice(np.array([np.nan, np.inf, -1e30, 7.0], np.float32), pad)
+      elif value.dtype == np.bool_:
+        garbage = rng.random(pad) < 0.5
+      else:
+        garbage = rng.integers(-99, 99, pad).astype(value.dtype)
+      batch[key] = np.concatenate([value[start : start + real], garbage])
+    batches.append(batch)
+  return batches
+
+
+def _collection():
+  lists = {"preds": "scores", "target": "relevance", "mask": "list_mask"}
+  pixels = {"preds": "noisy", "target": "image"}
+  return pe.Metrics(
+    {
+      "recall@3": pe.metrics.RecallAtK(3).map_arg(**lists),
+      "precision@3": pe.metrics.PrecisionAtK(3).map_arg(**lists),
+      "mrr": pe.metrics.MRR().map_arg(**lists),
+      "map@4": pe.metrics.MAPAtK(4).map_arg(**lists),
+      "ndcg@3": pe.metrics.NDCGAtK(3).map_arg(**lists),
+      "psnr": pe.metrics.PSNR(1.0).map_arg(**pixels),
+      "ssim": pe.metrics.SSIM(1.0).map_arg(**pixels),
+      "ssim_valid": pe.metrics.SSIM(1.0, padding="valid").map_arg(**pixels),
+      "mape": pe.metrics.MAPE().map_arg(preds="y_hat", target="y"),
+      "msle": pe.metrics.MSLE().map_arg(preds="y_hat", target="y"),
+      "explained_variance": pe.metrics.ExplainedVariance().map_arg(preds="y_hat", target="y"),
+      "dice": pe.metrics.Dice(num_classes=CLASSES).map_arg(preds="logits", target="label"),
+      "report": pe.metrics.ClassificationReport(CLASSES).map_arg(preds="logits", target="label"),
+    }
+  )
+
+
+def _references(data):
+  lists = [{"preds": data["scores"], "target": data["relevance"], "mask": data["candidates"]}]
+  pixels = [{"preds": data["noisy"], "target": data["image"], "mask": np.ones(N, bool)}]
+  y, y_hat = data["y"].astype(np.float64), data["y_hat"].astype(np.float64)
+  predicted = np.argmax(data["logits"], -1)
+  classes = [{"preds": data["logits"], "target": data["label"], "mask": np.ones(N, bool)}]
+  return {
+    "recall@3": fam.ranking_reference("recall", 3)(lists),
+    "precision@3": fam.ranking_reference("precision", 3)(lists),
+    "mrr": fam.ranking_reference("mrr")(lists),
+    "map@4": fam.ranking_reference("map", 4)(lists),
+    "ndcg@3": fam.ranking_reference("ndcg", 3)(lists),
+    "psnr": fam.psnr_reference(1.0)(pixels),
+    "ssim": fam.ssim_reference(1.0)(pixels),
+    "ssim_valid": fam.ssim_reference(1.0, fam.ssim_skimage)(pixels),
+    "mape": skm.mean_absolute_percentage_error(y, y_hat),
+    "msle": skm.mean_squared_log_error(y, y_hat),
+    "explained_variance": skm.explained_variance_score(y, y_hat),
+    "dice": skm.f1_score(data["label"], predicted, average="macro"),
+    "report": fam.report_table(classes, CLASSES),
+  }
+
+
+def test_masked_eval_every_backend_one_trace(backend):
+  rng = np.random.default_rng(29)
+  data = _dataset(rng)
+  traces = []
+  metrics = _collection()
+
+  def step_fn(params, batch):
+    del params
+    traces.append(1)
+    list_mask = batch["mask"][:, None] & batch["candidates"]
+    return metrics.batch_updates(**batch, list_mask=list_mask)
+
+  result = pe.masked_eval(step_fn, None, _garbage_batches(data, rng), backend=backend)
+  assert len(traces) == 1 and result["num_examples"] == N
+  for name, want in _references(data).items():
+    rtol = 1e-5 if name.startswith("ssim") else 1e-6
+    np.testing.assert_allclose(result[name], want, rtol=rtol, atol=1e-7, err_msg=name)
+
+
+# --- invalid values -----------------------------------------------------------------------
+
+
+def test_ranking_counts_invalid_candidates_and_drops_them():
+  preds = np.array([[0.9, 0.8, np.nan, 0.1], [0.5, 0.4, 0.3, 0.2]], np.float32)
+  target = np.array([[-1.0, 1.0, 1.0, 0.0], [np.nan, 0.0, 2.0, -3.0]], np.float32)
+  mask = np.array([[True, True, True, True], [True, True, True, False]])
+  metric = pe.metrics.NDCGAtK().update(preds=preds, target=target, mask=mask)
+  assert metric.invalid_counts() == {"negative relevance": 1, "nan relevance": 1, "nan score": 1}
+  # the dropped candidates are gone; the NaN score ranks last among the real candidates
+  first = skm.ndcg_score([[1.0, 1.0, 0.0]], [[0.8, -1e9, 0.1]])
+  second = skm.ndcg_score([[0.0, 2.0]], [[0.4, 0.3]])
+  np.testing.assert_allclose(float(metric.compute()), (first + second) / 2, rtol=1e-6)
+
+
+def test_masked_eval_reports_negative_relevance():
+  batch = {
+    "preds": np.ones((8, 3), np.float32),
+    "target": np.full((8, 3), -1.0, np.float32),
+    "mask": np.ones(8, bool),
+  }
+  with pytest.raises(ValueError, match="negative relevance"):
+    pe.masked_eval(lambda p, b: pe.metrics.MRR().batch_updates(**b), None, [batch], backend="jit")
+
+
+def test_msle_counts_values_at_or_below_minus_one_and_leaves_them_out():
+  preds = np.array([1.0, -1.0, 2.0, np.nan], np.float32)
+  target = np.array([0.5, 1.0, -2.0, 1.0], np.float32)
+  metric = pe.metrics.MSLE().update(preds=preds, target=target)
+  assert metric.invalid_counts() == {"value <= -1": 3}
+  np.testing.assert_allclose(
+    float(metric.compute()), skm.mean_squared_log_error([0.5], [1.0]), rtol=1e-6
+  )
+
+
+@pytest.mark.parametrize(
+  "metric, kind, inputs",
+  [
+    (pe.metrics.PSNR(1.0), "nan pixel", {"preds": np.zeros((3, 4, 4, 1)), "target": "nan"}),
+    (pe.metrics.SSIM(1.0), "nan pixel", {"preds": np.zeros((3, 12, 12)), "target": "nan"}),
+    (pe.metrics.MAPE(), "nan value", {"preds": np.zeros(3), "target": "nan"}),
+    (pe.metrics.ExplainedVariance(), "nan value", {"preds": np.zeros(3), "target": "nan"}),
+  ],
+  ids=["psnr", "ssim", "mape", "explained_variance"],
+)
+def test_nan_in_real_rows_is_counted_and_not_dropped(metric, kind, inputs):
+  target = np.ones_like(inputs["preds"]) + np.arange(3).reshape(
+    (3,) + (1,) * (inputs["preds"].ndim - 1)
+  )
+  target.reshape(-1)[1] = np.nan  # one NaN element in the first real row
+  target[2] = np.nan  # padding: never counted
+  batch = {"preds": inputs["preds"], "target": target, "mask": np.array([True, True, False])}
+  updated = metric.update(**batch)
+  assert updated.invalid_counts() == {kind: 1}
+  assert np.isnan(float(updated.compute()))
+
+
+def test_ranking_query_weights_with_candidate_mask():
+  rng = np.random.default_rng(3)
+  batch = fam.ranking_batches(rng, graded=True)[0]
+  batch["weights"] = rng.uniform(0.1, 2.0, len(batch["preds"])).astype(np.float32)
+  got = pe.metrics.NDCGAtK(4).update(**batch).compute()
+  np.testing.assert_allclose(float(got), fam.ranking_reference("ndcg", 4)([batch]), rtol=1e-6)
+
+
+# --- the classification report ------------------------------------------------------------
+
+
+def _assert_same_report(got: dict, want: dict) -> None:
+  """Same keys in the same order, every value within 1e-12 relative."""
+  assert list(got) == list(want)
+  for key, value in want.items():
+    if isinstance(value, dict):
+      assert list(got[key]) == list(value), key
+      np.testing.assert_allclose(list(got[key].values()), list(value.values()), rtol=1e-12)
+    else:
+      np.testing.assert_allclose(got[key], value, rtol=1e-12, err_msg=key)
+
+
+@pytest.mark.parametrize("all_classes", [False, True])
+def test_report_equals_sklearn_classification_report(all_classes):
+  rng = np.random.default_rng(5)
+  target = rng.integers(0, 4, 61)  # class 4 and 5 never occur; 5 is predicted
+  preds = np.where(rng.random(61) < 0.5, target, rng.integers(0, 6, 61))
+  garbage = {"preds": rng.integers(-9, 99, 11), "target": rng.integers(-9, 99, 11)}
+  metric = pe.metrics.ClassificationReport(6)
+  for part in (slice(0, 30), slice(30, 61)):
+    metric = metric.update(preds=preds[part], target=target[part])
+  metric = metric.update(**garbage, mask=np.zeros(11, bool))
+  labels = np.arange(6) if all_classes else None
+  want = skm.classification_report(target, preds, labels=labels, output_dict=True, zero_division=0)
+  _assert_same_report(metric.report(all_classes=all_classes), want)
+
+
+def test_report_names_ignore_index_and_empty():
+  metric = pe.metrics.ClassificationReport(3, ignore_index=1)
+  assert metric.report() == {}
+  metric = metric.update(preds=jnp.array([0, 1, 2, 0]), target=jnp.array([0, 1, 2, 2]))
+  keep = np.array([0, 1, 2, 2]) != 1
+  want = skm.classification_report(
+    np.array([0, 1, 2, 2])[keep],
+    np.array([0, 1, 2, 0])[keep],
+    labels=[0, 2],
+    target_names=["cat", "dog"],
+    output_dict=True,
+    zero_division=0,
+  )
+  _assert_same_report(metric.report(target_names=["cat", "dog"]), want)
+  assert np.isnan(np.asarray(metric.compute())[1]).all()
+  with pytest.raises(ValueError, match="target_names"):
+    metric.report(target_names=["only one"])
+
+
+# --- configuration and input errors -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "make, argname",
+  [
+    (lambda: pe.metrics.RecallAtK(0), "k"),
+    (lambda: pe.metrics.NDCGAtK(2.5), "k"),
+    (lambda: pe.metrics.PSNR(-1.0), "data_range"),
+    (lambda: pe.metrics.SSIM(1.0, kernel_size=4), "kernel_size"),
+    (lambda: pe.metrics.SSIM(1.0, sigma=0), "sigma"),
+    (lambda: pe.metrics.SSIM(1.0, padding="same"), "padding"),
+    (lambda: pe.metrics.ExplainedVariance(multioutput="variance_weighted"), "multioutput"),
+    (lambda: pe.metrics.ClassificationReport(1), "num_classes"),
+  ],
+)
+def test_bad_configuration_names_the_argument(make, argname):
+  with pytest.raises(ValueError, match=argname):
+    make()
+
+
+def test_bad_inputs_say_what_was_expected():
+  with pytest.raises(ValueError, match=r"preds \[B, L\]"):
+    pe.metrics.MRR().update(preds=np.ones(4, np.float32), target=np.ones(4))
+  with pytest.raises(ValueError, match="weights"):
+    pe.metrics.MRR().update(preds=np.ones((2, 3)), target=np.ones((2, 3)), weights=np.ones((2, 3)))
+  with pytest.raises(ValueError, match="kernel_size=11"):
+    pe.metrics.SSIM(1.0, padding="valid").update(
+      preds=np.ones((1, 8, 20, 1)), target=np.ones((1, 8, 20, 1))
+    )
+  with pytest.raises(ValueError, match="at least 6"):
+    pe.metrics.SSIM(1.0).update(preds=np.ones((1, 5, 20)), target=np.ones((1, 5, 20)))
+  with pytest.raises(ValueError, match="one shape"):
+    pe.metrics.PSNR(1.0).update(preds=np.ones((1, 4, 4)), target=np.ones((1, 4, 5)))
+
+
+@pytest.mark.parametrize("module", [ranking, images, regression, report, segmentation])
+def test_docstring_examples(module):
+  result = doctest.testmod(module)
+  assert result.attempted > 0 and result.failed == 0

@@ -1,0 +1,138 @@
+"""Property suite, issue 26's numbers: weight-0 outliers, int64 inputs, empty batches and
+cancellation, through random padded batchings, merge trees and device counts, against numpy
+float64 (see ``metric_checks.evaluate_randomly``; padded rows hold NaN, inf and garbage).
+
+Tolerances (``EPS = 2**-24``): means of non-cancelling values ``32 EPS`` relative (products,
+squares, the final division); cancellation: in-batch sums are compensated, so the error is the
+rounding of the result, ``1e-6`` relative is the contract; int64 values are rounded to float32
+once on the host (``EPS`` relative each).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from metric_cases import CASES
+from metric_checks import assert_close, evaluate_randomly, merge_randomly, random_batches
+
+import padded_eval as pe
+
+EPS = 2.0**-24
+SEEDS = st.integers(0, 2**32 - 1)
+F64 = np.float64
+
+
+def _kept(w, *arrays):
+  keep = w != 0
+  return [np.asarray(a)[keep].astype(F64) for a in arrays] + [w[keep].astype(F64)]
+
+
+def _weighted_mean(v, w):
+  return np.sum(w * v) / np.sum(w)
+
+
+def _reference(name, x, y, w):
+  x, y, w = _kept(w, x, y)
+  if name == "mse":
+    return _weighted_mean((x - y) ** 2, w)
+  if name == "mean":
+    return _weighted_mean(x, w)
+  if name == "std":
+    return np.sqrt(_weighted_mean((x - _weighted_mean(x, w)) ** 2, w))
+  if name == "r2":
+    return 1.0 - np.sum(w * (x - y) ** 2) / np.sum(w * (y - _weighted_mean(y, w)) ** 2)
+  dx, dy = x - _weighted_mean(x, w), y - _weighted_mean(y, w)
+  return np.sum(w * dx * dy) / np.sqrt(np.sum(w * dx**2) * np.sum(w * dy**2))
+
+
+_METRICS = {
+  "mean": lambda: pe.metrics.Mean(),
+  "mse": lambda: pe.metrics.MSE(),
+  "std": lambda: pe.metrics.Std(),
+  "r2": lambda: pe.metrics.R2Score(),
+  "pearson": lambda: pe.metrics.PearsonCorrelation(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_METRICS))
+@given(
+  seed=SEEDS,
+  n=st.integers(3, 40),
+  outlier=st.sampled_from([1e20, -3e38, np.inf, -np.inf, np.nan]),
+  zeros=st.integers(1, 6),
+)
+def test_zero_weights_with_outliers_change_nothing(name, seed, n, outlier, zeros):
+  rng = np.random.default_rng(seed)
+  x = (1.0 + rng.standard_normal(n)).astype(np.float32)
+  y = (0.5 * x + rng.standard_normal(n)).astype(np.float32)
+  w = rng.uniform(0.5, 2.0, n).astype(np.float32)
+  zero = rng.choice(n, min(zeros, n - 2), replace=False)
+  w[zero] = 0.0
+  x[zero] = outlier
+  y[zero[::2]] = outlier
+  fields = {"values": x} if name in ("mean", "std") else {"preds": x, "target": y}
+  got = evaluate_randomly(_METRICS[name](), {**fields, "weights": w}, rng)
+  expected = _reference(name, x, y, w)
+  assert_close(got, expected, rtol=1e-5, atol=1e-5 * (name in ("r2", "pearson")))
+
+
+def _eager(metric, fields, rng, batch_size=16):
+  """Eager updates (a jit boundary would cast int64 to int32 before the metric sees it)."""
+  parts = [metric.batch_updates(**b) for b in random_batches(fields, rng, batch_size)]
+  return merge_randomly(parts, rng)
+
+
+@given(
+  seed=SEEDS,
+  n=st.integers(1, 40),
+  offset=st.sampled_from([2**31, 2**40, 1_700_000_000_000_000_000]),
+  spread=st.sampled_from([1, 10**6, 10**12]),
+)
+def test_int64_values_are_averaged_not_wrapped(seed, n, offset, spread):
+  rng = np.random.default_rng(seed)
+  values = offset + rng.integers(0, spread, n, dtype=np.int64)
+  got = float(_eager(pe.metrics.Mean(), {"values": values}, rng).compute())
+  assert_close(got, np.mean(values.astype(F64)), rtol=4 * EPS, atol=0.0)
+
+
+@given(seed=SEEDS, n=st.integers(1, 20), high=st.sampled_from([2**31, 2**32, 2**40]))
+def test_int64_class_ids_beyond_int32_are_refused(seed, n, high):
+  rng = np.random.default_rng(seed)
+  target = rng.integers(0, 3, n, dtype=np.int64)
+  target[rng.integers(n)] = high
+  with pytest.raises(ValueError, match="target holds integers"):
+    pe.metrics.Accuracy().update(preds=np.zeros(n, np.int64), target=target)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+@given(seed=SEEDS, empties=st.integers(1, 4))
+def test_empty_batches_are_empty_updates(case, seed, empties):
+  """0-row updates merged anywhere in the tree (with mask, weights or neither) change nothing."""
+  rng = np.random.default_rng(seed)
+  batches = case.batches(int(rng.integers(100)))
+  metric = case.make()
+  parts = [metric.batch_updates(**b) for b in batches]
+  for _ in range(empties):
+    keys = [k for k in batches[0] if k != "mask" or rng.random() < 0.5]
+    parts.append(metric.batch_updates(**{k: np.asarray(batches[0][k])[:0] for k in keys}))
+  got = np.asarray(merge_randomly(parts, rng).compute(), F64)
+  np.testing.assert_allclose(
+    got, case.reference(batches), rtol=case.rtol, atol=case.atol, equal_nan=True
+  )
+
+
+@given(
+  seed=SEEDS,
+  n=st.integers(20, 200),
+  offset=st.sampled_from([1e4, 1e5, 1e6]),
+)
+def test_cancelling_means_in_any_batching(seed, n, offset):
+  """Values ``offset + 1e6 N(0, 1)`` shifted so that their mean is small: 1e-6 of float64."""
+  rng = np.random.default_rng(seed)
+  values = (offset + 1e6 * rng.standard_normal(n)).astype(np.float32)
+  values = values - np.float32(np.mean(values.astype(F64)) - offset * rng.uniform(-0.1, 0.1))
+  got = evaluate_randomly(pe.metrics.Mean(), {"values": values}, rng, batch_sizes=(5, 16, 64))
+  reference = np.mean(values.astype(F64))
+  assert_close(got, reference, rtol=1e-6, atol=0.0)
