@@ -25,7 +25,7 @@ from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import broadcast_mask, broadcast_prefix
 from padded_eval.metrics.base import (
   Metric,
-  batch_totals,
+  Totals,
   empty_count,
   empty_sum,
   invalid_state,
@@ -92,13 +92,10 @@ class ImageMean(Metric):
     w = image_weights(mask, weights, preds.shape[0])
     real = (w != 0).reshape((-1,) + (1,) * (preds.ndim - 1))
     values = self._image_values(jnp.where(real, preds, 0.0), jnp.where(real, target, 0.0))
-    (total, weight), _ = batch_totals([jnp.where(w != 0, w * values, 0.0), w], [])
     nan = real & (jnp.isnan(preds) | jnp.isnan(target))  # counted; the image's value is NaN
-    return {
-      "total": ExactSum.of(total),
-      "weight": ExactSum.of(weight),
-      "invalid": self.count_invalid(**{"nan pixel": nan}),
-    }
+    invalid = self.count_invalid(**{"nan pixel": nan})
+    sums = [jnp.where(w != 0, w * values, 0.0), w]  # one reduction with the real rows
+    return Totals(sums, [], lambda s, _: {"total": s[0], "weight": s[1], "invalid": invalid})
 
   def compute(self) -> jax.Array:
     """The mean over images (float32 scalar); NaN when no image was seen."""

@@ -44,7 +44,7 @@ from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import broadcast_mask, broadcast_prefix
 from padded_eval.metrics.base import (
   Metric,
-  batch_totals,
+  Totals,
   empty_count,
   empty_sum,
   invalid_state,
@@ -150,14 +150,11 @@ class RankingMetric(Metric):
         query, broadcast_prefix(upcast(jnp.asarray(weights)), w.shape, "weights", "queries"), 0.0
       )
     scores = jnp.where(query, self._query_scores(lists), 0.0)
-    (total, count), _ = batch_totals([jnp.where(query, w * scores, 0.0), w], [])
-    return {
-      "total": ExactSum.of(total),
-      "queries": ExactSum.of(count),
-      "invalid": self.count_invalid(
-        **{"negative relevance": negative, "nan relevance": nan_relevance, "nan score": nan_score}
-      ),
-    }
+    invalid = self.count_invalid(
+      **{"negative relevance": negative, "nan relevance": nan_relevance, "nan score": nan_score}
+    )
+    sums = [jnp.where(query, w * scores, 0.0), w]  # one reduction with the real rows
+    return Totals(sums, [], lambda s, _: {"total": s[0], "queries": s[1], "invalid": invalid})
 
   def compute(self) -> jax.Array:
     """The mean per-query score (float32 scalar); NaN when no query was seen."""
