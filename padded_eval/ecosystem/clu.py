@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import flax
 from clu import metrics as clu_metrics
+from flax import struct
 
 from padded_eval.metrics import base
 
@@ -57,6 +57,7 @@ def metric(metric: base.Metric) -> type[clu_metrics.Metric]:
     )
   template = metric
 
+  @struct.dataclass
   class PaddedEvalMetric(clu_metrics.Metric):
     metric: base.Metric
     higher_is_better = template.higher_is_better
@@ -79,4 +80,4 @@ def metric(metric: base.Metric) -> type[clu_metrics.Metric]:
       return self.metric.compute()
 
   PaddedEvalMetric.__name__ = PaddedEvalMetric.__qualname__ = f"Padded{type(metric).__name__}"
-  return flax.struct.dataclass(PaddedEvalMetric)
+  return PaddedEvalMetric

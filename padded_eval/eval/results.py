@@ -243,8 +243,8 @@ def best(
     values.append(flat[key])
   higher = higher_is_better
   if higher is None:
-    directions = {direction_of(r, key) for _, r in items if getattr(r, "metric", None)}
-    directions.discard(None)
+    found = (direction_of(r, key) for _, r in items if getattr(r, "metric", None))
+    directions = {d for d in found if d is not None}
     if len(directions) != 1:
       raise ValueError(
         f"the direction of {key!r} is not known (its metric declares higher_is_better "
