@@ -2,7 +2,11 @@
 
 Public names only, re-exported one per line. Importing this package does not
 initialise a JAX backend. How the modules fit together: docs/architecture.md.
+``pe.nnx`` and ``pe.clu`` (padded_eval.ecosystem) import flax / clu, so they are imported on
+first use.
 """
+
+import importlib
 
 from padded_eval import collections as collections
 from padded_eval import losses as losses
@@ -27,6 +31,7 @@ from padded_eval.eval._cache import clear_caches as clear_caches
 from padded_eval.eval._evaluate import InvalidValuesWarning as InvalidValuesWarning
 from padded_eval.eval._evaluate import masked_eval as masked_eval
 from padded_eval.eval.results import EvalResults as EvalResults
+from padded_eval.eval.results import best as best
 from padded_eval.exact import accumulate as accumulate
 from padded_eval.losses import regularizers as regularizers
 from padded_eval.metrics.base import Metric as Metric
@@ -35,3 +40,12 @@ from padded_eval.multihost.distributed import process_slice as process_slice
 
 # The one place the version is written; pyproject.toml reads it ([tool.setuptools.dynamic]).
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+  """``pe.nnx`` and ``pe.clu``: imported when first read, so flax and clu stay optional."""
+  if name in ("nnx", "clu"):
+    module = importlib.import_module(f"padded_eval.ecosystem.{name}")
+    globals()[name] = module
+    return module
+  raise AttributeError(f"module 'padded_eval' has no attribute {name!r}")

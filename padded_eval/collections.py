@@ -41,7 +41,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -124,6 +124,8 @@ class LossAverage(Metric):
     loss: the loss (hashable, static configuration).
   """
 
+  higher_is_better: ClassVar[bool | None] = False
+
   loss: Loss = None
   total: ExactSum = state(empty_sum)
   weight: ExactSum = state(empty_sum)
@@ -170,6 +172,8 @@ def _empty_children(collection):
 
 class _Collection(Metric):
   """Shared body of Metrics and Losses: named children in the ``children`` state."""
+
+  higher_is_better: ClassVar[bool | None] = None
 
   names: tuple = dataclasses.field(default=(), init=False)
   children: dict = state(_empty_children)
@@ -358,6 +362,8 @@ class LossesAndMetrics(Metric):
     >>> {key: round(float(value), 4) for key, value in both.compute_logs().items()}
     {'loss': 0.4581, 'crossentropy': 0.4581, 'accuracy': 1.0}
   """
+
+  higher_is_better: ClassVar[bool | None] = None
 
   losses: Losses | None = state(_empty_or_none("losses"))
   metrics: Metrics | None = state(_empty_or_none("metrics"))

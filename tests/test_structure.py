@@ -37,6 +37,7 @@ LAYERS = {
   "padded_eval.eval": 7,  # masked_eval, backends, compiled-step cache, outputs, checkpoints
   "padded_eval.plot": 8,  # pictures of metric states (matplotlib imported on use)
   "padded_eval.demo": 8,
+  "padded_eval.ecosystem": 8,  # pe.nnx, pe.clu: flax / clu imported there only
   "padded_eval.__main__": 8,
   "padded_eval": 8,  # the facade, __init__.py
 }

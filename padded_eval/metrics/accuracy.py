@@ -61,6 +61,8 @@ class Accuracy(Metric):
     0.75
   """
 
+  higher_is_better: ClassVar[bool | None] = True
+
   top_k: int = 1
   task: str = config_field("multiclass")
   threshold: float = config_field(0.5)

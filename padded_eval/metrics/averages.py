@@ -7,6 +7,7 @@ elements, so the result over many padded batches equals one pass over the data.
 from __future__ import annotations
 
 import abc
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +66,8 @@ class WeightedMean(Metric):
   ``power = 2`` (the mean of squares, formed without overflow). ``compute()`` is
   ``total / weight``, NaN if no real element was seen.
   """
+
+  higher_is_better: ClassVar[bool | None] = None
 
   power = 1
   total: ExactSum = state(zero_total)
@@ -140,6 +143,8 @@ class MSE(WeightedMean):
     2.6667
   """
 
+  higher_is_better: ClassVar[bool | None] = False
+
   power = 2
 
   def _values(self, *, preds, target, **_):
@@ -156,6 +161,8 @@ class MAE(WeightedMean):
     >>> round(float(pe.metrics.MAE().update(preds=preds, target=target).compute()), 4)  # 4 / 3
     1.3333
   """
+
+  higher_is_better: ClassVar[bool | None] = False
 
   def _values(self, *, preds, target, **_):
     return jnp.abs(_error(preds, target)), "preds"

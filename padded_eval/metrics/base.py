@@ -90,6 +90,12 @@ class Metric(KeywordReader, abc.ABC):
   # a base class's _batch_state forwards **kwargs to it).
   input_readers: ClassVar[tuple[str, ...]] = ("_batch_state", "_values")
 
+  #: Whether a higher ``compute()`` is better (True: accuracy, AUROC; False: errors, losses,
+  #: perplexity), or None where a value has no direction (a mean of any values, a
+  #: confusion matrix). Every metric of :mod:`padded_eval.metrics` declares it; a metric
+  #: defined elsewhere that does not inherits None. ``pe.best`` reads it.
+  higher_is_better: ClassVar[bool | None] = None
+
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
     dataclasses.dataclass(frozen=True, eq=False, repr=True)(cls)

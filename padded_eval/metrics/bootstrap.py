@@ -163,6 +163,11 @@ class Bootstrap(Metric):
     object.__setattr__(self, "replica_states", _empty_replicas(self))
     object.__setattr__(self, "ids", _empty_ids(self))
 
+  @property
+  def higher_is_better(self) -> bool | None:
+    """The wrapped metric's direction (its interval's too)."""
+    return self.point.higher_is_better
+
   def _check_config(self) -> None:
     if not isinstance(self.name, str) or not self.name:
       raise ValueError(f"name must be a non-empty str; got {self.name!r}")

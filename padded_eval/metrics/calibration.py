@@ -71,6 +71,8 @@ class CalibrationError(ClassificationMetric):
     0.15
   """
 
+  higher_is_better: ClassVar[bool | None] = False
+
   n_bins: int = 15
   task: str = config_field("binary")
   norm: str = config_field("l1")

@@ -200,6 +200,8 @@ class ConfusionState(ClassificationMetric):
 class ClassScore(ConfusionState):
   """A per-class ratio of counts, averaged by ``average``; subclasses define ``_score``."""
 
+  higher_is_better: ClassVar[bool | None] = True
+
   average: str | None = config_field("macro")
 
   def _check_config(self):
@@ -383,6 +385,8 @@ class ConfusionMatrix(ConfusionState):
     [[1, 0, 0], [0, 1, 1], [1, 0, 0]]
   """
 
+  higher_is_better: ClassVar[bool | None] = None
+
   num_classes: int | None = None
   normalize: str | None = config_field(None)
   _full_matrix: ClassVar[bool] = True
@@ -441,6 +445,8 @@ class MatthewsCorrCoef(ConfusionState):
     0.3
   """
 
+  higher_is_better: ClassVar[bool | None] = True
+
   _full_matrix: ClassVar[bool] = True
 
   def compute(self) -> jax.Array:
@@ -475,6 +481,8 @@ class CohenKappa(ConfusionState):
     >>> round(float(m.compute()), 4)  # (1/2 - 5/16) / (1 - 5/16)
     0.2727
   """
+
+  higher_is_better: ClassVar[bool | None] = True
 
   weights: str | None = config_field(None)
   _full_matrix: ClassVar[bool] = True

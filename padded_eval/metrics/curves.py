@@ -194,6 +194,8 @@ def suffix_sums(count: ExactCount, inclusive: bool = True) -> jax.Array:
 class _ScoreHistogram(ClassificationMetric):
   """Base of the binned curve metrics; subclasses define ``_area(pos, neg)``."""
 
+  higher_is_better: ClassVar[bool | None] = True
+
   num_thresholds: int | None = None
   task: str = config_field("binary")
   average: str | None = config_field("macro")

@@ -68,6 +68,8 @@ class ImageMean(Metric):
   zeroed on padded images).
   """
 
+  higher_is_better: ClassVar[bool | None] = True
+
   data_range: float = 1.0
   total: ExactSum = state(empty_sum)
   weight: ExactSum = state(empty_sum)

@@ -25,6 +25,7 @@ co-moments (Pearson NaN, Std 0, R2 by scikit-learn's zero-variance rule).
 from __future__ import annotations
 
 import functools
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -252,6 +253,8 @@ class Std(Metric):
     1.0
   """
 
+  higher_is_better: ClassVar[bool | None] = None
+
   ddof: int = 0
   argname: str = "values"
   moments: Moments = state(lambda self: Moments.zeros((), 1))
@@ -315,6 +318,8 @@ class R2Score(Metric):
     >>> round(float(pe.metrics.R2Score().update(preds=preds, target=target).compute()), 4)  # 1 - 8 / 14
     0.4286
   """
+
+  higher_is_better: ClassVar[bool | None] = True
 
   num_outputs: int = 1
   multioutput: str = "uniform_average"
@@ -381,6 +386,8 @@ class PearsonCorrelation(Metric):
     >>> round(float(m.compute()), 4)  # 4 / sqrt(2 * 14)
     0.7559
   """
+
+  higher_is_better: ClassVar[bool | None] = True
 
   num_outputs: int = 1
   moments: Moments = state(

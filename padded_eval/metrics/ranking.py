@@ -116,6 +116,8 @@ class RankingMetric(Metric):
   ``[B]`` query weights. ``compute()`` is NaN when no query was seen.
   """
 
+  higher_is_better: ClassVar[bool | None] = True
+
   total: ExactSum = state(empty_sum)  # sum of w * score over queries
   queries: ExactSum = state(empty_sum)  # sum of w over queries
   invalid: ExactCount = state(invalid_state)

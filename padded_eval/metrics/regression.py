@@ -55,6 +55,8 @@ class MAPE(WeightedMean):
     0.1
   """
 
+  higher_is_better: ClassVar[bool | None] = False
+
   invalid: ExactCount = state(invalid_state)
   invalid_kinds: ClassVar[tuple[str, ...]] = ("nan value",)
 
@@ -85,6 +87,8 @@ class MSLE(WeightedMean):
     >>> round(float(m.compute()), 6)  # log(4 / 2)**2 / 2
     0.240227
   """
+
+  higher_is_better: ClassVar[bool | None] = False
 
   power = 2
   invalid: ExactCount = state(invalid_state)
@@ -137,6 +141,8 @@ class ExplainedVariance(Metric):
     >>> round(float(m.compute()), 4)  # sklearn's docstring example
     0.9572
   """
+
+  higher_is_better: ClassVar[bool | None] = True
 
   num_outputs: int = 1
   multioutput: str = "uniform_average"

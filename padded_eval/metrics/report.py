@@ -57,6 +57,8 @@ class ClassificationReport(ConfusionState):
     0.75
   """
 
+  higher_is_better: ClassVar[bool | None] = None
+
   num_classes: int | None = None
   _full_matrix: ClassVar[bool] = True
   _tasks: ClassVar[tuple[str, ...]] = ("multiclass",)

@@ -59,6 +59,8 @@ class Perplexity(WeightedMean):
     4.0
   """
 
+  higher_is_better: ClassVar[bool | None] = False
+
   ignore_index: int | None = None
   invalid: ExactCount = state(invalid_state)
 
