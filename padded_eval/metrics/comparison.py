@@ -122,6 +122,20 @@ def compare(a: Any, b: Any, confidence: float = 0.95) -> dict[str, Any]:
   Raises:
     ValueError: not two Bootstrap metrics; different seeds, replica counts, metrics or
       slice counts; examples that differ (the row-id checksums); a bad ``confidence``.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> ids = np.arange(200)
+    >>> hits_a = (ids % 4 != 0).astype(np.float32)  # 150 of 200
+    >>> hits_b = np.where(ids % 8 == 0, 1.0, hits_a).astype(np.float32)  # 175 of 200
+    >>> boot = pe.metrics.Bootstrap(pe.metrics.Mean("x"), num_replicas=100, seed=0)
+    >>> a, b = boot.update(x=hits_a, index=ids), boot.update(x=hits_b, index=ids)
+    >>> result = pe.metrics.compare(a, b)
+    >>> float(result["difference"]), bool(result["low"] > 0)  # b is better, beyond noise
+    (0.125, True)
+    >>> float(pe.metrics.compare(a, a)["p_value"])
+    1.0
   """
   validation.check_probability("confidence", confidence)
   if not 0.0 < confidence < 1.0:

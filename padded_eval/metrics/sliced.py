@@ -96,6 +96,16 @@ class Sliced(Metric):
   Raises:
     ValueError: a bad argument, or ``method="segments"`` for a metric whose state is not
       sums of rows.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> m = pe.metrics.Sliced(pe.metrics.Accuracy(), num_slices=3)
+    >>> m = m.update(
+    ...   preds=np.array([0, 1, 1, 0]), target=np.array([0, 1, 0, 0]), slice=np.array([0, 0, 1, 1])
+    ... )
+    >>> m.compute()  # slice 2 saw no row
+    Array([1. , 0.5, nan], dtype=float32)
   """
 
   num_slices: int = 1
@@ -106,6 +116,11 @@ class Sliced(Metric):
   slices: Metric = state(_empty_slices)
   slice_rows: ExactCount = state(_empty_rows)
   invalid: ExactCount = state(invalid_state)
+
+  @property
+  def higher_is_better(self) -> bool | None:
+    """The wrapped metric's direction (every slice's value is one of its values)."""
+    return self.slices.higher_is_better
 
   def __init__(
     self,

@@ -32,7 +32,11 @@ POSITIVE_TARGET = rng.uniform(0.5, 2.0, NUM).astype(np.float32)
 RELEVANCE = rng.integers(0, 3, (NUM, 6)).astype(np.float32)
 IMAGES = rng.uniform(0.0, 1.0, (5, 16, 16, 1)).astype(np.float32)
 
+TOKENS = rng.integers(1, 9, (NUM, 7)).astype(np.int32)  # ids 1..8; 0 is the pad id
+OTHER_TOKENS = ((TOKENS + 3) % 8 + 1).astype(np.int32)  # never the same id at a position
+
 classes = {"preds": (GOOD_LOGITS, BAD_LOGITS), "target": LABELS}
+tokens = {"preds": (TOKENS, OTHER_TOKENS), "target": TOKENS}
 positive = {
   "preds": ((POSITIVE_TARGET * 1.01).astype(np.float32), (POSITIVE_TARGET * 3.0 + 1.0)),
   "target": POSITIVE_TARGET,
@@ -80,6 +84,11 @@ DIRECTIONS = {
   "NDCGAtK": (pe.metrics.NDCGAtK(3), ranked),
   "PSNR": (pe.metrics.PSNR(data_range=1.0), images),
   "SSIM": (pe.metrics.SSIM(data_range=1.0), images),
+  "BLEU": (pe.metrics.BLEU(max_order=2), tokens),
+  "RougeN": (pe.metrics.RougeN(1), tokens),
+  "RougeL": (pe.metrics.RougeL(), tokens),
+  "ExactMatch": (pe.metrics.ExactMatch(), tokens),
+  "WordErrorRate": (pe.metrics.WordErrorRate(), tokens),
 }
 # No direction: a mean or spread of any values, a matrix of counts, a report dict, a collection (its members
 # have theirs), a bootstrap (its wrapped metric's).
@@ -118,7 +127,7 @@ def test_every_public_metric_declares_its_direction(cls):
     f"{cls.__name__} does not declare higher_is_better (True, False, or None when its value "
     "has no direction): add `higher_is_better: ClassVar[bool | None] = ...` to the class"
   )
-  if cls is pe.metrics.Bootstrap:
+  if cls in (pe.metrics.Bootstrap, pe.metrics.Sliced):
     return  # a property: the wrapped metric's (test below)
   value = cls.higher_is_better
   assert value in (True, False, None) and (value is None) == (cls.__name__ in NO_DIRECTION)
@@ -139,6 +148,12 @@ def test_a_bootstrap_has_its_wrapped_metrics_direction():
   assert pe.metrics.Bootstrap(pe.metrics.Accuracy(), 4).higher_is_better is True
   assert pe.metrics.Bootstrap(pe.metrics.MSE(), 4).higher_is_better is False
   assert pe.metrics.Bootstrap(pe.metrics.Mean(), 4).higher_is_better is None
+
+
+def test_a_sliced_metric_has_its_wrapped_metrics_direction():
+  assert pe.metrics.Sliced(pe.metrics.Accuracy(), 3).higher_is_better is True
+  assert pe.metrics.Sliced(pe.metrics.MSE(), 3).higher_is_better is False
+  assert pe.metrics.Sliced(pe.metrics.Mean(), 3).higher_is_better is None
 
 
 def test_no_direction_means_an_array_or_a_value_of_any_sign():
