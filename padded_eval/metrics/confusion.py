@@ -48,7 +48,7 @@ the predictions (scikit-learn's default ``labels``, torchmetrics' multiclass rul
 torchmetrics' multilabel rule: an absent label scores 0, or 1 for Specificity).
 ``"weighted"`` weights classes (labels) by their support (true count), so absent ones
 weigh 0 in both tasks. ``None`` gives the ``[C]`` per-class scores. Undefined ratios
-count as 0 (``zero_division=0``). With ``task="binary"`` ``average`` is not used: the
+count as ``zero_division`` (default 0; 1 or NaN as in scikit-learn). With ``task="binary"`` ``average`` is not used: the
 positive class is scored. A metric that has seen no counted element computes NaN.
 
 With ``top_k > 1`` (multiclass Precision, Recall, F-scores, Specificity, JaccardIndex) a
@@ -61,6 +61,7 @@ Counts are of elements: sample ``weights`` are not supported (``ValueError``).
 from __future__ import annotations
 
 import abc
+import math
 from typing import ClassVar
 
 import jax
@@ -74,7 +75,9 @@ from padded_eval.metrics._classification_inputs import (
   AVERAGES,
   MAX_MATRIX_CLASSES,
   ClassificationMetric,
+  average_scores,
   check_no_weights,
+  check_zero_division,
   class_counts,
   config_field,
   divide,
@@ -182,17 +185,31 @@ class ConfusionState(ClassificationMetric):
 
 
 class ClassScore(ConfusionState):
-  """A per-class ratio of counts, averaged by ``average``; subclasses define ``_score``."""
+  """A per-class ratio of counts, averaged by ``average``; subclasses define ``_score``.
+
+  ``zero_division``: the score of an undefined ratio (a zero denominator): 0 (default),
+  1 or ``float("nan")``, scikit-learn's meaning; NaN scores are left out of the
+  ``"macro"`` and ``"weighted"`` means (scikit-learn's ``_nanaverage``).
+  """
 
   average: str | None = config_field("macro")
+  zero_division: float = config_field(0.0)
+  _allow_nan: ClassVar[bool] = True  # zero_division=nan accepted
 
   def _check_config(self):
     super()._check_config()
     validation.check_choice("average", self.average, AVERAGES)
+    check_zero_division(self.zero_division, allow_nan=self._allow_nan)
+    # one NaN object, so equal configurations compare equal (jit's cache key)
+    canonical = math.nan if np.isnan(self.zero_division) else float(self.zero_division)
+    object.__setattr__(self, "zero_division", canonical)
+
+  def _ratio(self, numerator, denominator) -> jax.Array:
+    return divide(numerator, denominator, float(self.zero_division))
 
   @abc.abstractmethod
   def _score(self, tp, fp, fn, tn) -> jax.Array:
-    """The score from counts (any shape; 0 where undefined)."""
+    """The score from counts (any shape; ``zero_division`` where undefined)."""
 
   def compute(self) -> jax.Array:
     """Scalar (``[C]`` with ``average=None``) float32; NaN if no element was counted."""
@@ -206,24 +223,29 @@ class ClassScore(ConfusionState):
       per_class = self._score(tp, fp, fn, tn)
       if self.average is None:
         value = jnp.where(included, per_class, jnp.nan)
-      elif self.average == "macro":
+      else:
         present = included
         if self.task == "multiclass":  # classes in the target or the predictions
           present = included & (tp + fp + fn > 0)
-        value = divide(jnp.sum(jnp.where(present, per_class, 0.0)), jnp.sum(present))
-      else:
-        support = jnp.where(included, tp + fn, 0.0)
-        value = divide(jnp.sum(support * per_class), jnp.sum(support))
+        support = None if self.average == "macro" else tp + fn
+        value = average_scores(per_class, present, support)
     return jnp.where(self.seen(), value, jnp.nan)
 
 
 # --- the metrics -----------------------------------------------------------------------
 
 
-def f_beta(tp, fp, fn, beta: float) -> jax.Array:
-  """``(1 + b^2) tp / ((1 + b^2) tp + b^2 fn + fp)``, 0 where undefined."""
+def f_beta(tp, fp, fn, beta: float, zero_division: float = 0.0) -> jax.Array:
+  """``(1 + b^2) tp / ((1 + b^2) tp + b^2 fn + fp)``, ``zero_division`` where undefined.
+
+  ``beta=0`` is precision and ``beta=inf`` recall (scikit-learn's limits).
+  """
+  if beta == 0:
+    return divide(tp, tp + fp, zero_division)
+  if np.isposinf(beta):
+    return divide(tp, tp + fn, zero_division)
   scale = 1.0 + beta * beta
-  return divide(scale * tp, scale * tp + beta * beta * fn + fp)
+  return divide(scale * tp, scale * tp + beta * beta * fn + fp, zero_division)
 
 
 class Precision(ClassScore):
@@ -238,45 +260,50 @@ class Precision(ClassScore):
   """
 
   def _score(self, tp, fp, fn, tn):
-    return divide(tp, tp + fp)
+    return self._ratio(tp, tp + fp)
 
 
 class Recall(ClassScore):
   """``tp / (tp + fn)``: the fraction of true positives found (sensitivity)."""
 
   def _score(self, tp, fp, fn, tn):
-    return divide(tp, tp + fn)
+    return self._ratio(tp, tp + fn)
 
 
 class Specificity(ClassScore):
   """``tn / (tn + fp)``: the fraction of true negatives found."""
 
   def _score(self, tp, fp, fn, tn):
-    return divide(tn, tn + fp)
+    return self._ratio(tn, tn + fp)
 
 
 class F1Score(ClassScore):
   """Harmonic mean of precision and recall, ``2 tp / (2 tp + fn + fp)``."""
 
   def _score(self, tp, fp, fn, tn):
-    return f_beta(tp, fp, fn, 1.0)
+    return f_beta(tp, fp, fn, 1.0, float(self.zero_division))
 
 
 class FBetaScore(ClassScore):
   """``(1 + b^2) tp / ((1 + b^2) tp + b^2 fn + fp)``; recall weighs ``beta`` times more.
 
   Args:
-    beta: a positive float (the only positional argument).
+    beta: a float ``>= 0`` (the only positional argument); ``0`` is precision and
+      ``float("inf")`` recall, as in scikit-learn.
   """
 
   beta: float = 1.0
 
   def _check_config(self):
     super()._check_config()
-    validation.check_positive_number("beta", self.beta)
+    beta = self.beta
+    if isinstance(beta, bool) or not isinstance(beta, (int, float, np.floating)) or not beta >= 0:
+      raise ValueError(
+        f"beta must be a number >= 0 (0: precision, float('inf'): recall); got {beta!r}"
+      )
 
   def _score(self, tp, fp, fn, tn):
-    return f_beta(tp, fp, fn, float(self.beta))
+    return f_beta(tp, fp, fn, float(self.beta), float(self.zero_division))
 
 
 class JaccardIndex(ClassScore):
@@ -286,10 +313,14 @@ class JaccardIndex(ClassScore):
   scores, ``target`` ``[B, H, W]``, ``mask`` ``[B]`` or ``[B, H, W]``) the default
   ``average="macro"`` is the mIoU over classes present; ``ignore_index`` (e.g. 255, or a
   background class id) removes those pixels, and a class id from the mean.
+  ``zero_division`` is 0 or 1, as in scikit-learn's ``jaccard_score`` (which refuses
+  NaN).
   """
 
+  _allow_nan: ClassVar[bool] = False
+
   def _score(self, tp, fp, fn, tn):
-    return divide(tp, tp + fp + fn)
+    return self._ratio(tp, tp + fp + fn)
 
 
 NORMALIZE = (None, "true", "pred", "all")
