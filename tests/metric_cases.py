@@ -339,3 +339,61 @@ CASES: list[MetricCase] = [
     lambda bs: _perplexity(bs, ignore_index=-100),
   ),
 ]
+
+
+# --- issue 31: the confusion family's new metrics (one row each; more in
+# tests/metrics/test_stat_scores.py) -------------------------------------------------------
+
+
+def _multilabel_fields(rng, b, labels=4):
+  return {
+    "preds": rng.random((b, labels)).astype(np.float32),
+    "target": (rng.random((b, labels)) < 0.4).astype(np.int32),
+  }
+
+
+def _stat_scores_reference(bs):
+  """sklearn's per-label [[tn, fp], [fn, tp]] as torchmetrics' [tp, fp, tn, fn, support]."""
+  mcm = sklearn.metrics.multilabel_confusion_matrix(
+    real(bs, "target"), (real(bs, "preds") > 0.5).astype(np.int32)
+  )
+  tn, fp, fn, tp = mcm[:, 0, 0], mcm[:, 0, 1], mcm[:, 1, 0], mcm[:, 1, 1]
+  return np.stack([tp, fp, tn, fn, tp + fn], -1).astype(np.float64)
+
+
+CASES += [
+  MetricCase(
+    "stat_scores_multilabel",
+    lambda: pe.metrics.StatScores(task="multilabel", num_classes=4),
+    lambda rng: padded_batches(rng, _multilabel_fields),
+    _stat_scores_reference,
+  ),
+  MetricCase(
+    "balanced_accuracy_multiclass",
+    lambda: pe.metrics.BalancedAccuracy(num_classes=5),
+    lambda rng: padded_batches(rng, {"preds": _normal(5), "target": _ints(5)}),
+    lambda bs: sklearn.metrics.balanced_accuracy_score(
+      real(bs, "target"), np.argmax(real(bs, "preds"), -1)
+    ),
+  ),
+  MetricCase(
+    "hamming_loss_multilabel",
+    lambda: pe.metrics.HammingLoss(task="multilabel", num_classes=4),
+    lambda rng: padded_batches(rng, _multilabel_fields),
+    lambda bs: sklearn.metrics.hamming_loss(real(bs, "target"), real(bs, "preds") > 0.5),
+  ),
+  MetricCase(
+    "zero_one_loss_multilabel",
+    lambda: pe.metrics.ZeroOneLoss(task="multilabel", num_classes=4),
+    lambda rng: padded_batches(rng, _multilabel_fields),
+    lambda bs: sklearn.metrics.zero_one_loss(real(bs, "target"), real(bs, "preds") > 0.5),
+  ),
+  MetricCase(
+    "npv_binary",
+    lambda: pe.metrics.NPV(task="binary"),
+    lambda rng: padded_batches(
+      rng, {"preds": lambda r, b: r.random(b).astype(np.float32), "target": _ints(2)}
+    ),
+    lambda bs: np.mean(real(bs, "target")[real(bs, "preds") <= 0.5] == 0),
+  ),
+]

@@ -22,4 +22,10 @@ from padded_eval.metrics.curves import AUROC as AUROC
 from padded_eval.metrics.moments import PearsonCorrelation as PearsonCorrelation
 from padded_eval.metrics.moments import R2Score as R2Score
 from padded_eval.metrics.moments import Std as Std
+from padded_eval.metrics.stat_scores import NPV as NPV
+from padded_eval.metrics.stat_scores import BalancedAccuracy as BalancedAccuracy
+from padded_eval.metrics.stat_scores import HammingLoss as HammingLoss
+from padded_eval.metrics.stat_scores import NegativePredictiveValue as NegativePredictiveValue
+from padded_eval.metrics.stat_scores import StatScores as StatScores
+from padded_eval.metrics.stat_scores import ZeroOneLoss as ZeroOneLoss
 from padded_eval.metrics.text import Perplexity as Perplexity
