@@ -397,3 +397,27 @@ CASES += [
     lambda bs: np.mean(real(bs, "target")[real(bs, "preds") <= 0.5] == 0),
   ),
 ]
+
+
+def _samplewise_f1(bs):
+  """sklearn's macro F1 of each real row's 6 elements, averaged over rows."""
+  rows = zip(real(bs, "preds"), real(bs, "target"))
+  return np.mean([sklearn.metrics.f1_score(t, np.argmax(p, -1), average="macro") for p, t in rows])
+
+
+CASES += [
+  MetricCase(
+    "f1_samplewise_multiclass_macro",
+    lambda: pe.metrics.F1Score(num_classes=4, multidim_average="samplewise"),
+    lambda rng: padded_batches(rng, {"preds": _normal(6, 4), "target": _ints(4, 6)}),
+    _samplewise_f1,
+  ),
+  MetricCase(
+    "precision_multilabel_samples",
+    lambda: pe.metrics.Precision(task="multilabel", num_classes=4, average="samples"),
+    lambda rng: padded_batches(rng, _multilabel_fields),
+    lambda bs: sklearn.metrics.precision_score(
+      real(bs, "target"), real(bs, "preds") > 0.5, average="samples", zero_division=0
+    ),
+  ),
+]

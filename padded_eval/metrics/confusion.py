@@ -69,8 +69,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
-from padded_eval.exact.accumulate import ExactCount
+from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.metrics import _exact_products as exact_products
+from padded_eval.metrics import _per_sample as per_sample
 from padded_eval.metrics._classification_inputs import (
   AVERAGES,
   MAX_MATRIX_CLASSES,
@@ -86,6 +87,7 @@ from padded_eval.metrics._classification_inputs import (
   num_columns,
 )
 from padded_eval.metrics._formatting import probabilities
+from padded_eval.metrics._per_sample import MULTIDIM_AVERAGES
 from padded_eval.metrics.base import state
 
 # --- the shared state ------------------------------------------------------------------
@@ -194,15 +196,37 @@ class ClassScore(ConfusionState):
 
   average: str | None = config_field("macro")
   zero_division: float = config_field(0.0)
+  multidim_average: str = config_field("global")
+  sample_scores: ExactSum = state(lambda self: ExactSum.zeros(self._sample_shape()))
+  samples: ExactCount = state(lambda self: ExactCount.zeros(self._sample_shape()))
   _allow_nan: ClassVar[bool] = True  # zero_division=nan accepted
 
   def _check_config(self):
     super()._check_config()
-    validation.check_choice("average", self.average, AVERAGES)
+    validation.check_choice("average", self.average, AVERAGES + ("samples",))
+    validation.check_choice("multidim_average", self.multidim_average, MULTIDIM_AVERAGES)
+    if self.average == "samples" and self.task != "multilabel":
+      raise ValueError(
+        f"average='samples' is for task='multilabel' (one score per row of labels); got "
+        f"task={self.task!r}. Use multidim_average='samplewise' for one score per row"
+      )
+    if self.average == "samples" and self.multidim_average == "samplewise":
+      raise ValueError(
+        "average='samples' and multidim_average='samplewise' are two meanings of a sample; "
+        "choose one"
+      )
     check_zero_division(self.zero_division, allow_nan=self._allow_nan)
     # one NaN object, so equal configurations compare equal (jit's cache key)
     canonical = math.nan if np.isnan(self.zero_division) else float(self.zero_division)
     object.__setattr__(self, "zero_division", canonical)
+
+  def _per_sample(self) -> bool:
+    return self.multidim_average == "samplewise" or self.average == "samples"
+
+  def _sample_shape(self) -> tuple[int, ...]:
+    if self._per_sample() and self.average is None and self.task != "binary":
+      return (self.num_classes,)
+    return ()
 
   def _ratio(self, numerator, denominator) -> jax.Array:
     return divide(numerator, denominator, float(self.zero_division))
@@ -211,24 +235,58 @@ class ClassScore(ConfusionState):
   def _score(self, tp, fp, fn, tn) -> jax.Array:
     """The score from counts (any shape; ``zero_division`` where undefined)."""
 
-  def compute(self) -> jax.Array:
-    """Scalar (``[C]`` with ``average=None``) float32; NaN if no element was counted."""
-    tp, fp, fn, tn = self.class_stats()
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    if not self._per_sample():
+      return super()._batch_state(preds=preds, target=target, mask=mask, weights=weights)
+    check_no_weights(weights, self)
+    elements, invalid = self.elements(preds, target, mask)
+    counts = per_sample.sample_counts(self, elements)  # [S, 4, L]
+    scores, scored = per_sample.sample_scores(self, counts)
+    return {
+      "confusion": ExactCount.of(jnp.sum(counts, axis=0)),
+      "sample_scores": ExactSum.of_sum(scores, axis=0, where=scored),
+      "samples": ExactCount.of(jnp.sum(scored, axis=0, dtype=jnp.int32)),
+      "invalid": invalid,
+    }
+
+  def sample_values(self, *, preds, target, mask=None) -> jax.Array:
+    """Each sample's score, float32 ``[S]`` (``[S, C]`` with ``average=None``), NaN where a
+    sample has no counted element: torchmetrics' ``multidim_average="samplewise"`` output
+    (``S = B`` rows), or scikit-learn's per-sample scores of ``average="samples"`` (``S``
+    label rows). Use it for per-row outputs (``masked_eval(..., outputs=True)``).
+    """
+    elements, _ = self.elements(preds, target, mask)
+    counts = per_sample.sample_counts(self, elements)
+    scores, _ = per_sample.sample_scores(self, counts)
+    counted = jnp.sum(counts, axis=(1, 2)) > 0
+    return jnp.where(counted if scores.ndim == 1 else counted[:, None], scores, jnp.nan)
+
+  def averaged(self, tp, fp, fn, tn) -> jax.Array:
+    """The ``average``d score of per-class counts ``[L]`` each (no NaN for "nothing seen")."""
     included = self.included_classes()
     if self.task == "binary":
-      value = self._score(tp, fp, fn, tn)[0]
-    elif self.average == "micro":
-      value = self._score(*(jnp.sum(jnp.where(included, s, 0.0)) for s in (tp, fp, fn, tn)))
-    else:
-      per_class = self._score(tp, fp, fn, tn)
-      if self.average is None:
-        value = jnp.where(included, per_class, jnp.nan)
-      else:
-        present = included
-        if self.task == "multiclass":  # classes in the target or the predictions
-          present = included & (tp + fp + fn > 0)
-        support = None if self.average == "macro" else tp + fn
-        value = average_scores(per_class, present, support)
+      return self._score(tp, fp, fn, tn)[0]
+    if self.average in ("micro", "samples"):  # "samples": micro over one sample's labels
+      return self._score(*(jnp.sum(jnp.where(included, s, 0.0)) for s in (tp, fp, fn, tn)))
+    per_class = self._score(tp, fp, fn, tn)
+    if self.average is None:
+      return jnp.where(included, per_class, jnp.nan)
+    present = included
+    if self.task == "multiclass":  # classes in the target or the predictions
+      present = included & (tp + fp + fn > 0)
+    support = None if self.average == "macro" else tp + fn
+    return average_scores(per_class, present, support)
+
+  def compute(self) -> jax.Array:
+    """Scalar (``[C]`` with ``average=None``) float32; NaN if no element was counted.
+
+    Per sample (``multidim_average="samplewise"``, ``average="samples"``): the mean of
+    the sample scores (per class with ``average=None``), NaN when there is none.
+    """
+    if self._per_sample():
+      count = self.samples.total()
+      return jnp.where(count > 0, self.sample_scores.total() / jnp.maximum(count, 1.0), jnp.nan)
+    value = self.averaged(*self.class_stats())
     return jnp.where(self.seen(), value, jnp.nan)
 
 

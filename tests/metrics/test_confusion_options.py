@@ -181,3 +181,146 @@ def test_jaccard_refuses_nan_like_sklearn():
 def test_bad_beta_names_the_argument(bad):
   with pytest.raises(ValueError, match="beta"):
     M.FBetaScore(bad, num_classes=3)
+
+
+# --- multidim_average="samplewise" (torchmetrics) and multilabel average="samples" (sklearn) ---
+
+T = 6  # elements per sample (the extra axis)
+
+
+def _samplewise_data(task):
+  def fields(rng, b):
+    if task == "binary":
+      preds, target = rng.random((b, T)), rng.integers(0, 2, (b, T))
+    elif task == "multilabel":
+      preds, target = rng.random((b, 3, C)), rng.random((b, 3, C)) < 0.4
+    elif task == "multiclass_ids":
+      preds, target = rng.integers(0, C, (b, T)), rng.integers(0, C, (b, T))
+    else:
+      preds, target = rng.standard_normal((b, T, C)), rng.integers(0, C, (b, T))
+    dtype = np.int32 if task == "multiclass_ids" else np.float32
+    return {"preds": preds.astype(dtype), "target": target.astype(np.int32)}
+
+  return lambda rng: padded_batches(rng, fields, batch_size=16)
+
+
+def _sample_reference_values(score, task, average, bs):
+  """sklearn on each real row's elements: [N] (or [N, C] with average=None)."""
+  preds, target = real(bs, "preds"), real(bs, "target")
+  values = []
+  for p, t in zip(preds, target):
+    if task == "multiclass":
+      p = np.argmax(p, -1)
+    elif task != "multiclass_ids":
+      p = (p > 0.5).astype(np.int32)
+    if task == "multilabel":
+      p, t = p.reshape(-1, C), t.reshape(-1, C)
+    kw = {"zero_division": 0}
+    if task == "binary":
+      kw["average"] = "binary"
+    else:
+      kw["average"] = average
+      if average is None and task != "multilabel":
+        kw["labels"] = list(range(C))
+    values.append(SKLEARN[score][1](t, p, **kw))
+  return np.asarray(values, np.float64)
+
+
+def _samplewise_case(score, task, average):
+  num_classes = None if task == "binary" else C
+  metric_task = "multiclass" if task.startswith("multiclass") else task
+  return MetricCase(
+    f"samplewise_{score}_{task}_{average}",
+    lambda: SKLEARN[score][0](
+      task=metric_task, num_classes=num_classes, average=average, multidim_average="samplewise"
+    ),
+    _samplewise_data(task),
+    lambda bs: np.mean(_sample_reference_values(score, task, average, bs), axis=0),
+  )
+
+
+SAMPLEWISE_CASES = [
+  _samplewise_case(score, task, average)
+  for score in ("precision", "recall", "f1", "jaccard")
+  for task in ("multiclass", "multiclass_ids", "multilabel")
+  for average in ("micro", "macro", "weighted", None)
+] + [_samplewise_case(s, "binary", None) for s in ("precision", "recall", "f1", "jaccard", "f2")]
+
+
+def _samples_case(score, zero_division):
+  return MetricCase(
+    f"samples_{score}_zd{zero_division}",
+    lambda: SKLEARN[score][0](
+      task="multilabel", num_classes=C, average="samples", zero_division=zero_division
+    ),
+    _undefined_data("multilabel"),
+    lambda bs: SKLEARN[score][1](
+      *_truth_and_guess(bs, "multilabel"), average="samples", zero_division=zero_division
+    ),
+  )
+
+
+SAMPLES_CASES = [
+  _samples_case(score, zd)
+  for score in ("precision", "recall", "f1", "f2", "jaccard")
+  for zd in (0, 1)
+] + [_samples_case(score, NAN) for score in ("precision", "recall", "f1")]
+
+
+@pytest.mark.parametrize("case", SAMPLEWISE_CASES + SAMPLES_CASES, ids=lambda c: c.name)
+def test_per_sample_matches_sklearn_eager(case):
+  check_eager(case)
+
+
+@pytest.mark.parametrize(
+  "name", ["samplewise_f1_multiclass_macro", "samplewise_jaccard_multilabel_None"]
+)
+def test_samplewise_device_checks(name):
+  case = next(c for c in SAMPLEWISE_CASES if c.name == name)
+  check_pmap_reduce(case)
+  check_jit_traces_once(case)
+
+
+@pytest.mark.parametrize(
+  "case",
+  [SAMPLEWISE_CASES[1], SAMPLEWISE_CASES[-1], SAMPLES_CASES[2], SAMPLES_CASES[-1]],
+  ids=lambda c: c.name,
+)
+def test_per_sample_through_masked_eval_on_8_devices(case):
+  got, want = run_masked_eval(case)
+  np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7, equal_nan=True)
+
+
+def test_sample_values_are_torchmetrics_samplewise_outputs():
+  """The [N] per-sample values (padding removed) through masked_eval(outputs=True)."""
+  case = next(c for c in SAMPLEWISE_CASES if c.name == "samplewise_f1_multiclass_macro")
+  make = case.make
+
+  def step(params, batch):
+    metric = make()
+    inputs = {"preds": batch["preds"], "target": batch["target"], "mask": batch["mask"]}
+    return metric.batch_updates(**inputs), {"f1": metric.sample_values(**inputs)}
+
+  batches = case.batches()
+  logs, rows = pe.masked_eval(step, None, batches, backend="pmap", outputs=True)
+  want = _sample_reference_values("f1", "multiclass", "macro", batches)
+  np.testing.assert_allclose(rows["f1"], want, rtol=2e-6, atol=1e-7)
+  np.testing.assert_allclose(logs["f1score"], np.mean(want), rtol=2e-6)
+
+
+@pytest.mark.parametrize(
+  "make,match",
+  [
+    (lambda: M.F1Score(num_classes=3, average="samples"), "multilabel"),
+    (lambda: M.F1Score(num_classes=3, multidim_average="sample"), "multidim_average"),
+    (
+      lambda: M.F1Score(
+        task="multilabel", num_classes=3, average="samples", multidim_average="samplewise"
+      ),
+      "choose one",
+    ),
+  ],
+)
+def test_bad_per_sample_configs(make, match):
+  with pytest.raises(ValueError, match=match):
+    make()
