@@ -55,6 +55,28 @@ With ``top_k > 1`` (multiclass Precision, Recall, F-scores, Specificity, Jaccard
 class is predicted for an element when it is among the ``k`` best; per class
 ``tn = N - tp - fp - fn`` over the ``N`` counted elements (torchmetrics' rule).
 
+Per sample (Precision, Recall, F-scores, Specificity, JaccardIndex):
+``multidim_average="samplewise"`` scores each batch row over its extra axes
+(torchmetrics' meaning) and ``average="samples"`` (multilabel) each ``[C]`` row of labels
+(scikit-learn's); ``compute()`` is the mean over samples (a fixed-size, psum-able
+state) and ``sample_values(...)`` the per-sample values, for ``masked_eval(...,
+outputs=True)``.
+
+Differences that remain, ours beside the peer's:
+
+* ``ignore_index`` that is a class id: left out of every average here; torchmetrics
+  counts it as a 0 in macro averages (#1691); scikit-learn has no ``ignore_index``
+  (equal to ours with ``labels=`` the other classes).
+* multiclass ``"macro"`` averages over classes in the target or the predictions
+  (scikit-learn's default ``labels``; torchmetrics >= 1.4); older torchmetrics average
+  over all ``num_classes``.
+* ``samplewise``: ``compute()`` is the mean of the ``[N]`` values torchmetrics returns
+  (``sample_values`` gives them); a sample with no counted element is not one (NaN in
+  ``sample_values``), where torchmetrics scores it ``zero_division``.
+* ``zero_division=nan`` with ``"macro"`` / ``"weighted"``: NaN classes are left out of
+  the mean (scikit-learn); torchmetrics propagates NaN. JaccardIndex takes 0 or 1 only
+  (scikit-learn's ``jaccard_score`` refuses NaN).
+
 Counts are of elements: sample ``weights`` are not supported (``ValueError``).
 """
 
