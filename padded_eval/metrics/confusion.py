@@ -67,14 +67,11 @@ Differences that remain, ours beside the peer's:
 * ``ignore_index`` that is a class id: left out of every average here; torchmetrics
   counts it as a 0 in macro averages (#1691); scikit-learn has no ``ignore_index``
   (equal to ours with ``labels=`` the other classes).
-* multiclass ``"macro"`` averages over classes in the target or the predictions
-  (scikit-learn's default ``labels``; torchmetrics >= 1.4); older torchmetrics average
-  over all ``num_classes``.
-* ``samplewise``: ``compute()`` is the mean of the ``[N]`` values torchmetrics returns
-  (``sample_values`` gives them); a sample with no counted element is not one (NaN in
-  ``sample_values``), where torchmetrics scores it ``zero_division``.
+* ``samplewise``: ``compute()`` is the mean of the ``[N]`` per-sample values that
+  torchmetrics returns (``sample_values`` gives them per batch); a sample with no
+  counted element (all padding or ignored) is not a sample (NaN in ``sample_values``).
 * ``zero_division=nan`` with ``"macro"`` / ``"weighted"``: NaN classes are left out of
-  the mean (scikit-learn); torchmetrics propagates NaN. JaccardIndex takes 0 or 1 only
+  the mean (scikit-learn's ``_nanaverage``). JaccardIndex takes 0 or 1 only
   (scikit-learn's ``jaccard_score`` refuses NaN).
 
 Counts are of elements: sample ``weights`` are not supported (``ValueError``).
