@@ -74,6 +74,22 @@ def check_no_weights(weights, metric) -> None:
     )
 
 
+def check_labels(labels, task, num_classes) -> tuple[int, ...]:
+  """``labels`` as a sorted tuple; ValueError unless distinct class ids in ``[0, C)``."""
+  if task == "binary":
+    raise ValueError("labels= is for task='multiclass' or 'multilabel'; task='binary' scores 1")
+  ids = tuple(labels) if isinstance(labels, (list, tuple, np.ndarray)) else None
+  if (
+    not ids
+    or not all(validation.is_int(i) and 0 <= i < num_classes for i in ids)
+    or len(set(ids)) != len(ids)
+  ):
+    raise ValueError(
+      f"labels must be a non-empty list of distinct class ids in [0, {num_classes}); got {labels!r}"
+    )
+  return tuple(sorted(int(i) for i in ids))
+
+
 def num_columns(task: str, num_classes) -> int:
   """Columns of the per-class counts: 1 for binary, else ``num_classes``."""
   return 1 if task == "binary" else num_classes

@@ -96,6 +96,7 @@ from padded_eval.metrics._classification_inputs import (
   MAX_MATRIX_CLASSES,
   ClassificationMetric,
   average_scores,
+  check_labels,
   check_no_weights,
   check_zero_division,
   class_counts,
@@ -208,6 +209,11 @@ class ConfusionState(ClassificationMetric):
 class ClassScore(ConfusionState):
   """A per-class ratio of counts, averaged by ``average``; subclasses define ``_score``.
 
+  ``labels``: a subset of class ids (scikit-learn's ``labels=``): only they are scored
+  and averaged (``"macro"`` over all of them, present or not, as scikit-learn does with
+  explicit labels; ``average=None`` reads NaN for the others); multiclass and
+  multilabel.
+
   ``zero_division``: the score of an undefined ratio (a zero denominator): 0 (default),
   1 or ``float("nan")``, scikit-learn's meaning; NaN scores are left out of the
   ``"macro"`` and ``"weighted"`` means (scikit-learn's ``_nanaverage``).
@@ -216,6 +222,7 @@ class ClassScore(ConfusionState):
   average: str | None = config_field("macro")
   zero_division: float = config_field(0.0)
   multidim_average: str = config_field("global")
+  labels: tuple[int, ...] | None = config_field(None)
   sample_scores: ExactSum = state(lambda self: ExactSum.zeros(self._sample_shape()))
   samples: ExactCount = state(lambda self: ExactCount.zeros(self._sample_shape()))
   _allow_nan: ClassVar[bool] = True  # zero_division=nan accepted
@@ -235,9 +242,18 @@ class ClassScore(ConfusionState):
         "choose one"
       )
     check_zero_division(self.zero_division, allow_nan=self._allow_nan)
+    if self.labels is not None:
+      object.__setattr__(self, "labels", check_labels(self.labels, self.task, self.num_classes))
     # one NaN object, so equal configurations compare equal (jit's cache key)
     canonical = math.nan if np.isnan(self.zero_division) else float(self.zero_division)
     object.__setattr__(self, "zero_division", canonical)
+
+  def included_classes(self) -> jax.Array:
+    """bool ``[L]``: the ``labels`` (all by default), less a multiclass ``ignore_index``."""
+    included = super().included_classes()
+    if self.labels is not None:
+      included = included & jnp.isin(jnp.arange(included.shape[0]), jnp.asarray(self.labels))
+    return included
 
   def _per_sample(self) -> bool:
     return self.multidim_average == "samplewise" or self.average == "samples"
@@ -291,7 +307,7 @@ class ClassScore(ConfusionState):
     if self.average is None:
       return jnp.where(included, per_class, jnp.nan)
     present = included
-    if self.task == "multiclass":  # classes in the target or the predictions
+    if self.task == "multiclass" and self.labels is None:  # in the target or the predictions
       present = included & (tp + fp + fn > 0)
     support = None if self.average == "macro" else tp + fn
     return average_scores(per_class, present, support)

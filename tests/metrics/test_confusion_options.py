@@ -324,3 +324,52 @@ def test_sample_values_are_torchmetrics_samplewise_outputs():
 def test_bad_per_sample_configs(make, match):
   with pytest.raises(ValueError, match=match):
     make()
+
+
+# --- labels= subsets (scikit-learn's labels) ---------------------------------------------------
+
+
+def _labels_case(score, task, average, labels):
+  def reference(bs):
+    yt, yp = _truth_and_guess(bs, task)
+    value = SKLEARN[score][1](yt, yp, labels=labels, average=average, zero_division=0)
+    if average is None:
+      full = np.full(C, np.nan)
+      full[labels] = value
+      return full
+    return value
+
+  return MetricCase(
+    f"labels_{score}_{task}_{average}_{''.join(map(str, labels))}",
+    lambda: SKLEARN[score][0](task=task, num_classes=C, average=average, labels=labels),
+    _undefined_data(task),
+    reference,
+  )
+
+
+LABELS_CASES = [
+  _labels_case(score, task, average, labels)
+  for score in ("precision", "recall", "f1", "jaccard")
+  for task in ("multiclass", "multilabel")
+  for average in ("micro", "macro", "weighted", None)
+  for labels in ([0, 2, 3], [1], [3, 4])
+]
+
+
+@pytest.mark.parametrize("case", LABELS_CASES, ids=lambda c: c.name)
+def test_labels_match_sklearn_eager(case):
+  check_eager(case)
+
+
+def test_labels_through_masked_eval_on_8_devices():
+  case = next(c for c in LABELS_CASES if c.name == "labels_f1_multiclass_macro_023")
+  got, want = run_masked_eval(case)
+  np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("bad", [[], [5], [1, 1], [0.5], "01"])
+def test_bad_labels_name_the_argument(bad):
+  with pytest.raises(ValueError, match="labels"):
+    M.F1Score(num_classes=C, labels=bad)
+  with pytest.raises(ValueError, match="labels"):
+    M.F1Score(task="binary", labels=[1])
