@@ -421,3 +421,18 @@ CASES += [
     ),
   ),
 ]
+CASES.append(
+  MetricCase(
+    "f1_weighted_multiclass_sample_weights",
+    lambda: pe.metrics.F1Score(num_classes=5, average="weighted", weighted=True),
+    lambda rng: padded_batches(
+      rng, {"preds": _normal(5), "target": _ints(5), "weights": _positive()}
+    ),
+    lambda bs: sklearn.metrics.f1_score(
+      real(bs, "target"),
+      np.argmax(real(bs, "preds"), -1),
+      average="weighted",
+      sample_weight=real(bs, "weights"),
+    ),
+  )
+)

@@ -1,4 +1,5 @@
-"""Per-sample confusion counts: ``multidim_average="samplewise"`` and ``average="samples"``.
+"""Per-sample and weighted confusion counts (``multidim_average="samplewise"``,
+``average="samples"``, ``weighted=True``).
 
 A *sample* is one row of the batch (``"samplewise"``: its counts are over the row's
 extra axes, torchmetrics' ``multidim_average="samplewise"``) or one ``[C]`` row of
@@ -12,6 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from padded_eval.masking import element_weights
 from padded_eval.metrics._classification_inputs import class_counts, label_counts
 from padded_eval.metrics._formatting import probabilities
 
@@ -46,3 +48,36 @@ def sample_scores(metric, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
   if scores.ndim == 2:
     counted = counted[:, None]
   return scores, counted & ~jnp.isnan(scores)
+
+
+def weighted_counts(metric, elements, weights) -> jax.Array:
+  """float32 ``[4, L]``: tp, fp, fn, tn per class, each element counted with its weight.
+
+  ``weights`` (a prefix of ``target``'s shape, or None for 1) is broadcast over the
+  elements; padded and invalid elements weigh 0 (selected with ``where``, so NaN
+  weights there never arrive).
+  """
+  valid = elements.valid
+  _, w = element_weights(valid, weights, valid.shape, "target")
+  w = jnp.where(valid, w, 0.0)
+  if metric.task != "multiclass":
+    guess = probabilities(elements.scores, metric.from_logits) > metric.threshold
+    truth = elements.truth
+    axes = tuple(range(truth.ndim - 1))
+    parts = (truth & guess, ~truth & guess, truth & ~guess, ~truth & ~guess)
+    return jnp.stack([jnp.sum(jnp.where(p, w, 0.0), axis=axes) for p in parts])
+  c = metric.num_classes
+  predicted = elements.top_k(metric.top_k)  # [..., k]; -1: no class
+  labels = elements.labels
+  hit = jnp.any(predicted == labels[..., None], axis=-1)
+
+  def scatter(ids, values):
+    flat = jnp.where(values != 0, ids, c).reshape(-1)
+    return jnp.zeros((c,), jnp.float32).at[flat].add(values.reshape(-1), mode="drop")
+
+  tp = scatter(labels, jnp.where(hit, w, 0.0))
+  wk = jnp.where(predicted >= 0, w[..., None], 0.0)
+  predicted_weight = scatter(jnp.where(predicted >= 0, predicted, c), wk)
+  true_weight = scatter(labels, w)
+  fp, fn = predicted_weight - tp, true_weight - tp
+  return jnp.stack([tp, fp, fn, jnp.sum(w) - tp - fp - fn])

@@ -74,7 +74,8 @@ Differences that remain, ours beside the peer's:
   the mean (scikit-learn's ``_nanaverage``). JaccardIndex takes 0 or 1 only
   (scikit-learn's ``jaccard_score`` refuses NaN).
 
-Counts are of elements: sample ``weights`` are not supported (``ValueError``).
+Counts are of elements: sample ``weights`` are refused (``ValueError``) except by the
+per-class scores with ``weighted=True`` (:class:`ClassScore`).
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ from padded_eval.metrics._classification_inputs import (
   MAX_MATRIX_CLASSES,
   ClassificationMetric,
   average_scores,
+  check_flag,
   check_labels,
   check_no_weights,
   check_zero_division,
@@ -126,9 +128,12 @@ class ConfusionState(ClassificationMetric):
   task: str = config_field("multiclass")
   threshold: float = config_field(0.5)
   top_k: int = config_field(1)
-  confusion: ExactCount = state(lambda self: ExactCount.zeros(self._counts_shape()))
+  confusion: ExactCount = state(lambda self: self._empty_confusion())
 
   _full_matrix: ClassVar[bool] = False
+
+  def _empty_confusion(self):
+    return ExactCount.zeros(self._counts_shape())
 
   def _uses_matrix(self) -> bool:
     return self._full_matrix and self.task == "multiclass"
@@ -214,6 +219,11 @@ class ClassScore(ConfusionState):
   explicit labels; ``average=None`` reads NaN for the others); multiclass and
   multilabel.
 
+  ``weighted=True``: each element counts with its sample ``weights`` (the update
+  keyword, a prefix of ``target``'s shape; scikit-learn's ``sample_weight``), in
+  compensated float sums (:class:`~padded_eval.exact.accumulate.ExactSum`) instead of
+  integer counts; without it, ``weights`` are refused.
+
   ``zero_division``: the score of an undefined ratio (a zero denominator): 0 (default),
   1 or ``float("nan")``, scikit-learn's meaning; NaN scores are left out of the
   ``"macro"`` and ``"weighted"`` means (scikit-learn's ``_nanaverage``).
@@ -223,6 +233,7 @@ class ClassScore(ConfusionState):
   zero_division: float = config_field(0.0)
   multidim_average: str = config_field("global")
   labels: tuple[int, ...] | None = config_field(None)
+  weighted: bool = config_field(False)
   sample_scores: ExactSum = state(lambda self: ExactSum.zeros(self._sample_shape()))
   samples: ExactCount = state(lambda self: ExactCount.zeros(self._sample_shape()))
   _allow_nan: ClassVar[bool] = True  # zero_division=nan accepted
@@ -244,6 +255,17 @@ class ClassScore(ConfusionState):
     check_zero_division(self.zero_division, allow_nan=self._allow_nan)
     if self.labels is not None:
       object.__setattr__(self, "labels", check_labels(self.labels, self.task, self.num_classes))
+    check_flag("weighted", self.weighted)
+    if self.weighted and self._per_sample():
+      raise ValueError(
+        "weighted=True counts elements with their sample weights over the whole dataset; "
+        "it does not combine with multidim_average='samplewise' or average='samples'"
+      )
+
+  def _empty_confusion(self):
+    if self.weighted:  # float weights: compensated sums, not integer counts
+      return ExactSum.zeros(self._counts_shape())
+    return super()._empty_confusion()
     # one NaN object, so equal configurations compare equal (jit's cache key)
     canonical = math.nan if np.isnan(self.zero_division) else float(self.zero_division)
     object.__setattr__(self, "zero_division", canonical)
@@ -271,6 +293,10 @@ class ClassScore(ConfusionState):
     """The score from counts (any shape; ``zero_division`` where undefined)."""
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    if self.weighted:
+      elements, invalid = self.elements(preds, target, mask)
+      counts = per_sample.weighted_counts(self, elements, weights)
+      return {"confusion": ExactSum.of(counts), "invalid": invalid}
     if not self._per_sample():
       return super()._batch_state(preds=preds, target=target, mask=mask, weights=weights)
     check_no_weights(weights, self)

@@ -373,3 +373,81 @@ def test_bad_labels_name_the_argument(bad):
     M.F1Score(num_classes=C, labels=bad)
   with pytest.raises(ValueError, match="labels"):
     M.F1Score(task="binary", labels=[1])
+
+
+# --- sample weights (weighted=True; scikit-learn's sample_weight) -----------------------------
+
+
+def _weighted_data(task):
+  plain = _undefined_data(task)
+
+  def data(rng):
+    batches = plain(rng)
+    for b in batches:  # weights of padded rows are garbage too
+      w = rng.uniform(0.1, 3.0, b["mask"].shape).astype(np.float32)
+      b["weights"] = np.where(b["mask"], w, rng.choice([np.nan, np.inf, -5.0], w.shape))
+    return batches
+
+  return data
+
+
+def _weighted_case(score, task, average):
+  num_classes = None if task == "binary" else C
+
+  def reference(bs):
+    yt, yp = _truth_and_guess(bs, task)
+    kw = {"sample_weight": real(bs, "weights"), "zero_division": 0}
+    if task == "binary":
+      return SKLEARN[score][1](yt, yp, average="binary", **kw)
+    if average is None:
+      kw["labels"] = list(range(C))
+    return SKLEARN[score][1](yt, yp, average=average, **kw)
+
+  return MetricCase(
+    f"weighted_{score}_{task}_{average}",
+    lambda: SKLEARN[score][0](task=task, num_classes=num_classes, average=average, weighted=True),
+    _weighted_data(task),
+    reference,
+  )
+
+
+WEIGHTED_CASES = [
+  _weighted_case(score, task, average)
+  for score in ("precision", "recall", "f1", "jaccard", "f2")
+  for task in ("multiclass", "multilabel")
+  for average in ("micro", "macro", "weighted", None)
+] + [_weighted_case(s, "binary", None) for s in ("precision", "recall", "f1", "jaccard")]
+
+
+@pytest.mark.parametrize("case", WEIGHTED_CASES, ids=lambda c: c.name)
+def test_weighted_matches_sklearn_eager(case):
+  check_eager(case)
+
+
+@pytest.mark.parametrize(
+  "name", ["weighted_f1_multiclass_weighted", "weighted_recall_multilabel_macro"]
+)
+def test_weighted_device_checks_and_masked_eval(name):
+  case = next(c for c in WEIGHTED_CASES if c.name == name)
+  check_pmap_reduce(case)
+  check_jit_traces_once(case)
+  make = case.make
+
+  def step(params, batch):
+    keys = ("preds", "target", "mask", "weights")
+    return make().batch_updates(**{k: batch[k] for k in keys})
+
+  batches = case.batches()
+  logs = pe.masked_eval(step, None, batches, backend="pmap")
+  np.testing.assert_allclose(logs[make().name], case.reference(batches), rtol=2e-6, atol=1e-7)
+
+
+def test_weights_need_weighted_true():
+  with pytest.raises(ValueError, match="weights"):
+    M.F1Score(num_classes=3).update(
+      preds=np.array([0, 1]), target=np.array([0, 1]), weights=np.ones(2)
+    )
+  with pytest.raises(ValueError, match="weighted"):
+    M.F1Score(num_classes=3, weighted=True, multidim_average="samplewise")
+  with pytest.raises(ValueError, match="weighted"):
+    M.F1Score(num_classes=3, weighted=1)
