@@ -5,7 +5,7 @@ A *sample* is one row of the batch (``"samplewise"``: its counts are over the ro
 extra axes, torchmetrics' ``multidim_average="samplewise"``) or one ``[C]`` row of
 multilabel labels (``average="samples"``, scikit-learn's meaning). Its counts are the
 ``[4, L]`` tp / fp / fn / tn of its elements; a sample without a counted element is not a
-sample. See :class:`padded_eval.metrics.confusion.ClassScore`.
+sample. See :class:`padded_eval.metrics.scores.ClassScore`.
 """
 
 from __future__ import annotations

@@ -32,14 +32,15 @@ from padded_eval.metrics._classification_inputs import (
 )
 from padded_eval.metrics._formatting import probabilities
 from padded_eval.metrics.base import state
-from padded_eval.metrics.confusion import ClassScore, ConfusionState
+from padded_eval.metrics.confusion import ConfusionState
+from padded_eval.metrics.scores import ClassScore
 
 
 class NegativePredictiveValue(ClassScore):
   """``tn / (tn + fn)``: the fraction of predicted negatives that are right (NPV).
 
   torchmetrics' ``NegativePredictiveValue``; averages, ``zero_division`` and
-  ``ignore_index`` as for :class:`~padded_eval.metrics.confusion.Precision`.
+  ``ignore_index`` as for :class:`~padded_eval.metrics.scores.Precision`.
   """
 
   def _score(self, tp, fp, fn, tn):
