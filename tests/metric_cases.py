@@ -500,3 +500,99 @@ CASES += [
 # Families in their own modules: each appends its rows to CASES when imported (last: they use
 # the above; a module imported first imports this one, and then appends once all the same).
 import metric_cases_text  # noqa: E402, F401
+
+# --- issue 31: the confusion family's new metrics (one row each; more in
+# tests/metrics/test_stat_scores.py) -------------------------------------------------------
+
+
+def _multilabel_fields(rng, b, labels=4):
+  return {
+    "preds": rng.random((b, labels)).astype(np.float32),
+    "target": (rng.random((b, labels)) < 0.4).astype(np.int32),
+  }
+
+
+def _stat_scores_reference(bs):
+  """sklearn's per-label [[tn, fp], [fn, tp]] as torchmetrics' [tp, fp, tn, fn, support]."""
+  mcm = sklearn.metrics.multilabel_confusion_matrix(
+    real(bs, "target"), (real(bs, "preds") > 0.5).astype(np.int32)
+  )
+  tn, fp, fn, tp = mcm[:, 0, 0], mcm[:, 0, 1], mcm[:, 1, 0], mcm[:, 1, 1]
+  return np.stack([tp, fp, tn, fn, tp + fn], -1).astype(np.float64)
+
+
+CASES += [
+  MetricCase(
+    "stat_scores_multilabel",
+    lambda: pe.metrics.StatScores(task="multilabel", num_classes=4),
+    lambda rng: padded_batches(rng, _multilabel_fields),
+    _stat_scores_reference,
+  ),
+  MetricCase(
+    "balanced_accuracy_multiclass",
+    lambda: pe.metrics.BalancedAccuracy(num_classes=5),
+    lambda rng: padded_batches(rng, {"preds": _normal(5), "target": _ints(5)}),
+    lambda bs: sklearn.metrics.balanced_accuracy_score(
+      real(bs, "target"), np.argmax(real(bs, "preds"), -1)
+    ),
+  ),
+  MetricCase(
+    "hamming_loss_multilabel",
+    lambda: pe.metrics.HammingLoss(task="multilabel", num_classes=4),
+    lambda rng: padded_batches(rng, _multilabel_fields),
+    lambda bs: sklearn.metrics.hamming_loss(real(bs, "target"), real(bs, "preds") > 0.5),
+  ),
+  MetricCase(
+    "zero_one_loss_multilabel",
+    lambda: pe.metrics.ZeroOneLoss(task="multilabel", num_classes=4),
+    lambda rng: padded_batches(rng, _multilabel_fields),
+    lambda bs: sklearn.metrics.zero_one_loss(real(bs, "target"), real(bs, "preds") > 0.5),
+  ),
+  MetricCase(
+    "npv_binary",
+    lambda: pe.metrics.NPV(task="binary"),
+    lambda rng: padded_batches(
+      rng, {"preds": lambda r, b: r.random(b).astype(np.float32), "target": _ints(2)}
+    ),
+    lambda bs: np.mean(real(bs, "target")[real(bs, "preds") <= 0.5] == 0),
+  ),
+]
+
+
+def _samplewise_f1(bs):
+  """sklearn's macro F1 of each real row's 6 elements, averaged over rows."""
+  rows = zip(real(bs, "preds"), real(bs, "target"))
+  return np.mean([sklearn.metrics.f1_score(t, np.argmax(p, -1), average="macro") for p, t in rows])
+
+
+CASES += [
+  MetricCase(
+    "f1_samplewise_multiclass_macro",
+    lambda: pe.metrics.F1Score(num_classes=4, multidim_average="samplewise"),
+    lambda rng: padded_batches(rng, {"preds": _normal(6, 4), "target": _ints(4, 6)}),
+    _samplewise_f1,
+  ),
+  MetricCase(
+    "precision_multilabel_samples",
+    lambda: pe.metrics.Precision(task="multilabel", num_classes=4, average="samples"),
+    lambda rng: padded_batches(rng, _multilabel_fields),
+    lambda bs: sklearn.metrics.precision_score(
+      real(bs, "target"), real(bs, "preds") > 0.5, average="samples", zero_division=0
+    ),
+  ),
+]
+CASES.append(
+  MetricCase(
+    "f1_weighted_multiclass_sample_weights",
+    lambda: pe.metrics.F1Score(num_classes=5, average="weighted", weighted=True),
+    lambda rng: padded_batches(
+      rng, {"preds": _normal(5), "target": _ints(5), "weights": _positive()}
+    ),
+    lambda bs: sklearn.metrics.f1_score(
+      real(bs, "target"),
+      np.argmax(real(bs, "preds"), -1),
+      average="weighted",
+      sample_weight=real(bs, "weights"),
+    ),
+  )
+)

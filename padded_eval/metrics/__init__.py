@@ -10,13 +10,7 @@ from padded_eval.metrics.bootstrap import Bootstrap as Bootstrap
 from padded_eval.metrics.calibration import CalibrationError as CalibrationError
 from padded_eval.metrics.confusion import CohenKappa as CohenKappa
 from padded_eval.metrics.confusion import ConfusionMatrix as ConfusionMatrix
-from padded_eval.metrics.confusion import F1Score as F1Score
-from padded_eval.metrics.confusion import FBetaScore as FBetaScore
-from padded_eval.metrics.confusion import JaccardIndex as JaccardIndex
 from padded_eval.metrics.confusion import MatthewsCorrCoef as MatthewsCorrCoef
-from padded_eval.metrics.confusion import Precision as Precision
-from padded_eval.metrics.confusion import Recall as Recall
-from padded_eval.metrics.confusion import Specificity as Specificity
 from padded_eval.metrics.curves import AUPRC as AUPRC
 from padded_eval.metrics.curves import AUROC as AUROC
 from padded_eval.metrics.edit_distance import ExactMatch as ExactMatch
@@ -38,7 +32,19 @@ from padded_eval.metrics.regression import MAPE as MAPE
 from padded_eval.metrics.regression import MSLE as MSLE
 from padded_eval.metrics.regression import ExplainedVariance as ExplainedVariance
 from padded_eval.metrics.report import ClassificationReport as ClassificationReport
+from padded_eval.metrics.scores import F1Score as F1Score
+from padded_eval.metrics.scores import FBetaScore as FBetaScore
+from padded_eval.metrics.scores import JaccardIndex as JaccardIndex
+from padded_eval.metrics.scores import Precision as Precision
+from padded_eval.metrics.scores import Recall as Recall
+from padded_eval.metrics.scores import Specificity as Specificity
 from padded_eval.metrics.segmentation import Dice as Dice
+from padded_eval.metrics.stat_scores import NPV as NPV
+from padded_eval.metrics.stat_scores import BalancedAccuracy as BalancedAccuracy
+from padded_eval.metrics.stat_scores import HammingLoss as HammingLoss
+from padded_eval.metrics.stat_scores import NegativePredictiveValue as NegativePredictiveValue
+from padded_eval.metrics.stat_scores import StatScores as StatScores
+from padded_eval.metrics.stat_scores import ZeroOneLoss as ZeroOneLoss
 from padded_eval.metrics.text import Perplexity as Perplexity
 
 # isort: split

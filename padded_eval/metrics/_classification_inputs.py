@@ -74,6 +74,22 @@ def check_no_weights(weights, metric) -> None:
     )
 
 
+def check_labels(labels, task, num_classes) -> tuple[int, ...]:
+  """``labels`` as a sorted tuple; ValueError unless distinct class ids in ``[0, C)``."""
+  if task == "binary":
+    raise ValueError("labels= is for task='multiclass' or 'multilabel'; task='binary' scores 1")
+  ids = tuple(labels) if isinstance(labels, (list, tuple, np.ndarray)) else None
+  if (
+    not ids
+    or not all(validation.is_int(i) and 0 <= i < num_classes for i in ids)
+    or len(set(ids)) != len(ids)
+  ):
+    raise ValueError(
+      f"labels must be a non-empty list of distinct class ids in [0, {num_classes}); got {labels!r}"
+    )
+  return tuple(sorted(int(i) for i in ids))
+
+
 def num_columns(task: str, num_classes) -> int:
   """Columns of the per-class counts: 1 for binary, else ``num_classes``."""
   return 1 if task == "binary" else num_classes
@@ -192,7 +208,37 @@ def matrix_counts(labels, predicted, valid, num_classes: int, method: str = "sca
   return product.astype(jnp.int32)
 
 
-def divide(numerator, denominator) -> jax.Array:
-  """``numerator / denominator``, 0 where the denominator is 0 (``zero_division=0``)."""
+def divide(numerator, denominator, zero_division: float = 0.0) -> jax.Array:
+  """``numerator / denominator``; ``zero_division`` (default 0) where the denominator is 0."""
   defined = denominator > 0
-  return jnp.where(defined, numerator / jnp.where(defined, denominator, 1.0), 0.0)
+  return jnp.where(defined, numerator / jnp.where(defined, denominator, 1.0), zero_division)
+
+
+def check_zero_division(zero_division, *, allow_nan: bool = True) -> None:
+  """Raises ValueError unless ``zero_division`` is 0, 1 or (``allow_nan``) NaN."""
+  real = isinstance(zero_division, (int, float, np.floating)) and not isinstance(
+    zero_division, bool
+  )
+  if not real or not (zero_division in (0, 1) or (allow_nan and np.isnan(zero_division))):
+    choices = "0, 1 or float('nan')" if allow_nan else "0 or 1"
+    raise ValueError(
+      f"zero_division must be {choices} (scikit-learn's choices); got {zero_division!r}"
+    )
+
+
+def average_scores(per_class, present, weights=None) -> jax.Array:
+  """scikit-learn's ``_nanaverage`` of ``per_class`` ``[L]`` over the ``present`` classes.
+
+  NaN scores (``zero_division=nan``) are left out with their weights (NaN when none is
+  left); when the ``weights`` left sum to 0 the plain mean is taken.
+  """
+  defined = present & ~jnp.isnan(per_class)
+  values = jnp.where(defined, per_class, 0.0)
+  plain = defined.astype(jnp.float32)
+  if weights is None:
+    w = plain
+  else:
+    w = jnp.where(defined, weights, 0.0)
+    w = jnp.where(jnp.sum(w) > 0, w, plain)
+  total = jnp.sum(w)
+  return jnp.where(total > 0, jnp.sum(w * values) / jnp.where(total > 0, total, 1.0), jnp.nan)

@@ -1,7 +1,8 @@
 """Classification metrics from one exact confusion state.
 
 Precision, recall and F-scores cannot be averaged per batch; they need counts.
-Every metric here keeps exact integer counts (:class:`~padded_eval.exact.accumulate.ExactCount`,
+Every metric here, and the per-class scores of :mod:`padded_eval.metrics.scores`
+(Precision, Recall, F-scores, Specificity, JaccardIndex), keeps exact integer counts (:class:`~padded_eval.exact.accumulate.ExactCount`,
 exact past ``2**31``, reduced with ``psum``) and differs from the others only in
 ``compute``:
 
@@ -48,7 +49,7 @@ the predictions (scikit-learn's default ``labels``, torchmetrics' multiclass rul
 torchmetrics' multilabel rule: an absent label scores 0, or 1 for Specificity).
 ``"weighted"`` weights classes (labels) by their support (true count), so absent ones
 weigh 0 in both tasks. ``None`` gives the ``[C]`` per-class scores. Undefined ratios
-count as 0 (``zero_division=0``). With ``task="binary"`` ``average`` is not used: the
+count as ``zero_division`` (default 0; 1 or NaN as in scikit-learn). With ``task="binary"`` ``average`` is not used: the
 positive class is scored. A metric that has seen no counted element computes NaN.
 
 With ``top_k > 1`` (multiclass Precision, Recall, F-scores, Specificity, JaccardIndex),
@@ -63,12 +64,31 @@ With ``top_k > 1`` (multiclass Precision, Recall, F-scores, Specificity, Jaccard
 Both give the same micro recall (the top-k accuracy); precision and the averaged scores
 differ.
 
-Counts are of elements: sample ``weights`` are not supported (``ValueError``).
+Per sample (Precision, Recall, F-scores, Specificity, JaccardIndex):
+``multidim_average="samplewise"`` scores each batch row over its extra axes
+(torchmetrics' meaning) and ``average="samples"`` (multilabel) each ``[C]`` row of labels
+(scikit-learn's); ``compute()`` is the mean over samples (a fixed-size, psum-able
+state) and ``sample_values(...)`` the per-sample values, for ``masked_eval(...,
+outputs=True)``.
+
+Differences that remain, ours beside the peer's:
+
+* ``ignore_index`` that is a class id: left out of every average here; torchmetrics
+  counts it as a 0 in macro averages (#1691); scikit-learn has no ``ignore_index``
+  (equal to ours with ``labels=`` the other classes).
+* ``samplewise``: ``compute()`` is the mean of the ``[N]`` per-sample values that
+  torchmetrics returns (``sample_values`` gives them per batch); a sample with no
+  counted element (all padding or ignored) is not a sample (NaN in ``sample_values``).
+* ``zero_division=nan`` with ``"macro"`` / ``"weighted"``: NaN classes are left out of
+  the mean (scikit-learn's ``_nanaverage``). JaccardIndex takes 0 or 1 only
+  (scikit-learn's ``jaccard_score`` refuses NaN).
+
+Counts are of elements: sample ``weights`` are refused (``ValueError``) except by the
+per-class scores with ``weighted=True`` (:class:`~padded_eval.metrics.scores.ClassScore`).
 """
 
 from __future__ import annotations
 
-import abc
 from typing import ClassVar
 
 import jax
@@ -79,7 +99,6 @@ from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount
 from padded_eval.metrics import _exact_products as exact_products
 from padded_eval.metrics._classification_inputs import (
-  AVERAGES,
   MAX_MATRIX_CLASSES,
   ClassificationMetric,
   check_no_weights,
@@ -113,9 +132,12 @@ class ConfusionState(ClassificationMetric):
   threshold: float = config_field(0.5)
   top_k: int = config_field(1)
   top_k_rule: str = config_field("every")
-  confusion: ExactCount = state(lambda self: ExactCount.zeros(self._counts_shape()))
+  confusion: ExactCount = state(lambda self: self._empty_confusion())
 
   _full_matrix: ClassVar[bool] = False
+
+  def _empty_confusion(self):
+    return ExactCount.zeros(self._counts_shape())
 
   def _uses_matrix(self) -> bool:
     return self._full_matrix and self.task == "multiclass"
@@ -195,167 +217,6 @@ class ConfusionState(ClassificationMetric):
   def seen(self) -> jax.Array:
     """Whether any element was counted."""
     return jnp.sum(self.confusion.total()) > 0
-
-
-class ClassScore(ConfusionState):
-  """A per-class ratio of counts, averaged by ``average``; subclasses define ``_score``."""
-
-  higher_is_better: ClassVar[bool | None] = True
-
-  average: str | None = config_field("macro")
-
-  def _check_config(self):
-    super()._check_config()
-    validation.check_choice("average", self.average, AVERAGES)
-
-  @abc.abstractmethod
-  def _score(self, tp, fp, fn, tn) -> jax.Array:
-    """The score from counts (any shape; 0 where undefined)."""
-
-  def compute(self) -> jax.Array:
-    """Scalar (``[C]`` with ``average=None``) float32; NaN if no element was counted."""
-    tp, fp, fn, tn = self.class_stats()
-    included = self.included_classes()
-    if self.task == "binary":
-      value = self._score(tp, fp, fn, tn)[0]
-    elif self.average == "micro":
-      value = self._score(*(jnp.sum(jnp.where(included, s, 0.0)) for s in (tp, fp, fn, tn)))
-    else:
-      per_class = self._score(tp, fp, fn, tn)
-      if self.average is None:
-        value = jnp.where(included, per_class, jnp.nan)
-      elif self.average == "macro":
-        present = included
-        if self.task == "multiclass":  # classes in the target or the predictions
-          present = included & (tp + fp + fn > 0)
-        value = divide(jnp.sum(jnp.where(present, per_class, 0.0)), jnp.sum(present))
-      else:
-        support = jnp.where(included, tp + fn, 0.0)
-        value = divide(jnp.sum(support * per_class), jnp.sum(support))
-    return jnp.where(self.seen(), value, jnp.nan)
-
-
-# --- the metrics -----------------------------------------------------------------------
-
-
-def f_beta(tp, fp, fn, beta: float) -> jax.Array:
-  """``(1 + b^2) tp / ((1 + b^2) tp + b^2 fn + fp)``, 0 where undefined."""
-  scale = 1.0 + beta * beta
-  return divide(scale * tp, scale * tp + beta * beta * fn + fp)
-
-
-class Precision(ClassScore):
-  """``tp / (tp + fp)``: the fraction of predicted positives that are right.
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> m = Precision(task="binary").update(preds=jnp.array([0.9, 0.8, 0.1]),
-    ...                                     target=jnp.array([1, 0, 1]))
-    >>> float(m.compute())
-    0.5
-  """
-
-  def _score(self, tp, fp, fn, tn):
-    return divide(tp, tp + fp)
-
-
-class Recall(ClassScore):
-  """``tp / (tp + fn)``: the fraction of true positives found (sensitivity).
-
-  Examples:
-    >>> import numpy as np
-    >>> import padded_eval as pe
-    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
-    >>> labels = np.array([1, 0, 1, 0, 1, 0])
-    >>> m = pe.metrics.Recall(task="binary").update(preds=probs, target=labels)
-    >>> round(float(m.compute()), 4)  # tp / (tp + fn) = 2 / 3
-    0.6667
-  """
-
-  def _score(self, tp, fp, fn, tn):
-    return divide(tp, tp + fn)
-
-
-class Specificity(ClassScore):
-  """``tn / (tn + fp)``: the fraction of true negatives found.
-
-  Examples:
-    >>> import numpy as np
-    >>> import padded_eval as pe
-    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
-    >>> labels = np.array([1, 0, 1, 0, 1, 0])
-    >>> m = pe.metrics.Specificity(task="binary").update(preds=probs, target=labels)
-    >>> round(float(m.compute()), 4)  # tn / (tn + fp) = 1 / 3
-    0.3333
-  """
-
-  def _score(self, tp, fp, fn, tn):
-    return divide(tn, tn + fp)
-
-
-class F1Score(ClassScore):
-  """Harmonic mean of precision and recall, ``2 tp / (2 tp + fn + fp)``.
-
-  Examples:
-    >>> import numpy as np
-    >>> import padded_eval as pe
-    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
-    >>> labels = np.array([1, 0, 1, 0, 1, 0])
-    >>> m = pe.metrics.F1Score(task="binary").update(preds=probs, target=labels)
-    >>> round(float(m.compute()), 4)  # 2 tp / (2 tp + fp + fn) = 4 / 7
-    0.5714
-  """
-
-  def _score(self, tp, fp, fn, tn):
-    return f_beta(tp, fp, fn, 1.0)
-
-
-class FBetaScore(ClassScore):
-  """``(1 + b^2) tp / ((1 + b^2) tp + b^2 fn + fp)``; recall weighs ``beta`` times more.
-
-  Args:
-    beta: a positive float (the only positional argument).
-
-  Examples:
-    >>> import numpy as np
-    >>> import padded_eval as pe
-    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
-    >>> labels = np.array([1, 0, 1, 0, 1, 0])
-    >>> m = pe.metrics.FBetaScore(beta=2.0, task="binary").update(preds=probs, target=labels)
-    >>> round(float(m.compute()), 4)  # 5 tp / (5 tp + 4 fn + fp) = 10 / 16
-    0.625
-  """
-
-  beta: float = 1.0
-
-  def _check_config(self):
-    super()._check_config()
-    validation.check_positive_number("beta", self.beta)
-
-  def _score(self, tp, fp, fn, tn):
-    return f_beta(tp, fp, fn, float(self.beta))
-
-
-class JaccardIndex(ClassScore):
-  """Intersection over union ``tp / (tp + fp + fn)``, over the whole dataset.
-
-  For segmentation (``task="multiclass"``, ``preds`` ``[B, H, W]`` ids or ``[B, H, W, C]``
-  scores, ``target`` ``[B, H, W]``, ``mask`` ``[B]`` or ``[B, H, W]``) the default
-  ``average="macro"`` is the mIoU over classes present; ``ignore_index`` (e.g. 255, or a
-  background class id) removes those pixels, and a class id from the mean.
-
-  Examples:
-    >>> import numpy as np
-    >>> import padded_eval as pe
-    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
-    >>> labels = np.array([1, 0, 1, 0, 1, 0])
-    >>> m = pe.metrics.JaccardIndex(task="binary").update(preds=probs, target=labels)
-    >>> round(float(m.compute()), 4)  # tp / (tp + fp + fn) = 2 / 5
-    0.4
-  """
-
-  def _score(self, tp, fp, fn, tn):
-    return divide(tp, tp + fp + fn)
 
 
 NORMALIZE = (None, "true", "pred", "all")

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval.metrics._classification_inputs import divide
-from padded_eval.metrics.confusion import ConfusionState, f_beta
+from padded_eval.metrics.confusion import ConfusionState
+from padded_eval.metrics.scores import f_beta
 
 #: The per-class fields of :meth:`ClassificationReport.report`, in ``compute()``'s order.
 FIELDS = ("precision", "recall", "f1-score", "support")

@@ -1,4 +1,4 @@
-"""Segmentation overlap beside :class:`~padded_eval.metrics.confusion.JaccardIndex`: Dice.
+"""Segmentation overlap beside :class:`~padded_eval.metrics.scores.JaccardIndex`: Dice.
 
 Both are ratios of the exact per-class confusion counts of
 :mod:`padded_eval.metrics.confusion` (pixels are elements: ``preds`` ``[B, H, W]`` ids or
@@ -9,13 +9,13 @@ per batch.
 
 from __future__ import annotations
 
-from padded_eval.metrics.confusion import ClassScore, f_beta
+from padded_eval.metrics.scores import ClassScore, f_beta
 
 
 class Dice(ClassScore):
   """Dice coefficient ``2 tp / (2 tp + fp + fn)`` (the F1 score of the pixels).
 
-  Configured like :class:`~padded_eval.metrics.confusion.JaccardIndex`: for segmentation
+  Configured like :class:`~padded_eval.metrics.scores.JaccardIndex`: for segmentation
   (``task="multiclass"``) the default ``average="macro"`` is the mean Dice over the
   classes present in the target or the predictions; ``average=None`` gives ``[C]``;
   ``ignore_index`` (e.g. 255, or a background class id) removes those pixels, and a class
@@ -32,4 +32,4 @@ class Dice(ClassScore):
   """
 
   def _score(self, tp, fp, fn, tn):
-    return f_beta(tp, fp, fn, 1.0)
+    return f_beta(tp, fp, fn, 1.0, self.zero_division)

@@ -397,7 +397,7 @@ BAD_CONFIGS = [
   (lambda: M.Recall(num_classes=3, average="macro "), "average"),
   (lambda: M.F1Score(num_classes=3, average="samples"), "average"),
   (lambda: M.F1Score(task="binary", threshold=1.5), "threshold"),
-  (lambda: M.FBetaScore(0.0, num_classes=3), "beta"),
+  (lambda: M.FBetaScore(-1.0, num_classes=3), "beta"),
   (lambda: M.Precision(num_classes=3, top_k=4), "top_k"),
   (lambda: M.Precision(task="multilabel", num_classes=3, top_k=2), "top_k"),
   (lambda: M.MatthewsCorrCoef(num_classes=3, top_k=2), "top_k"),

@@ -401,7 +401,7 @@ BOOL_INTS = [
   (lambda: M.CalibrationError(n_bins=True), "n_bins"),
   (lambda: M.Accuracy(task="multilabel"), "task"),
   (lambda: M.Accuracy(task="binary", threshold=2.0), "threshold"),
-  (lambda: M.FBetaScore(float("inf"), num_classes=3), "beta"),
+  (lambda: M.FBetaScore(float("nan"), num_classes=3), "beta"),  # inf is recall (sklearn)
 ]
 
 
