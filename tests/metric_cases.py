@@ -339,3 +339,8 @@ CASES: list[MetricCase] = [
     lambda bs: _perplexity(bs, ignore_index=-100),
   ),
 ]
+
+# --- curve options and curve-family metrics (issue 31): rows and references in their module
+from _curve_option_cases import CURVE_OPTION_CASES  # noqa: E402
+
+CASES += CURVE_OPTION_CASES

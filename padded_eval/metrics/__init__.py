@@ -23,3 +23,15 @@ from padded_eval.metrics.moments import PearsonCorrelation as PearsonCorrelation
 from padded_eval.metrics.moments import R2Score as R2Score
 from padded_eval.metrics.moments import Std as Std
 from padded_eval.metrics.text import Perplexity as Perplexity
+
+# isort: split
+# curve-family metrics (issue 31)
+from padded_eval.metrics.operating_points import EER as EER
+from padded_eval.metrics.operating_points import PrecisionAtFixedRecall as PrecisionAtFixedRecall
+from padded_eval.metrics.operating_points import RecallAtFixedPrecision as RecallAtFixedPrecision
+from padded_eval.metrics.operating_points import (
+  SensitivityAtSpecificity as SensitivityAtSpecificity,
+)
+from padded_eval.metrics.operating_points import (
+  SpecificityAtSensitivity as SpecificityAtSensitivity,
+)

@@ -193,7 +193,7 @@ def suffix_sums(count: ExactCount, inclusive: bool = True) -> jax.Array:
   return count.suffix_totals(inclusive)
 
 
-class _ScoreHistogram(ClassificationMetric):
+class ScoreHistogram(ClassificationMetric):
   """Base of the binned curve metrics; subclasses define ``_area(pos, neg)``."""
 
   num_thresholds: int | None = None
@@ -490,7 +490,7 @@ class _ScoreHistogram(ClassificationMetric):
     return one_curve(class_index)
 
 
-class AUROC(_ScoreHistogram):
+class AUROC(ScoreHistogram):
   """Area under the ROC curve from binned scores, or exactly (see the module docstring).
 
   Args:
@@ -612,7 +612,7 @@ class AUROC(_ScoreHistogram):
     return self._averaged(self._tie_share)
 
 
-class AUPRC(_ScoreHistogram):
+class AUPRC(ScoreHistogram):
   """Area under the precision-recall curve as average precision (scikit-learn's
   ``average_precision_score``: ``sum_k (R_k - R_{k-1}) P_k`` over thresholds from the
   highest bin down), from binned scores (``|compute() - exact| <= error_bound()``), or
