@@ -11,6 +11,8 @@ padding, merges, jit, scan, pmap and shard_map on 8 devices); the tests of
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import sklearn.metrics as skm
 from metric_cases import MetricCase, padded_batches, real
@@ -202,5 +204,64 @@ CURVE_OPTION_CASES = [
     lambda: M.EER(thresholds=THRESHOLDS),
     "binary",
     lambda y, s: operating_point("eer", None, y, s, THRESHOLDS),
+  ),
+]
+
+
+def _brier_fields(task, logits):
+  def fields(rng, b):
+    weights = rng.uniform(0.1, 2.0, b).astype(np.float32)
+    if task == "multiclass":
+      preds = rng.standard_normal((b, C)) * 2
+      if not logits:
+        preds = np.exp(preds) / np.exp(preds).sum(-1, keepdims=True)
+      target = rng.integers(0, C, b)
+    else:
+      preds = rng.standard_normal(b) * 2 if logits else rng.random(b)
+      target = np.where(rng.random(b) < 0.15, -1, (rng.random(b) < 0.4).astype(int))
+    return {
+      "preds": preds.astype(np.float32),
+      "target": target.astype(np.int32),
+      "weights": weights,
+    }
+
+  return lambda rng: padded_batches(rng, fields, batch_size=16, num_batches=4)
+
+
+def _brier_reference(task, logits):
+  def reference(bs):
+    preds, target, weights = real(bs, "preds"), real(bs, "target"), real(bs, "weights")
+    if task == "multiclass":
+      if logits:
+        preds = np.exp(preds - preds.max(-1, keepdims=True))
+        preds /= preds.sum(-1, keepdims=True)
+      with warnings.catch_warnings():  # float32 rows sum to 1 within 1e-7 only
+        warnings.simplefilter("ignore", UserWarning)
+        return skm.brier_score_loss(target, preds, sample_weight=weights, labels=range(C))
+    keep = target != -1
+    preds = 1 / (1 + np.exp(-preds)) if logits else preds
+    return skm.brier_score_loss(target[keep], preds[keep], sample_weight=weights[keep])
+
+  return reference
+
+
+CURVE_OPTION_CASES += [
+  MetricCase(
+    "brier_multiclass_weighted",
+    lambda: M.BrierScore(num_classes=C),
+    _brier_fields("multiclass", False),
+    _brier_reference("multiclass", False),
+  ),
+  MetricCase(
+    "brier_multiclass_logits_weighted",
+    lambda: M.BrierScore(num_classes=C, from_logits=True),
+    _brier_fields("multiclass", True),
+    _brier_reference("multiclass", True),
+  ),
+  MetricCase(
+    "brier_binary_logits_ignore_weighted",
+    lambda: M.BrierScore(task="binary", from_logits=True, ignore_index=-1),
+    _brier_fields("binary", True),
+    _brier_reference("binary", True),
   ),
 ]

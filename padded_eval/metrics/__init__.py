@@ -26,6 +26,7 @@ from padded_eval.metrics.text import Perplexity as Perplexity
 
 # isort: split
 # curve-family metrics (issue 31)
+from padded_eval.metrics.calibration import BrierScore as BrierScore
 from padded_eval.metrics.operating_points import EER as EER
 from padded_eval.metrics.operating_points import PrecisionAtFixedRecall as PrecisionAtFixedRecall
 from padded_eval.metrics.operating_points import RecallAtFixedPrecision as RecallAtFixedPrecision
