@@ -48,7 +48,9 @@ def binned_auroc(y, s, thresholds, max_fpr=None):
   tpr, fpr = tp / np.sum(y == 1), fp / np.sum(y == 0)
   if max_fpr is not None and max_fpr < 1:
     stop = np.searchsorted(fpr, max_fpr, "right")
-    if stop < len(fpr):
+    if stop == 0:  # the curve starts right of max_fpr: nothing below it (torchmetrics: index -1)
+      tpr, fpr = np.zeros(1), np.zeros(1)
+    elif stop < len(fpr):
       y_cut = np.interp(max_fpr, fpr[stop - 1 : stop + 1], tpr[stop - 1 : stop + 1])
       tpr, fpr = np.r_[tpr[:stop], y_cut], np.r_[fpr[:stop], max_fpr]
     low = 0.5 * max_fpr**2
