@@ -80,6 +80,37 @@ invalid and the value is NaN), sorted once in ``compute()``: scikit-learn's
 data, within float32 rounding (1e-6), every task and average (``"ogb"`` included);
 ``error_bound()`` is 0 and ``curve()`` has one point per distinct score, as scikit-learn's.
 
+Explicit thresholds (``thresholds=[t_0, ..., t_{T-1}]`` strictly increasing in ``[0, 1]``, or
+an int ``n``: ``linspace(0, 1, n)``; torchmetrics' ``thresholds=`` meaning): ``T + 1`` bins,
+bin ``j`` holding the probabilities (sigmoid of logits with ``from_logits=True``, softmax for
+multiclass) with ``j`` thresholds ``<= p`` in float32, so the counts of ``p >= t_k`` are exact.
+The value is torchmetrics' binned one, whose curve has points at the thresholds only: AUROC
+is the trapezoid over those ROC points (no ``(0, 0)`` / ``(1, 1)`` unless thresholds 1 /
+0 put them there; scikit-learn and ``num_thresholds=`` add them), AUPRC
+``-sum(diff(recall) * precision[:-1])`` with the point (precision 1, recall 0) appended
+(positives below ``t_0`` add no recall). ``error_bound()`` raises (no bound ties that value
+to the exact area) and ``exact=True`` with thresholds is refused. ``curve()`` keeps our
+layout, one point per non-empty bin at its lower threshold. Where torchmetrics divides by
+zero (no positives: AUROC, AUPRC 0 with a warning) the value here is NaN, as everywhere.
+
+Partial AUC (``AUROC(max_fpr=m)``, ``m`` in ``(0, 1]``; scikit-learn's
+``roc_auc_score(max_fpr=)``, torchmetrics' binary ``max_fpr``): the area under the ROC
+curve up to ``fpr = m`` (the segment crossing ``m`` cut by linear interpolation), McClish-
+corrected: ``0.5 * (1 + (A - m**2 / 2) / (m - m**2 / 2))``; ``m = 1`` is the plain area.
+Every mode: exact (scikit-learn's value, float32 rounding apart), binned (``error_bound()``
+covers it: ``sum (x - a) * (d - c)`` over the clipped segments times McClish's scale), and
+with ``thresholds=`` (torchmetrics' binned value; a curve whose first point lies right of
+``m`` has area 0 there, where torchmetrics indexes before its curve). It applies per column
+for multilabel (scikit-learn does the same) and multiclass one-vs-rest (scikit-learn and
+torchmetrics refuse multiclass ``max_fpr``; each class's partial area is McClish-corrected,
+then averaged).
+
+Not offered (scikit-learn has them): sample weights (``sample_weight``; the state is exact
+integer counts, so ``weights=`` raises "mask elements out instead"; weighted histograms
+would need float sums per bin, twice the state) and multilabel ``average="samples"`` (a
+mean of per-row areas over the labels: a different statistic from the per-column
+histograms, which ``average`` only combines).
+
 Logits given without ``from_logits=True`` are probabilities outside ``[0, 1]``: counted
 (nothing can raise under jit) and reported by ``masked_eval`` as such, with "pass
 from_logits=True".
@@ -503,6 +534,11 @@ class AUROC(ScoreHistogram):
     capacity: with ``exact=True``, the most elements one column sees (for one call of
       ``masked_eval``: ``len(batches) * batch_size`` rows, times spatial elements); more are
       counted as invalid and the value is NaN.
+    thresholds: explicit probability thresholds (or an int: ``linspace(0, 1, n)``):
+      torchmetrics' binned AUROC at those thresholds (see the module docstring: its curve
+      has no other point); not with ``exact=True`` or ``num_thresholds``.
+    max_fpr: partial AUC up to this false positive rate, McClish-corrected as
+      scikit-learn's ``roc_auc_score(max_fpr=)``; works binned, exact and with thresholds.
 
   Example:
     >>> import jax.numpy as jnp
