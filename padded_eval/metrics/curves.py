@@ -653,7 +653,9 @@ class AUPRC(ScoreHistogram):
   ``average_precision_score``: ``sum_k (R_k - R_{k-1}) P_k`` over thresholds from the
   highest bin down), from binned scores (``|compute() - exact| <= error_bound()``), or
   exactly with ``exact=True`` and ``capacity`` (as for :class:`AUROC`: every counted score
-  kept, ``5 * L * capacity`` bytes, thresholds at every distinct score)."""
+  kept, ``5 * L * capacity`` bytes, thresholds at every distinct score). With
+  ``thresholds=[...]``: torchmetrics' binned average precision at those thresholds (see the
+  module docstring)."""
 
   _exact_area = staticmethod(exact_scores.average_precision)
 

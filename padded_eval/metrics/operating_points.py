@@ -109,6 +109,13 @@ class RecallAtFixedPrecision(OperatingPoint):
     num_thresholds, thresholds, exact, capacity, task, num_classes, average, from_logits,
       ignore_index: as for :class:`~padded_eval.metrics.AUROC` (see the module docstring
       for the points each mode gives).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> m = RecallAtFixedPrecision(min_precision=0.6, exact=True, capacity=4)
+    >>> m = m.update(preds=jnp.array([0.1, 0.4, 0.35, 0.8]), target=jnp.array([0, 0, 1, 1]))
+    >>> float(m.compute())
+    1.0
   """
 
   min_precision: float = _required_rate()
@@ -183,6 +190,13 @@ class EER(OperatingPoint):
   ``|fpr - fnr|`` is compared as ``|fp * P - fn * N|`` (exact below ``P * N = 2**24``; above,
   float32-rounded like torchmetrics' float32 rates), so ties between points are resolved as
   exact rational values, not as rounded rates.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> m = EER(exact=True, capacity=4).update(preds=jnp.array([0.1, 0.4, 0.35, 0.8]),
+    ...                                        target=jnp.array([0, 0, 1, 1]))
+    >>> float(m.compute())
+    0.5
   """
 
   _roc_origin = True
