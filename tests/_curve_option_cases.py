@@ -4,9 +4,12 @@ their float64 references: scikit-learn where it has the value (``roc_auc_score(m
 (binned curves at explicit thresholds: ``preds >= t`` per threshold, no other point; the
 operating points' "best qualifying point, else 0"; EER's ``argmin |fpr - fnr|``).
 
-Imported at the end of ``tests/metric_cases.py`` (its rows run every generic check: garbage
-padding, merges, jit, scan, pmap and shard_map on 8 devices); the tests of
-``tests/metrics/test_curve_options.py`` use the references directly.
+``BRIER_CASES`` join the main table (imported at the end of ``tests/metric_cases.py``: every
+generic check and every test over that table, weights included). ``CURVE_OPTION_CASES`` are
+counting metrics, which refuse ``weights=`` (as the classification and curve tables of
+``test_classification.py`` / ``test_curves.py``): ``tests/metrics/test_curve_options.py``
+runs every generic check on them (garbage padding, merges, jit, scan, pmap and shard_map on
+8 devices) and uses the references directly.
 """
 
 from __future__ import annotations
@@ -247,7 +250,7 @@ def _brier_reference(task, logits):
   return reference
 
 
-CURVE_OPTION_CASES += [
+BRIER_CASES = [
   MetricCase(
     "brier_multiclass_weighted",
     lambda: M.BrierScore(num_classes=C),

@@ -340,7 +340,7 @@ CASES: list[MetricCase] = [
   ),
 ]
 
-# --- curve options and curve-family metrics (issue 31): rows and references in their module
-from _curve_option_cases import CURVE_OPTION_CASES  # noqa: E402
+# --- BrierScore (issue 31): rows and references in their module (with the curve options')
+from _curve_option_cases import BRIER_CASES  # noqa: E402
 
-CASES += CURVE_OPTION_CASES
+CASES += BRIER_CASES

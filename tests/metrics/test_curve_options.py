@@ -10,11 +10,25 @@ import metric_cases  # noqa: F401  (imports the option cases after the table the
 import numpy as np
 import pytest
 import sklearn.metrics as skm
-from _curve_option_cases import THRESHOLDS, binned_ap, binned_auroc, operating_point
+from _curve_option_cases import (
+  CURVE_OPTION_CASES,
+  THRESHOLDS,
+  binned_ap,
+  binned_auroc,
+  operating_point,
+)
+from metric_checks import CHECKS
 
 import padded_eval as pe
 
 M = pe.metrics
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__.removeprefix("check_"))
+@pytest.mark.parametrize("case", CURVE_OPTION_CASES, ids=lambda case: case.name)
+def test_metric_protocol(case, check):
+  """Every generic check of tests/metric_checks.py on every curve-option row."""
+  check(case)
 
 
 def _padded(preds, target, rng, pad=37):
