@@ -596,3 +596,8 @@ CASES.append(
     ),
   )
 )
+
+# --- BrierScore (issue 31): rows and references in their module (with the curve options')
+from _curve_option_cases import BRIER_CASES  # noqa: E402
+
+CASES += BRIER_CASES

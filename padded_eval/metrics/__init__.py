@@ -49,5 +49,16 @@ from padded_eval.metrics.text import Perplexity as Perplexity
 
 # isort: split
 # Slices and comparisons (issue 30)
+# curve-family metrics (issue 31)
+from padded_eval.metrics.calibration import BrierScore as BrierScore
 from padded_eval.metrics.comparison import compare as compare
+from padded_eval.metrics.operating_points import EER as EER
+from padded_eval.metrics.operating_points import PrecisionAtFixedRecall as PrecisionAtFixedRecall
+from padded_eval.metrics.operating_points import RecallAtFixedPrecision as RecallAtFixedPrecision
+from padded_eval.metrics.operating_points import (
+  SensitivityAtSpecificity as SensitivityAtSpecificity,
+)
+from padded_eval.metrics.operating_points import (
+  SpecificityAtSensitivity as SpecificityAtSensitivity,
+)
 from padded_eval.metrics.sliced import Sliced as Sliced

@@ -42,11 +42,15 @@ from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.metrics._classification_inputs import (
   ClassificationMetric,
+  check_flag,
+  check_ignore_index,
   check_no_weights,
+  check_task,
   config_field,
 )
-from padded_eval.metrics._formatting import SCORE_INVALID_KINDS, probabilities
-from padded_eval.metrics.base import state
+from padded_eval.metrics._formatting import SCORE_INVALID_KINDS, format_inputs, probabilities
+from padded_eval.metrics.averages import WeightedMean, weighted_totals
+from padded_eval.metrics.base import invalid_state, state
 
 NORMS = ("l1", "l2", "max")
 
@@ -158,3 +162,76 @@ class CalibrationError(ClassificationMetric):
     mean_confidence = np.where(count > 0, self.confidence.to_numpy() / filled, np.nan)
     accuracy = np.where(count > 0, self.hits.to_numpy() / filled, np.nan)
     return mean_confidence, accuracy, count
+
+
+class BrierScore(WeightedMean):
+  """Brier score: the weighted mean over rows of ``sum_c (p_c - y_c)**2`` (scikit-learn's
+  ``brier_score_loss``, default ``scale_by_half="auto"``).
+
+  * ``task="multiclass"``: ``preds`` ``[..., C]`` probabilities (or logits with
+    ``from_logits=True``: softmax), ``target`` ``[...]`` class ids; the squared distance to
+    the one-hot target, in ``[0, 2]`` (scikit-learn's multiclass value; torchmetrics has no
+    Brier score).
+  * ``task="binary"``: ``preds`` ``[...]`` probabilities of class 1 (or logits: sigmoid),
+    ``target`` ``[...]`` 0/1; ``(p - y)**2`` in ``[0, 1]`` (scikit-learn halves the
+    two-column sum for binary, which is this).
+
+  Update keywords: ``preds``, ``target``, ``mask``, ``weights`` (sample weights, a prefix of
+  ``target``'s shape, scikit-learn's ``sample_weight``). Elements are left out, and counted by
+  kind (``invalid_counts()``), for a target that is not a label (``"target out of range"``),
+  a NaN score (``"nan score"``, any NaN in a multiclass row) or a probability outside
+  ``[0, 1]`` without ``from_logits``; ``ignore_index`` targets are left out. NaN when nothing
+  was counted.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> m = BrierScore(num_classes=2).update(preds=jnp.array([[0.8, 0.2], [0.4, 0.6]]),
+    ...                                      target=jnp.array([0, 0]))
+    >>> round(float(m.compute()), 4)
+    0.4
+  """
+
+  task: str = config_field("multiclass")
+  num_classes: int | None = config_field(None)
+  from_logits: bool = config_field(False)
+  ignore_index: int | None = config_field(None)
+  invalid: ExactCount = state(invalid_state)
+
+  invalid_kinds: ClassVar[tuple[str, ...]] = SCORE_INVALID_KINDS
+
+  def _check_config(self):
+    check_task(self.task, self.num_classes, tasks=("binary", "multiclass"))
+    check_flag("from_logits", self.from_logits)
+    check_ignore_index(self.ignore_index)
+
+  def number_inputs(self) -> tuple[str, ...]:
+    return ("preds",)  # target holds class ids
+
+  def _values(self, *, preds, target, **_):
+    return jnp.asarray(preds), "preds"
+
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    elements = format_inputs(
+      preds,
+      target,
+      mask,
+      task=self.task,
+      num_classes=self.num_classes,
+      from_logits=self.from_logits,
+      ignore_index=self.ignore_index,
+      scores_only=True,
+    )
+    if self.task == "multiclass":
+      probs = probabilities(elements.scores, self.from_logits, axis=-1)
+      truth = elements.labels[..., None] == jnp.arange(self.num_classes)
+      valid = elements.valid & ~jnp.any(jnp.isnan(probs), -1)
+    else:
+      probs = probabilities(elements.scores[..., 0], self.from_logits)[..., None]
+      truth, valid = elements.truth, elements.valid[..., 0] & ~jnp.isnan(probs[..., 0])
+    squares = jnp.sum(jnp.square(jnp.where(valid[..., None], probs, 0.0) - truth), -1)
+    kinds = {k: v for k, v in elements.invalid.items() if k in self.invalid_kinds}
+    if self.task == "binary":
+      kinds = {k: v[..., 0] for k, v in kinds.items()}
+    invalid = self.count_invalid(**kinds)
+    totals = weighted_totals(squares, valid, weights, "preds")
+    return totals.then(lambda pair: {"total": pair[0], "weight": pair[1], "invalid": invalid})

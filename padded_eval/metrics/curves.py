@@ -80,6 +80,37 @@ invalid and the value is NaN), sorted once in ``compute()``: scikit-learn's
 data, within float32 rounding (1e-6), every task and average (``"ogb"`` included);
 ``error_bound()`` is 0 and ``curve()`` has one point per distinct score, as scikit-learn's.
 
+Explicit thresholds (``thresholds=[t_0, ..., t_{T-1}]`` strictly increasing in ``[0, 1]``, or
+an int ``n``: ``linspace(0, 1, n)``; torchmetrics' ``thresholds=`` meaning): ``T + 1`` bins,
+bin ``j`` holding the probabilities (sigmoid of logits with ``from_logits=True``, softmax for
+multiclass) with ``j`` thresholds ``<= p`` in float32, so the counts of ``p >= t_k`` are exact.
+The value is torchmetrics' binned one, whose curve has points at the thresholds only: AUROC
+is the trapezoid over those ROC points (no ``(0, 0)`` / ``(1, 1)`` unless thresholds 1 /
+0 put them there; scikit-learn and ``num_thresholds=`` add them), AUPRC
+``-sum(diff(recall) * precision[:-1])`` with the point (precision 1, recall 0) appended
+(positives below ``t_0`` add no recall). ``error_bound()`` raises (no bound ties that value
+to the exact area) and ``exact=True`` with thresholds is refused. ``curve()`` keeps our
+layout, one point per non-empty bin at its lower threshold. Where torchmetrics divides by
+zero (no positives: AUROC, AUPRC 0 with a warning) the value here is NaN, as everywhere.
+
+Partial AUC (``AUROC(max_fpr=m)``, ``m`` in ``(0, 1]``; scikit-learn's
+``roc_auc_score(max_fpr=)``, torchmetrics' binary ``max_fpr``): the area under the ROC
+curve up to ``fpr = m`` (the segment crossing ``m`` cut by linear interpolation), McClish-
+corrected: ``0.5 * (1 + (A - m**2 / 2) / (m - m**2 / 2))``; ``m = 1`` is the plain area.
+Every mode: exact (scikit-learn's value, float32 rounding apart), binned (``error_bound()``
+covers it: ``sum (x - a) * (d - c)`` over the clipped segments times McClish's scale), and
+with ``thresholds=`` (torchmetrics' binned value; a curve whose first point lies right of
+``m`` has area 0 there, where torchmetrics indexes before its curve). It applies per column
+for multilabel (scikit-learn does the same) and multiclass one-vs-rest (scikit-learn and
+torchmetrics refuse multiclass ``max_fpr``; each class's partial area is McClish-corrected,
+then averaged).
+
+Not offered (scikit-learn has them): sample weights (``sample_weight``; the state is exact
+integer counts, so ``weights=`` raises "mask elements out instead"; weighted histograms
+would need float sums per bin, twice the state) and multilabel ``average="samples"`` (a
+mean of per-row areas over the labels: a different statistic from the per-column
+histograms, which ``average`` only combines).
+
 Logits given without ``from_logits=True`` are probabilities outside ``[0, 1]``: counted
 (nothing can raise under jit) and reported by ``masked_eval`` as such, with "pass
 from_logits=True".
@@ -120,6 +151,7 @@ import numpy as np
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount
+from padded_eval.metrics import _curve_segments as segments
 from padded_eval.metrics import exact_scores
 from padded_eval.metrics._classification_inputs import (
   AVERAGES,
@@ -144,6 +176,7 @@ MAX_DEFAULT_STATE_BYTES = 16 * 2**20
 BYTES_PER_BIN = 16  # positives and negatives, two int32 limbs each
 CURVE_AVERAGES = AVERAGES + ("ogb",)
 BINNINGS = ("logit", "symlog", "linear")
+THRESHOLDS_BINNING = "thresholds"  # the binning of explicit thresholds=[...]
 LOGIT_RANGE = 64.0  # logit bins span [-64, 64]; beyond, scores share the end bins
 SYMLOG_RANGE = float(np.log1p(LOGIT_RANGE))  # symlog(64)
 MAX_NUM_THRESHOLDS = 1 << 21  # suffix sums of 10-bit limb pieces stay below 2**31
@@ -191,7 +224,7 @@ def suffix_sums(count: ExactCount, inclusive: bool = True) -> jax.Array:
   return count.suffix_totals(inclusive)
 
 
-class _ScoreHistogram(ClassificationMetric):
+class ScoreHistogram(ClassificationMetric):
   """Base of the binned curve metrics; subclasses define ``_area(pos, neg)``."""
 
   higher_is_better: ClassVar[bool | None] = True
@@ -202,6 +235,7 @@ class _ScoreHistogram(ClassificationMetric):
   binning: str | None = config_field(None)
   exact: bool = config_field(False)
   capacity: int | None = config_field(None)
+  thresholds: tuple[float, ...] | None = config_field(None)
   positives: ExactCount = state(_empty_histogram)
   negatives: ExactCount = state(_empty_histogram)
   buffer: ScoreBuffer = state(_empty_buffer)
@@ -210,6 +244,8 @@ class _ScoreHistogram(ClassificationMetric):
   _scores_only: ClassVar[bool] = True
 
   def __post_init__(self):
+    if self.thresholds is not None:
+      self._explicit_thresholds()
     if self.num_thresholds is None:
       bins = default_num_thresholds(self.task, self.num_classes)
       object.__setattr__(self, "num_thresholds", bins)
@@ -217,6 +253,26 @@ class _ScoreHistogram(ClassificationMetric):
       binning = "symlog" if self.task == "multilabel" else "logit"
       object.__setattr__(self, "binning", binning)
     super().__post_init__()
+
+  def _explicit_thresholds(self):
+    """``thresholds=`` given: ``len + 1`` bins, binning ``"thresholds"`` (ValueError for a
+    ``num_thresholds``, ``binning`` or ``exact=True`` that says otherwise)."""
+    name = type(self).__name__
+    thresholds = segments.normalized_thresholds(self.thresholds)
+    bins = len(thresholds) + 1
+    if self.num_thresholds not in (None, bins) or self.binning not in (None, THRESHOLDS_BINNING):
+      raise ValueError(
+        f"{name}(thresholds=...) bins the scores at those thresholds; got also "
+        f"num_thresholds={self.num_thresholds!r}, binning={self.binning!r}: drop them"
+      )
+    if self.exact is True:
+      raise ValueError(
+        f"{name}(exact=True) keeps every score and needs no thresholds; got thresholds="
+        f"{list(thresholds)}: drop one of them"
+      )
+    object.__setattr__(self, "thresholds", thresholds)
+    object.__setattr__(self, "num_thresholds", bins)
+    object.__setattr__(self, "binning", THRESHOLDS_BINNING)
 
   def _check_config(self):
     super()._check_config()
@@ -226,7 +282,8 @@ class _ScoreHistogram(ClassificationMetric):
         f"num_thresholds must be an int in [2, {MAX_NUM_THRESHOLDS}]; got {self.num_thresholds!r}"
       )
     validation.check_choice("average", self.average, CURVE_AVERAGES)
-    validation.check_choice("binning", self.binning, BINNINGS)
+    if self.thresholds is None:
+      validation.check_choice("binning", self.binning, BINNINGS)
     self._check_exact()
     if self.average == "ogb" and self.task != "multilabel":
       raise ValueError(
@@ -279,6 +336,9 @@ class _ScoreHistogram(ClassificationMetric):
     """int32 bin of each score (monotone non-decreasing in the score)."""
     logits = self.from_logits and self.task != "multiclass"
     t = self.num_thresholds
+    if self.thresholds is not None:  # torchmetrics: sigmoid of logits, then preds >= t
+      prob = jax.nn.sigmoid(scores) if logits else scores
+      return segments.threshold_bins(prob, self.thresholds)
     if self.binning == "linear":
       prob = jax.nn.sigmoid(scores) if logits else jnp.clip(scores, 0.0, 1.0)
       return jnp.round(prob * (t - 1)).astype(jnp.int32)
@@ -293,6 +353,23 @@ class _ScoreHistogram(ClassificationMetric):
       z, end = jnp.sign(z) * jnp.log1p(jnp.abs(z)), SYMLOG_RANGE
     return jnp.round((z + end) * ((t - 1) / (2 * end))).astype(jnp.int32)
 
+  def _counted_bins(self, *, last: bool) -> jax.Array | None:
+    """bool ``[T]``: the bins whose elements move the curve (None: all). With explicit
+    thresholds torchmetrics' curve has points at the thresholds only: bin 0 (below the first
+    threshold) adds nothing, nor (``last=False``, the ROC's trapezoid) the last bin."""
+    if self.thresholds is None:
+      return None
+    index = jnp.arange(self.num_thresholds)
+    return (index > 0) & ((index < self.num_thresholds - 1) | last)
+
+  def _check_bound_defined(self):
+    if self.thresholds is not None:
+      raise ValueError(
+        f"{type(self).__name__}(thresholds=...) computes torchmetrics' binned value at those "
+        "thresholds, which no bound ties to the exact area; use num_thresholds= or exact=True "
+        "for a bounded value"
+      )
+
   @abc.abstractmethod
   def _area(self, positives: ExactCount, negatives: ExactCount) -> jax.Array:
     """float32 ``[L]`` per-column value, NaN where undefined."""
@@ -303,8 +380,8 @@ class _ScoreHistogram(ClassificationMetric):
     positives, negatives = self.positives, self.negatives
     included = self.included_classes()
     if self.exact:
-      column_values = lambda: type(self)._exact_area(self.buffer)
-      micro_value = lambda: type(self)._exact_area(self.buffer.pooled(included))[0]
+      column_values = lambda: self._exact_area(self.buffer)
+      micro_value = lambda: self._exact_area(self.buffer.pooled(included))[0]
       positive_counts, negative_counts = self.buffer.label_counts()
     else:
       keep = jnp.asarray(included)[:, None]
@@ -368,6 +445,9 @@ class _ScoreHistogram(ClassificationMetric):
     middle = np.arange(t, dtype=np.float64) - 0.5  # bin k starts half a step below k
     logits = self.from_logits and self.task != "multiclass"
     with np.errstate(divide="ignore", over="ignore"):
+      if self.thresholds is not None:  # bin 0: below the first threshold
+        prob = np.concatenate([[0.0], np.asarray(self.thresholds, np.float32)]).astype(np.float64)
+        return np.log(prob) - np.log1p(-prob) if logits else prob
       if self.binning == "linear":
         prob = np.clip(middle / (t - 1), 0.0, 1.0)
         return np.log(prob) - np.log1p(-prob) if logits else prob
@@ -443,7 +523,7 @@ class _ScoreHistogram(ClassificationMetric):
     return one_curve(class_index)
 
 
-class AUROC(_ScoreHistogram):
+class AUROC(ScoreHistogram):
   """Area under the ROC curve from binned scores, or exactly (see the module docstring).
 
   Args:
@@ -456,6 +536,11 @@ class AUROC(_ScoreHistogram):
     capacity: with ``exact=True``, the most elements one column sees (for one call of
       ``masked_eval``: ``len(batches) * batch_size`` rows, times spatial elements); more are
       counted as invalid and the value is NaN.
+    thresholds: explicit probability thresholds (or an int: ``linspace(0, 1, n)``):
+      torchmetrics' binned AUROC at those thresholds (see the module docstring: its curve
+      has no other point); not with ``exact=True`` or ``num_thresholds``.
+    max_fpr: partial AUC up to this false positive rate, McClish-corrected as
+      scikit-learn's ``roc_auc_score(max_fpr=)``; works binned, exact and with thresholds.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -464,13 +549,57 @@ class AUROC(_ScoreHistogram):
     0.75
   """
 
+  max_fpr: float | None = config_field(None)
+
+  def _check_config(self):
+    super()._check_config()
+    segments.check_max_fpr(self.max_fpr)
+
   def _area(self, positives, negatives):
     pos, neg = positives.total(), negatives.total()
     total_pos, total_neg = jnp.sum(pos, -1, keepdims=True), jnp.sum(neg, -1, keepdims=True)
+    counted = self._counted_bins(last=False)
+    if counted is not None:
+      pos, neg = jnp.where(counted, pos, 0.0), jnp.where(counted, neg, 0.0)
     above = suffix_sums(positives, inclusive=False)
-    ranked = (neg / jnp.where(total_neg > 0, total_neg, 1.0)) * (above + 0.5 * pos)
-    area = jnp.sum(ranked, -1) / jnp.where(total_pos[:, 0] > 0, total_pos[:, 0], 1.0)
+    if self.max_fpr is None:
+      ranked = (neg / jnp.where(total_neg > 0, total_neg, 1.0)) * (above + 0.5 * pos)
+      area = jnp.sum(ranked, -1) / jnp.where(total_pos[:, 0] > 0, total_pos[:, 0], 1.0)
+    else:
+      neg_above = suffix_sums(negatives, inclusive=False)
+      terms = segments.partial_terms(neg, pos, neg_above, above, total_neg, total_pos, self.max_fpr)
+      area = segments.mcclish(jnp.sum(terms, -1), self.max_fpr)
     return jnp.where((total_pos[:, 0] > 0) & (total_neg[:, 0] > 0), area, jnp.nan)
+
+  def _exact_area(self, buffer):
+    if self.max_fpr is None:
+      return exact_scores.auroc(buffer)
+    g = exact_scores.groups(buffer)
+    once = lambda x: jnp.where(g.first, x, 0).astype(jnp.float32)  # one segment per group
+    p = jnp.sum(g.positive, -1, keepdims=True).astype(jnp.float32)
+    n = jnp.sum(g.negative, -1, keepdims=True).astype(jnp.float32)
+    neg_above = n - once(g.negatives_below + g.negatives_tied)
+    pos_above = p - once(g.positives_below + g.positives_tied)
+    terms = segments.partial_terms(
+      once(g.negatives_tied),
+      once(g.positives_tied),
+      once(neg_above),
+      once(pos_above),
+      n,
+      p,
+      self.max_fpr,
+    )
+    area = segments.mcclish(exact_scores.compensated_sum(terms), self.max_fpr)
+    defined = (p[:, 0] > 0) & (n[:, 0] > 0) & (buffer.dropped == 0)
+    return jnp.where(defined, area, jnp.nan)
+
+  def _partial_tie_share(self, positives, negatives):
+    pos, neg = positives.total(), negatives.total()
+    total_pos, total_neg = jnp.sum(pos, -1, keepdims=True), jnp.sum(neg, -1, keepdims=True)
+    neg_above = suffix_sums(negatives, inclusive=False)
+    bound = segments.partial_tie_bound(neg, pos, neg_above, total_neg, total_pos, self.max_fpr)
+    bound = bound * segments.mcclish_scale(self.max_fpr)
+    return jnp.where((total_pos[:, 0] > 0) & (total_neg[:, 0] > 0), bound, jnp.nan)
 
   def _tie_share(self, positives, negatives):
     pos, neg = positives.total(), negatives.total()
@@ -502,24 +631,33 @@ class AUROC(_ScoreHistogram):
 
     return self._per_class(one_curve, class_index)
 
-  _exact_area = staticmethod(exact_scores.auroc)
-
   def error_bound(self) -> jax.Array:
     """Bound on ``|compute() - exact AUROC|``: half the share of (positive, negative)
     pairs that fell in one bin, averaged like ``compute()``. 0 with ``binning="linear"`` grid
     scores only if no bin holds both classes, though the result is exact there regardless;
-    0 with ``exact=True`` (float32 rounding apart)."""
+    0 with ``exact=True`` (float32 rounding apart). With ``max_fpr``: ``sum (x - a) * (d - c)``
+    over the bins' segments clipped to ``fpr <= max_fpr`` (the staircase inside a bin lies in
+    that rectangle), times McClish's scale ``0.5 / (max_fpr - max_fpr**2 / 2)``.
+
+    Raises:
+      ValueError: with ``thresholds=`` (torchmetrics' binned value is not bounded).
+    """
     if self.exact:
       return self._exact_error_bound()
+    self._check_bound_defined()
+    if self.max_fpr is not None:
+      return self._averaged(self._partial_tie_share)
     return self._averaged(self._tie_share)
 
 
-class AUPRC(_ScoreHistogram):
+class AUPRC(ScoreHistogram):
   """Area under the precision-recall curve as average precision (scikit-learn's
   ``average_precision_score``: ``sum_k (R_k - R_{k-1}) P_k`` over thresholds from the
   highest bin down), from binned scores (``|compute() - exact| <= error_bound()``), or
   exactly with ``exact=True`` and ``capacity`` (as for :class:`AUROC`: every counted score
-  kept, ``5 * L * capacity`` bytes, thresholds at every distinct score).
+  kept, ``5 * L * capacity`` bytes, thresholds at every distinct score). With
+  ``thresholds=[...]``: torchmetrics' binned average precision at those thresholds (see the
+  module docstring).
 
   Examples:
     >>> import numpy as np
@@ -538,6 +676,9 @@ class AUPRC(_ScoreHistogram):
     total_pos = jnp.sum(pos, -1)
     true_pos, false_pos = suffix_sums(positives), suffix_sums(negatives)
     precision = divide(true_pos, true_pos + false_pos)
+    counted = self._counted_bins(last=True)
+    if counted is not None:  # positives below the first threshold add no recall
+      pos = jnp.where(counted, pos, 0.0)
     area = jnp.sum(pos * precision, -1) / jnp.where(total_pos > 0, total_pos, 1.0)
     return jnp.where(total_pos > 0, area, jnp.nan)
 
@@ -564,6 +705,7 @@ class AUPRC(_ScoreHistogram):
     """
     if self.exact:
       return self._exact_error_bound()
+    self._check_bound_defined()
     return self._averaged(self._precision_spread)
 
   def curve(self, class_index=None):

@@ -33,6 +33,8 @@ end is ``O(L * capacity * log(capacity))``.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -170,8 +172,28 @@ def compensated_sum(x: jax.Array) -> jax.Array:
   return hi[..., 0] + lo[..., 0]
 
 
-def _grouped(buffer: ScoreBuffer):
-  """Per sorted element ``[L, capacity]``: ``(positive, negative, N_below, N_tied, P_below)``.
+class Groups(NamedTuple):
+  """Per sorted element ``[L, capacity]`` (ascending scores; unused slots last), the counts of
+  its group of tied scores.
+
+  Attributes:
+    positive, negative: bool, the element is a used positive / negative.
+    first: bool, the element is the first (used) element of its group.
+    negatives_below, positives_below: int32, used elements of lower score.
+    negatives_tied, positives_tied: int32, used elements of the element's score.
+  """
+
+  positive: jax.Array
+  negative: jax.Array
+  first: jax.Array
+  negatives_below: jax.Array
+  positives_below: jax.Array
+  negatives_tied: jax.Array
+  positives_tied: jax.Array
+
+
+def groups(buffer: ScoreBuffer) -> Groups:
+  """The :class:`Groups` of the buffer's sorted elements.
 
   Written over the whole ``[L, capacity]`` buffer (no ``vmap``: eager use on arrays of a
   ``jax.make_mesh`` mesh then stays op by op on their sharding).
@@ -192,17 +214,25 @@ def _grouped(buffer: ScoreBuffer):
   negatives, positives = jnp.cumsum(negative, -1), jnp.cumsum(positive, -1)
   at = lambda x, i: jnp.take_along_axis(x, i, -1)
   below = at(negatives, start) - at(negative, start)
-  tied = at(negatives, end) - below
   positives_below = at(positives, start) - at(positive, start)
-  return positive, negative, below, tied, positives_below
+  return Groups(
+    positive,
+    negative,
+    starts & used,
+    below,
+    positives_below,
+    at(negatives, end) - below,
+    at(positives, end) - positives_below,
+  )
 
 
 def auroc(buffer: ScoreBuffer) -> jax.Array:
   """float32 ``[L]`` exact AUROC per column, NaN without positives or negatives, or with
   dropped elements."""
-  positive, negative, below, tied, _ = _grouped(buffer)
+  g = groups(buffer)
+  positive, below, tied = g.positive, g.negatives_below, g.negatives_tied
   p = jnp.sum(positive, -1).astype(jnp.float32)
-  n = jnp.sum(negative, -1).astype(jnp.float32)
+  n = jnp.sum(g.negative, -1).astype(jnp.float32)
   twice = compensated_sum(jnp.where(positive, 2 * below + tied, 0).astype(jnp.float32))
   area = twice / jnp.where(p * n > 0, 2.0 * p * n, 1.0)
   return jnp.where((p > 0) & (n > 0) & (buffer.dropped == 0), area, jnp.nan)
@@ -211,7 +241,13 @@ def auroc(buffer: ScoreBuffer) -> jax.Array:
 def average_precision(buffer: ScoreBuffer) -> jax.Array:
   """float32 ``[L]`` exact average precision per column, NaN without positives, or with
   dropped elements."""
-  positive, negative, below, _, positives_below = _grouped(buffer)
+  g = groups(buffer)
+  positive, negative, below, positives_below = (
+    g.positive,
+    g.negative,
+    g.negatives_below,
+    g.positives_below,
+  )
   p, n = jnp.sum(positive, -1, keepdims=True), jnp.sum(negative, -1, keepdims=True)
   true_pos, false_pos = p - positives_below, n - below  # score >= the element's score
   precision = true_pos.astype(jnp.float32) / jnp.maximum(true_pos + false_pos, 1)

@@ -1,0 +1,210 @@
+"""Operating points of the ROC and precision-recall curves: torchmetrics' curve-family metrics.
+
+:class:`RecallAtFixedPrecision`, :class:`PrecisionAtFixedRecall`,
+:class:`SensitivityAtSpecificity`, :class:`SpecificityAtSensitivity` and :class:`EER` read the
+same state as :class:`~padded_eval.metrics.curves.AUROC` (its histograms, ``thresholds=``, or
+``exact=True``'s kept scores; tasks, averages, masks and invalid counts as there) and pick
+one point of the curve in ``compute()``, inside jit.
+
+The points are the curve's thresholds, as torchmetrics builds them:
+
+* ``exact=True``: one point per distinct counted score (``score >= s``), plus, on the ROC
+  curve, the point where nothing is predicted positive (torchmetrics' first ROC point);
+  torchmetrics' exact (``thresholds=None``) value on any data.
+* ``thresholds=[...]`` (or an int, ``linspace(0, 1, n)``): one point per threshold
+  (``prob >= t``, float32) and no other, torchmetrics' binned value.
+* the binned default (``num_thresholds`` bins): one point per bin (its lowest score), plus
+  the ROC's empty point; distinct scores of one bin are merged, so the value is the exact
+  one only where no bin holds two distinct scores that matter (``binning="linear"`` grid
+  scores, see :mod:`padded_eval.metrics.curves`).
+
+A point where nothing is predicted positive is not a precision-recall point (torchmetrics'
+binned curves give it precision 1; they never pick it except with ``min_recall=0``). With no
+qualifying point the value is 0 (torchmetrics' rule; torchmetrics also returns the threshold,
+``1e6`` then; ours is not kept). Undefined (NaN): a recall or sensitivity without positives,
+a specificity without negatives. torchmetrics' multiclass / multilabel versions return one
+value per class: ``average=None`` here (``"macro"``, the default, means them).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from padded_eval.metrics import exact_scores
+from padded_eval.metrics.curves import ScoreHistogram, suffix_sums
+
+
+def _required_rate():
+  return dataclasses.field(kw_only=True)
+
+
+class OperatingPoint(ScoreHistogram):
+  """Base: ``_value(tp, fp, point, P, N) -> [L]`` from the curve's points ``[L, K]``."""
+
+  _roc_origin = False  # whether the point "nothing predicted positive" is one (ROC curves)
+
+  def _check_config(self):
+    super()._check_config()
+    for name in self._rate_names():
+      rate = getattr(self, name)
+      if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+        raise ValueError(f"{name} must be a float in [0, 1]; got {rate!r}")
+
+  def _rate_names(self) -> tuple[str, ...]:
+    return ()
+
+  def _area(self, positives, negatives):
+    tp, fp = suffix_sums(positives), suffix_sums(negatives)  # score >= bin k's lowest score
+    total_pos, total_neg = tp[:, :1], fp[:, :1]
+    point = jnp.ones(tp.shape, bool)
+    if self.thresholds is not None:  # the points are the thresholds: bins 1.. only
+      point = jnp.arange(tp.shape[-1]) > 0
+      point = jnp.broadcast_to(point, tp.shape)
+    return self._from_points(tp, fp, point, total_pos, total_neg, self.thresholds is None)
+
+  def _exact_area(self, buffer):
+    g = exact_scores.groups(buffer)
+    total_pos = jnp.sum(g.positive, -1, keepdims=True).astype(jnp.float32)
+    total_neg = jnp.sum(g.negative, -1, keepdims=True).astype(jnp.float32)
+    tp = total_pos - g.positives_below.astype(jnp.float32)
+    fp = total_neg - g.negatives_below.astype(jnp.float32)
+    value = self._from_points(tp, fp, g.first, total_pos, total_neg, True)
+    return jnp.where(buffer.dropped == 0, value, jnp.nan)
+
+  def _from_points(self, tp, fp, point, total_pos, total_neg, empty_point):
+    """Points in increasing score order; the empty point (ROC's origin) is appended last,
+    as the highest threshold."""
+    if empty_point and self._roc_origin:
+      zero = jnp.zeros(tp.shape[:-1] + (1,), tp.dtype)
+      tp, fp = jnp.concatenate([tp, zero], -1), jnp.concatenate([fp, zero], -1)
+      point = jnp.concatenate([point, jnp.ones(zero.shape, bool)], -1)
+    return self._value(tp, fp, point, total_pos, total_neg)
+
+  @abc.abstractmethod
+  def _value(self, tp, fp, point, total_pos, total_neg) -> jax.Array:
+    """float32 ``[L]`` from the points: ``tp`` / ``fp`` float32 ``[L, K]`` counts of ``score >=
+    the point's threshold``, ``point`` bool ``[L, K]`` (which entries are points), the totals
+    ``[L, 1]``."""
+
+
+def _best(values, candidates) -> jax.Array:
+  """float32 ``[L]``: the largest of ``values`` where ``candidates``, else 0."""
+  return jnp.max(jnp.where(candidates, values, 0.0), -1, initial=0.0)
+
+
+def _ratio(numerator, denominator) -> jax.Array:
+  return numerator / jnp.where(denominator > 0, denominator, 1.0)
+
+
+class RecallAtFixedPrecision(OperatingPoint):
+  """The highest recall at a threshold whose precision is ``>= min_precision`` (torchmetrics'
+  ``RecallAtFixedPrecision``; 0 if no threshold qualifies, NaN without positives).
+
+  Args:
+    min_precision: float in ``[0, 1]`` (keyword).
+    num_thresholds, thresholds, exact, capacity, task, num_classes, average, from_logits,
+      ignore_index: as for :class:`~padded_eval.metrics.AUROC` (see the module docstring
+      for the points each mode gives).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> m = RecallAtFixedPrecision(min_precision=0.6, exact=True, capacity=4)
+    >>> m = m.update(preds=jnp.array([0.1, 0.4, 0.35, 0.8]), target=jnp.array([0, 0, 1, 1]))
+    >>> float(m.compute())
+    1.0
+  """
+
+  min_precision: float = _required_rate()
+
+  def _rate_names(self):
+    return ("min_precision",)
+
+  def _value(self, tp, fp, point, total_pos, total_neg):
+    predicted = tp + fp
+    precision = _ratio(tp, predicted)
+    candidates = point & (predicted > 0) & (precision >= self.min_precision)
+    value = _best(_ratio(tp, total_pos), candidates)
+    return jnp.where(total_pos[:, 0] > 0, value, jnp.nan)
+
+
+class PrecisionAtFixedRecall(OperatingPoint):
+  """The highest precision at a threshold whose recall is ``>= min_recall`` (torchmetrics'
+  ``PrecisionAtFixedRecall``; 0 if none qualifies, NaN without positives)."""
+
+  min_recall: float = _required_rate()
+
+  def _rate_names(self):
+    return ("min_recall",)
+
+  def _value(self, tp, fp, point, total_pos, total_neg):
+    predicted = tp + fp
+    recall = _ratio(tp, total_pos)
+    candidates = point & (predicted > 0) & (recall >= self.min_recall)
+    value = _best(_ratio(tp, predicted), candidates)
+    return jnp.where(total_pos[:, 0] > 0, value, jnp.nan)
+
+
+class SensitivityAtSpecificity(OperatingPoint):
+  """The highest sensitivity (recall) at a ROC point whose specificity ``1 - fpr`` is
+  ``>= min_specificity`` (torchmetrics' ``SensitivityAtSpecificity``; 0 if none qualifies,
+  NaN without positives or without negatives)."""
+
+  min_specificity: float = _required_rate()
+  _roc_origin = True
+
+  def _rate_names(self):
+    return ("min_specificity",)
+
+  def _value(self, tp, fp, point, total_pos, total_neg):
+    specificity = _ratio(total_neg - fp, total_neg)
+    value = _best(_ratio(tp, total_pos), point & (specificity >= self.min_specificity))
+    return jnp.where((total_pos[:, 0] > 0) & (total_neg[:, 0] > 0), value, jnp.nan)
+
+
+class SpecificityAtSensitivity(OperatingPoint):
+  """The highest specificity at a ROC point whose sensitivity is ``>= min_sensitivity``
+  (torchmetrics' ``SpecificityAtSensitivity``; 0 if none qualifies, NaN without positives or
+  without negatives)."""
+
+  min_sensitivity: float = _required_rate()
+  _roc_origin = True
+
+  def _rate_names(self):
+    return ("min_sensitivity",)
+
+  def _value(self, tp, fp, point, total_pos, total_neg):
+    sensitivity = _ratio(tp, total_pos)
+    value = _best(_ratio(total_neg - fp, total_neg), point & (sensitivity >= self.min_sensitivity))
+    return jnp.where((total_pos[:, 0] > 0) & (total_neg[:, 0] > 0), value, jnp.nan)
+
+
+class EER(OperatingPoint):
+  """Equal error rate: ``(fpr + fnr) / 2`` at the ROC point where ``|fpr - fnr|`` is smallest,
+  the first such point from the highest threshold down (torchmetrics' ``EER``:
+  ``argmin |fpr - (1 - tpr)|``). Lower is better; NaN without positives or negatives.
+
+  ``|fpr - fnr|`` is compared as ``|fp * P - fn * N|`` (exact below ``P * N = 2**24``; above,
+  float32-rounded like torchmetrics' float32 rates), so ties between points are resolved as
+  exact rational values, not as rounded rates.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> m = EER(exact=True, capacity=4).update(preds=jnp.array([0.1, 0.4, 0.35, 0.8]),
+    ...                                        target=jnp.array([0, 0, 1, 1]))
+    >>> float(m.compute())
+    0.5
+  """
+
+  _roc_origin = True
+
+  def _value(self, tp, fp, point, total_pos, total_neg):
+    fn = total_pos - tp
+    gap = jnp.where(point, jnp.abs(fp * total_pos - fn * total_neg), jnp.inf)
+    first = jnp.argmin(gap[..., ::-1], -1)  # from the highest threshold down: first wins
+    at = lambda x: jnp.take_along_axis(x[..., ::-1], first[..., None], -1)[..., 0]
+    value = 0.5 * (_ratio(at(fp), total_neg[:, 0]) + _ratio(at(fn), total_pos[:, 0]))
+    return jnp.where((total_pos[:, 0] > 0) & (total_neg[:, 0] > 0), value, jnp.nan)

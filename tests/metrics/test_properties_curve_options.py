@@ -1,0 +1,107 @@
+"""Property suite, curve options and curve-family metrics (issue 31): partial AUC
+(``max_fpr``, exact mode) against scikit-learn, explicit ``thresholds=`` and the operating
+points / EER against torchmetrics' formulas, BrierScore against scikit-learn's formula in numpy, each through a
+random padded batching, merge tree and device count (``metric_checks.evaluate_randomly``).
+
+Tolerances (``EPS = 2**-24``): the counts are exact; a value is one ratio of counts (the
+operating points, EER: ``4 EPS``) or a float32 sum of ``K`` terms of two or three roundings
+(areas: ``(K + 4) EPS`` relative, ``K`` the kept elements or thresholds); the Brier score is
+a compensated weighted mean of float32 squares (``(C + 8) EPS`` relative).
+"""
+
+from __future__ import annotations
+
+import metric_cases  # noqa: F401  (the option cases extend its table)
+import numpy as np
+import sklearn.metrics as skm
+from _curve_option_cases import THRESHOLDS, binned_ap, binned_auroc, operating_point
+from hypothesis import given
+from hypothesis import strategies as st
+from metric_checks import assert_close, evaluate_randomly
+
+import padded_eval as pe
+
+M = pe.metrics
+EPS = 2.0**-24
+SEEDS = st.integers(0, 2**32 - 1)
+CAPACITY = 64  # >= the rows of any example (n <= 40)
+
+
+def _scores(rng, n, step):
+  target = (rng.random(n) < 0.4).astype(np.int32)
+  target[:2] = [0, 1]  # both classes occur
+  k = rng.integers(0, 100 // step + 1, size=n) * step + rng.integers(0, 30) * target
+  return (np.clip(k, 0, 100) / 100).astype(np.float32), target
+
+
+@given(
+  seed=SEEDS,
+  n=st.integers(2, 40),
+  step=st.sampled_from([1, 10, 50]),
+  max_fpr=st.sampled_from([0.05, 0.3, 0.7, 1.0]),
+)
+def test_partial_auc_and_thresholds_match_references(seed, n, step, max_fpr):
+  rng = np.random.default_rng(seed)
+  preds, target = _scores(rng, n, step)
+  metric = pe.Metrics(
+    {
+      "pauc": M.AUROC(max_fpr=max_fpr, exact=True, capacity=CAPACITY),
+      "auroc_t": M.AUROC(thresholds=THRESHOLDS, max_fpr=max_fpr),
+      "ap_t": M.AUPRC(thresholds=THRESHOLDS),
+    }
+  )
+  got = evaluate_randomly(metric, {"preds": preds, "target": target}, rng)
+  rtol = (CAPACITY + 4) * EPS
+  scores = preds.astype(np.float64)
+  assert_close(got["pauc"], skm.roc_auc_score(target, scores, max_fpr=max_fpr), rtol=rtol, atol=EPS)
+  expected = binned_auroc(target, preds, THRESHOLDS, max_fpr)
+  assert_close(got["auroc_t"], expected, rtol=rtol, atol=4 * EPS)
+  assert_close(got["ap_t"], binned_ap(target, preds, THRESHOLDS), rtol=rtol, atol=4 * EPS)
+
+
+@given(
+  seed=SEEDS,
+  n=st.integers(2, 40),
+  step=st.sampled_from([1, 10, 50]),
+  rate=st.sampled_from([0.0, 0.35, 0.8, 1.0]),
+  exact=st.booleans(),
+)
+def test_operating_points_match_torchmetrics_formulas(seed, n, step, rate, exact):
+  rng = np.random.default_rng(seed)
+  preds, target = _scores(rng, n, step)
+  mode = {"exact": True, "capacity": CAPACITY} if exact else {"thresholds": THRESHOLDS}
+  thresholds = None if exact else THRESHOLDS
+  metric = pe.Metrics(
+    {
+      "recall_at_precision": M.RecallAtFixedPrecision(min_precision=rate, **mode),
+      "precision_at_recall": M.PrecisionAtFixedRecall(min_recall=rate, **mode),
+      "sensitivity": M.SensitivityAtSpecificity(min_specificity=rate, **mode),
+      "specificity": M.SpecificityAtSensitivity(min_sensitivity=rate, **mode),
+      "eer": M.EER(**mode),
+    }
+  )
+  got = evaluate_randomly(metric, {"preds": preds, "target": target}, rng)
+  for kind, value in got.items():
+    expected = operating_point(kind, rate, target, preds, thresholds)
+    assert_close(value, expected, rtol=4 * EPS, atol=4 * EPS, what=kind)
+
+
+@given(seed=SEEDS, n=st.integers(1, 40), logits=st.booleans())
+def test_brier_score_matches_sklearn(seed, n, logits):
+  rng = np.random.default_rng(seed)
+  c = 4
+  raw = (rng.standard_normal((n, c)) * 3).astype(np.float32)
+  probs = np.exp(raw.astype(np.float64) - raw.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  preds = raw if logits else probs.astype(np.float32)
+  target = rng.integers(0, c, n).astype(np.int32)
+  weights = rng.uniform(0.0, 3.0, n).astype(np.float32)
+  metric = M.BrierScore(num_classes=c, from_logits=logits)
+  fields = {"preds": preds, "target": target, "weights": weights}
+  got = evaluate_randomly(metric, fields, rng)
+  reference = probs if logits else preds.astype(np.float64)
+  if weights.sum() == 0:
+    return
+  onehot = np.eye(c)[target]
+  expected = np.sum(weights * np.sum((reference - onehot) ** 2, -1)) / np.sum(weights)
+  assert_close(got, expected, rtol=(c + 8) * 1e-6 if logits else (c + 8) * EPS, atol=EPS)
