@@ -29,6 +29,7 @@ from padded_eval.data.sources.base import (
   RowIds,
   Source,
   check_index_key,
+  name_fields,
 )
 
 __all__ = ["TfDataSource", "is_tf_dataset"]
@@ -46,32 +47,45 @@ class TfDataSource(Source):
   """Checks a dataset's element spec when wrapped and pads inside the tf.data graph."""
 
   description = "a tf.data.Dataset"
+  names_fields = True
 
   @classmethod
   def accepts(cls, obj: Any) -> bool:
     return is_tf_dataset(obj)
 
-  def __init__(self, obj: Any, *, mask_key: str, batched: bool | None = None):
+  def __init__(
+    self,
+    obj: Any,
+    *,
+    mask_key: str,
+    batched: bool | None = None,
+    keys: tuple[str, ...] | None = None,
+  ):
     """Reads the element spec.
 
     Args:
-      obj: a `tf.data.Dataset` of dicts.
+      obj: a `tf.data.Dataset` of dicts, or, with `keys`, of tuples (``(image, label)``: named by one ``map``
+        in the graph, which keeps the cardinality and the pipeline's checks).
       mask_key: the mask's key; no dataset key may equal it.
       batched: whether elements are batches. None: a scalar leaf means unbatched, an unknown leading size
         means batched, else the pipeline is searched for a batch op.
+      keys: the names of the fields of tuple elements, in order (see `name_fields`).
 
     Raises:
-      ValueError: elements that are not dicts, a key equal to `mask_key`, no tensors, a leaf of unknown rank
+      ValueError: elements that are not dicts (without `keys`), tuples that do not fit `keys`, a key equal to `mask_key`, no tensors, a leaf of unknown rank
         (with `batched` None), static leading sizes that disagree (batched); a pipeline that never ends
         (infinite cardinality), repeats rows (``.repeat(n)``, n other than 1) or drops them
         (``drop_remainder=True``).
     """
+    if keys is not None:
+      obj = _named(obj, keys)
     self._dataset = obj
     element_spec = obj.element_spec
     if not isinstance(element_spec, cabc.Mapping):
       raise ValueError(
         f"expected a tf.data.Dataset of dicts, got elements of type {type(element_spec).__name__}; "
-        "map them to a dict first, e.g. ds.map(lambda x, y: {'image': x, 'label': y})"
+        "pass pe.pad_batches(ds, ..., keys=('image', 'label')) with one name per value, or map them to a "
+        "dict first, e.g. ds.map(lambda x, y: {'image': x, 'label': y})"
       )
     if mask_key in element_spec:
       raise ValueError(
@@ -237,6 +251,16 @@ class TfDataSource(Source):
       f"leading sizes disagree within a batch: key {path_name(paths[first])} has {first_rows} rows, "
       f"key {path_name(paths[other])} has {other_rows}; expected every key to have the same rows"
     )
+
+
+def _named(dataset: Any, keys: tuple[str, ...]) -> Any:
+  """`dataset` with its tuple elements as dicts of `keys` (one ``map``: cardinality and lineage are kept)."""
+  name_fields(
+    dataset.element_spec, keys, "an element of the tf.data.Dataset"
+  )  # the check, on the spec
+  if isinstance(dataset.element_spec, (tuple, list)):
+    return dataset.map(lambda *fields: dict(zip(keys, fields)))
+  return dataset.map(lambda field: {keys[0]: field})
 
 
 def _parsed_shape(text: str) -> tuple[int, ...]:
