@@ -272,6 +272,20 @@ class PaddedBatches(cabc.Iterable):
       )
     return real
 
+  def __length_hint__(self) -> int:
+    """``len()`` when known, else an estimate of the batches (0: none), as `operator.length_hint` reads it.
+
+    A batched tf.data pipeline of known cardinality whose batch size is not static (``ds.batch(n)``)
+    estimates ``cardinality * ceil(n / batch_size)``, exact when every batch but the last has ``n`` rows;
+    the progress bar of `masked_eval` takes its total from it.
+    """
+    if self.num_batches is not None:
+      return self.num_batches
+    real = self._num_real_batches()
+    if real is None:
+      real = self._source.batches_hint(self.batch_size)
+    return real or 0
+
   def __repr__(self) -> str:
     return (
       f"PaddedBatches({self._source_type}, batch_size={self.batch_size}, "

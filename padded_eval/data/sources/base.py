@@ -103,6 +103,12 @@ class Source(abc.ABC):
         source read a second time.
     """
 
+  def batches_hint(self, batch_size: int) -> int | None:
+    """An estimate of the padded batches of `batch_size` rows when `num_rows` is unknown (a progress bar's
+    total; never used to size anything), or None. The default: None."""
+    del batch_size
+    return None
+
   def batch_rows(self) -> int | None:
     """Rows of the source's first batch (``pad_batches(batch_size=None)``), or None if it is not batched.
 

@@ -122,6 +122,23 @@ class TfDataSource(Source):
     size = leading.pop() if len(leading) == 1 else None
     return None if size is None else cardinality * size
 
+  def batches_hint(self, batch_size: int) -> int | None:
+    """A batched pipeline of known cardinality whose batch size is not static (``ds.batch(n)``): the rows
+    its nearest batch op reads (that op's input cardinality, else ``cardinality * n``) over `batch_size`,
+    an estimate (a map may change a batch's rows); else None. Nothing is read."""
+    cardinality = int(self._dataset.cardinality())
+    if not self._batched or cardinality < 0:
+      return None
+    for node in _pipeline(self._dataset):
+      size = getattr(node, "_batch_size", None)  # tf.data keeps the batch op's parts private
+      if "batch" not in type(node).__name__.lower() or size is None:
+        continue
+      parent = getattr(node, "_input_dataset", None)
+      rows = -1 if parent is None else int(parent.cardinality())
+      rows = rows if rows >= 0 else cardinality * int(size)
+      return -(-rows // batch_size)
+    return None
+
   def batch_rows(self) -> int | None:
     """The static batch size, else the rows of the first element; None if the dataset is not batched."""
     if not self._batched:
