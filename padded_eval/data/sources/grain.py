@@ -28,7 +28,8 @@ import numpy as np
 
 from padded_eval.data._tree import flatten, ragged_message, unflatten
 from padded_eval.data.sources.array_like import to_numpy
-from padded_eval.data.sources.base import Chunk, Source, drop_rows, name_fields
+from padded_eval.data.sources.base import Chunk, Source, drop_rows
+from padded_eval.data.sources.fields import name_fields
 
 __all__ = ["CHUNK_ROWS", "GrainSource", "grain_kind"]
 

@@ -8,7 +8,8 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from padded_eval.data.sources.base import Chunk, Source, flatten_rows, name_fields
+from padded_eval.data.sources.base import Chunk, Source, flatten_rows
+from padded_eval.data.sources.fields import name_fields
 
 __all__ = ["IterableSource"]
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from padded_eval.data._batch_spec import BatchSpec, FlatBatch, LeafSpec, Path
 from padded_eval.data._tree import flatten, path_name, unflatten
+from padded_eval.data.sources import tf_pipeline
 from padded_eval.data.sources.base import (
   ID_DTYPE,
   PADDING_ID,
@@ -29,12 +30,11 @@ from padded_eval.data.sources.base import (
   RowIds,
   Source,
   check_index_key,
-  name_fields,
 )
+from padded_eval.data.sources.fields import name_fields
 
 __all__ = ["TfDataSource", "is_tf_dataset"]
 
-_MAX_PIPELINE_DEPTH = 256
 CHUNK_ROWS = 1024  # rows per chunk when `chunks` reads an unbatched dataset
 
 
@@ -91,11 +91,13 @@ class TfDataSource(Source):
       raise ValueError(
         f"the dataset has a key {mask_key!r} equal to mask_key; rename it or pass another mask_key="
       )
-    _check_rows_read_once(obj)
+    tf_pipeline.check_rows_read_once(obj)
     self._tensor_specs = flatten(element_spec, convert=False)
     if not self._tensor_specs:
       raise ValueError("expected a dataset of dicts with at least one tensor, got no tensors")
-    self._batched = _infer_batched(obj, self._tensor_specs) if batched is None else bool(batched)
+    self._batched = (
+      tf_pipeline.infer_batched(obj, self._tensor_specs) if batched is None else bool(batched)
+    )
     if self._batched:
       _check_static_leading_sizes(self._tensor_specs)
     skip = 1 if self._batched else 0
@@ -123,21 +125,8 @@ class TfDataSource(Source):
     return None if size is None else cardinality * size
 
   def batches_hint(self, batch_size: int) -> int | None:
-    """A batched pipeline of known cardinality whose batch size is not static (``ds.batch(n)``): the rows
-    its nearest batch op reads (that op's input cardinality, else ``cardinality * n``) over `batch_size`,
-    an estimate (a map may change a batch's rows); else None. Nothing is read."""
-    cardinality = int(self._dataset.cardinality())
-    if not self._batched or cardinality < 0:
-      return None
-    for node in _pipeline(self._dataset):
-      size = getattr(node, "_batch_size", None)  # tf.data keeps the batch op's parts private
-      if "batch" not in type(node).__name__.lower() or size is None:
-        continue
-      parent = getattr(node, "_input_dataset", None)
-      rows = -1 if parent is None else int(parent.cardinality())
-      rows = rows if rows >= 0 else cardinality * int(size)
-      return -(-rows // batch_size)
-    return None
+    """See `tf_pipeline.batches_hint` (nothing is read)."""
+    return tf_pipeline.batches_hint(self._dataset, self._batched, batch_size)
 
   def batch_rows(self) -> int | None:
     """The static batch size, else the rows of the first element; None if the dataset is not batched."""
@@ -283,95 +272,6 @@ def _named(dataset: Any, keys: tuple[str, ...]) -> Any:
 def _parsed_shape(text: str) -> tuple[int, ...]:
   """A shape as tf.data's messages print it, ``"[3, 2]"``, as a tuple."""
   return tuple(int(size) for size in text.strip("[]").split(",") if size.strip())
-
-
-def _infer_batched(dataset: Any, specs: dict) -> bool:
-  """Whether elements are batches: a scalar leaf says no, an unknown leading size says yes, else a batch op does."""
-  ranks = [spec.shape.rank for spec in specs.values()]
-  if None in ranks:
-    raise ValueError(
-      f"key {path_name(next(p for p, s in specs.items() if s.shape.rank is None))} has unknown rank; "
-      "pass batched=True or batched=False"
-    )
-  if 0 in ranks:
-    return False
-  leading = [spec.shape[0] for spec in specs.values()]
-  if None in leading:
-    return True
-  if len(set(leading)) > 1:
-    return False
-  node = dataset
-  for _ in range(_MAX_PIPELINE_DEPTH):
-    name = type(node).__name__.lower()
-    if "unbatch" in name:
-      return False
-    if "batch" in name:
-      return True
-    node = getattr(
-      node, "_input_dataset", None
-    )  # tf.data keeps no public handle on a dataset's input
-    if node is None:
-      return False
-  return False
-
-
-def _check_rows_read_once(dataset: Any) -> None:
-  """Refuses a pipeline that never ends, repeats its rows or drops some (``drop_remainder=True``)."""
-  import tensorflow as tf
-
-  if int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
-    raise ValueError(
-      "the tf.data.Dataset is infinite (its cardinality is tf.data.INFINITE_CARDINALITY, e.g. after "
-      ".repeat()), so the evaluation would never end; evaluate a pipeline that reads every row once "
-      "(without .repeat())"
-    )
-  for node in _pipeline(dataset):
-    name = type(node).__name__
-    if "Repeat" in name and hasattr(node, "_count"):
-      count = int(node._count)
-      if count != 1:
-        times = "forever (.repeat())" if count < 0 else f"{count} times (.repeat({count}))"
-        raise ValueError(
-          f"the tf.data.Dataset repeats its rows {times}, so rows would not count exactly once; "
-          "evaluate a pipeline without repeat (or with .repeat(1))"
-        )
-    if "batch" in name.lower() and bool(getattr(node, "_drop_remainder", False)):
-      lost = _rows_dropped(node)
-      if lost:
-        raise ValueError(
-          f"the tf.data.Dataset is batched with drop_remainder=True, which drops the last rows{lost}; "
-          "batch with drop_remainder=False (pad_batches pads the short last batch and masks its padding)"
-        )
-
-
-def _rows_dropped(batch_node: Any) -> str:
-  """How many rows a ``drop_remainder=True`` batch drops, in words ("" when its input fills every batch)."""
-  size = getattr(batch_node, "_batch_size", None)
-  parent = getattr(batch_node, "_input_dataset", None)
-  if size is None:  # a rebatch: its input's rows are not counted here
-    return " (the rows of the short last batch)"
-  size = int(size)
-  rows = -1 if parent is None else int(parent.cardinality())
-  if rows < 0:
-    return f" (up to {size - 1} rows of batches of {size}; the input's row count is unknown)"
-  if rows % size == 0:
-    return ""
-  return f": {rows % size} of {rows} rows in batches of {size} would never be evaluated"
-
-
-def _pipeline(dataset: Any) -> Iterator[Any]:
-  """The dataset and the datasets it reads from (tf.data keeps no public handle on a dataset's inputs)."""
-  pending, seen = [dataset], set()
-  while pending and len(seen) < _MAX_PIPELINE_DEPTH:
-    node = pending.pop()
-    if id(node) in seen:
-      continue
-    seen.add(id(node))
-    yield node
-    try:
-      pending.extend(node._inputs())
-    except (AttributeError, NotImplementedError, TypeError):
-      continue
 
 
 def _check_static_leading_sizes(specs: dict) -> None:

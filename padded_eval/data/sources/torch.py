@@ -18,7 +18,8 @@ import collections.abc as cabc
 from collections.abc import Iterator
 from typing import Any
 
-from padded_eval.data.sources.base import Chunk, Source, name_fields
+from padded_eval.data.sources.base import Chunk, Source
+from padded_eval.data.sources.fields import name_fields
 
 __all__ = ["TorchLoaderSource", "is_torch_loader"]
 
