@@ -10,7 +10,10 @@ import grain
 import numpy as np
 import pytest
 import tensorflow as tf
+from _padding_reference import assert_batches_equal, expected_batches
 from _source_cases import GARBAGE, make_data, make_params, numeric, reference, step_fn
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_sources_torch import HAS_TORCH, fake_loader
 
 import padded_eval as pe
@@ -153,3 +156,24 @@ def test_without_keys_tuple_batches_say_to_pass_keys():
   ):
     with pytest.raises(ValueError, match=r"keys=\('image', 'label'\)"):
       list(pe.pad_batches(source, 4, num_devices=1))
+
+
+@settings(deadline=None)
+@given(
+  n=st.integers(1, 70),
+  chunk=st.integers(1, 23),
+  batch_size=st.integers(1, 19),
+  kind=st.sampled_from(["list", "fake loader", "grain"]),
+)
+def test_property_tuple_batches_are_the_rows_in_order(n, chunk, batch_size, kind):
+  """Any row count, source batch and padded batch size: the named batches are index arithmetic
+  over the arrays (every row once, in order, garbage on padding, the mask)."""
+  data = numeric(make_data(n, seed=n))
+  if kind == "list":
+    source = [tuple(data[k][s : s + chunk] for k in KEYS) for s in range(0, n, chunk)]
+  elif kind == "fake loader":
+    source = fake_loader(data, batch_size=chunk, tuples=True)
+  else:
+    source = grain.MapDataset.source(tuple_rows(data)).batch(chunk)
+  batches = pe.pad_batches(source, batch_size, num_devices=1, keys=KEYS, pad_value=GARBAGE)
+  assert_batches_equal(batches, expected_batches(data, batch_size, pad=GARBAGE))
