@@ -36,6 +36,13 @@ MAX_CELL_TEXT = 20  # above this many classes a confusion matrix has no per-cell
 MAX_TICKS = 20  # at most this many tick labels per axis of a confusion matrix
 MAX_LEGEND_CLASSES = 10  # above this many curves, classes are not named in the legend
 NORM_NAMES = {"l1": "ECE", "l2": "RMS calibration error", "max": "MCE"}
+RELIABILITY_TOP = 1.32  # the reliability diagram's y limit: the band above 1 holds the legend
+CONFUSION_UNITS = {
+  None: "examples",
+  "true": "fraction of the true class",
+  "pred": "fraction of the predicted class",
+  "all": "fraction of all examples",
+}
 
 
 def new_axes(ax=None):
@@ -80,7 +87,8 @@ def confusion_matrix(m, labels=None, normalize=None, ax=None, *, class_index=Non
 
   Returns:
     The Axes; its image array is the drawn table (``ax.images[0].get_array()``), the title
-    holds the accuracy (trace over total).
+    holds the accuracy (trace over total) and the example count, the colorbar's label the
+    unit (`CONFUSION_UNITS`: examples, or the fraction normalised over).
 
   Raises:
     ValueError: a wrong ``m``, ``normalize``, ``labels`` length or ``class_index``.
@@ -104,7 +112,7 @@ def confusion_matrix(m, labels=None, normalize=None, ax=None, *, class_index=Non
   table = normalized(counts, normalize)
   ax = new_axes(ax)
   image = ax.imshow(table, cmap="Blues", interpolation="nearest", vmin=0)
-  ax.figure.colorbar(image, ax=ax, shrink=0.8)
+  ax.figure.colorbar(image, ax=ax, shrink=0.8, label=CONFUSION_UNITS[normalize])
   ticks = np.arange(0, size, max(1, -(-size // MAX_TICKS)))
   ax.set_xticks(ticks, [str(labels[k]) for k in ticks], rotation=90 if size > 10 else 0)
   ax.set_yticks(ticks, [str(labels[k]) for k in ticks])
@@ -113,7 +121,10 @@ def confusion_matrix(m, labels=None, normalize=None, ax=None, *, class_index=Non
   total = counts.sum()
   accuracy = np.trace(counts) / total if total else np.nan
   title = "confusion matrix" + (f" (normalize={normalize!r})" if normalize else "")
-  ax.set_title(f"{title}\naccuracy = {accuracy:.4f} of {total:g}")
+  over = (
+    f"over {int(total)} examples" if np.issubdtype(counts.dtype, np.integer) else f"of {total:g}"
+  )
+  ax.set_title(f"{title}\naccuracy = {accuracy:.4f} {over}")
   ax.set_xlabel("predicted class")
   ax.set_ylabel("true class")
   return ax
@@ -278,10 +289,13 @@ def reliability_diagram(m, ax=None, *, name=None):
     name: the member's key when ``m`` holds several CalibrationError metrics.
 
   Returns:
-    The Axes: one bar per non-empty bin (left edge ``b / n_bins``, height its accuracy,
-    its exact count written at its foot),
-    the line ``"mean confidence"`` through ``(mean confidence, accuracy)`` of those bins,
-    and the dashed diagonal ``"perfect calibration"``; the legend holds the metric's value.
+    The Axes: one bar per non-empty bin (left edge ``b / n_bins``, height its accuracy, or
+    fraction of positives for a binary metric, its exact count written at its foot), the
+    line through ``(mean confidence, accuracy)`` of those bins (labelled ``"accuracy at each
+    bin's mean confidence"``; binary: ``"fraction of positives at each bin's mean predicted
+    probability"``) and the dashed diagonal ``"perfect calibration"``. The legend, with the
+    metric's value, sits above the line ``y = 1`` (the y axis runs to `RELIABILITY_TOP`),
+    where nothing is drawn.
 
   Raises:
     ValueError: ``m`` is not and holds no CalibrationError (or several and no ``name``).
@@ -301,6 +315,12 @@ def reliability_diagram(m, ax=None, *, name=None):
   edges = np.linspace(0.0, 1.0, m.n_bins + 1)[:-1]
   ax = new_axes(ax)
   name = NORM_NAMES[m.norm]
+  binary = m.task == "binary"
+  height, position = (
+    ("fraction of positives", "mean predicted probability")
+    if binary
+    else ("accuracy", "mean confidence")
+  )
   ax.bar(
     edges[filled],
     accuracy[filled],
@@ -308,17 +328,26 @@ def reliability_diagram(m, ax=None, *, name=None):
     align="edge",
     edgecolor="black",
     alpha=0.6,
-    label=f"accuracy per bin ({name} = {float(m.compute()):.4f})",
+    label=f"{height} per bin ({name} = {float(m.compute()):.4f})",
   )
   for left, number in zip(edges[filled], count[filled]):  # how much each bar weighs
     ax.text(left + 0.5 / m.n_bins, 0.01, f"{number}", ha="center", va="bottom", fontsize=7)
-  ax.plot(mean_confidence[filled], accuracy[filled], "o-", ms=3, label="mean confidence")
+  ax.plot(
+    mean_confidence[filled],
+    accuracy[filled],
+    "o-",
+    ms=3,
+    label=f"{height} at each bin's {position}",
+  )
   ax.plot([0, 1], [0, 1], ls="--", color="gray", lw=1, label="perfect calibration")
-  binary = m.task == "binary"
   ax.set_xlabel("predicted probability" if binary else "confidence (top class probability)")
-  ax.set_ylabel("fraction of positives" if binary else "accuracy")
+  ax.set_ylabel(height)
   ax.set_title(f"reliability diagram, {int(count.sum())} examples (count per bar)")
   ax.set_xlim(0, 1)
-  ax.set_ylim(0, 1)
-  ax.legend(loc="best", fontsize="small")
+  # Everything drawn lies at heights in [0, 1]: the legend sits in the band above (no ticks
+  # there), so it covers no bar, point or line whatever the model's calibration.
+  ax.set_ylim(0, RELIABILITY_TOP)
+  ax.set_yticks(np.linspace(0, 1, 6))
+  ax.axhline(1.0, color="black", lw=0.8)
+  ax.legend(loc="upper center", fontsize="small", frameon=False, borderaxespad=0.2)
   return ax

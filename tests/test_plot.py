@@ -214,8 +214,12 @@ def test_reliability_diagram_bars_are_the_bins(tmp_path):
   np.testing.assert_allclose([b.get_width() for b in bars], 0.1)
   lines = _lines(ax)
   mean_confidence, accuracy, _ = metric.bins()
-  np.testing.assert_array_equal(lines["mean confidence"].get_xdata(), mean_confidence[filled])
-  np.testing.assert_array_equal(lines["mean confidence"].get_ydata(), accuracy[filled])
+  np.testing.assert_array_equal(
+    lines["accuracy at each bin's mean confidence"].get_xdata(), mean_confidence[filled]
+  )
+  np.testing.assert_array_equal(
+    lines["accuracy at each bin's mean confidence"].get_ydata(), accuracy[filled]
+  )
   legend = [t.get_text() for t in ax.get_legend().get_texts()]
   assert f"accuracy per bin (ECE = {float(metric.compute()):.4f})" in legend
   assert ax.get_xlabel().startswith("confidence") and ax.get_ylabel() == "accuracy"

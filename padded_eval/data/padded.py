@@ -36,6 +36,7 @@ def pad_batches(
   index_offset: int = 0,
   pad_shapes: Any = None,
   length_keys: Any = None,
+  keys: Any = None,
 ) -> PaddedBatches:
   """Yields batches of exactly `batch_size` rows and a boolean mask of the real ones.
 
@@ -82,6 +83,10 @@ def pad_batches(
       row's length, else 1 + the last position that holds a value other than the pad value), and 0 on padding
       rows. E.g. ``length_keys={"inputs": "length"}`` and the token mask
       ``jnp.arange(60) < batch["length"][:, None]``.
+    keys: the names of the fields of a source whose elements are tuples, in order: a torch `DataLoader` over a
+      ``TensorDataset`` (batches ``[x, y]``), a tf.data or grain pipeline of tuples, an iterable of tuple
+      batches; e.g. ``keys=("image", "label")`` makes each batch ``{"image": x, "label": y, "mask": ...}``. A
+      value may be a dict (nested keys); with one key, an element that is a single array is named too.
 
   Returns:
     A `PaddedBatches`, re-iterable when the source is. Each batch is a dict with the source's structure whose array leaves are numpy
@@ -129,6 +134,7 @@ def pad_batches(
   ids = _row_ids(index_key, index_offset, mask_key)
   reserved = (mask_key,) if ids is None else (mask_key, ids.key)
   fitter = ShapeFitter.create(pad_shapes, length_keys, pad_value, reserved)
+  keys = _field_keys(keys, reserved)
   return PaddedBatches(
     source,
     batch_size=batch_size,
@@ -139,7 +145,33 @@ def pad_batches(
     ids=ids,
     fitter=fitter,
     num_devices=num_devices,
+    keys=keys,
   )
+
+
+def _field_keys(keys: Any, reserved: tuple[str, ...]) -> tuple[str, ...] | None:
+  """The checked `keys` of `pad_batches`: a tuple of distinct non-empty strings, none reserved (or None)."""
+  if keys is None:
+    return None
+  if isinstance(keys, str) or not isinstance(keys, cabc.Sequence) or not keys:
+    raise ValueError(
+      f"keys must be a non-empty tuple of strings, the names of a tuple element's fields in order "
+      f"(e.g. keys=('image', 'label')); got {keys!r}"
+    )
+  keys = tuple(keys)
+  bad = [key for key in keys if not isinstance(key, str) or not key]
+  if bad:
+    raise ValueError(f"keys must be non-empty strings; got {bad[0]!r} in keys={keys!r}")
+  if len(set(keys)) < len(keys):
+    twice = next(key for key in keys if keys.count(key) > 1)
+    raise ValueError(f"keys must be distinct; {twice!r} appears twice in keys={keys!r}")
+  taken = [key for key in keys if key in reserved]
+  if taken:
+    raise ValueError(
+      f"keys={keys!r} names a field {taken[0]!r}, the key of the mask or the row ids; rename the field or "
+      "pass another mask_key= / index_key="
+    )
+  return keys
 
 
 def _row_ids(index_key: Any, index_offset: Any, mask_key: str) -> RowIds | None:
@@ -189,6 +221,7 @@ class PaddedBatches(cabc.Iterable):
     ids: RowIds | None = None,
     fitter: ShapeFitter | None = None,
     num_devices: int = 1,
+    keys: tuple[str, ...] | None = None,
   ):
     """Use `pad_batches`, which checks the arguments; the keywords are those of its result."""
     self.mask_key = mask_key
@@ -198,7 +231,7 @@ class PaddedBatches(cabc.Iterable):
     self.index_offset = 0 if ids is None else ids.offset
     self._ids = ids
     self._source_type = type(source).__name__
-    self._source = sources.open_source(source, mask_key=mask_key, batched=batched)
+    self._source = sources.open_source(source, mask_key=mask_key, batched=batched, keys=keys)
     self._fitter = fitter
     self._source.shape_fitter = fitter
     if self._source.spec is not None:
@@ -247,6 +280,20 @@ class PaddedBatches(cabc.Iterable):
         "pass num_batches= to fix it"
       )
     return real
+
+  def __length_hint__(self) -> int:
+    """``len()`` when known, else an estimate of the batches (0: none), as `operator.length_hint` reads it.
+
+    A batched tf.data pipeline of known cardinality whose batch size is not static (``ds.batch(n)``)
+    estimates ``cardinality * ceil(n / batch_size)``, exact when every batch but the last has ``n`` rows;
+    the progress bar of `masked_eval` takes its total from it.
+    """
+    if self.num_batches is not None:
+      return self.num_batches
+    real = self._num_real_batches()
+    if real is None:
+      real = self._source.batches_hint(self.batch_size)
+    return real or 0
 
   def __repr__(self) -> str:
     return (

@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import collections.abc as cabc
 import itertools
+import operator
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -121,7 +122,9 @@ def masked_eval(
       ``"fsdp"`` or ``"batch"`` that the mesh has, in mesh order, else the mesh's first
       axis (`padded_eval.data.sharding.data_axes`); e.g. the ``(data=1, fsdp=8, tensor=1)``
       mesh of flax's lm1b example splits rows 8 ways over ``("data", "fsdp")``.
-    progress: show a tqdm progress bar (batches, and real examples per second).
+    progress: show a tqdm progress bar (batches, and real examples per second), drawn by process 0
+      only; its total is `len(batches)` or their length hint (a tf.data pipeline of known
+      cardinality), and a resumed run starts it at the steps already run.
     mask_key: which rows are real: the batch key of the bool ``[B]`` mask, or a function
       ``batch -> bool [rows, ...]`` (the same as ``mask_fn``).
     steps_in_flight: at most this many dispatched steps not yet finished (>= 1).
@@ -234,7 +237,7 @@ def masked_eval(
   run = _run.start(compiled, params, first, saver, feed.wait_final)
   if run.stored is not None:  # a finished checkpoint_dir asked the same question: its answer
     return _checked(run.stored, run.stored[NUM_EXAMPLES], options.on_invalid)
-  hooks = _hooks(options, run, num_batches, saver)
+  hooks = _hooks(options, run, batches, num_batches, saver)
   state = _run_steps(run, feed, first, hooks)
   metric, num_examples = run.finish(state, feed.wait_final)
   results = _results(metric, num_examples, options.on_invalid)
@@ -308,12 +311,14 @@ def _first_input(feed) -> distributed.StepInput:
   return first
 
 
-def _hooks(options: EvalOptions, run: _run.CompiledRun, num_batches, saver) -> list[Hook]:
+def _hooks(options: EvalOptions, run: _run.CompiledRun, batches, num_batches, saver) -> list[Hook]:
   """The loop's hooks, in the order `Hook.finish` runs them (the saver stores the results
   before the outputs hook pairs them with the rows)."""
   hooks: list[Hook] = []
   if options.progress:
-    hooks.append(Progress(num_batches, options.mask))
+    total = num_batches if num_batches is not None else operator.length_hint(batches) or None
+    initial = 0 if saver is None else saver.resume_at.steps
+    hooks.append(Progress(total, options.mask, initial))
   if saver is not None:
     hooks.append(saver)
   if options.outputs:

@@ -71,12 +71,27 @@ class Outputs(Hook):
 
 
 class Progress(Hook):
-  """``progress=True``: a tqdm bar over batches showing real examples per second (host count)."""
+  """``progress=True``: a tqdm bar over steps (batches) showing the real examples this call read
+  and examples per second (host count), drawn by process 0 only.
 
-  def __init__(self, total: int | None, mask: Any):
+  Args:
+    total: the steps of the whole evaluation (``len(batches)``, else Python's length hint, e.g. a
+      tf.data pipeline of known cardinality), or None (the bar counts without a total).
+    mask: the call's `padded_eval.eval._step.RowMask`.
+    initial: steps already run (a resumed checkpoint): where the bar starts.
+  """
+
+  def __init__(self, total: int | None, mask: Any, initial: int = 0):
+    import jax
     import tqdm  # imported only when asked for
 
-    self._bar = tqdm.tqdm(total=total, unit="batch", desc="masked_eval")
+    self._bar = tqdm.tqdm(
+      total=total,
+      initial=initial,
+      unit="batch",
+      desc="masked_eval",
+      disable=jax.process_index() != 0,  # one bar for the whole run, not one per host
+    )
     self._mask = mask  # a padded_eval.eval._step.RowMask
     self._examples = 0
     self._start = time.perf_counter()
@@ -84,8 +99,9 @@ class Progress(Hook):
   def dispatched(self, step: Dispatched) -> None:
     self._examples += self._mask.count(step.batch)
     elapsed = max(time.perf_counter() - self._start, 1e-9)
+    # strings: tqdm writes numbers in its short form (20000 as 2e+4)
     self._bar.set_postfix(
-      examples=self._examples, ex_per_s=f"{self._examples / elapsed:.0f}", refresh=False
+      examples=f"{self._examples:d}", ex_per_s=f"{self._examples / elapsed:.0f}", refresh=False
     )
     self._bar.update(1)
 

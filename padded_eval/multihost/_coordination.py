@@ -41,16 +41,21 @@ KEY_PREFIX = "padded_eval/masked_eval"
 def service_client() -> Any:
   """The coordination-service client: the one use of JAX's private API in this package.
 
-  JAX has no public handle on the key-value store that `jax.distributed.initialize` set up.
-  The methods used: ``key_value_set``, ``blocking_key_value_get``, ``key_value_dir_get``
-  and ``wait_at_barrier``.
+  JAX (0.10) has no public handle on the key-value store that `jax.distributed.initialize` set
+  up: `jax.distributed` exports only ``initialize``, ``is_initialized`` and ``shutdown``, and
+  ``jax.experimental.multihost_utils`` and orbax reach the client through the same private
+  ``global_state``. The methods used: ``key_value_set``, ``blocking_key_value_get``,
+  ``key_value_dir_get`` and ``wait_at_barrier``. Why not multihost_utils' collectives instead:
+  docs/architecture.md, "Well-kept libraries".
 
   Raises:
     RuntimeError: `jax.distributed` is not initialized.
   """
-  from jax._src import distributed as jax_distributed
+  client = None
+  if jax.distributed.is_initialized():  # the public check; the client itself is private
+    from jax._src import distributed as jax_distributed
 
-  client = jax_distributed.global_state.client
+    client = jax_distributed.global_state.client
   if client is None:
     raise RuntimeError(
       f"masked_eval runs on {jax.process_count()} processes but jax.distributed is not "

@@ -151,7 +151,8 @@ def test_tuple_batches_say_how_to_name_the_fields(kind):
   with pytest.raises(
     ValueError,
     match=r"^batch 0 of the DataLoader is a list of \d values; expected a dict of tensors, so that each "
-    r"field has a name: have the dataset's __getitem__ return a dict",
+    r"field has a name: pass pe.pad_batches\(loader, ..., keys=\(.image., .label.\)\) with one name per value, "
+    r"or have the dataset.s __getitem__ return a dict",
   ):
     list(pe.pad_batches(loader, 4, num_devices=1))
 

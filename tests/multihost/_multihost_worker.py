@@ -102,7 +102,7 @@ def step_fn(params, batch):
   import padded_eval as pe
 
   mask = batch["mask"]
-  logits = batch["x"] @ params["w"] + params["b"]
+  logits = batch["x"] @ params["w"] + params["b"][None, :]  # explicit: rank promotion raises
   preds = batch["x"] @ params["v"]
   metrics = {
     "accuracy": pe.metrics.Accuracy(),
@@ -289,7 +289,7 @@ def run(scenario, process, count):
             os.kill(os.getpid(), signal.SIGKILL)
           time.sleep(3600)
 
-  if kind in ("known",) or (kind in ("mixed", "mismatch", "absent") and process == 0):
+  if kind in ("known", "progress") or (kind in ("mixed", "mismatch", "absent") and process == 0):
     source = rows
   else:
     source = chunks(rows, seed=100 + process, hook=hook)
@@ -297,7 +297,10 @@ def run(scenario, process, count):
   if kind == "tfds":
     source, share = tfds_share(process)
   batches = pe.pad_batches(source, BATCH, num_devices=2, pad_value=garbage_pad())
-  result = pe.masked_eval(step_fn, make_params(), batches, backend=backend, timeout=timeout)
+  progress = kind == "progress"  # a tqdm bar: process 0's stderr only
+  result = pe.masked_eval(
+    step_fn, make_params(), batches, backend=backend, timeout=timeout, progress=progress
+  )
   return result if share is None else dict(result, share=share)
 
 

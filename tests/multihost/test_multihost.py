@@ -25,6 +25,7 @@ from padded_eval.multihost.distributed import process_slice
 pytestmark = pytest.mark.multihost
 
 WORKER = os.path.join(os.path.dirname(__file__), "_multihost_worker.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN_DEADLINE_S = 300  # a run that has not finished by then is a hang: its processes are killed
 GRACE_S = 10  # after one worker exits, the others must follow within this (the stuck one is killed)
 
@@ -72,6 +73,8 @@ def _run(count: int, scenarios: list[str], tmp_dir) -> dict:
   env.update(
     JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", MULTIHOST_TMP=str(tmp_dir)
   )
+  # the workers import this checkout's padded_eval, not whichever one the environment installed
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
   port, start = _free_port(), time.monotonic()
   files = [
     (open(tmp_dir / f"out{p}.txt", "w+"), open(tmp_dir / f"err{p}.txt", "w+")) for p in range(count)
@@ -335,3 +338,18 @@ def test_process_slice_covers_every_row_once_like_tfds(num_examples, count):
   np.testing.assert_array_equal(rows, np.arange(num_examples))
   sizes = [s.stop - s.start for s in slices]
   assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)  # 1667, 1667, 1666
+
+
+def test_only_process_0_draws_the_progress_bar(tmp_path):
+  """masked_eval(progress=True) on 2 real processes: one bar, on process 0's stderr (issue 28)."""
+  run = _run(2, ["progress:pmap:40-23"], tmp_path)
+  assert run["exits"] == {0: 0, 1: 0}, run["stderr"]
+  want = reference([40, 23])
+  for process in range(2):
+    line = _line(run, process, "progress:pmap:40-23")
+    assert "error" not in line, line
+    got = line["result"]
+    assert got["num_examples"] == want["num_examples"] == 63
+    np.testing.assert_allclose(got["accuracy"], want["accuracy"], rtol=1e-6)
+  assert "masked_eval: 100%" in run["stderr"][0], run["stderr"][0]
+  assert "masked_eval:" not in run["stderr"][1], run["stderr"][1]

@@ -60,11 +60,14 @@ class Source(abc.ABC):
     shape_fitter: ``pad_batches(..., pad_shapes=...)``'s `padded_eval.data.sources.shapes.ShapeFitter`, set after
       the source is wrapped; None pads no axis.
     fits_shapes: whether `chunks` already applies `shape_fitter` (through `checked_chunks`).
+    names_fields: whether the kind's ``__init__`` takes ``keys=`` (``pad_batches(..., keys=...)``: the names
+      of the fields of tuple elements, applied with `name_fields`); a kind without it refuses ``keys=``.
   """
 
   description: str = "a data source"
   shape_fitter: ShapeFitter | None = None
   fits_shapes: bool = False
+  names_fields: bool = False
 
   @classmethod
   @abc.abstractmethod
@@ -98,6 +101,12 @@ class Source(abc.ABC):
       ValueError: a chunk that breaks the contract (see `flatten_rows`, `BatchSpec.check_same`), or a one-shot
         source read a second time.
     """
+
+  def batches_hint(self, batch_size: int) -> int | None:
+    """An estimate of the padded batches of `batch_size` rows when `num_rows` is unknown (a progress bar's
+    total; never used to size anything), or None. The default: None."""
+    del batch_size
+    return None
 
   def batch_rows(self) -> int | None:
     """Rows of the source's first batch (``pad_batches(batch_size=None)``), or None if it is not batched.

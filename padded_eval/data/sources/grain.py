@@ -29,6 +29,7 @@ import numpy as np
 from padded_eval.data._tree import flatten, ragged_message, unflatten
 from padded_eval.data.sources.array_like import to_numpy
 from padded_eval.data.sources.base import Chunk, Source, drop_rows
+from padded_eval.data.sources.fields import name_fields
 
 __all__ = ["CHUNK_ROWS", "GrainSource", "grain_kind"]
 
@@ -52,19 +53,29 @@ class GrainSource(Source):
 
   description = "a grain dataset or DataLoader"
   fits_shapes = True
+  names_fields = True
 
   @classmethod
   def accepts(cls, obj: Any) -> bool:
     return grain_kind(obj) is not None
 
-  def __init__(self, obj: Any, *, mask_key: str, batched: bool | None = None):
+  def __init__(
+    self,
+    obj: Any,
+    *,
+    mask_key: str,
+    batched: bool | None = None,
+    keys: tuple[str, ...] | None = None,
+  ):
     """Inspects the pipeline.
 
     Args:
-      obj: a grain `MapDataset`, `IterDataset` or `DataLoader` whose elements are dicts.
+      obj: a grain `MapDataset`, `IterDataset` or `DataLoader` whose elements are dicts, or, with `keys`, tuples
+        (rows ``(x, y)``, or grain's batches of them).
       mask_key: the mask's key; no element key may equal it (checked on reading).
       batched: whether elements are batches; None: a batch step in the pipeline (``.batch``, the Batch
         operation) says so.
+      keys: the names of the fields of tuple elements, in order (see `name_fields`).
 
     Raises:
       ValueError: a pipeline that drops rows (``drop_remainder=True``, sharding with a remainder), repeats
@@ -74,6 +85,7 @@ class GrainSource(Source):
     self._data = obj
     self._kind = grain_kind(obj)
     self._mask_key = mask_key
+    self._keys = keys
     if self._kind == "DataLoader":
       batch_ops = _check_loader(obj)
       self._lineage: list = []
@@ -113,12 +125,13 @@ class GrainSource(Source):
     """Starts a new pass: batches as they come, or rows stacked `batch_size` at a time (a multiple of it for a
     `MapDataset`, whose reader threads each build one chunk). With `shape_fitter` (``pad_shapes``), unbatched
     rows are stacked here (the keys to pad as ragged lists), not by grain's ``.batch``."""
+    keys = self._keys
     if self._batched:
       elements = iter(self._data)
     elif self._kind == "DataLoader" or self.shape_fitter is not None:
       # rows of varying lengths (pad_shapes) are stacked here, as ragged lists for the fitter
       ragged = () if self.shape_fitter is None else tuple(self.shape_fitter.sizes)
-      elements = _stacked(iter(self._data), batch_size, ragged)
+      elements, keys = _stacked(iter(self._data), batch_size, ragged, keys), None  # rows named
     elif self._kind == "MapDataset" and not self._filtered:
       elements = iter(self._data.batch(batch_size * max(1, CHUNK_ROWS // batch_size)))
     else:  # grain batches a filtered MapDataset only as an IterDataset
@@ -126,7 +139,7 @@ class GrainSource(Source):
       elements = iter(data.batch(batch_size))
     if not self._batched:
       elements = self._ragged_named(elements, batch_size)
-    return self._checked(elements)
+    return self._checked(elements, keys)
 
   def _ragged_named(self, elements: Iterator[Any], batch_size: int) -> Iterator[Any]:
     """`elements` (grain's batches of the rows); grain's error for rows of different shapes becomes ours,
@@ -135,7 +148,8 @@ class GrainSource(Source):
       yield from elements
     except ValueError:
       rows = [
-        flatten(_named(row, i), convert=False) for i, row in zip(range(batch_size), self._data)
+        flatten(_named(row, i, self._keys), convert=False)
+        for i, row in zip(range(batch_size), self._data)
       ]
       for path in rows[0] if rows else ():
         message = ragged_message(path, [to_numpy(row[path]) for row in rows if path in row])
@@ -162,13 +176,15 @@ class GrainSource(Source):
     first = next(self.chunks(), None)
     return None if first is None else first[1]
 
-  def _checked(self, elements: Iterator[Any]) -> Iterator[Chunk]:
-    named = (_named(element, index) for index, element in enumerate(elements))
+  def _checked(self, elements: Iterator[Any], keys: tuple[str, ...] | None) -> Iterator[Chunk]:
+    named = (_named(element, index, keys) for index, element in enumerate(elements))
     return self.checked_chunks(named, self._mask_key, "batch {index}")
 
 
-def _named(element: Any, index: int) -> Any:
-  """`element`, if a Mapping; else the ValueError that says how to name its fields."""
+def _named(element: Any, index: int, keys: tuple[str, ...] | None = None) -> Any:
+  """`element`, if a Mapping (a tuple named by `keys`); else the ValueError that says how to name its fields."""
+  if keys is not None:
+    return name_fields(element, keys, f"element {index} of the grain source")
   if isinstance(element, cabc.Mapping):
     return element
   what = f"a {type(element).__name__}"
@@ -176,7 +192,8 @@ def _named(element: Any, index: int) -> Any:
     what += f" of {len(element)} values"
   raise ValueError(
     f"element {index} of the grain source is {what}; expected a dict of arrays, so that each field has a "
-    "name: map the rows to dicts first, e.g. ds.map(lambda row: {'image': row[0], 'label': row[1]})"
+    "name: pass pe.pad_batches(ds, ..., keys=('image', 'label')) with one name per value, or map the rows to "
+    "dicts first, e.g. ds.map(lambda row: {'image': row[0], 'label': row[1]})"
   )
 
 
@@ -274,12 +291,14 @@ def _count(records: int) -> str:
   return "infinitely many" if records >= sys.maxsize else str(records)
 
 
-def _stacked(rows: Iterator[Any], chunk_rows: int, ragged: tuple = ()) -> Iterator[dict]:
-  """Stacks single-row dicts into chunks of `chunk_rows` rows (the last may be short); the keys in `ragged`
-  become lists of rows."""
+def _stacked(
+  rows: Iterator[Any], chunk_rows: int, ragged: tuple = (), keys: tuple[str, ...] | None = None
+) -> Iterator[dict]:
+  """Stacks single-row dicts (tuples named by `keys`) into chunks of `chunk_rows` rows (the last may be
+  short); the keys in `ragged` become lists of rows."""
   pending: list = []
   for index, row in enumerate(rows):
-    pending.append(flatten(_named(row, index), convert=False))
+    pending.append(flatten(_named(row, index, keys), convert=False))
     if len(pending) == chunk_rows:
       yield _stack(pending, ragged)
       pending = []

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from padded_eval.data.sources.base import Chunk, Source, flatten_rows
+from padded_eval.data.sources.fields import name_fields
 
 __all__ = ["IterableSource"]
 
@@ -16,27 +17,43 @@ __all__ = ["IterableSource"]
 class IterableSource(Source):
   """Each batch is checked against the first one; a list of batches is re-read, a one-shot iterator read once.
 
-  The number of rows is known for a Sequence (read from the shapes); otherwise it is unknown.
+  The number of rows is known for a Sequence (read from the shapes); otherwise it is unknown. With `keys`, the
+  batches are tuples (``(x, y)``), named in order.
   """
 
   description = "an iterable of Mappings"
   fits_shapes = True
+  names_fields = True
 
   @classmethod
   def accepts(cls, obj: Any) -> bool:
     return isinstance(obj, cabc.Iterable) and not isinstance(obj, (str, bytes, cabc.Mapping))
 
-  def __init__(self, obj: cabc.Iterable, *, mask_key: str, batched: bool | None = None):
+  def __init__(
+    self,
+    obj: cabc.Iterable,
+    *,
+    mask_key: str,
+    batched: bool | None = None,
+    keys: tuple[str, ...] | None = None,
+  ):
     """Wraps the batches (a Sequence's first element is checked now, nothing else is read).
+
+    Args:
+      obj: the batches: Mappings of arrays ``[rows, ...]``, or, with `keys`, tuples of them.
+      mask_key: the mask's key; no batch key may equal it.
+      batched: ignored (tf.data only).
+      keys: the names of the fields of tuple batches, in order (see `name_fields`).
 
     Raises:
       ValueError: `obj` is an array (its rows would be read as batches), or a Sequence whose first element is
-        not a Mapping.
+        not a Mapping (without `keys`) or does not fit `keys`.
     """
     del batched  # tf.data only
-    _check_not_rows(obj)
+    _check_not_rows(obj, keys)
     self._batches = obj
     self._mask_key = mask_key
+    self._keys = keys
     self._one_shot = isinstance(
       obj, cabc.Iterator
     )  # a generator or iterator: iter() returns itself
@@ -52,6 +69,7 @@ class IterableSource(Source):
     total = 0
     for index, batch in enumerate(self._batches):
       fit = self._fit(total)
+      batch = self._named(batch, index)
       total += flatten_rows(batch, self._mask_key, f"batch {index}", convert=False, fit=fit)[1]
     return total
 
@@ -84,6 +102,7 @@ class IterableSource(Source):
       first = next(iter(self._batches), None)
     if first is None:
       return None
+    first = self._named(first, 0)
     return flatten_rows(first, self._mask_key, "batch 0", convert=False, fit=self._fit(0))[1]
 
   def _fit(self, first_row: int):
@@ -93,11 +112,15 @@ class IterableSource(Source):
       else functools.partial(self.shape_fitter.fit, first_row=first_row)
     )
 
+  def _named(self, batch: Any, index: int) -> Any:
+    return batch if self._keys is None else name_fields(batch, self._keys, f"batch {index}")
+
   def _checked(self, batches: Iterator) -> Iterator[Chunk]:
-    return self.checked_chunks(batches, self._mask_key, "batch {index}")
+    named = (self._named(batch, index) for index, batch in enumerate(batches))
+    return self.checked_chunks(named, self._mask_key, "batch {index}")
 
 
-def _check_not_rows(obj: Any) -> None:
+def _check_not_rows(obj: Any, keys: tuple[str, ...] | None = None) -> None:
   """Refuses at the call what would fail at the first batch: an array, or a Sequence of non-Mappings."""
   expected = (
     "expected a dict of arrays holding the whole dataset (e.g. pe.pad_batches({'x': x, 'label': y}, ...)) or "
@@ -107,12 +130,15 @@ def _check_not_rows(obj: Any) -> None:
     raise ValueError(
       f"source is an array ({type(obj).__name__} of shape {tuple(obj.shape)}), not named fields; {expected}"
     )
-  if isinstance(obj, cabc.Sequence) and len(obj) and not isinstance(obj[0], cabc.Mapping):
+  if isinstance(obj, cabc.Sequence) and len(obj) and keys is not None:
+    name_fields(obj[0], keys, "batch 0")
+  elif isinstance(obj, cabc.Sequence) and len(obj) and not isinstance(obj[0], cabc.Mapping):
     first = obj[0]
     what = type(first).__name__
     if isinstance(first, (tuple, list)):
       what += f" of {len(first)} values"
     raise ValueError(
       f"source is a {type(obj).__name__} whose element 0 is a {what}; {expected}, so that each field has a "
-      "name (e.g. [{'image': x, 'label': y}, ...])"
+      "name (e.g. [{'image': x, 'label': y}, ...]), or tuple batches with pe.pad_batches(..., "
+      "keys=('image', 'label'))"
     )

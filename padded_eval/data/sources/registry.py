@@ -41,21 +41,31 @@ def kinds() -> tuple[type[Source], ...]:
   return tuple(_KINDS)
 
 
-def open_source(obj: Any, *, mask_key: str, batched: bool | None = None) -> Source:
+def open_source(
+  obj: Any, *, mask_key: str, batched: bool | None = None, keys: tuple[str, ...] | None = None
+) -> Source:
   """Wraps `obj` with the last-registered kind that accepts it.
 
   Args:
     obj: the user's source.
     mask_key: passed to the kind (a source key equal to it raises ValueError).
     batched: passed to the kind (tf.data only).
+    keys: the names of the fields of tuple elements, passed to a kind that `names_fields`.
 
   Raises:
     TypeError: no kind accepts `obj` (the message lists the kinds).
-    ValueError: the kind rejects `obj` (see the kind).
+    ValueError: the kind rejects `obj` (see the kind), or `keys` given for a kind whose fields have names.
   """
   for kind in reversed(_KINDS):
     if kind.accepts(obj):
-      return kind(obj, mask_key=mask_key, batched=batched)
+      if keys is None:
+        return kind(obj, mask_key=mask_key, batched=batched)
+      if not kind.names_fields:
+        raise ValueError(
+          f"keys={keys!r} names the fields of tuple elements, but the source is {kind.description} "
+          "(its fields have names already); drop keys="
+        )
+      return kind(obj, mask_key=mask_key, batched=batched, keys=keys)
   names = [kind.description for kind in _KINDS]
   listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
   raise TypeError(f"source must be {listed}; got {type(obj).__name__}")

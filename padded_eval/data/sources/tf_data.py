@@ -22,6 +22,7 @@ import numpy as np
 
 from padded_eval.data._batch_spec import BatchSpec, FlatBatch, LeafSpec, Path
 from padded_eval.data._tree import flatten, path_name, unflatten
+from padded_eval.data.sources import tf_pipeline
 from padded_eval.data.sources.base import (
   ID_DTYPE,
   PADDING_ID,
@@ -30,10 +31,10 @@ from padded_eval.data.sources.base import (
   Source,
   check_index_key,
 )
+from padded_eval.data.sources.fields import name_fields
 
 __all__ = ["TfDataSource", "is_tf_dataset"]
 
-_MAX_PIPELINE_DEPTH = 256
 CHUNK_ROWS = 1024  # rows per chunk when `chunks` reads an unbatched dataset
 
 
@@ -46,42 +47,57 @@ class TfDataSource(Source):
   """Checks a dataset's element spec when wrapped and pads inside the tf.data graph."""
 
   description = "a tf.data.Dataset"
+  names_fields = True
 
   @classmethod
   def accepts(cls, obj: Any) -> bool:
     return is_tf_dataset(obj)
 
-  def __init__(self, obj: Any, *, mask_key: str, batched: bool | None = None):
+  def __init__(
+    self,
+    obj: Any,
+    *,
+    mask_key: str,
+    batched: bool | None = None,
+    keys: tuple[str, ...] | None = None,
+  ):
     """Reads the element spec.
 
     Args:
-      obj: a `tf.data.Dataset` of dicts.
+      obj: a `tf.data.Dataset` of dicts, or, with `keys`, of tuples (``(image, label)``: named by one ``map``
+        in the graph, which keeps the cardinality and the pipeline's checks).
       mask_key: the mask's key; no dataset key may equal it.
       batched: whether elements are batches. None: a scalar leaf means unbatched, an unknown leading size
         means batched, else the pipeline is searched for a batch op.
+      keys: the names of the fields of tuple elements, in order (see `name_fields`).
 
     Raises:
-      ValueError: elements that are not dicts, a key equal to `mask_key`, no tensors, a leaf of unknown rank
+      ValueError: elements that are not dicts (without `keys`), tuples that do not fit `keys`, a key equal to `mask_key`, no tensors, a leaf of unknown rank
         (with `batched` None), static leading sizes that disagree (batched); a pipeline that never ends
         (infinite cardinality), repeats rows (``.repeat(n)``, n other than 1) or drops them
         (``drop_remainder=True``).
     """
+    if keys is not None:
+      obj = _named(obj, keys)
     self._dataset = obj
     element_spec = obj.element_spec
     if not isinstance(element_spec, cabc.Mapping):
       raise ValueError(
         f"expected a tf.data.Dataset of dicts, got elements of type {type(element_spec).__name__}; "
-        "map them to a dict first, e.g. ds.map(lambda x, y: {'image': x, 'label': y})"
+        "pass pe.pad_batches(ds, ..., keys=('image', 'label')) with one name per value, or map them to a "
+        "dict first, e.g. ds.map(lambda x, y: {'image': x, 'label': y})"
       )
     if mask_key in element_spec:
       raise ValueError(
         f"the dataset has a key {mask_key!r} equal to mask_key; rename it or pass another mask_key="
       )
-    _check_rows_read_once(obj)
+    tf_pipeline.check_rows_read_once(obj)
     self._tensor_specs = flatten(element_spec, convert=False)
     if not self._tensor_specs:
       raise ValueError("expected a dataset of dicts with at least one tensor, got no tensors")
-    self._batched = _infer_batched(obj, self._tensor_specs) if batched is None else bool(batched)
+    self._batched = (
+      tf_pipeline.infer_batched(obj, self._tensor_specs) if batched is None else bool(batched)
+    )
     if self._batched:
       _check_static_leading_sizes(self._tensor_specs)
     skip = 1 if self._batched else 0
@@ -107,6 +123,10 @@ class TfDataSource(Source):
     leading = {spec.shape[0] for spec in self._tensor_specs.values()}
     size = leading.pop() if len(leading) == 1 else None
     return None if size is None else cardinality * size
+
+  def batches_hint(self, batch_size: int) -> int | None:
+    """See `tf_pipeline.batches_hint` (nothing is read)."""
+    return tf_pipeline.batches_hint(self._dataset, self._batched, batch_size)
 
   def batch_rows(self) -> int | None:
     """The static batch size, else the rows of the first element; None if the dataset is not batched."""
@@ -239,98 +259,19 @@ class TfDataSource(Source):
     )
 
 
+def _named(dataset: Any, keys: tuple[str, ...]) -> Any:
+  """`dataset` with its tuple elements as dicts of `keys` (one ``map``: cardinality and lineage are kept)."""
+  name_fields(
+    dataset.element_spec, keys, "an element of the tf.data.Dataset"
+  )  # the check, on the spec
+  if isinstance(dataset.element_spec, (tuple, list)):
+    return dataset.map(lambda *fields: dict(zip(keys, fields)))
+  return dataset.map(lambda field: {keys[0]: field})
+
+
 def _parsed_shape(text: str) -> tuple[int, ...]:
   """A shape as tf.data's messages print it, ``"[3, 2]"``, as a tuple."""
   return tuple(int(size) for size in text.strip("[]").split(",") if size.strip())
-
-
-def _infer_batched(dataset: Any, specs: dict) -> bool:
-  """Whether elements are batches: a scalar leaf says no, an unknown leading size says yes, else a batch op does."""
-  ranks = [spec.shape.rank for spec in specs.values()]
-  if None in ranks:
-    raise ValueError(
-      f"key {path_name(next(p for p, s in specs.items() if s.shape.rank is None))} has unknown rank; "
-      "pass batched=True or batched=False"
-    )
-  if 0 in ranks:
-    return False
-  leading = [spec.shape[0] for spec in specs.values()]
-  if None in leading:
-    return True
-  if len(set(leading)) > 1:
-    return False
-  node = dataset
-  for _ in range(_MAX_PIPELINE_DEPTH):
-    name = type(node).__name__.lower()
-    if "unbatch" in name:
-      return False
-    if "batch" in name:
-      return True
-    node = getattr(
-      node, "_input_dataset", None
-    )  # tf.data keeps no public handle on a dataset's input
-    if node is None:
-      return False
-  return False
-
-
-def _check_rows_read_once(dataset: Any) -> None:
-  """Refuses a pipeline that never ends, repeats its rows or drops some (``drop_remainder=True``)."""
-  import tensorflow as tf
-
-  if int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
-    raise ValueError(
-      "the tf.data.Dataset is infinite (its cardinality is tf.data.INFINITE_CARDINALITY, e.g. after "
-      ".repeat()), so the evaluation would never end; evaluate a pipeline that reads every row once "
-      "(without .repeat())"
-    )
-  for node in _pipeline(dataset):
-    name = type(node).__name__
-    if "Repeat" in name and hasattr(node, "_count"):
-      count = int(node._count)
-      if count != 1:
-        times = "forever (.repeat())" if count < 0 else f"{count} times (.repeat({count}))"
-        raise ValueError(
-          f"the tf.data.Dataset repeats its rows {times}, so rows would not count exactly once; "
-          "evaluate a pipeline without repeat (or with .repeat(1))"
-        )
-    if "batch" in name.lower() and bool(getattr(node, "_drop_remainder", False)):
-      lost = _rows_dropped(node)
-      if lost:
-        raise ValueError(
-          f"the tf.data.Dataset is batched with drop_remainder=True, which drops the last rows{lost}; "
-          "batch with drop_remainder=False (pad_batches pads the short last batch and masks its padding)"
-        )
-
-
-def _rows_dropped(batch_node: Any) -> str:
-  """How many rows a ``drop_remainder=True`` batch drops, in words ("" when its input fills every batch)."""
-  size = getattr(batch_node, "_batch_size", None)
-  parent = getattr(batch_node, "_input_dataset", None)
-  if size is None:  # a rebatch: its input's rows are not counted here
-    return " (the rows of the short last batch)"
-  size = int(size)
-  rows = -1 if parent is None else int(parent.cardinality())
-  if rows < 0:
-    return f" (up to {size - 1} rows of batches of {size}; the input's row count is unknown)"
-  if rows % size == 0:
-    return ""
-  return f": {rows % size} of {rows} rows in batches of {size} would never be evaluated"
-
-
-def _pipeline(dataset: Any) -> Iterator[Any]:
-  """The dataset and the datasets it reads from (tf.data keeps no public handle on a dataset's inputs)."""
-  pending, seen = [dataset], set()
-  while pending and len(seen) < _MAX_PIPELINE_DEPTH:
-    node = pending.pop()
-    if id(node) in seen:
-      continue
-    seen.add(id(node))
-    yield node
-    try:
-      pending.extend(node._inputs())
-    except (AttributeError, NotImplementedError, TypeError):
-      continue
 
 
 def _check_static_leading_sizes(specs: dict) -> None:

@@ -4,7 +4,8 @@ Each batch's leaves become numpy arrays with `array_like.to_numpy`: ``np.asarray
 host for others, and bfloat16 / float8 tensors reinterpreted bit for bit as the `ml_dtypes` types jax uses
 (``np.asarray`` alone refuses them). The same conversion serves every iterable of dicts of array-likes (a plain
 generator of torch or jax batches is an `IterableSource`). Batches that are tuples or lists (a `TensorDataset`'s
-``[x, y]``) are refused with a ValueError that says how to name the fields.
+``[x, y]``) are named by ``pad_batches(..., keys=("image", "label"))``; without `keys` they are refused with a
+ValueError that says how to name the fields.
 
 `len()` of the padded batches is known when the loader's sampler knows its length (a map-style dataset with
 automatic batching); an iterable-style dataset or a custom batch sampler leaves it unknown. A `DataLoader` starts a
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from padded_eval.data.sources.base import Chunk, Source
+from padded_eval.data.sources.fields import name_fields
 
 __all__ = ["TorchLoaderSource", "is_torch_loader"]
 
@@ -35,18 +37,28 @@ class TorchLoaderSource(Source):
 
   description = "a torch DataLoader"
   fits_shapes = True
+  names_fields = True
 
   @classmethod
   def accepts(cls, obj: Any) -> bool:
     return is_torch_loader(obj)
 
-  def __init__(self, obj: Any, *, mask_key: str, batched: bool | None = None):
+  def __init__(
+    self,
+    obj: Any,
+    *,
+    mask_key: str,
+    batched: bool | None = None,
+    keys: tuple[str, ...] | None = None,
+  ):
     """Wraps the loader (nothing is read yet).
 
     Args:
-      obj: a `torch.utils.data.DataLoader` yielding dicts (nested dicts allowed) of tensors ``[rows, ...]``.
+      obj: a `torch.utils.data.DataLoader` yielding dicts (nested dicts allowed) of tensors ``[rows, ...]``, or,
+        with `keys`, tuples or lists of them (a `TensorDataset`'s ``[x, y]``).
       mask_key: the mask's key; no batch key may equal it.
       batched: ignored (a DataLoader yields batches).
+      keys: the names of the fields of tuple batches, in order (see `name_fields`).
 
     Raises:
       ValueError: a `DistributedSampler` over a dataset its replicas do not divide (it repeats or drops rows).
@@ -55,6 +67,7 @@ class TorchLoaderSource(Source):
     _check_sampler(getattr(obj, "sampler", None))
     self._loader = obj
     self._mask_key = mask_key
+    self._keys = keys
 
   @property
   def spec(self) -> None:
@@ -85,13 +98,15 @@ class TorchLoaderSource(Source):
     return None if first is None else first[1]
 
   def _checked(self, batches: Iterator[Any]) -> Iterator[Chunk]:
-    return self.checked_chunks(_named(batches), self._mask_key, "batch {index}")
+    return self.checked_chunks(_named(batches, self._keys), self._mask_key, "batch {index}")
 
 
-def _named(batches: Iterator[Any]) -> Iterator[cabc.Mapping]:
-  """The batches, each checked to be a Mapping (a ValueError that says how to name the fields)."""
+def _named(batches: Iterator[Any], keys: tuple[str, ...] | None) -> Iterator[cabc.Mapping]:
+  """The batches, each a Mapping: tuples named by `keys`; else a ValueError that says how to name the fields."""
   for index, batch in enumerate(batches):
-    if not isinstance(batch, cabc.Mapping):
+    if keys is not None:
+      batch = name_fields(batch, keys, f"batch {index} of the DataLoader")
+    elif not isinstance(batch, cabc.Mapping):
       raise ValueError(_unnamed_message(batch, index))
     yield batch
 
@@ -128,7 +143,8 @@ def _unnamed_message(batch: Any, index: int) -> str:
     what += f" of {len(batch)} values"
   return (
     f"batch {index} of the DataLoader is {what}; expected a dict of tensors, so that each field has a name: "
-    "have the dataset's __getitem__ return a dict, e.g. {'image': x, 'label': y} (the default collate_fn "
+    "pass pe.pad_batches(loader, ..., keys=('image', 'label')) with one name per value, or have the "
+    "dataset's __getitem__ return a dict, e.g. {'image': x, 'label': y} (the default collate_fn "
     "stacks it into a dict of tensors), or pass collate_fn=lambda rows: {'image': torch.stack([r[0] for r "
     "in rows]), 'label': torch.stack([r[1] for r in rows])}"
   )

@@ -1,0 +1,124 @@
+"""What a tf.data pipeline does to its rows, read through tf.data's private lineage (``_inputs()``,
+``_input_dataset``, a batch op's ``_batch_size`` and ``_drop_remainder``): whether its elements are
+batches, whether it reads every row once, and how many padded batches it will give (an estimate).
+
+TensorFlow is imported only inside these functions, once a dataset has been passed (see `tf_data`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from padded_eval.data._tree import path_name
+
+__all__ = ["batches_hint", "check_rows_read_once", "infer_batched", "pipeline", "rows_dropped"]
+
+MAX_PIPELINE_DEPTH = 256
+
+
+def batches_hint(dataset: Any, batched: bool, batch_size: int) -> int | None:
+  """A batched pipeline of known cardinality whose batch size is not static (``ds.batch(n)``): the rows
+  its nearest batch op reads (that op's input cardinality, else ``cardinality * n``) over `batch_size`,
+  an estimate (a map may change a batch's rows); else None. Nothing is read."""
+  cardinality = int(dataset.cardinality())
+  if not batched or cardinality < 0:
+    return None
+  for node in pipeline(dataset):
+    size = getattr(node, "_batch_size", None)  # tf.data keeps the batch op's parts private
+    if "batch" not in type(node).__name__.lower() or size is None:
+      continue
+    parent = getattr(node, "_input_dataset", None)
+    rows = -1 if parent is None else int(parent.cardinality())
+    rows = rows if rows >= 0 else cardinality * int(size)
+    return -(-rows // batch_size)
+  return None
+
+
+def infer_batched(dataset: Any, specs: dict) -> bool:
+  """Whether elements are batches: a scalar leaf says no, an unknown leading size says yes, else a batch op does."""
+  ranks = [spec.shape.rank for spec in specs.values()]
+  if None in ranks:
+    raise ValueError(
+      f"key {path_name(next(p for p, s in specs.items() if s.shape.rank is None))} has unknown rank; "
+      "pass batched=True or batched=False"
+    )
+  if 0 in ranks:
+    return False
+  leading = [spec.shape[0] for spec in specs.values()]
+  if None in leading:
+    return True
+  if len(set(leading)) > 1:
+    return False
+  node = dataset
+  for _ in range(MAX_PIPELINE_DEPTH):
+    name = type(node).__name__.lower()
+    if "unbatch" in name:
+      return False
+    if "batch" in name:
+      return True
+    node = getattr(
+      node, "_input_dataset", None
+    )  # tf.data keeps no public handle on a dataset's input
+    if node is None:
+      return False
+  return False
+
+
+def check_rows_read_once(dataset: Any) -> None:
+  """Refuses a pipeline that never ends, repeats its rows or drops some (``drop_remainder=True``)."""
+  import tensorflow as tf
+
+  if int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
+    raise ValueError(
+      "the tf.data.Dataset is infinite (its cardinality is tf.data.INFINITE_CARDINALITY, e.g. after "
+      ".repeat()), so the evaluation would never end; evaluate a pipeline that reads every row once "
+      "(without .repeat())"
+    )
+  for node in pipeline(dataset):
+    name = type(node).__name__
+    if "Repeat" in name and hasattr(node, "_count"):
+      count = int(node._count)
+      if count != 1:
+        times = "forever (.repeat())" if count < 0 else f"{count} times (.repeat({count}))"
+        raise ValueError(
+          f"the tf.data.Dataset repeats its rows {times}, so rows would not count exactly once; "
+          "evaluate a pipeline without repeat (or with .repeat(1))"
+        )
+    if "batch" in name.lower() and bool(getattr(node, "_drop_remainder", False)):
+      lost = rows_dropped(node)
+      if lost:
+        raise ValueError(
+          f"the tf.data.Dataset is batched with drop_remainder=True, which drops the last rows{lost}; "
+          "batch with drop_remainder=False (pad_batches pads the short last batch and masks its padding)"
+        )
+
+
+def rows_dropped(batch_node: Any) -> str:
+  """How many rows a ``drop_remainder=True`` batch drops, in words ("" when its input fills every batch)."""
+  size = getattr(batch_node, "_batch_size", None)
+  parent = getattr(batch_node, "_input_dataset", None)
+  if size is None:  # a rebatch: its input's rows are not counted here
+    return " (the rows of the short last batch)"
+  size = int(size)
+  rows = -1 if parent is None else int(parent.cardinality())
+  if rows < 0:
+    return f" (up to {size - 1} rows of batches of {size}; the input's row count is unknown)"
+  if rows % size == 0:
+    return ""
+  return f": {rows % size} of {rows} rows in batches of {size} would never be evaluated"
+
+
+def pipeline(dataset: Any) -> Iterator[Any]:
+  """The dataset and the datasets it reads from (tf.data keeps no public handle on a dataset's inputs)."""
+  pending, seen = [dataset], set()
+  while pending and len(seen) < MAX_PIPELINE_DEPTH:
+    node = pending.pop()
+    if id(node) in seen:
+      continue
+    seen.add(id(node))
+    yield node
+    try:
+      pending.extend(node._inputs())
+    except (AttributeError, NotImplementedError, TypeError):
+      continue
