@@ -557,3 +557,34 @@ CASES += [
     atol=2e-5,
   ),
 ]
+
+
+# --- issue 31: MSE / MAE / RMSE per output (scikit-learn multioutput=, sample_weight=) --------
+
+
+def _sk_per_output(fn, multioutput):
+  def reference(bs):
+    weights = np.array(multioutput) if isinstance(multioutput, tuple) else multioutput
+    return fn(
+      real(bs, "target"),
+      real(bs, "preds"),
+      sample_weight=real(bs, "weights"),
+      multioutput=weights,
+    )
+
+  return reference
+
+
+CASES += [
+  MetricCase(
+    f"{name}_{label}_weighted",
+    lambda cls=cls, mo=mo: cls(num_outputs=3, multioutput=mo),
+    lambda rng: padded_batches(rng, {**_REGRESSION_3, "weights": _positive()}),
+    _sk_per_output(fn, mo),
+  )
+  for name, cls, fn, label, mo in [
+    ("mse", pe.metrics.MSE, sklearn.metrics.mean_squared_error, "raw", "raw_values"),
+    ("mae", pe.metrics.MAE, sklearn.metrics.mean_absolute_error, "array", _R2_WEIGHTS),
+    ("rmse", pe.metrics.RMSE, sklearn.metrics.root_mean_squared_error, "raw", "raw_values"),
+  ]
+]

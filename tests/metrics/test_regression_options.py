@@ -52,3 +52,14 @@ def test_r2_force_finite_false_constant_target():
   off = pe.metrics.R2Score(force_finite=False).update(preds=target + 1, target=target)
   assert np.isnan(float(exact.compute()))
   assert float(off.compute()) == -np.inf
+
+
+@pytest.mark.parametrize("name", ["MSE", "MAE", "RMSE"])
+def test_per_output_means_refuse_bad_options(name):
+  cls = getattr(pe.metrics, name)
+  with pytest.raises(ValueError, match="variance_weighted"):  # not a choice here
+    cls(num_outputs=3, multioutput="variance_weighted")
+  with pytest.raises(ValueError, match=re.escape("shape (3,)")):
+    cls(num_outputs=3, multioutput=(1.0, 1.0))
+  with pytest.raises(ValueError, match=re.escape("[batch, ..., 3]")):
+    cls(num_outputs=3).update(preds=np.zeros((4, 2)), target=np.zeros((4, 2)))
