@@ -601,3 +601,95 @@ CASES.append(
 from _curve_option_cases import BRIER_CASES  # noqa: E402
 
 CASES += BRIER_CASES
+
+
+# --- issue 31: R2Score adjusted= / force_finite= / multioutput weights ------------------------
+
+
+def _constant_column(rng, b):
+  target = (0.5 + 2.0 * rng.standard_normal((b, 3))).astype(np.float32)
+  target[:, 1] = 2.0  # SS_tot == 0 on output 1
+  return target
+
+
+def _adjusted_r2(bs, k, **kwargs):
+  """torchmetrics' adjusted R2 on scikit-learn's score; ``n`` the real rows."""
+  r2 = sklearn.metrics.r2_score(real(bs, "target"), real(bs, "preds"), **kwargs)
+  n = len(real(bs, "target"))
+  return 1.0 - (1.0 - r2) * (n - 1) / (n - k - 1)
+
+
+def _r2_not_finite(bs):
+  with np.errstate(divide="ignore", invalid="ignore"):  # SS_res / 0: -inf, as asked
+    return sklearn.metrics.r2_score(
+      real(bs, "target"), real(bs, "preds"), multioutput="raw_values", force_finite=False
+    )
+
+
+_R2_WEIGHTS = (0.2, 0.0, 1.3)
+CASES += [
+  MetricCase(
+    "r2_adjusted",
+    lambda: pe.metrics.R2Score(adjusted=3),
+    lambda rng: padded_batches(rng, _REGRESSION),
+    lambda bs: _adjusted_r2(bs, 3),
+    atol=2e-5,
+  ),
+  MetricCase(
+    "r2_adjusted_raw",
+    lambda: pe.metrics.R2Score(num_outputs=3, multioutput="raw_values", adjusted=2),
+    lambda rng: padded_batches(rng, _REGRESSION_3),
+    lambda bs: _adjusted_r2(bs, 2, multioutput="raw_values"),
+    atol=2e-5,
+  ),
+  MetricCase(
+    "r2_multioutput_array_weighted",
+    lambda: pe.metrics.R2Score(num_outputs=3, multioutput=_R2_WEIGHTS),
+    lambda rng: padded_batches(rng, {**_REGRESSION_3, "weights": _positive()}),
+    lambda bs: sklearn.metrics.r2_score(
+      real(bs, "target"),
+      real(bs, "preds"),
+      sample_weight=real(bs, "weights"),
+      multioutput=np.array(_R2_WEIGHTS),
+    ),
+    atol=2e-5,
+  ),
+  MetricCase(
+    "r2_force_finite_false_raw",
+    lambda: pe.metrics.R2Score(num_outputs=3, multioutput="raw_values", force_finite=False),
+    lambda rng: padded_batches(rng, {"preds": _normal(3), "target": _constant_column}),
+    lambda bs: _r2_not_finite(bs),
+    atol=2e-5,
+  ),
+]
+
+
+# --- issue 31: MSE / MAE / RMSE per output (scikit-learn multioutput=, sample_weight=) --------
+
+
+def _sk_per_output(fn, multioutput):
+  def reference(bs):
+    weights = np.array(multioutput) if isinstance(multioutput, tuple) else multioutput
+    return fn(
+      real(bs, "target"),
+      real(bs, "preds"),
+      sample_weight=real(bs, "weights"),
+      multioutput=weights,
+    )
+
+  return reference
+
+
+CASES += [
+  MetricCase(
+    f"{name}_{label}_weighted",
+    lambda cls=cls, mo=mo: cls(num_outputs=3, multioutput=mo),
+    lambda rng: padded_batches(rng, {**_REGRESSION_3, "weights": _positive()}),
+    _sk_per_output(fn, mo),
+  )
+  for name, cls, fn, label, mo in [
+    ("mse", pe.metrics.MSE, sklearn.metrics.mean_squared_error, "raw", "raw_values"),
+    ("mae", pe.metrics.MAE, sklearn.metrics.mean_absolute_error, "array", _R2_WEIGHTS),
+    ("rmse", pe.metrics.RMSE, sklearn.metrics.root_mean_squared_error, "raw", "raw_values"),
+  ]
+]

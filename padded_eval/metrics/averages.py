@@ -14,7 +14,9 @@ import jax.numpy as jnp
 
 from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import element_weights
+from padded_eval.metrics._multioutput import check_multioutput, combine
 from padded_eval.metrics.base import Metric, Totals, empty_count, state
+from padded_eval.validation import check_positive_int
 
 
 def zero_total(_metric=None) -> ExactSum:
@@ -130,10 +132,59 @@ def _error(preds, target) -> jax.Array:
   return preds - target
 
 
-class MSE(WeightedMean):
+def _output_total(metric) -> ExactSum:
+  return ExactSum.zeros(() if metric.num_outputs == 1 else (metric.num_outputs,))
+
+
+class _PerOutputMean(WeightedMean):
+  """A weighted mean per output (``num_outputs`` columns on the last axis) combined as
+  ``multioutput`` asks (scikit-learn: ``"uniform_average"``, ``"raw_values"`` or
+  ``num_outputs`` weights)."""
+
+  num_outputs: int = 1
+  multioutput: str | tuple[float, ...] = "uniform_average"
+  total: ExactSum = state(_output_total)
+  weight: ExactSum = state(_output_total)
+
+  def _check_config(self):
+    check_positive_int("num_outputs", self.num_outputs)
+    check_multioutput(self, self.num_outputs, ("uniform_average", "raw_values"))
+
+  def _batch_state(self, *, mask=None, weights=None, **kwargs):
+    if self.num_outputs == 1:
+      return super()._batch_state(mask=mask, weights=weights, **kwargs)
+    values, ref = self._values(**kwargs)
+    if values.ndim < 2 or values.shape[-1] != self.num_outputs:
+      raise ValueError(
+        f"num_outputs={self.num_outputs} expects preds and target of shape "
+        f"[batch, ..., {self.num_outputs}]; got {values.shape}"
+      )
+    real, w = element_weights(mask, weights, values.shape, ref)
+    axes = tuple(range(values.ndim - 1))
+    used = real & (w != 0)
+    total = ExactSum.of_sum(values, axis=axes, where=used, weights=w, power=self.power)
+    weight = ExactSum.of_sum(jnp.where(used, w, 0.0), axis=axes)
+    return {"total": total, "weight": weight}
+
+  def _per_output(self) -> jax.Array:
+    return self.total.ratio(self.weight)
+
+  def compute(self) -> jax.Array:
+    """The weighted mean (``[D]`` with ``multioutput="raw_values"``); NaN if none seen."""
+    return combine(self._per_output(), self.multioutput)
+
+
+class MSE(_PerOutputMean):
   """Mean squared error ``mean((preds - target)**2)`` over real elements.
 
   The squares are formed on scaled errors: finite whenever the result fits float32.
+
+  Args:
+    num_outputs: 1 (every element is one observation) or ``D``: ``preds`` / ``target``
+      ``[batch, ..., D]``, one mean per output (scikit-learn's ``multioutput``).
+    multioutput: ``"uniform_average"`` (the mean of the outputs' values; for MSE and MAE
+      the mean over all elements), ``"raw_values"`` (``[D]``) or ``D`` weights. RMSE
+      takes the root per output first, as scikit-learn's ``root_mean_squared_error``.
 
   Examples:
     >>> import numpy as np
@@ -151,7 +202,7 @@ class MSE(WeightedMean):
     return _error(preds, target), "preds"
 
 
-class MAE(WeightedMean):
+class MAE(_PerOutputMean):
   """Mean absolute error ``mean(|preds - target|)`` over real elements.
 
   Examples:
@@ -179,6 +230,6 @@ class RMSE(MSE):
     1.633
   """
 
-  def compute(self) -> jax.Array:
+  def _per_output(self) -> jax.Array:
     """``sqrt(sum(w * e**2) / sum(w))`` formed on the scaled totals (no overflow)."""
     return self.total.ratio(self.weight, sqrt=True)

@@ -39,8 +39,9 @@ from padded_eval.exact.accumulate import (
   upcast,
 )
 from padded_eval.masking import element_weights
+from padded_eval.metrics._multioutput import MULTIOUTPUT_NAMES, check_multioutput, combine
 from padded_eval.metrics.base import Metric, empty_count, state
-from padded_eval.validation import check_choice
+from padded_eval.validation import check_choice, check_nonnegative_int
 
 
 def _outer(u, v):
@@ -306,7 +307,15 @@ class R2Score(Metric):
     num_outputs: 1 (every element of ``preds`` is one observation) or ``D`` for
       ``preds`` / ``target`` ``[batch, ..., D]``, one score per output.
     multioutput: ``"uniform_average"`` (mean of the outputs' scores),
-      ``"variance_weighted"`` (weighted by ``SS_tot``) or ``"raw_values"`` (``[D]``).
+      ``"variance_weighted"`` (weighted by ``SS_tot``), ``"raw_values"`` (``[D]``) or
+      ``D`` non-negative weights (scikit-learn's array ``multioutput``).
+    adjusted: ``k`` independent regressors: the adjusted score
+      ``1 - (1 - r2) * (n - 1) / (n - k - 1)`` (torchmetrics ``adjusted=``), applied to
+      the combined score, ``n`` the total weight (the observation count when
+      unweighted). NaN when ``n - k - 1 <= 0`` (torchmetrics warns and returns the
+      plain score there; inside jit nothing can warn). 0: the plain score.
+    force_finite: scikit-learn's ``force_finite``. False: an output with
+      ``SS_tot == 0`` scores NaN if ``SS_res == 0`` and else ``-inf``.
 
   Update keywords: ``preds``, ``target`` float of equal shape; ``mask`` / ``weights``
   a prefix of their shape.
@@ -322,7 +331,9 @@ class R2Score(Metric):
   higher_is_better: ClassVar[bool | None] = True
 
   num_outputs: int = 1
-  multioutput: str = "uniform_average"
+  multioutput: str | tuple[float, ...] = "uniform_average"
+  adjusted: int = 0
+  force_finite: bool = True
   target_moments: Moments = state(lambda self: Moments.zeros(self._output_shape(), 1))
   residual: ExactSum = state(lambda self: ExactSum.zeros(self._output_shape()))
   example_rows: ExactCount = state(empty_count)
@@ -335,9 +346,9 @@ class R2Score(Metric):
 
   def _check_config(self):
     _check_num_outputs(self.num_outputs)
-    check_choice(
-      "multioutput", self.multioutput, ("uniform_average", "variance_weighted", "raw_values")
-    )
+    check_multioutput(self, self.num_outputs, MULTIOUTPUT_NAMES)
+    check_nonnegative_int("adjusted", self.adjusted)
+    check_choice("force_finite", self.force_finite, (True, False))
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     preds, target, real, w, axes = _pair(preds, target, self.num_outputs, mask, weights)
@@ -350,19 +361,23 @@ class R2Score(Metric):
     residual, _ = self.residual.frexp()
     seen = self.target_moments.count.total() > 0
     ratio = self.residual.ratio(ss_tot)
-    scores = jnp.where(spread, 1.0 - ratio, jnp.where(residual == 0, 1.0, 0.0))
+    constant = jnp.where(residual == 0, 1.0, 0.0)
+    if not self.force_finite:
+      constant = jnp.where(residual == 0, jnp.nan, -jnp.inf)
+    scores = jnp.where(spread, 1.0 - ratio, constant)
     scores = jnp.where(seen, scores, jnp.nan)
-    if self.multioutput == "raw_values" or self.num_outputs == 1:
-      return scores
-    if self.multioutput == "variance_weighted":
-      # SS_tot relative to the largest one (exact powers of two: no overflow).
-      mantissa, exp = ss_tot.frexp()
-      largest = jnp.max(jnp.where(spread, exp, ZERO_EXPONENT))
-      weight = jnp.where(spread, ldexp(mantissa, exp - largest), 0.0)
-      total_weight = jnp.sum(weight)
-      weighted = jnp.sum(weight * scores) / jnp.where(total_weight > 0, total_weight, 1.0)
-      return jnp.where(total_weight > 0, weighted, jnp.mean(scores))
-    return jnp.mean(scores)
+    # SS_tot relative to the largest one (exact powers of two: no overflow).
+    mantissa, exp = ss_tot.frexp()
+    largest = jnp.max(jnp.where(spread, exp, ZERO_EXPONENT))
+    weight = jnp.where(spread, ldexp(mantissa, exp - largest), 0.0)
+    r2 = combine(scores, self.multioutput, weight)
+    if not self.adjusted:
+      return r2
+    n = self.target_moments.count.total()
+    n = n if jnp.ndim(r2) else jnp.max(n)
+    dof = n - self.adjusted - 1.0
+    adjusted = 1.0 - (1.0 - r2) * ((n - 1.0) / jnp.where(dof > 0, dof, 1.0))
+    return jnp.where(dof > 0, adjusted, jnp.nan)
 
 
 class PearsonCorrelation(Metric):

@@ -327,3 +327,33 @@ def test_pearson_is_scale_invariant(seed, n, scale):
   preds, target = _correlated(rng, n, scale, 0.0, 0.9)
   got = evaluate_randomly(pe.metrics.PearsonCorrelation(), {"preds": preds, "target": target}, rng)
   assert_close(got, _pearson(_seen(preds), _seen(target)), atol=64 * EPS)
+
+
+# --- issue 31: per-output MSE / MAE / RMSE (multioutput="raw_values") -------------------------
+
+_PER_OUTPUT = {
+  "mse": (pe.metrics.MSE, sklearn.metrics.mean_squared_error),
+  "mae": (pe.metrics.MAE, sklearn.metrics.mean_absolute_error),
+  "rmse": (pe.metrics.RMSE, sklearn.metrics.root_mean_squared_error),
+}
+
+
+@given(
+  seed=SEEDS,
+  n=ROWS,
+  name=st.sampled_from(sorted(_PER_OUTPUT)),
+  scale=st.sampled_from([1e-25, 1.0, 1e18]),
+  offset=st.sampled_from([0.0, 1e6]),
+  weighted=st.booleans(),
+)
+def test_per_output_errors_any_scale_offset_and_weights(seed, n, name, scale, offset, weighted):
+  rng = np.random.default_rng(seed)
+  cls, reference = _PER_OUTPUT[name]
+  preds = _values(rng, n, scale, offset, shape=(3,))
+  target = _values(rng, n, scale, offset, shape=(3,))
+  weights = _weights(rng, n, weighted)
+  metric = cls(num_outputs=3, multioutput="raw_values")
+  got = evaluate_randomly(metric, _fields(weights, preds=preds, target=target), rng)
+  want = reference(_seen(target), _seen(preds), sample_weight=weights, multioutput="raw_values")
+  # MSE of scale 1e-25 is ~1e-50: below float32, it rounds to 0 (atol: the smallest normal).
+  assert_close(got, want, rtol=64 * EPS, atol=float(np.finfo(np.float32).tiny))
