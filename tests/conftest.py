@@ -44,6 +44,7 @@ def pytest_collection_modifyitems(items):
     if item.get_closest_marker("multihost") is not None:
       item.add_marker(pytest.mark.slow)
 
+
 # The tests' helper modules (case tables, references, multi-process workers) are imported by
 # the tests that use them, never collected on their own: --doctest-modules would import them
 # first and out of order (a table that appends the rows of another would import itself back).

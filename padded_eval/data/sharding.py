@@ -125,6 +125,8 @@ def local_blocks(leaf: jax.Array) -> list[jax.Array]:
   The addressable shards are taken once per range of rows (a replica over other mesh axes is
   skipped) and sorted by their first row. With several processes these are this process's rows.
   """
+  if leaf.ndim == 0:  # a scalar has no rows: every addressable shard is a full copy
+    return [leaf.addressable_shards[0].data]
   by_start = {}
   for shard in leaf.addressable_shards:
     by_start.setdefault(shard.index[0].start or 0, shard.data)

@@ -180,3 +180,14 @@ def test_docstring_example():
 
   result = doctest.testmod(padded_eval.data.sharding)
   assert result.attempted > 0 and result.failed == 0
+
+
+def test_local_blocks_of_a_scalar_is_its_one_value():
+  """A replicated scalar (the lockstep's live-rows count) has no rows to split: one block.
+  The renovated helper indexed its missing row axis (IndexError with a process of 0 rows)."""
+  from padded_eval.data.sharding import local_blocks
+
+  mesh = Mesh(np.array(jax.devices()), ("data",))
+  scalar = jax.device_put(jnp.int32(7), NamedSharding(mesh, P()))
+  (block,) = local_blocks(scalar)
+  assert int(block) == 7

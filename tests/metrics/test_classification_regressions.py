@@ -418,7 +418,15 @@ def test_config_checks_go_through_validation(make, argname):
 def test_inputs_are_parsed_once_for_every_classification_metric():
   """The formatter is the only parser: no _config or private input parser is left."""
   root = pathlib.Path(pe.__file__).parent / "metrics"
-  for name in ("confusion", "curves", "calibration", "accuracy", "_classification_inputs"):
+  for name in (
+    "confusion",
+    "scores",
+    "stat_scores",
+    "curves",
+    "calibration",
+    "accuracy",
+    "_classification_inputs",
+  ):
     source = (root / f"{name}.py").read_text()
     for private_parser in ("def _config", "def score_inputs", "def _elements", "def _in_top_k"):
       assert private_parser not in source, (name, private_parser)

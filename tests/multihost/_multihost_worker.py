@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 
 import numpy as np
 
@@ -354,7 +355,7 @@ def main():
       else:
         line["result"] = _jsonable(run(scenario, process, count))
     except Exception as err:  # reported to the test, which checks the type and text
-      line.update(error=type(err).__name__, message=str(err))
+      line.update(error=type(err).__name__, message=str(err), where=traceback.format_exc()[-2000:])
     line["elapsed"] = time.monotonic() - start
     print(json.dumps(line), flush=True)
     if scenario.startswith(("kill", "stall")):  # jax.distributed cannot shut down with a dead peer

@@ -183,7 +183,7 @@ def test_exact_union_result_identical_on_every_process(request, count, scenario)
   run = _runs(request, count)
   results = [_line(run, p, scenario) for p in range(count)]
   for line in results:
-    assert "error" not in line, line
+    assert "error" not in line, str(line)
   kind, _, sizes = worker.parse(scenario)
   expected = reference(sizes, digits_train() if kind == "tfds" else None)
   shares = [line["result"].pop("share", None) for line in results]
@@ -219,7 +219,7 @@ def test_each_process_gets_its_own_rows_and_gathers_everyones(request, count, sc
   expected = reference(sizes)
   for process in range(count):
     line = _line(run, process, scenario)
-    assert "error" not in line, line
+    assert "error" not in line, str(line)
     result = line["result"]
     share = slice(sum(sizes[:process]), sum(sizes[: process + 1]))
     np.testing.assert_array_equal(result["local_index"], np.arange(sum(sizes))[share])
@@ -316,7 +316,7 @@ def test_killed_processes_resume_together_exactly(resumed):
   expected = reference([600, 437])
   for process in range(2):
     line = _line(run, process, "resume:pmap:600-437")
-    assert "error" not in line, line
+    assert "error" not in line, str(line)
     result = line["result"]
     saved = result.pop("saved")
     assert any(name.startswith("step_") for name in saved), saved  # it did resume from a checkpoint
@@ -347,7 +347,7 @@ def test_only_process_0_draws_the_progress_bar(tmp_path):
   want = reference([40, 23])
   for process in range(2):
     line = _line(run, process, "progress:pmap:40-23")
-    assert "error" not in line, line
+    assert "error" not in line, str(line)
     got = line["result"]
     assert got["num_examples"] == want["num_examples"] == 63
     np.testing.assert_allclose(got["accuracy"], want["accuracy"], rtol=1e-6)
