@@ -402,4 +402,40 @@ def checked_batches(
       spec.check_divisible(num_shards, where)
     else:
       spec.check(batch, index)
+    if mask_key is not None and isinstance(batch, cabc.Mapping):
+      check_no_wrapping_ints(batch, mask_key, index)
     yield batch
+
+
+_INT32 = np.iinfo(np.int32)
+
+
+def check_no_wrapping_ints(batch: cabc.Mapping, mask_key: str, index: int) -> None:
+  """ValueError for a 64-bit integer leaf whose real rows hold values outside int32.
+
+  Without ``jax_enable_x64`` JAX casts int64 to int32 by wrapping (``2**32`` becomes 0) when a
+  batch is placed on the devices, before any metric sees it; so such a batch is refused here,
+  naming the key. Only the rows the mask marks real are checked (padding may hold anything).
+  """
+  import jax  # deferred: the data layer is usable without touching JAX
+
+  if jax.config.jax_enable_x64:
+    return
+  mask = batch.get(mask_key)
+  mask = np.asarray(mask) if mask is not None else None
+  for key, value in batch.items():
+    if key == mask_key or not isinstance(value, np.ndarray) or value.dtype.kind not in "iu":
+      continue
+    if value.dtype.itemsize < 8:
+      continue
+    seen = value
+    if mask is not None and mask.dtype == np.bool_ and mask.shape == value.shape[: mask.ndim]:
+      seen = value[mask]
+    if seen.size and (seen.min() < _INT32.min or seen.max() > _INT32.max):
+      raise ValueError(
+        f"batch {index}, key {key!r} holds integers in [{seen.min()}, {seen.max()}] "
+        f"(dtype {value.dtype}) outside int32, which JAX (without jax_enable_x64) wraps when "
+        "the batch is placed on the devices; convert it on the host: to float32/float64 for "
+        "values to average (e.g. timestamps: subtract an offset first), or remap ids below "
+        "2**31"
+      )
