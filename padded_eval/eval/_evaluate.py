@@ -29,6 +29,8 @@ import collections
 import collections.abc as cabc
 import itertools
 import operator
+import os
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -407,7 +409,19 @@ def _check_example_counts(metric: Metric, num_examples: int, on_invalid: str) ->
   )
   if on_invalid == "raise":
     raise ValueError(f"{message} (on_invalid='warn' or 'ignore' skips this check)")
-  warnings.warn(message, InvalidValuesWarning, stacklevel=3)
+  warnings.warn(message, InvalidValuesWarning, stacklevel=_user_stacklevel())
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _user_stacklevel() -> int:
+  """``warnings.warn``'s stacklevel, for the caller of this function, that names the first frame
+  outside the package: the user's call of `masked_eval`, however deep the driver calls."""
+  frame, level = sys._getframe(1), 1
+  while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    frame, level = frame.f_back, level + 1
+  return level
 
 
 def _report_invalid(metric: Metric, on_invalid: str) -> None:
@@ -422,7 +436,7 @@ def _report_invalid(metric: Metric, on_invalid: str) -> None:
       f"{message}. Fix the inputs, or pass on_invalid='warn' to get the results with a "
       "warning (on_invalid='ignore' to get them silently)"
     )
-  warnings.warn(message, InvalidValuesWarning, stacklevel=3)
+  warnings.warn(message, InvalidValuesWarning, stacklevel=_user_stacklevel())
 
 
 def _to_python(value):

@@ -102,7 +102,7 @@ class Accumulator(abc.ABC):
     """Both totals combined."""
 
   @abc.abstractmethod
-  def _combine(self, total: Callable, maximum: Callable, n: int, spread: Callable = None):
+  def _combine(self, total: Callable, maximum: Callable, n: int, spread: Callable | None = None):
     """Totals ``n`` parts given a summing and a maximum function over them; ``spread`` maps a
     combined value back onto the parts (default: broadcast)."""
 

@@ -65,7 +65,8 @@ def open_source(
           f"keys={keys!r} names the fields of tuple elements, but the source is {kind.description} "
           "(its fields have names already); drop keys="
         )
-      return kind(obj, mask_key=mask_key, batched=batched, keys=keys)
+      named: Any = kind  # the kinds that name fields take keys= (names_fields)
+      return named(obj, mask_key=mask_key, batched=batched, keys=keys)
   names = [kind.description for kind in _KINDS]
   listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
   raise TypeError(f"source must be {listed}; got {type(obj).__name__}")
