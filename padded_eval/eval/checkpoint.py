@@ -611,7 +611,10 @@ class Saver(Hook):
         f"checkpoint_dir {self._dir.root!r}: the stored result's metric does not fit the "
         "metric of this call (a corrupt result file); delete the directory to evaluate again"
       )
-    return jax.tree.unflatten(jax.tree.structure(empty_metric), leaves)
+    # jax arrays, as a computed result's metric holds: compute() then runs JAX arithmetic
+    # (no numpy warnings on an undefined ratio), bit for bit the stored values
+    placed = [jax.device_put(x) for x in leaves]
+    return jax.tree.unflatten(jax.tree.structure(empty_metric), placed)
 
   def restore(self, empty: Any) -> Any:
     """This process's saved part of the carried state (checked by `verify`), as host arrays in
