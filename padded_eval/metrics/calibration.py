@@ -191,6 +191,8 @@ class BrierScore(WeightedMean):
     0.4
   """
 
+  higher_is_better: ClassVar[bool | None] = False
+
   task: str = config_field("multiclass")
   num_classes: int | None = config_field(None)
   from_logits: bool = config_field(False)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -118,6 +119,8 @@ class RecallAtFixedPrecision(OperatingPoint):
     1.0
   """
 
+  higher_is_better: ClassVar[bool | None] = True
+
   min_precision: float = _required_rate()
 
   def _rate_names(self):
@@ -134,6 +137,8 @@ class RecallAtFixedPrecision(OperatingPoint):
 class PrecisionAtFixedRecall(OperatingPoint):
   """The highest precision at a threshold whose recall is ``>= min_recall`` (torchmetrics'
   ``PrecisionAtFixedRecall``; 0 if none qualifies, NaN without positives)."""
+
+  higher_is_better: ClassVar[bool | None] = True
 
   min_recall: float = _required_rate()
 
@@ -153,6 +158,8 @@ class SensitivityAtSpecificity(OperatingPoint):
   ``>= min_specificity`` (torchmetrics' ``SensitivityAtSpecificity``; 0 if none qualifies,
   NaN without positives or without negatives)."""
 
+  higher_is_better: ClassVar[bool | None] = True
+
   min_specificity: float = _required_rate()
   _roc_origin = True
 
@@ -169,6 +176,8 @@ class SpecificityAtSensitivity(OperatingPoint):
   """The highest specificity at a ROC point whose sensitivity is ``>= min_sensitivity``
   (torchmetrics' ``SpecificityAtSensitivity``; 0 if none qualifies, NaN without positives or
   without negatives)."""
+
+  higher_is_better: ClassVar[bool | None] = True
 
   min_sensitivity: float = _required_rate()
   _roc_origin = True
@@ -198,6 +207,8 @@ class EER(OperatingPoint):
     >>> float(m.compute())
     0.5
   """
+
+  higher_is_better: ClassVar[bool | None] = False
 
   _roc_origin = True
 

@@ -43,6 +43,8 @@ class NegativePredictiveValue(ClassScore):
   ``ignore_index`` as for :class:`~padded_eval.metrics.scores.Precision`.
   """
 
+  higher_is_better: ClassVar[bool | None] = True
+
   def _score(self, tp, fp, fn, tn):
     return self._ratio(tn, tn + fn)
 
@@ -61,6 +63,8 @@ class StatScores(ConfusionState):
     average: ``None`` or ``"micro"`` (``"macro"`` is refused: torchmetrics gives the
       per-class counts for it, use ``None``).
   """
+
+  higher_is_better: ClassVar[bool | None] = None
 
   average: str | None = config_field(None)
 
@@ -86,6 +90,8 @@ class BalancedAccuracy(ConfusionState):
   class absent from the target is left out). With ``adjusted=True`` chance scores 0:
   ``(score - 1 / K) / (1 - 1 / K)`` over the ``K`` classes in the target.
   """
+
+  higher_is_better: ClassVar[bool | None] = True
 
   adjusted: bool = config_field(False)
   _tasks: ClassVar[tuple[str, ...]] = ("binary", "multiclass")
@@ -118,6 +124,8 @@ class HammingLoss(ConfusionState):
   accuracy``). Lower is better.
   """
 
+  higher_is_better: ClassVar[bool | None] = False
+
   def compute(self) -> jax.Array:
     tp, fp, fn, tn = (jnp.sum(s) for s in self.class_stats())
     if self.task == "multiclass":  # a wrong element is one fn of its true class
@@ -140,6 +148,8 @@ class ZeroOneLoss(ClassificationMetric):
   ``from_logits``, ``ignore_index``) and inputs as for the confusion metrics. Lower is
   better. ``compute()``: scalar float32; NaN before any sample.
   """
+
+  higher_is_better: ClassVar[bool | None] = False
 
   threshold: float = config_field(0.5)
   samples: ExactCount = state(_zero_one_empty)  # [wrong, counted]

@@ -89,6 +89,16 @@ DIRECTIONS = {
   "RougeL": (pe.metrics.RougeL(), tokens),
   "ExactMatch": (pe.metrics.ExactMatch(), tokens),
   "WordErrorRate": (pe.metrics.WordErrorRate(), tokens),
+  "NegativePredictiveValue": (pe.metrics.NegativePredictiveValue(task="binary"), binary),
+  "BalancedAccuracy": (pe.metrics.BalancedAccuracy(num_classes=3), classes),
+  "HammingLoss": (pe.metrics.HammingLoss(num_classes=3), classes),
+  "ZeroOneLoss": (pe.metrics.ZeroOneLoss(num_classes=3), classes),
+  "RecallAtFixedPrecision": (pe.metrics.RecallAtFixedPrecision(min_precision=0.5), binary),
+  "PrecisionAtFixedRecall": (pe.metrics.PrecisionAtFixedRecall(min_recall=0.5), binary),
+  "SensitivityAtSpecificity": (pe.metrics.SensitivityAtSpecificity(min_specificity=0.5), binary),
+  "SpecificityAtSensitivity": (pe.metrics.SpecificityAtSensitivity(min_sensitivity=0.5), binary),
+  "EER": (pe.metrics.EER(), binary),
+  "BrierScore": (pe.metrics.BrierScore(num_classes=3), classes),
 }
 # No direction: a mean or spread of any values, a matrix of counts, a report dict, a collection (its members
 # have theirs), a bootstrap (its wrapped metric's).
@@ -97,6 +107,7 @@ NO_DIRECTION = {
   "Std",
   "ConfusionMatrix",
   "ClassificationReport",
+  "StatScores",
   "Metrics",
   "Losses",
   "LossesAndMetrics",
