@@ -30,6 +30,7 @@ from test_bootstrap_cases import repeated, with_ids
 
 import padded_eval as pe
 from padded_eval.data import sharding
+from padded_eval.eval.backends.jit import keep_or_replicate
 
 AxisType = getattr(jax.sharding, "AxisType", None)
 
@@ -180,7 +181,7 @@ def test_explicit_params_are_viewed_on_the_auto_mesh_without_a_copy():
   weights = jax.device_put(
     np.ones((6, 4), np.float32), NamedSharding(mesh, PartitionSpec(None, "model"))
   )
-  placed = sharding.keep_or_replicate({"w": weights}, sharding.auto_mesh(mesh))["w"]
+  placed = keep_or_replicate({"w": weights}, sharding.auto_mesh(mesh))["w"]
   assert placed.sharding.mesh == sharding.auto_mesh(mesh)
   assert placed.sharding.spec == weights.sharding.spec
   pointers = lambda x: sorted(s.data.unsafe_buffer_pointer() for s in x.addressable_shards)
