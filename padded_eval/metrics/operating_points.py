@@ -136,7 +136,17 @@ class RecallAtFixedPrecision(OperatingPoint):
 
 class PrecisionAtFixedRecall(OperatingPoint):
   """The highest precision at a threshold whose recall is ``>= min_recall`` (torchmetrics'
-  ``PrecisionAtFixedRecall``; 0 if none qualifies, NaN without positives)."""
+  ``PrecisionAtFixedRecall``; 0 if none qualifies, NaN without positives).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.PrecisionAtFixedRecall(min_recall=0.5).update(preds=probs, target=labels)
+    >>> round(float(m.compute()), 4)  # the best precision with recall >= 0.5: 3 / 5
+    0.6
+  """
 
   higher_is_better: ClassVar[bool | None] = True
 
@@ -156,7 +166,18 @@ class PrecisionAtFixedRecall(OperatingPoint):
 class SensitivityAtSpecificity(OperatingPoint):
   """The highest sensitivity (recall) at a ROC point whose specificity ``1 - fpr`` is
   ``>= min_specificity`` (torchmetrics' ``SensitivityAtSpecificity``; 0 if none qualifies,
-  NaN without positives or without negatives)."""
+  NaN without positives or without negatives).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.SensitivityAtSpecificity(min_specificity=0.5)
+    >>> m = m.update(preds=probs, target=labels)
+    >>> round(float(m.compute()), 4)  # the best recall with specificity >= 0.5: 1 / 3
+    0.3333
+  """
 
   higher_is_better: ClassVar[bool | None] = True
 
@@ -175,7 +196,18 @@ class SensitivityAtSpecificity(OperatingPoint):
 class SpecificityAtSensitivity(OperatingPoint):
   """The highest specificity at a ROC point whose sensitivity is ``>= min_sensitivity``
   (torchmetrics' ``SpecificityAtSensitivity``; 0 if none qualifies, NaN without positives or
-  without negatives)."""
+  without negatives).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.SpecificityAtSensitivity(min_sensitivity=0.5)
+    >>> m = m.update(preds=probs, target=labels)
+    >>> round(float(m.compute()), 4)  # the best specificity with recall >= 0.5: 1 / 3
+    0.3333
+  """
 
   higher_is_better: ClassVar[bool | None] = True
 

@@ -41,6 +41,15 @@ class NegativePredictiveValue(ClassScore):
 
   torchmetrics' ``NegativePredictiveValue``; averages, ``zero_division`` and
   ``ignore_index`` as for :class:`~padded_eval.metrics.scores.Precision`.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.NPV(task="binary").update(preds=probs, target=labels)
+    >>> float(m.compute())  # tn / (tn + fn) = 1 / 2
+    0.5
   """
 
   higher_is_better: ClassVar[bool | None] = True
@@ -62,6 +71,14 @@ class StatScores(ConfusionState):
   Args:
     average: ``None`` or ``"micro"`` (``"macro"`` is refused: torchmetrics gives the
       per-class counts for it, use ``None``).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> preds, labels = np.array([0, 1, 1, 2]), np.array([0, 1, 2, 2])
+    >>> m = pe.metrics.StatScores(num_classes=3).update(preds=preds, target=labels)
+    >>> np.asarray(m.compute()).astype(int).tolist()  # per class: tp, fp, tn, fn, support
+    [[1, 0, 3, 0, 1], [1, 1, 2, 0, 1], [1, 0, 2, 1, 2]]
   """
 
   higher_is_better: ClassVar[bool | None] = None
@@ -89,6 +106,14 @@ class BalancedAccuracy(ConfusionState):
   Binary: the mean of recall and specificity (scikit-learn on labels ``{0, 1}``; a
   class absent from the target is left out). With ``adjusted=True`` chance scores 0:
   ``(score - 1 / K) / (1 - 1 / K)`` over the ``K`` classes in the target.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> preds, labels = np.array([0, 1, 1, 2]), np.array([0, 1, 2, 2])
+    >>> m = pe.metrics.BalancedAccuracy(num_classes=3).update(preds=preds, target=labels)
+    >>> round(float(m.compute()), 4)  # mean recall: (1 + 1 + 1/2) / 3
+    0.8333
   """
 
   higher_is_better: ClassVar[bool | None] = True
@@ -122,6 +147,14 @@ class HammingLoss(ConfusionState):
   Multilabel: wrong labels over all counted labels, ``sum(fp + fn) / sum(tp + fp + fn
   + tn)``; multiclass and binary: wrong predictions over counted elements (``1 -
   accuracy``). Lower is better.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> preds, labels = np.array([0, 1, 1, 2]), np.array([0, 1, 2, 2])
+    >>> m = pe.metrics.HammingLoss(num_classes=3).update(preds=preds, target=labels)
+    >>> float(m.compute())  # 1 of 4 labels wrong
+    0.25
   """
 
   higher_is_better: ClassVar[bool | None] = False
@@ -147,6 +180,14 @@ class ZeroOneLoss(ClassificationMetric):
   not a sample). Configuration (``task``, ``num_classes``, ``threshold``,
   ``from_logits``, ``ignore_index``) and inputs as for the confusion metrics. Lower is
   better. ``compute()``: scalar float32; NaN before any sample.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> preds, labels = np.array([0, 1, 1, 2]), np.array([0, 1, 2, 2])
+    >>> m = pe.metrics.ZeroOneLoss(num_classes=3).update(preds=preds, target=labels)
+    >>> float(m.compute())  # 1 of 4 rows wrong
+    0.25
   """
 
   higher_is_better: ClassVar[bool | None] = False
