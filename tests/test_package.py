@@ -125,6 +125,10 @@ def test_public_surface_takes_arraylike_and_returns_jax_arrays():
     for method in ("update", "batch_updates"):
       kwargs = inspect.signature(getattr(metric, method)).parameters["kwargs"]
       assert kwargs.annotation == "ArrayLike", (metric.__name__, method, kwargs.annotation)
-    if metric not in (pe.Metric, pe.metrics.Bootstrap, pe.metrics.Sliced):  # those return what they wrap
+    if metric not in (
+      pe.Metric,
+      pe.metrics.Bootstrap,
+      pe.metrics.Sliced,
+    ):  # those return what they wrap
       returned = inspect.signature(metric.compute).return_annotation
       assert returned == "jax.Array", (metric.__name__, returned)
