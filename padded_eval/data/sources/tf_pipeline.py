@@ -120,5 +120,9 @@ def pipeline(dataset: Any) -> Iterator[Any]:
     yield node
     try:
       pending.extend(node._inputs())
-    except (AttributeError, NotImplementedError, TypeError):
+    except (
+      AttributeError,
+      RuntimeError,
+      TypeError,
+    ):  # RuntimeError: datasets that hide their inputs
       continue
