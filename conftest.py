@@ -16,3 +16,28 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_NUMPY_RANK_PROMOTION", "raise")
 
 collect_ignore = ["padded_eval/__main__.py"]  # the CLI: its parser runs on import of __main__
+
+
+import gc  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """After each test module, drop every compiled program JAX and the package keep alive.
+
+  Each live XLA CPU executable holds a few memory mappings; a whole-suite run that kept every
+  module's programs (JAX's jit caches, the package's bounded caches, module-level jitted
+  functions) grew past the kernel's ``vm.max_map_count`` (65,530) two thirds of the way through,
+  and the next compile segfaulted inside LLVM. Released after each module, the count stays at
+  what one module needs.
+  """
+  yield
+  import jax
+
+  import padded_eval as pe
+
+  pe.clear_caches()
+  jax.clear_caches()
+  gc.collect()

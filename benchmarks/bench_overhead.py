@@ -54,6 +54,9 @@ def measure(n: int, rounds: int) -> dict:
   data = speed._data(SIZES, n, seed=n)  # noqa: SLF001 - the scaling benchmark's data
   sharded = [shard_rows(b) for b in split_rows(data, BATCH)]
   mesh = Mesh(np.array(jax.devices()), ("batch",))
+  # Placed once, as pe.place_params does (written with jax.device_put so that a tree without
+  # place_params runs this benchmark too): the bare jit loop's params, and masked_eval's
+  # "params placed once" rows.
   replicated = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
   padded = list(pe.pad_batches(data, BATCH))
   split = NamedSharding(mesh, PartitionSpec("batch"))
@@ -62,16 +65,18 @@ def measure(n: int, rounds: int) -> dict:
     "bare jit": lambda: _bare_jit_loop(replicated, padded, split),
   }
   for backend in BACKENDS:
-    fns[backend] = lambda backend=backend: pe.masked_eval(
-      speed._accuracy_step,  # noqa: SLF001
-      params,
-      pe.pad_batches(data, BATCH),
-      backend=backend,
-    )
+    for name, given in ((backend, params), (f"{backend}, params placed once", replicated)):
+      fns[name] = lambda backend=backend, given=given: pe.masked_eval(
+        speed._accuracy_step,  # noqa: SLF001
+        given,
+        pe.pad_batches(data, BATCH),
+        backend=backend,
+      )
   timings = interleaved_seconds(fns, rounds)
   ratios = {
     name: ([t[name] / t["bare pmap"] for t in timings], [t[name] / t["bare jit"] for t in timings])
-    for name in BACKENDS
+    for name in fns
+    if not name.startswith("bare")
   }
   return {k: (statistics.median(a), statistics.median(b)) for k, (a, b) in ratios.items()}
 
@@ -96,7 +101,9 @@ def run(quick: bool, log=print) -> tuple[str, dict]:
     f"median of {rounds[10**3]} (N=1,000) and {rounds[10**4]} (N=10,000) interleaved rounds "
     "of per-round ratios, after a warm-up. "
     "masked_eval's time includes pe.pad_batches; params are passed as uncommitted jax "
-    "arrays (as in the scaling benchmark). The 2 cores are shared with other jobs.\n"
+    "arrays (as in the scaling benchmark: each call replicates them), or, in the rows "
+    '"params placed once", replicated before the rounds (pe.place_params; the bare jit '
+    "loop's params). The 2 cores are shared with other jobs.\n"
   )
   return table + "\n" + note, values
 

@@ -30,6 +30,7 @@ from padded_eval.eval._cache import RecompileWarning as RecompileWarning
 from padded_eval.eval._cache import clear_caches as clear_caches
 from padded_eval.eval._evaluate import InvalidValuesWarning as InvalidValuesWarning
 from padded_eval.eval._evaluate import masked_eval as masked_eval
+from padded_eval.eval.backends import place_params as place_params
 from padded_eval.eval.results import EvalResults as EvalResults
 from padded_eval.eval.results import best as best
 from padded_eval.exact import accumulate as accumulate

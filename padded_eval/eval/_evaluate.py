@@ -106,8 +106,9 @@ def masked_eval(
       (numpy, Python scalars, arrays elsewhere) is replicated over the mesh. Under
       ``"pmap"`` and ``"shard_map"`` ``step_fn`` sees whole params: they are replicated
       (already replicated ``jax.Array``s are not copied again). The copy made for a call is
-      dropped when it returns: to place params once for many calls, pass them replicated
-      (``jax.device_put(params, NamedSharding(mesh, PartitionSpec()))``).
+      dropped when it returns: to place params once for many calls (a short evaluation run
+      often, where the copy is most of a call's time), pass `padded_eval.place_params`'s
+      result, which masked_eval takes as it is.
     batches: an iterable of dict batches whose every leaf is ``[B, ...]`` with the
       same ``B``, shapes and dtypes in every batch, and ``batch[mask_key]`` bool
       ``[B]`` True for real rows (as ``pe.pad_batches`` yields); with ``mask_fn``,

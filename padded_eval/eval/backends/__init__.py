@@ -46,6 +46,48 @@ def make_backend(name: str, axis_name: str, mesh: Mesh | None, data_axes: Any = 
     return BACKENDS[name].create(axis_name, mesh, data_axes)
 
 
+def place_params(
+  params: Any,
+  *,
+  backend: str = "pmap",
+  axis_name: str = "batch",
+  mesh: Mesh | None = None,
+  data_axes: Any = None,
+) -> Any:
+  """``params`` on the devices the way `masked_eval` with the same settings takes them, once.
+
+  `masked_eval` places the params on every call and drops its copy when it returns, so no
+  replicated copy outlives a call. A caller that evaluates often (a short evaluation every few
+  training steps, where copying the params is most of a call's time) places them once with
+  this and passes the result: masked_eval recognises arrays already laid out as its step takes
+  them and copies nothing. The copy lives as long as the caller keeps the result.
+
+  Args:
+    params: any pytree (host arrays, or ``jax.Array``s anywhere).
+    backend, axis_name, mesh, data_axes: as for `masked_eval`.
+
+  Returns:
+    The pytree with every leaf a ``jax.Array``: replicated over the backend's devices, or under
+    ``"jit"`` kept as it is where already on the mesh (FSDP / tensor-parallel shardings).
+
+  Raises:
+    ValueError: bad settings, as `masked_eval` reports them.
+
+  Examples:
+    >>> import jax, numpy as np, padded_eval as pe
+    >>> placed = pe.place_params({"w": np.ones(3, np.float32)})
+    >>> len(placed["w"].sharding.device_set) == len(jax.devices())
+    True
+    >>> def step(params, batch):
+    ...   return pe.metrics.Mean().batch_updates(values=batch["x"] @ params["w"],
+    ...                                          mask=batch["mask"])
+    >>> data = {"x": np.ones((10, 3), np.float32)}
+    >>> float(pe.masked_eval(step, placed, pe.pad_batches(data, 8))["mean"])
+    3.0
+  """
+  return make_backend(backend, axis_name, mesh, data_axes).prepared_params(params)
+
+
 CACHE_SIZE = 64
 """The most backends (settings) and compiled final reduces kept."""
 

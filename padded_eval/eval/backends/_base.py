@@ -91,8 +91,14 @@ class Backend(Protocol):
     bad mesh or data axes."""
     ...
 
+  def prepared_params(self, params: Any) -> Any:
+    """``params`` on the devices as the step takes them (replicated, or as sharded), in the form
+    a caller may keep across calls (`padded_eval.place_params`); arrays already so laid out
+    are not copied."""
+    ...
+
   def place_params(self, params: Any) -> Any:
-    """``params`` on the devices as the compiled step takes them (replicated, or as sharded)."""
+    """``params`` (host, or `prepared_params`'s) -> what the compiled step's params argument takes."""
     ...
 
   def place_batch(self, inputs: StepInput) -> Any:
@@ -191,8 +197,11 @@ class MeshBackend(abc.ABC):
       )
     return cls(mesh, axes)
 
-  def place_params(self, params):
+  def prepared_params(self, params):
     return jax.device_put(params, self.replicated)  # replicated jax.Arrays are not copied
+
+  def place_params(self, params):
+    return self.prepared_params(params)
 
   def place_batch(self, inputs):
     if jax.process_count() == 1:  # checked by the driver (BatchSpec): one transfer, no re-check

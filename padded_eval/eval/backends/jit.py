@@ -37,7 +37,7 @@ class JitBackend(MeshBackend):
   def place_saved_state(self, state):
     return jax.device_put(state, self.replicated)
 
-  def place_params(self, params):
+  def prepared_params(self, params):
     """Arrays already on the mesh keep their shardings (no copy); the rest is replicated."""
     return keep_or_replicate(params, self.mesh)
 

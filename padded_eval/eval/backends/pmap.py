@@ -37,7 +37,7 @@ class PmapBackend(MeshBackend):
 
   def place_params(self, params):
     # jax.pmap misaligns in_axes=None for an argument without leaves (None, {}): anchor it.
-    return super().place_params((placement.anchor(), params))
+    return (placement.anchor(), self.prepared_params(params))
 
   def place_batch(self, inputs):
     return jax.device_put(sharding_lib.shard(inputs, self.num_shards), self.split)
