@@ -124,9 +124,8 @@ def worker(port: int, count: int, process: int, calls: int, steps: int) -> None:
   preflight = []
   for _ in range(calls):
     start = time.perf_counter()
-    distributed.lockstep(
-      iter([_batch()]), 1, mask_key="mask", settings=settings, num_shards=1, timeout=600
-    )
+    options = distributed.FeedOptions("mask", settings, num_shards=1, timeout=600)
+    distributed.lockstep(iter([_batch()]), 1, options)
     preflight.append(time.perf_counter() - start)
   rng = np.random.default_rng(process)
   rows = {"x": rng.normal(size=(steps * BATCH, 3)).astype(np.float32)}

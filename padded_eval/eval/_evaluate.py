@@ -291,17 +291,9 @@ def _step_feed(batches, num_batches, runner, options: EvalOptions, saver) -> Any
   }
   source = iter(batches) if saver is None else saver.skip(batches, mask.key)
   checked = checked_batches(source, mask.key, runner.num_shards, runner.shards_in_words, mask.fn)
-  return distributed.step_feed(
-    checked,
-    num_batches,
-    mask_key=mask.key,
-    settings=settings,
-    num_shards=runner.num_shards,
-    steps_in_flight=options.steps_in_flight,
-    timeout=options.timeout,
-    resume=None if saver is None else saver.resume_at,
-    pad_value=padding,
-  )
+  agreed = distributed.FeedOptions(mask.key, settings, runner.num_shards, options.timeout, padding)
+  resume = None if saver is None else saver.resume_at
+  return distributed.step_feed(checked, num_batches, agreed, options.steps_in_flight, resume)
 
 
 def _first_input(feed) -> distributed.StepInput:

@@ -72,7 +72,7 @@ only the model's outputs (with a Mean instead: 1.4x; 2_049 bins: 1.8x; 1_025: 1.
 :meth:`AUROC.error_bound` and :meth:`AUPRC.error_bound` bound the error from the state.
 
 Exact mode (``exact=True, capacity=N``): every counted (score, label) element is kept
-instead of the histograms (:mod:`padded_eval.metrics.exact_scores`, ``5 * L * capacity``
+instead of the histograms (:mod:`padded_eval.metrics._exact_scores`, ``5 * L * capacity``
 bytes: ``capacity`` float32 scores and int8 labels per column, ``N`` at least the elements
 one column sees, e.g. ``len(batches) * batch_size``; elements beyond it are reported as
 invalid and the value is NaN), sorted once in ``compute()``: scikit-learn's
@@ -152,7 +152,7 @@ import numpy as np
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount
 from padded_eval.metrics import _curve_segments as segments
-from padded_eval.metrics import exact_scores
+from padded_eval.metrics import _exact_scores as exact_scores
 from padded_eval.metrics._classification_inputs import (
   AVERAGES,
   ClassificationMetric,
@@ -161,6 +161,7 @@ from padded_eval.metrics._classification_inputs import (
   divide,
   num_columns,
 )
+from padded_eval.metrics._exact_scores import ScoreBuffer
 from padded_eval.metrics._formatting import (
   PROBABILITY_OUT_OF_RANGE,
   SCORE_INVALID_KINDS,
@@ -168,7 +169,6 @@ from padded_eval.metrics._formatting import (
   probabilities,
 )
 from padded_eval.metrics.base import state
-from padded_eval.metrics.exact_scores import ScoreBuffer
 
 DEFAULT_NUM_THRESHOLDS = 65_537
 #: The default state of a multilabel metric stays within this many bytes (16 MiB).
@@ -532,7 +532,7 @@ class AUROC(ScoreHistogram):
     exact: keep every counted element's score (``capacity`` of them per column) and compute
       scikit-learn's ``roc_auc_score`` exactly (ties as half a pair) instead of binning.
       Memory ``5 * L * capacity`` bytes, ``L`` = 1 (binary) or ``num_classes``; see
-      :mod:`padded_eval.metrics.exact_scores`.
+      :mod:`padded_eval.metrics._exact_scores`.
     capacity: with ``exact=True``, the most elements one column sees (for one call of
       ``masked_eval``: ``len(batches) * batch_size`` rows, times spatial elements); more are
       counted as invalid and the value is NaN.

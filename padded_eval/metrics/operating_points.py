@@ -35,7 +35,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from padded_eval.metrics import exact_scores
+from padded_eval.metrics import _exact_scores as exact_scores
 from padded_eval.metrics.curves import ScoreHistogram, suffix_sums
 
 

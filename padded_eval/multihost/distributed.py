@@ -63,6 +63,7 @@ from padded_eval.validation import check_int
 
 __all__ = [
   "DEFAULT_TIMEOUT_S",
+  "FeedOptions",
   "StepInput",
   "Lockstep",
   "OneProcess",
@@ -138,17 +139,31 @@ class StepInput(NamedTuple):
   sync: tuple = ()
 
 
+class FeedOptions(NamedTuple):
+  """What the processes must agree on before the first step, and how they wait.
+
+  Attributes:
+    mask_key: the batch key of the mask.
+    settings: JSON-able call settings that must be equal on every process (backend, ...).
+    num_shards: this process's shards of the data axis (the size of the has-data flag).
+    timeout: seconds to wait for the other processes; None: `DEFAULT_TIMEOUT_S`.
+    pad_value: what the all-padding batches hold (``BatchSpec.padding_batch``); e.g. -1
+      for the row ids of ``pe.pad_batches(..., index_key=...)``.
+  """
+
+  mask_key: str
+  settings: dict
+  num_shards: int
+  timeout: float | None = None
+  pad_value: Any = 0
+
+
 def step_feed(
   batches: Iterator,
   length: int | None,
-  *,
-  mask_key: str,
-  settings: dict,
-  num_shards: int,
+  options: FeedOptions,
   steps_in_flight: int,
-  timeout: float | None,
   resume: ResumeAt | None = None,
-  pad_value: Any = 0,
 ) -> OneProcess | Lockstep:
   """The inputs of `masked_eval`'s steps and the wait on them: a `OneProcess`, or a `Lockstep`.
 
@@ -161,16 +176,7 @@ def step_feed(
   resume = resume or ResumeAt()
   if jax.process_count() == 1:
     return OneProcess(batches, steps_in_flight, resume.batches)
-  return lockstep(
-    batches,
-    length,
-    mask_key=mask_key,
-    settings=settings,
-    num_shards=num_shards,
-    timeout=timeout,
-    resume=resume,
-    pad_value=pad_value,
-  )
+  return lockstep(batches, length, options, resume)
 
 
 class ResumeAt(NamedTuple):
@@ -220,15 +226,7 @@ class OneProcess:
 
 
 def lockstep(
-  batches: Iterator,
-  length: int | None,
-  *,
-  mask_key: str,
-  settings: dict,
-  num_shards: int,
-  timeout: float | None,
-  resume: ResumeAt | None = None,
-  pad_value: Any = 0,
+  batches: Iterator, length: int | None, options: FeedOptions, resume: ResumeAt | None = None
 ) -> Lockstep:
   """Agrees with the other processes on batch structure and step count (several processes).
 
@@ -237,14 +235,10 @@ def lockstep(
       raises, the failure is published in the pre-flight exchange, so the other processes
       raise at once instead of waiting.
     length: its number of batches if known (``len(batches)``), else None.
-    mask_key: the batch key of the mask.
-    settings: JSON-able call settings that must be equal on every process (backend, ...).
-    num_shards: this process's shards of the data axis (the size of the has-data flag).
-    timeout: seconds to wait for the other processes; default `DEFAULT_TIMEOUT_S`.
+    options: the mask key, the settings every process must share, this process's shards, the
+      timeout and the padding value (`FeedOptions`).
     resume: a resumed run's start: step numbers continue from ``resume.steps`` (``length``
       still counts every batch, the consumed ones included).
-    pad_value: what the all-padding batches hold (``BatchSpec.padding_batch``); e.g. -1
-      for the row ids of ``pe.pad_batches(..., index_key=...)``.
 
   Returns:
     A `Lockstep`: iterating yields the `StepInput` of steps 0, 1, ... until the agreed end
@@ -257,20 +251,22 @@ def lockstep(
     TimeoutError: a process did not arrive within `timeout` seconds, or process 0 (which
       checks the pre-flight, `padded_eval.multihost._agreement`) did not publish its verdict within another `timeout`.
   """
-  timeout = DEFAULT_TIMEOUT_S if timeout is None else check_timeout(timeout)
+  timeout = DEFAULT_TIMEOUT_S if options.timeout is None else check_timeout(options.timeout)
+  mask_key = options.mask_key
   try:
     first, failure = next(batches, None), None
   except Exception as err:  # reported to the others first, then re-raised here
     first, failure = None, err
   failed = None if failure is None else f"{type(failure).__name__}: {first_line(failure)}"
-  mine = record(first, mask_key, length, settings, failed)
+  mine = record(first, mask_key, length, options.settings, failed)
   resume = resume or ResumeAt()
   agreed = agree(mine, f"{next_call_number()}/preflight", timeout, mask_key, resume.spec)
   if failure is not None:
     raise failure
   spec, num_steps = agreed
   source = iter(()) if first is None else itertools.chain([first], batches)
-  lockstep = Lockstep(source, spec.padding_batch(pad_value), num_steps, num_shards, timeout)
+  padding = spec.padding_batch(options.pad_value)
+  lockstep = Lockstep(source, padding, num_steps, options.num_shards, timeout)
   lockstep.start_at(resume)
   return lockstep
 

@@ -151,15 +151,8 @@ def test_known_lengths_carry_no_flag_and_catch_a_wrong_len():
 
 
 def test_one_process_feed_yields_every_batch_without_sync():
-  feed = distributed.step_feed(
-    iter(batches_of(0, 3)),
-    3,
-    mask_key="mask",
-    settings={},
-    num_shards=8,
-    steps_in_flight=2,
-    timeout=None,
-  )
+  options = distributed.FeedOptions(mask_key="mask", settings={}, num_shards=8)
+  feed = distributed.step_feed(iter(batches_of(0, 3)), 3, options, steps_in_flight=2)
   assert isinstance(feed, distributed.OneProcess) and feed.steps_in_flight == 2
   inputs = list(feed)
   assert all(isinstance(s, StepInput) and s.sync == () for s in inputs)

@@ -52,9 +52,8 @@ def test_lockstep_steps_make_no_coordination_request(monkeypatch):
   batches = iter(
     [{"x": np.full((4, 2), i, np.float32), "mask": np.ones(4, bool)} for i in range(5)]
   )
-  feed = distributed.lockstep(
-    batches, None, mask_key="mask", settings={}, num_shards=2, timeout=5.0
-  )
+  options = distributed.FeedOptions(mask_key="mask", settings={}, num_shards=2, timeout=5.0)
+  feed = distributed.lockstep(batches, None, options)
   after_preflight = client.requests
   assert after_preflight == 4 * 1 + 2  # the pre-flight of agreement.py: 4P + 2
   steps = 0
