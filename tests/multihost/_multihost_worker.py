@@ -137,7 +137,7 @@ def output_step(params, batch):
   )
   merged = pe.Metrics({**metrics.children, "misplaced_ids": counter})
   return merged.replace_state(children={**metrics.children, "misplaced_ids": counter}), {
-    "logits": batch["x"] @ params["w"] + params["b"],
+    "logits": batch["x"] @ params["w"] + params["b"][None, :],
     "index": batch["index"],
   }
 
