@@ -416,7 +416,8 @@ class ExactSum(Accumulator):
       raise ValueError(f"ExactSum reduces over at most 2**20 parts; got {n}")
     finite = jnp.isfinite(self.hi)
     exp = maximum(jnp.where(finite, self.exponent, ZERO_EXPONENT))
-    parts_exp = exp if spread is None else spread(exp)
+    # explicit broadcast: a reduced leading axis (aggregate) is not promoted implicitly
+    parts_exp = jnp.broadcast_to(exp if spread is None else spread(exp), self.exponent.shape)
     hi, lo = ldexp(self.hi, self.exponent - parts_exp), ldexp(self.lo, self.exponent - parts_exp)
     quantum = 2.0 ** -(24 - headroom)
     high = jnp.where(finite, jnp.round(hi / quantum) * quantum, hi)

@@ -139,6 +139,9 @@ class Moments(Accumulator):
     combine = lambda acc: acc._combine(total, maximum, n)
     count, sums = combine(self.count), combine(self.total)
     mean_hi, mean_lo = sums.quotient(count[..., None])
+    # the parts' shape (aggregate reduced a leading axis): broadcast explicitly, not by promotion
+    parts = self.total.hi.shape
+    mean_hi, mean_lo = jnp.broadcast_to(mean_hi, parts), jnp.broadcast_to(mean_lo, parts)
     comoment = combine(self.comoment.merge(self._spread(mean_hi, mean_lo)))
     return self._make(count, sums, comoment, -maximum(-self.low), maximum(self.high))
 

@@ -145,3 +145,25 @@ def test_merge_refuses_differently_configured_metrics():
     pe.metrics.Accuracy().merge(pe.metrics.Accuracy(top_k=3))
   renamed = pe.metrics.Accuracy(name="acc").map_arg(preds="logits")
   assert renamed.merge(pe.metrics.Accuracy()).name == "acc"
+
+
+@pytest.mark.parametrize("shape", [(1,), (3,), (2, 3)])
+def test_aggregate_of_stacked_array_totals_under_rank_promotion_raise(shape):
+  """A stacked state whose totals are arrays (Moments' ``[dims]``, per-class sums) aggregates
+  over its leading axis without an implicit rank promotion (the suite runs with
+  ``jax_numpy_rank_promotion="raise"``: ``[8, 1] - [1]`` raised), and exactly."""
+  assert jax.config.jax_numpy_rank_promotion == "raise"
+  rng = np.random.default_rng(7)
+  parts = rng.normal(size=(8, 5, *shape)) * 10.0 ** rng.integers(-6, 7, size=(8, 5, *shape))
+  stacked = jax.tree.map(
+    lambda *xs: jnp.stack(xs),
+    *[ExactSum.of(jnp.asarray(p, jnp.float32)).merge(ExactSum.zeros(shape)) for p in parts.sum(1)],
+  )
+  total = stacked.aggregate().total()
+  expected = parts.sum(1).astype(np.float32).astype(np.float64).sum(0)
+  np.testing.assert_allclose(np.asarray(total, np.float64), expected, rtol=1e-6)
+  stats = pe.metrics.Std().batch_updates(values=jnp.asarray(rng.normal(size=11), jnp.float32))
+  stacked_std = jax.tree.map(lambda *xs: jnp.stack(xs), *[stats] * 8)
+  np.testing.assert_allclose(
+    float(stacked_std.aggregate().compute()), float(stats.compute()), rtol=1e-6
+  )
