@@ -91,7 +91,8 @@ class ScoreBuffer(Accumulator):
 
   def merge(self, other: ScoreBuffer) -> ScoreBuffer:
     capacity = self.capacity
-    source = jnp.arange(capacity) - self.size[..., None]  # slot j takes other's j - size
+    slots = jnp.broadcast_to(jnp.arange(capacity), self.scores.shape)
+    source = slots - self.size[..., None]  # slot j takes other's j - size
     taken = (source >= 0) & (source < other.size[..., None])
     index = jnp.clip(source, 0, capacity - 1)
     scores = jnp.where(taken, jnp.take_along_axis(other.scores, index, -1), self.scores)
@@ -134,18 +135,19 @@ class ScoreBuffer(Accumulator):
 
   def label_counts(self) -> tuple[jax.Array, jax.Array]:
     """float32 ``(positives [L], negatives [L])`` kept."""
-    used = jnp.arange(self.capacity) < self.size[..., None]
+    used = jnp.broadcast_to(jnp.arange(self.capacity), self.labels.shape) < self.size[..., None]
     positives = jnp.sum(used & (self.labels == 1), -1)
     return positives.astype(jnp.float32), (self.size - positives).astype(jnp.float32)
 
   def pooled(self, included: np.ndarray) -> ScoreBuffer:
     """One column of every ``included`` column's elements (the micro average)."""
-    used = (jnp.arange(self.capacity) < self.size[..., None]) & jnp.asarray(included)[:, None]
+    slots = jnp.broadcast_to(jnp.arange(self.capacity), self.labels.shape)
+    used = (slots < self.size[..., None]) & jnp.asarray(included)[:, None]
     flat = lambda x: jnp.reshape(x, (1, -1))
     size = jnp.sum(used.astype(jnp.int32))
     order = jnp.argsort(~flat(used), axis=-1, stable=True)  # used slots first
     take = lambda x: jnp.take_along_axis(flat(x), order, -1)
-    scores = jnp.where(jnp.arange(order.shape[-1]) < size, take(self.scores), 0.0)
+    scores = jnp.where(jnp.arange(order.shape[-1])[None, :] < size, take(self.scores), 0.0)
     return self._make(scores, take(self.labels), size[None], jnp.sum(self.dropped)[None])
 
 

@@ -322,7 +322,8 @@ class ScoreHistogram(ClassificationMetric):
     t = self.num_thresholds
     columns = scores.shape[-1]
     bins = self._bins(jnp.where(valid, scores, 0.5))
-    index = jnp.arange(columns) * (2 * t) + truth.astype(jnp.int32) * t + bins
+    column = jnp.broadcast_to(jnp.arange(columns), truth.shape)  # inputs may have extra axes
+    index = column * (2 * t) + truth.astype(jnp.int32) * t + bins
     flat = jnp.where(valid, index, 2 * t * columns).reshape(-1)
     counts = jnp.zeros((2 * t * columns,), jnp.int32).at[flat].add(1, mode="drop")
     counts = counts.reshape(columns, 2, t)

@@ -221,6 +221,9 @@ class MeshBackend(abc.ABC):
       combined = placement.combined_on_one_device(state, self.keeps_device_axis)
       if combined is not None:
         return combined
+      # XLA lays out a zero-size output (an empty score buffer) replicated; the reduce takes
+      # every carried leaf split over the devices
+      state = jax.tree.map(lambda x: jax.device_put(x, self.split) if x.size == 0 else x, state)
     return finalize_program(self)(state)
 
   @property
