@@ -29,9 +29,10 @@ def mlp_params(sizes: tuple[int, ...], seed: int = 0) -> list[dict[str, np.ndarr
 
 def mlp_apply(params: list[dict[str, jax.Array]], x: jax.Array) -> jax.Array:
   """``x [B, inputs] -> logits [B, outputs]``: ReLU between layers, none after the last."""
+  dense = lambda x, layer: x @ layer["w"] + layer["b"][None, :]  # explicit: promotion may raise
   for layer in params[:-1]:
-    x = jax.nn.relu(x @ layer["w"] + layer["b"])
-  return x @ params[-1]["w"] + params[-1]["b"]
+    x = jax.nn.relu(dense(x, layer))
+  return dense(x, params[-1])
 
 
 def classification_data(num_rows: int, num_features: int, num_classes: int, seed: int = 1):

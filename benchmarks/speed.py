@@ -57,10 +57,12 @@ def mlp_init(seed: int, widths: tuple[int, ...]) -> list:
 
 
 def mlp(params, x):
+  # the bias broadcast over the leading axes explicitly (rank promotion may be "raise")
+  dense = lambda x, w, b: x @ w + b.reshape((1,) * (x.ndim - 1) + b.shape)
   for w, b in params[:-1]:
-    x = jax.nn.relu(x @ w + b)
+    x = jax.nn.relu(dense(x, w, b))
   w, b = params[-1]
-  return x @ w + b
+  return dense(x, w, b)
 
 
 def _data(sizes: Sizes, rows: int | None = None, seed: int = 0) -> dict:

@@ -212,7 +212,8 @@ def score_elements(metric, preds, target, mask):
   elements, invalid = metric.elements(preds, target, mask)
   if metric.task == "multiclass":
     scores = probabilities(elements.scores, metric.from_logits, axis=-1)
-    truth = elements.labels[..., None] == jnp.arange(metric.num_classes)
+    classes = jnp.arange(metric.num_classes)[(None,) * elements.labels.ndim]  # explicit rank
+    truth = elements.labels[..., None] == classes
     valid = jnp.broadcast_to(elements.valid[..., None], scores.shape)
   else:
     scores, truth, valid = elements.scores, elements.truth, elements.valid

@@ -150,9 +150,13 @@ def test_merge_refuses_differently_configured_metrics():
 @pytest.mark.parametrize("shape", [(1,), (3,), (2, 3)])
 def test_aggregate_of_stacked_array_totals_under_rank_promotion_raise(shape):
   """A stacked state whose totals are arrays (Moments' ``[dims]``, per-class sums) aggregates
-  over its leading axis without an implicit rank promotion (the suite runs with
-  ``jax_numpy_rank_promotion="raise"``: ``[8, 1] - [1]`` raised), and exactly."""
-  assert jax.config.jax_numpy_rank_promotion == "raise"
+  over its leading axis without an implicit rank promotion (the benchmark and demo subprocesses
+  run with ``jax_numpy_rank_promotion="raise"``: ``[8, 1] - [1]`` raised there), and exactly."""
+  with jax.numpy_rank_promotion("raise"):
+    _check_stacked_array_totals(shape)
+
+
+def _check_stacked_array_totals(shape):
   rng = np.random.default_rng(7)
   parts = rng.normal(size=(8, 5, *shape)) * 10.0 ** rng.integers(-6, 7, size=(8, 5, *shape))
   stacked = jax.tree.map(
