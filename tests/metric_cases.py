@@ -693,3 +693,33 @@ CASES += [
     ("rmse", pe.metrics.RMSE, sklearn.metrics.root_mean_squared_error, "raw", "raw_values"),
   ]
 ]
+
+
+# --- issue 31: Accuracy average= / multilabel / ignore_index (torchmetrics' MulticlassAccuracy and
+# MultilabelAccuracy semantics; more rows in tests/metrics/test_accuracy_average.py) -------------
+
+
+def _macro_recall_seen(bs, ignore_index):
+  target, pred = real(bs, "target"), np.argmax(real(bs, "preds"), -1)
+  keep = target != ignore_index
+  target, pred, w = target[keep], pred[keep], real(bs, "weights")[keep]
+  seen = sorted((set(target.tolist()) | set(pred.tolist())) - {ignore_index})
+  return sklearn.metrics.recall_score(target, pred, labels=seen, average="macro", sample_weight=w)
+
+
+CASES += [
+  MetricCase(
+    "accuracy_macro_ignore_index_weighted",
+    lambda: pe.metrics.Accuracy(average="macro", num_classes=5, ignore_index=1),
+    lambda rng: padded_batches(
+      rng, {"preds": _normal(5), "target": _ints(5), "weights": _positive()}
+    ),
+    lambda bs: _macro_recall_seen(bs, 1),
+  ),
+  MetricCase(
+    "accuracy_multilabel_per_label",
+    lambda: pe.metrics.Accuracy(task="multilabel", average=None, num_classes=4),
+    lambda rng: padded_batches(rng, _multilabel_fields),
+    lambda bs: np.mean(real(bs, "target") == (real(bs, "preds") > 0.5), axis=0),
+  ),
+]
