@@ -84,7 +84,8 @@ Differences that remain, ours beside the peer's:
   (scikit-learn's ``jaccard_score`` refuses NaN).
 
 Counts are of elements: sample ``weights`` are refused (``ValueError``) except by the
-per-class scores with ``weighted=True`` (:class:`~padded_eval.metrics.scores.ClassScore`).
+per-class scores and ConfusionMatrix with ``weighted=True``
+(:class:`~padded_eval.metrics.scores.ClassScore`, scikit-learn's ``sample_weight``).
 """
 
 from __future__ import annotations
@@ -96,11 +97,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
-from padded_eval.exact.accumulate import ExactCount
+from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.metrics import _exact_products as exact_products
+from padded_eval.metrics import _per_sample as per_sample
 from padded_eval.metrics._classification_inputs import (
   MAX_MATRIX_CLASSES,
   ClassificationMetric,
+  check_flag,
   check_no_weights,
   class_counts,
   config_field,
@@ -235,6 +238,12 @@ class ConfusionMatrix(ConfusionState):
     num_classes: the number of classes (the only positional argument; ``None`` for binary).
     normalize: ``None`` (counts), ``"true"`` (rows sum to 1), ``"pred"`` (columns sum to
       1) or ``"all"``; an all-zero row or column stays 0.
+    weighted: each element counts with its sample ``weights`` (the update keyword, a
+      prefix of ``target``'s shape; scikit-learn's ``confusion_matrix(sample_weight=)``),
+      summed in float32 within a batch (exact for integer weights up to ``2**24`` per
+      cell) and in compensated sums (:class:`~padded_eval.exact.accumulate.ExactSum`)
+      across batches and devices; :meth:`counts` is then float64. Default False:
+      ``weights`` are refused.
 
   Examples:
     >>> import numpy as np
@@ -250,11 +259,28 @@ class ConfusionMatrix(ConfusionState):
 
   num_classes: int | None = None
   normalize: str | None = config_field(None)
+  weighted: bool = config_field(False)
   _full_matrix: ClassVar[bool] = True
 
   def _check_config(self):
     super()._check_config()
     validation.check_choice("normalize", self.normalize, NORMALIZE)
+    check_flag("weighted", self.weighted)
+
+  def _empty_confusion(self):
+    if self.weighted:  # float weights: compensated sums, not integer counts
+      return ExactSum.zeros(self._counts_shape())
+    return super()._empty_confusion()
+
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    if not self.weighted:
+      return super()._batch_state(preds=preds, target=target, mask=mask, weights=weights)
+    elements, invalid = self.elements(preds, target, mask)
+    if self.task == "multiclass":
+      counts = per_sample.weighted_matrix(self, elements, weights)
+    else:
+      counts = per_sample.weighted_counts(self, elements, weights)
+    return {"confusion": ExactSum.of(counts), "invalid": invalid}
 
   def _layout(self, counts):
     if self.task == "multiclass":
@@ -264,7 +290,8 @@ class ConfusionMatrix(ConfusionState):
     return table[0] if self.task == "binary" else table
 
   def counts(self) -> np.ndarray:
-    """The exact counts as an int64 numpy array (host side), in ``compute()``'s layout."""
+    """The exact counts as an int64 numpy array (host side), in ``compute()``'s layout
+    (float64 weighted sums with ``weighted=True``)."""
     counts = self.confusion.to_numpy()
     if self.task == "multiclass":
       return counts[:, : self.num_classes]
