@@ -90,6 +90,7 @@ per-class scores and ConfusionMatrix with ``weighted=True``
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import jax
@@ -352,10 +353,15 @@ class CohenKappa(ConfusionState):
     weights: ``None``, ``"linear"`` or ``"quadratic"`` disagreement weights over the
       class ids ``0..C-1`` (scikit-learn's ``cohen_kappa_score(labels=range(C))``).
       Configuration, not the update keyword ``weights`` (which is not supported).
+    replace_undefined_by: the value where kappa is undefined (the chance disagreement is
+      0: target and preds of one and the same class), a float in ``[-1, 1]`` or
+      ``float("nan")``; scikit-learn 1.6+'s ``replace_undefined_by``. Default 0 (as
+      before; scikit-learn's default is NaN). A metric that counted nothing is NaN.
 
   A multiclass prediction of no class (an out-of-range id or an all-NaN row) is class
   ``C`` of the :meth:`table`, a disagreement with every target. Undefined kappa (chance
-  agreement 1, e.g. constant inputs) computes 0. ``1 - observed / chance`` is formed from
+  agreement 1, e.g. constant inputs) computes ``replace_undefined_by`` (default 0).
+  ``1 - observed / chance`` is formed from
   exact integer products of the counts and rounded once
   (:func:`padded_eval.metrics._exact_products.cohen_kappa`), so agreement at chance level
   is exactly 0, as in scikit-learn.
@@ -373,13 +379,25 @@ class CohenKappa(ConfusionState):
   higher_is_better: ClassVar[bool | None] = True
 
   weights: str | None = config_field(None)
+  replace_undefined_by: float = config_field(0.0)
   _full_matrix: ClassVar[bool] = True
   _tasks: ClassVar[tuple[str, ...]] = ("binary", "multiclass")
 
   def _check_config(self):
     super()._check_config()
     validation.check_choice("weights", self.weights, KAPPA_WEIGHTS)
+    value = self.replace_undefined_by
+    number = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
+    if not number or not (np.isnan(value) or -1.0 <= value <= 1.0):
+      raise ValueError(
+        "replace_undefined_by must be a float in [-1, 1] or float('nan') (scikit-learn's "
+        f"choices); got {value!r}"
+      )
+    # one NaN object, so equal configurations compare equal (jit's cache key)
+    object.__setattr__(self, "replace_undefined_by", math.nan if np.isnan(value) else float(value))
 
   def compute(self) -> jax.Array:
-    value = exact_products.cohen_kappa(self.table(), weights=self.weights)
+    value = exact_products.cohen_kappa(
+      self.table(), weights=self.weights, undefined=self.replace_undefined_by
+    )
     return jnp.where(self.seen(), value, jnp.nan)
