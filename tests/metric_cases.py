@@ -723,3 +723,17 @@ CASES += [
     lambda bs: np.mean(real(bs, "target") == (real(bs, "preds") > 0.5), axis=0),
   ),
 ]
+
+
+CASES.append(
+  MetricCase(
+    "hinge_crammer_singer_weighted",
+    lambda: pe.metrics.HingeLoss(task="multiclass", num_classes=5),
+    lambda rng: padded_batches(
+      rng, {"preds": _normal(5), "target": _ints(5), "weights": _positive()}
+    ),
+    lambda bs: sklearn.metrics.hinge_loss(
+      real(bs, "target"), real(bs, "preds"), labels=range(5), sample_weight=real(bs, "weights")
+    ),
+  )
+)

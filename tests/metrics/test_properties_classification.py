@@ -382,6 +382,26 @@ def test_multilabel_accuracy_matches_sklearn(seed, n, average):
   assert_close(got, expected, rtol=(C + 4) * EPS, atol=1e-7)
 
 
+@given(seed=SEEDS, n=ROWS, binary=st.booleans(), scale=st.sampled_from([0.1, 3.0, 1e4]))
+def test_hinge_loss_matches_sklearn(seed, n, binary, scale):
+  """HingeLoss against scikit-learn's hinge_loss at any batching, scale and weights."""
+  rng = np.random.default_rng(seed)
+  weights = rng.uniform(0.1, 2.0, n).astype(np.float32)
+  if binary:
+    target = rng.integers(0, 2, n).astype(np.int32)
+    scores = (scale * rng.standard_normal(n)).astype(np.float32)
+    metric, labels = pe.metrics.HingeLoss(task="binary"), None
+  else:
+    target, scores = _multiclass(rng, n, [0, 1, 2, 3])
+    scores = (scale * scores).astype(np.float32)
+    metric, labels = pe.metrics.HingeLoss(task="multiclass", num_classes=C), list(range(C))
+  fields = {"preds": scores, "target": target, "weights": weights}
+  got = evaluate_randomly(metric, fields, rng)
+  expected = skm.hinge_loss(target, scores.astype(np.float64), labels=labels, sample_weight=weights)
+  # each loss (1 - margin) rounded in float32 relative to the scores' scale, then compensated sums
+  assert_close(got, expected, rtol=8 * EPS, atol=4 * EPS * (1 + 2 * scale))
+
+
 # --- invalid values (issue 12 findings) --------------------------------------------------------
 
 
