@@ -737,3 +737,28 @@ CASES.append(
     ),
   )
 )
+
+
+def _log_auc(bs, lo=0.01, hi=0.5):
+  """torchmetrics' _binary_logauc_compute (float64) on the exact ROC curve: end points
+  interpolated and sorted in, the trapezoid over log10(fpr) between them, over the decades."""
+  fpr, tpr, _ = sklearn.metrics.roc_curve(
+    real(bs, "target"), real(bs, "preds"), drop_intermediate=False
+  )
+  tpr = np.sort(np.concatenate([tpr, np.interp([lo, hi], fpr, tpr)]))
+  fpr = np.sort(np.concatenate([fpr, [lo, hi]]))
+  first, last = np.where(fpr == lo)[0][-1], np.where(fpr == hi)[0][-1]
+  x, y = np.log10(fpr[first : last + 1]), tpr[first : last + 1]
+  return np.trapezoid(y, x) / np.log10(hi / lo)
+
+
+CASES.append(
+  MetricCase(
+    "log_auc_exact",
+    lambda: pe.metrics.LogAUC(fpr_range=(0.01, 0.5), exact=True, capacity=48),
+    lambda rng: padded_batches(
+      rng, {"preds": lambda r, b: r.random(b).astype(np.float32), "target": _ints(2)}
+    ),
+    _log_auc,
+  )
+)
