@@ -762,3 +762,19 @@ CASES.append(
     _log_auc,
   )
 )
+
+
+def _row_auroc_mean(bs):
+  target, scores = real(bs, "target"), real(bs, "preds")
+  rows = (target.min(1) == 0) & (target.max(1) == 1)  # sklearn scores rows of two classes
+  return sklearn.metrics.roc_auc_score(target[rows], scores[rows], average="samples")
+
+
+CASES.append(
+  MetricCase(
+    "auroc_multilabel_samples",
+    lambda: pe.metrics.AUROC(task="multilabel", num_classes=4, average="samples"),
+    lambda rng: padded_batches(rng, _multilabel_fields),
+    _row_auroc_mean,
+  )
+)

@@ -105,11 +105,17 @@ for multilabel (scikit-learn does the same) and multiclass one-vs-rest (scikit-l
 torchmetrics refuse multiclass ``max_fpr``; each class's partial area is McClish-corrected,
 then averaged).
 
-Not offered (scikit-learn has them): sample weights (``sample_weight``; the state is exact
+Multilabel ``average="samples"`` (AUROC and AUPRC; scikit-learn's meaning): the mean over
+rows of each row's area over its labels, computed exactly inside the batch
+(:mod:`padded_eval.metrics._sample_curves`); the state is the row values' compensated sum
+and the count of rows scored (no histogram). An AUROC row needs a counted positive and a
+counted negative label (scikit-learn raises on the others; here they are not rows); an
+AUPRC row without a positive scores 0, as in scikit-learn. Not with ``exact=True``,
+``thresholds=`` or ``max_fpr``; ``curve()`` is per column and refuses it.
+
+Not offered (scikit-learn has it): sample weights (``sample_weight``; the state is exact
 integer counts, so ``weights=`` raises "mask elements out instead"; weighted histograms
-would need float sums per bin, twice the state) and multilabel ``average="samples"`` (a
-mean of per-row areas over the labels: a different statistic from the per-column
-histograms, which ``average`` only combines).
+would need float sums per bin, twice the state).
 
 Logits given without ``from_logits=True`` are probabilities outside ``[0, 1]``: counted
 (nothing can raise under jit) and reported by ``masked_eval`` as such, with "pass
@@ -150,8 +156,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
-from padded_eval.exact.accumulate import ExactCount
+from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.metrics import _curve_segments as segments
+from padded_eval.metrics import _sample_curves as sample_curves
 from padded_eval.metrics import exact_scores
 from padded_eval.metrics._classification_inputs import (
   AVERAGES,
@@ -174,7 +181,7 @@ DEFAULT_NUM_THRESHOLDS = 65_537
 #: The default state of a multilabel metric stays within this many bytes (16 MiB).
 MAX_DEFAULT_STATE_BYTES = 16 * 2**20
 BYTES_PER_BIN = 16  # positives and negatives, two int32 limbs each
-CURVE_AVERAGES = AVERAGES + ("ogb",)
+CURVE_AVERAGES = AVERAGES + ("ogb", "samples")
 BINNINGS = ("logit", "symlog", "linear")
 THRESHOLDS_BINNING = "thresholds"  # the binning of explicit thresholds=[...]
 LOGIT_RANGE = 64.0  # logit bins span [-64, 64]; beyond, scores share the end bins
@@ -193,7 +200,8 @@ def default_num_thresholds(task: str, num_classes) -> int:
 
 
 def _empty_histogram(metric):
-  bins = 0 if metric.exact else metric.num_thresholds  # exact: the scores are kept instead
+  # exact: the scores are kept instead; "samples": the row values
+  bins = 0 if metric.exact or metric.average == "samples" else metric.num_thresholds
   return ExactCount.zeros((num_columns(metric.task, metric.num_classes), bins))
 
 
@@ -239,9 +247,16 @@ class ScoreHistogram(ClassificationMetric):
   positives: ExactCount = state(_empty_histogram)
   negatives: ExactCount = state(_empty_histogram)
   buffer: ScoreBuffer = state(_empty_buffer)
+  # average="samples": the sum of the row values and the rows scored ([1]; else [0])
+  sample_scores: ExactSum = state(lambda self: ExactSum.zeros((self._samples_width(),)))
+  samples: ExactCount = state(lambda self: ExactCount.zeros((self._samples_width(),)))
 
   invalid_kinds: ClassVar[tuple[str, ...]] = SCORE_INVALID_KINDS
   _scores_only: ClassVar[bool] = True
+  _row_value: ClassVar = None  # (scores, truth, valid) -> (values [R], scored [R]), "samples"
+
+  def _samples_width(self) -> int:
+    return 1 if self.average == "samples" else 0
 
   def __post_init__(self):
     if self.thresholds is not None:
@@ -289,6 +304,23 @@ class ScoreHistogram(ClassificationMetric):
       raise ValueError(
         f"average='ogb' averages over the tasks of task='multilabel'; got task={self.task!r}"
       )
+    if self.average == "samples":
+      self._check_samples()
+
+  def _check_samples(self):
+    name = type(self).__name__
+    if self._row_value is None or self.task != "multilabel":
+      raise ValueError(
+        f"average='samples' is for task='multilabel' AUROC and AUPRC (one area per row of "
+        f"labels); got {name}(task={self.task!r})"
+      )
+    others = {"exact": self.exact, "thresholds": self.thresholds}
+    others["max_fpr"] = getattr(self, "max_fpr", None)
+    given = [k for k, v in others.items() if v not in (None, False)]
+    if given:
+      raise ValueError(
+        f"{name}(average='samples') computes each row's area exactly; drop {', '.join(given)}"
+      )
 
   def _check_exact(self):
     name = type(self).__name__
@@ -317,6 +349,13 @@ class ScoreHistogram(ClassificationMetric):
     if self.average == "ogb":
       target, mask = nan_missing_labels(target, mask)
     scores, truth, valid, invalid = score_elements(self, preds, target, mask)
+    if self.average == "samples":
+      values, scored = type(self)._row_value(scores, truth, valid)
+      return {
+        "sample_scores": ExactSum.of_sum(values, where=scored)[None],
+        "samples": ExactCount.of(jnp.sum(scored, dtype=jnp.int32)[None]),
+        "invalid": invalid,
+      }
     if self.exact:
       return {"buffer": ScoreBuffer.of(scores, truth, valid, self.capacity), "invalid": invalid}
     t = self.num_thresholds
@@ -412,6 +451,9 @@ class ScoreHistogram(ClassificationMetric):
 
   def compute(self) -> jax.Array:
     """Scalar float32 (``[C]`` with ``average=None``); NaN where undefined."""
+    if self.average == "samples":  # the mean of the row values; NaN without a row
+      count = self.samples.total()[0]
+      return jnp.where(count > 0, self.sample_scores.total()[0] / jnp.maximum(count, 1.0), jnp.nan)
     return self._averaged(self._area)
 
   def _exact_error_bound(self) -> jax.Array:
@@ -517,6 +559,11 @@ class ScoreHistogram(ClassificationMetric):
     return np.cumsum(truth)[last], np.cumsum(1 - truth)[last], scores[last]
 
   def _per_class(self, one_curve, class_index):
+    if self.average == "samples":
+      raise ValueError(
+        f"{type(self).__name__}(average='samples') keeps per-row areas, not a curve; use "
+        "another average (the per-label curves) for curve()"
+      )
     if self.task != "binary" and class_index is None:
       included = self.included_classes()
       return {c: one_curve(c) for c in range(len(included)) if included[c]}
@@ -550,10 +597,11 @@ class AUROC(ScoreHistogram):
   """
 
   max_fpr: float | None = config_field(None)
+  _row_value = staticmethod(sample_curves.row_auroc)
 
   def _check_config(self):
-    super()._check_config()
     segments.check_max_fpr(self.max_fpr)
+    super()._check_config()
 
   def _area(self, positives, negatives):
     pos, neg = positives.total(), negatives.total()
@@ -642,7 +690,7 @@ class AUROC(ScoreHistogram):
     Raises:
       ValueError: with ``thresholds=`` (torchmetrics' binned value is not bounded).
     """
-    if self.exact:
+    if self.exact or self.average == "samples":  # exact values
       return self._exact_error_bound()
     self._check_bound_defined()
     if self.max_fpr is not None:
@@ -670,6 +718,7 @@ class AUPRC(ScoreHistogram):
   """
 
   _exact_area = staticmethod(exact_scores.average_precision)
+  _row_value = staticmethod(sample_curves.row_average_precision)
 
   def _area(self, positives, negatives):
     pos = positives.total()
@@ -703,7 +752,7 @@ class AUPRC(ScoreHistogram):
     (float32 rounding of the sums apart; the result is exact anyway where each bin
     holds one distinct score). 0 with ``exact=True``.
     """
-    if self.exact:
+    if self.exact or self.average == "samples":  # exact values
       return self._exact_error_bound()
     self._check_bound_defined()
     return self._averaged(self._precision_spread)
