@@ -778,3 +778,27 @@ CASES.append(
     _row_auroc_mean,
   )
 )
+
+
+def _grid_probs(rng, b, classes=3):
+  """Probability rows on the 0.01 grid that sum to 1 (binning="linear" bins them exactly)."""
+  cuts = np.sort(rng.integers(0, 101, (b, classes - 1)), -1)
+  edges = np.concatenate([np.zeros((b, 1), int), cuts, np.full((b, 1), 100)], -1)
+  return {
+    "preds": (np.diff(edges, axis=-1) / 100).astype(np.float32),
+    "target": rng.integers(0, classes, b).astype(np.int32),
+  }
+
+
+CASES.append(
+  MetricCase(
+    "auroc_ovo_weighted_grid",
+    lambda: pe.metrics.AUROC(
+      101, task="multiclass", num_classes=3, average="weighted", multi_class="ovo", binning="linear"
+    ),
+    lambda rng: padded_batches(rng, _grid_probs),
+    lambda bs: sklearn.metrics.roc_auc_score(
+      real(bs, "target"), real(bs, "preds"), multi_class="ovo", average="weighted"
+    ),
+  )
+)

@@ -134,3 +134,22 @@ def test_multilabel_samples_average_matches_sklearn(seed, n, labels, step, auprc
     expected = reference(target[rows], probs[rows].astype(np.float64), average="samples")
   # each row value is one ratio of integer counts (one rounding), then a compensated mean
   assert_close(got, expected, rtol=8 * EPS, atol=1e-7)
+
+
+@given(seed=SEEDS, n=st.integers(2, 40), average=st.sampled_from(["macro", "weighted"]))
+def test_one_vs_one_auroc_matches_sklearn_on_grid_scores(seed, n, average):
+  """multi_class="ovo" with binning="linear" on 0.01-grid probabilities: every distinct score
+  has its own bin, so the value is scikit-learn's (ties as half a pair) at any batching."""
+  rng = np.random.default_rng(seed)
+  cuts = np.sort(rng.integers(0, 101, (n, 2)), -1)
+  edges = np.concatenate([np.zeros((n, 1), int), cuts, np.full((n, 1), 100)], -1)
+  probs = (np.diff(edges, axis=-1) / 100).astype(np.float32)
+  target = rng.integers(0, 3, n).astype(np.int32)
+  metric = M.AUROC(
+    101, task="multiclass", num_classes=3, average=average, multi_class="ovo", binning="linear"
+  )
+  got = evaluate_randomly(metric, {"preds": probs, "target": target}, rng)
+  if len(np.unique(target)) < 3:  # sklearn needs every column's class in y_true
+    return
+  expected = skm.roc_auc_score(target, probs.astype(np.float64), multi_class="ovo", average=average)
+  assert_close(got, expected, rtol=32 * EPS, atol=1e-7)
