@@ -693,3 +693,112 @@ CASES += [
     ("rmse", pe.metrics.RMSE, sklearn.metrics.root_mean_squared_error, "raw", "raw_values"),
   ]
 ]
+
+
+# --- issue 31: Accuracy average= / multilabel / ignore_index (torchmetrics' MulticlassAccuracy and
+# MultilabelAccuracy semantics; more rows in tests/metrics/test_accuracy_average.py) -------------
+
+
+def _macro_recall_seen(bs, ignore_index):
+  target, pred = real(bs, "target"), np.argmax(real(bs, "preds"), -1)
+  keep = target != ignore_index
+  target, pred, w = target[keep], pred[keep], real(bs, "weights")[keep]
+  seen = sorted((set(target.tolist()) | set(pred.tolist())) - {ignore_index})
+  return sklearn.metrics.recall_score(target, pred, labels=seen, average="macro", sample_weight=w)
+
+
+CASES += [
+  MetricCase(
+    "accuracy_macro_ignore_index_weighted",
+    lambda: pe.metrics.Accuracy(average="macro", num_classes=5, ignore_index=1),
+    lambda rng: padded_batches(
+      rng, {"preds": _normal(5), "target": _ints(5), "weights": _positive()}
+    ),
+    lambda bs: _macro_recall_seen(bs, 1),
+  ),
+  MetricCase(
+    "accuracy_multilabel_per_label",
+    lambda: pe.metrics.Accuracy(task="multilabel", average=None, num_classes=4),
+    lambda rng: padded_batches(rng, _multilabel_fields),
+    lambda bs: np.mean(real(bs, "target") == (real(bs, "preds") > 0.5), axis=0),
+  ),
+]
+
+
+CASES.append(
+  MetricCase(
+    "hinge_crammer_singer_weighted",
+    lambda: pe.metrics.HingeLoss(task="multiclass", num_classes=5),
+    lambda rng: padded_batches(
+      rng, {"preds": _normal(5), "target": _ints(5), "weights": _positive()}
+    ),
+    lambda bs: sklearn.metrics.hinge_loss(
+      real(bs, "target"), real(bs, "preds"), labels=range(5), sample_weight=real(bs, "weights")
+    ),
+  )
+)
+
+
+def _log_auc(bs, lo=0.01, hi=0.5):
+  """torchmetrics' _binary_logauc_compute (float64) on the exact ROC curve: end points
+  interpolated and sorted in, the trapezoid over log10(fpr) between them, over the decades."""
+  fpr, tpr, _ = sklearn.metrics.roc_curve(
+    real(bs, "target"), real(bs, "preds"), drop_intermediate=False
+  )
+  tpr = np.sort(np.concatenate([tpr, np.interp([lo, hi], fpr, tpr)]))
+  fpr = np.sort(np.concatenate([fpr, [lo, hi]]))
+  first, last = np.where(fpr == lo)[0][-1], np.where(fpr == hi)[0][-1]
+  x, y = np.log10(fpr[first : last + 1]), tpr[first : last + 1]
+  return np.trapezoid(y, x) / np.log10(hi / lo)
+
+
+CASES.append(
+  MetricCase(
+    "log_auc_exact",
+    lambda: pe.metrics.LogAUC(fpr_range=(0.01, 0.5), exact=True, capacity=48),
+    lambda rng: padded_batches(
+      rng, {"preds": lambda r, b: r.random(b).astype(np.float32), "target": _ints(2)}
+    ),
+    _log_auc,
+  )
+)
+
+
+def _row_auroc_mean(bs):
+  target, scores = real(bs, "target"), real(bs, "preds")
+  rows = (target.min(1) == 0) & (target.max(1) == 1)  # sklearn scores rows of two classes
+  return sklearn.metrics.roc_auc_score(target[rows], scores[rows], average="samples")
+
+
+CASES.append(
+  MetricCase(
+    "auroc_multilabel_samples",
+    lambda: pe.metrics.AUROC(task="multilabel", num_classes=4, average="samples"),
+    lambda rng: padded_batches(rng, _multilabel_fields),
+    _row_auroc_mean,
+  )
+)
+
+
+def _grid_probs(rng, b, classes=3):
+  """Probability rows on the 0.01 grid that sum to 1 (binning="linear" bins them exactly)."""
+  cuts = np.sort(rng.integers(0, 101, (b, classes - 1)), -1)
+  edges = np.concatenate([np.zeros((b, 1), int), cuts, np.full((b, 1), 100)], -1)
+  return {
+    "preds": (np.diff(edges, axis=-1) / 100).astype(np.float32),
+    "target": rng.integers(0, classes, b).astype(np.int32),
+  }
+
+
+CASES.append(
+  MetricCase(
+    "auroc_ovo_weighted_grid",
+    lambda: pe.metrics.AUROC(
+      101, task="multiclass", num_classes=3, average="weighted", multi_class="ovo", binning="linear"
+    ),
+    lambda rng: padded_batches(rng, _grid_probs),
+    lambda bs: sklearn.metrics.roc_auc_score(
+      real(bs, "target"), real(bs, "preds"), multi_class="ovo", average="weighted"
+    ),
+  )
+)

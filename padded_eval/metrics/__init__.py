@@ -62,3 +62,8 @@ from padded_eval.metrics.operating_points import (
   SpecificityAtSensitivity as SpecificityAtSensitivity,
 )
 from padded_eval.metrics.sliced import Sliced as Sliced
+
+# isort: split
+# issue 31, classification half: margin losses
+from padded_eval.metrics.margins import HingeLoss as HingeLoss
+from padded_eval.metrics.operating_points import LogAUC as LogAUC

@@ -128,8 +128,11 @@ def matthews_corrcoef(table: ExactCount) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames="weights")
-def cohen_kappa(table: ExactCount, weights: str | None = None) -> jax.Array:
-  """float32 Cohen's kappa of an exact square table ``[K, K]`` (0 where undefined).
+def cohen_kappa(
+  table: ExactCount, weights: str | None = None, undefined: jax.typing.ArrayLike = 0.0
+) -> jax.Array:
+  """float32 Cohen's kappa of an exact square table ``[K, K]`` (``undefined`` where the
+  chance disagreement ``D`` is 0, as is every table of one class).
 
   With disagreement weights ``w`` (``1 - I``, ``|i - j|`` or ``(i - j)**2``), row / column
   sums ``t`` / ``p`` and total ``n``: ``kappa = 1 - n sum w T / sum w t p``, computed as
@@ -157,4 +160,5 @@ def cohen_kappa(table: ExactCount, weights: str | None = None) -> jax.Array:
     observed = times(n, weighted_cells)  # n sum w T
     numerator = difference(chance, observed)
     denominator = difference(chance, jnp.zeros_like(chance))
-  return jnp.where(denominator > 0, numerator / jnp.where(denominator > 0, denominator, 1.0), 0.0)
+  defined = denominator > 0
+  return jnp.where(defined, numerator / jnp.where(defined, denominator, 1.0), undefined)

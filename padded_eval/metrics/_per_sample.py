@@ -81,3 +81,18 @@ def weighted_counts(metric, elements, weights) -> jax.Array:
   true_weight = scatter(labels, w)
   fp, fn = predicted_weight - tp, true_weight - tp
   return jnp.stack([tp, fp, fn, jnp.sum(w) - tp - fp - fn])
+
+
+def weighted_matrix(metric, elements, weights) -> jax.Array:
+  """float32 ``[C, C + 1]`` (rows true, columns predicted; the last: no class) of multiclass
+  elements, each counted with its weight (one scatter-add; padded and invalid elements weigh
+  0, selected with ``where``)."""
+  valid = elements.valid
+  _, w = element_weights(valid, weights, valid.shape, "target")
+  w = jnp.where(valid, w, 0.0)
+  c = metric.num_classes
+  predicted = elements.top_k(1)[..., 0]
+  columns = jnp.where(predicted >= 0, predicted, c)
+  cells = jnp.where(valid, elements.labels * (c + 1) + columns, c * (c + 1)).reshape(-1)
+  flat = jnp.zeros((c * (c + 1),), jnp.float32).at[cells].add(w.reshape(-1), mode="drop")
+  return flat.reshape(c, c + 1)

@@ -84,11 +84,13 @@ Differences that remain, ours beside the peer's:
   (scikit-learn's ``jaccard_score`` refuses NaN).
 
 Counts are of elements: sample ``weights`` are refused (``ValueError``) except by the
-per-class scores with ``weighted=True`` (:class:`~padded_eval.metrics.scores.ClassScore`).
+per-class scores and ConfusionMatrix with ``weighted=True``
+(:class:`~padded_eval.metrics.scores.ClassScore`, scikit-learn's ``sample_weight``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import jax
@@ -96,11 +98,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
-from padded_eval.exact.accumulate import ExactCount
+from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.metrics import _exact_products as exact_products
+from padded_eval.metrics import _per_sample as per_sample
 from padded_eval.metrics._classification_inputs import (
   MAX_MATRIX_CLASSES,
   ClassificationMetric,
+  check_flag,
   check_no_weights,
   class_counts,
   config_field,
@@ -235,6 +239,12 @@ class ConfusionMatrix(ConfusionState):
     num_classes: the number of classes (the only positional argument; ``None`` for binary).
     normalize: ``None`` (counts), ``"true"`` (rows sum to 1), ``"pred"`` (columns sum to
       1) or ``"all"``; an all-zero row or column stays 0.
+    weighted: each element counts with its sample ``weights`` (the update keyword, a
+      prefix of ``target``'s shape; scikit-learn's ``confusion_matrix(sample_weight=)``),
+      summed in float32 within a batch (exact for integer weights up to ``2**24`` per
+      cell) and in compensated sums (:class:`~padded_eval.exact.accumulate.ExactSum`)
+      across batches and devices; :meth:`counts` is then float64. Default False:
+      ``weights`` are refused.
 
   Examples:
     >>> import numpy as np
@@ -250,11 +260,28 @@ class ConfusionMatrix(ConfusionState):
 
   num_classes: int | None = None
   normalize: str | None = config_field(None)
+  weighted: bool = config_field(False)
   _full_matrix: ClassVar[bool] = True
 
   def _check_config(self):
     super()._check_config()
     validation.check_choice("normalize", self.normalize, NORMALIZE)
+    check_flag("weighted", self.weighted)
+
+  def _empty_confusion(self):
+    if self.weighted:  # float weights: compensated sums, not integer counts
+      return ExactSum.zeros(self._counts_shape())
+    return super()._empty_confusion()
+
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    if not self.weighted:
+      return super()._batch_state(preds=preds, target=target, mask=mask, weights=weights)
+    elements, invalid = self.elements(preds, target, mask)
+    if self.task == "multiclass":
+      counts = per_sample.weighted_matrix(self, elements, weights)
+    else:
+      counts = per_sample.weighted_counts(self, elements, weights)
+    return {"confusion": ExactSum.of(counts), "invalid": invalid}
 
   def _layout(self, counts):
     if self.task == "multiclass":
@@ -264,7 +291,8 @@ class ConfusionMatrix(ConfusionState):
     return table[0] if self.task == "binary" else table
 
   def counts(self) -> np.ndarray:
-    """The exact counts as an int64 numpy array (host side), in ``compute()``'s layout."""
+    """The exact counts as an int64 numpy array (host side), in ``compute()``'s layout
+    (float64 weighted sums with ``weighted=True``)."""
     counts = self.confusion.to_numpy()
     if self.task == "multiclass":
       return counts[:, : self.num_classes]
@@ -325,10 +353,15 @@ class CohenKappa(ConfusionState):
     weights: ``None``, ``"linear"`` or ``"quadratic"`` disagreement weights over the
       class ids ``0..C-1`` (scikit-learn's ``cohen_kappa_score(labels=range(C))``).
       Configuration, not the update keyword ``weights`` (which is not supported).
+    replace_undefined_by: the value where kappa is undefined (the chance disagreement is
+      0: target and preds of one and the same class), a float in ``[-1, 1]`` or
+      ``float("nan")``; scikit-learn 1.6+'s ``replace_undefined_by``. Default 0 (as
+      before; scikit-learn's default is NaN). A metric that counted nothing is NaN.
 
   A multiclass prediction of no class (an out-of-range id or an all-NaN row) is class
   ``C`` of the :meth:`table`, a disagreement with every target. Undefined kappa (chance
-  agreement 1, e.g. constant inputs) computes 0. ``1 - observed / chance`` is formed from
+  agreement 1, e.g. constant inputs) computes ``replace_undefined_by`` (default 0).
+  ``1 - observed / chance`` is formed from
   exact integer products of the counts and rounded once
   (:func:`padded_eval.metrics._exact_products.cohen_kappa`), so agreement at chance level
   is exactly 0, as in scikit-learn.
@@ -346,13 +379,25 @@ class CohenKappa(ConfusionState):
   higher_is_better: ClassVar[bool | None] = True
 
   weights: str | None = config_field(None)
+  replace_undefined_by: float = config_field(0.0)
   _full_matrix: ClassVar[bool] = True
   _tasks: ClassVar[tuple[str, ...]] = ("binary", "multiclass")
 
   def _check_config(self):
     super()._check_config()
     validation.check_choice("weights", self.weights, KAPPA_WEIGHTS)
+    value = self.replace_undefined_by
+    number = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
+    if not number or not (np.isnan(value) or -1.0 <= value <= 1.0):
+      raise ValueError(
+        "replace_undefined_by must be a float in [-1, 1] or float('nan') (scikit-learn's "
+        f"choices); got {value!r}"
+      )
+    # one NaN object, so equal configurations compare equal (jit's cache key)
+    object.__setattr__(self, "replace_undefined_by", math.nan if np.isnan(value) else float(value))
 
   def compute(self) -> jax.Array:
-    value = exact_products.cohen_kappa(self.table(), weights=self.weights)
+    value = exact_products.cohen_kappa(
+      self.table(), weights=self.weights, undefined=self.replace_undefined_by
+    )
     return jnp.where(self.seen(), value, jnp.nan)

@@ -105,11 +105,23 @@ for multilabel (scikit-learn does the same) and multiclass one-vs-rest (scikit-l
 torchmetrics refuse multiclass ``max_fpr``; each class's partial area is McClish-corrected,
 then averaged).
 
-Not offered (scikit-learn has them): sample weights (``sample_weight``; the state is exact
+Multilabel ``average="samples"`` (AUROC and AUPRC; scikit-learn's meaning): the mean over
+rows of each row's area over its labels, computed exactly inside the batch
+(:mod:`padded_eval.metrics._sample_curves`); the state is the row values' compensated sum
+and the count of rows scored (no histogram). An AUROC row needs a counted positive and a
+counted negative label (scikit-learn raises on the others; here they are not rows); an
+AUPRC row without a positive scores 0, as in scikit-learn. Not with ``exact=True``,
+``thresholds=`` or ``max_fpr``; ``curve()`` is per column and refuses it.
+
+One-vs-one multiclass AUROC (``AUROC(multi_class="ovo")``, ``average="macro"`` or
+``"weighted"``; scikit-learn's ``multi_class="ovo"``): the state is a histogram per (score
+column, true class), ``C * C`` rows of ``num_thresholds`` bins (:mod:`padded_eval.metrics.
+_one_vs_one`); each pair of classes that occur scores the mean of its two binary areas,
+averaged (``"weighted"``: by the pair's elements). Binned only, within ``error_bound()``.
+
+Not offered (scikit-learn has it): sample weights (``sample_weight``; the state is exact
 integer counts, so ``weights=`` raises "mask elements out instead"; weighted histograms
-would need float sums per bin, twice the state) and multilabel ``average="samples"`` (a
-mean of per-row areas over the labels: a different statistic from the per-column
-histograms, which ``average`` only combines).
+would need float sums per bin, twice the state).
 
 Logits given without ``from_logits=True`` are probabilities outside ``[0, 1]``: counted
 (nothing can raise under jit) and reported by ``masked_eval`` as such, with "pass
@@ -150,8 +162,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
-from padded_eval.exact.accumulate import ExactCount
+from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.metrics import _curve_segments as segments
+from padded_eval.metrics import _one_vs_one as one_vs_one
+from padded_eval.metrics import _sample_curves as sample_curves
 from padded_eval.metrics import _exact_scores as exact_scores
 from padded_eval.metrics._classification_inputs import (
   AVERAGES,
@@ -174,7 +188,7 @@ DEFAULT_NUM_THRESHOLDS = 65_537
 #: The default state of a multilabel metric stays within this many bytes (16 MiB).
 MAX_DEFAULT_STATE_BYTES = 16 * 2**20
 BYTES_PER_BIN = 16  # positives and negatives, two int32 limbs each
-CURVE_AVERAGES = AVERAGES + ("ogb",)
+CURVE_AVERAGES = AVERAGES + ("ogb", "samples")
 BINNINGS = ("logit", "symlog", "linear")
 THRESHOLDS_BINNING = "thresholds"  # the binning of explicit thresholds=[...]
 LOGIT_RANGE = 64.0  # logit bins span [-64, 64]; beyond, scores share the end bins
@@ -193,8 +207,14 @@ def default_num_thresholds(task: str, num_classes) -> int:
 
 
 def _empty_histogram(metric):
-  bins = 0 if metric.exact else metric.num_thresholds  # exact: the scores are kept instead
-  return ExactCount.zeros((num_columns(metric.task, metric.num_classes), bins))
+  # exact: the scores are kept instead; "samples": the row values
+  bins = 0 if metric.exact or metric.average == "samples" else metric.num_thresholds
+  return ExactCount.zeros((metric._histogram_rows(), bins))
+
+
+def _empty_negatives(metric):
+  # one-vs-one: the pair histogram in `positives` holds every class; one unused count here
+  return ExactCount.zeros((1, 1)) if metric._pairs() else _empty_histogram(metric)
 
 
 def _empty_buffer(metric):
@@ -238,11 +258,25 @@ class ScoreHistogram(ClassificationMetric):
   capacity: int | None = config_field(None)
   thresholds: tuple[float, ...] | None = config_field(None)
   positives: ExactCount = state(_empty_histogram)
-  negatives: ExactCount = state(_empty_histogram)
+  negatives: ExactCount = state(_empty_negatives)
   buffer: ScoreBuffer = state(_empty_buffer)
+  # average="samples": the sum of the row values and the rows scored ([1]; else [0])
+  sample_scores: ExactSum = state(lambda self: ExactSum.zeros((self._samples_width(),)))
+  samples: ExactCount = state(lambda self: ExactCount.zeros((self._samples_width(),)))
 
   invalid_kinds: ClassVar[tuple[str, ...]] = SCORE_INVALID_KINDS
   _scores_only: ClassVar[bool] = True
+  _row_value: ClassVar = None  # (scores, truth, valid) -> (values [R], scored [R]), "samples"
+
+  def _samples_width(self) -> int:
+    return 1 if self.average == "samples" else 0
+
+  def _pairs(self) -> bool:
+    """Whether the state is the one-vs-one pair histogram (AUROC ``multi_class="ovo"``)."""
+    return False
+
+  def _histogram_rows(self) -> int:
+    return num_columns(self.task, self.num_classes)
 
   def __post_init__(self):
     if self.thresholds is not None:
@@ -290,6 +324,23 @@ class ScoreHistogram(ClassificationMetric):
       raise ValueError(
         f"average='ogb' averages over the tasks of task='multilabel'; got task={self.task!r}"
       )
+    if self.average == "samples":
+      self._check_samples()
+
+  def _check_samples(self):
+    name = type(self).__name__
+    if self._row_value is None or self.task != "multilabel":
+      raise ValueError(
+        f"average='samples' is for task='multilabel' AUROC and AUPRC (one area per row of "
+        f"labels); got {name}(task={self.task!r})"
+      )
+    others = {"exact": self.exact, "thresholds": self.thresholds}
+    others["max_fpr"] = getattr(self, "max_fpr", None)
+    given = [k for k, v in others.items() if v not in (None, False)]
+    if given:
+      raise ValueError(
+        f"{name}(average='samples') computes each row's area exactly; drop {', '.join(given)}"
+      )
 
   def _check_exact(self):
     name = type(self).__name__
@@ -318,6 +369,13 @@ class ScoreHistogram(ClassificationMetric):
     if self.average == "ogb":
       target, mask = nan_missing_labels(target, mask)
     scores, truth, valid, invalid = score_elements(self, preds, target, mask)
+    if self.average == "samples":
+      values, scored = type(self)._row_value(scores, truth, valid)
+      return {
+        "sample_scores": ExactSum.of_sum(values, where=scored)[None],
+        "samples": ExactCount.of(jnp.sum(scored, dtype=jnp.int32)[None]),
+        "invalid": invalid,
+      }
     if self.exact:
       return {"buffer": ScoreBuffer.of(scores, truth, valid, self.capacity), "invalid": invalid}
     t = self.num_thresholds
@@ -414,6 +472,9 @@ class ScoreHistogram(ClassificationMetric):
 
   def compute(self) -> jax.Array:
     """Scalar float32 (``[C]`` with ``average=None``); NaN where undefined."""
+    if self.average == "samples":  # the mean of the row values; NaN without a row
+      count = self.samples.total()[0]
+      return jnp.where(count > 0, self.sample_scores.total()[0] / jnp.maximum(count, 1.0), jnp.nan)
     return self._averaged(self._area)
 
   def _exact_error_bound(self) -> jax.Array:
@@ -519,6 +580,13 @@ class ScoreHistogram(ClassificationMetric):
     return np.cumsum(truth)[last], np.cumsum(1 - truth)[last], scores[last]
 
   def _per_class(self, one_curve, class_index):
+    if self.average == "samples":
+      raise ValueError(
+        f"{type(self).__name__}(average='samples') keeps per-row areas, not a curve; use "
+        "another average (the per-label curves) for curve()"
+      )
+    if self._pairs():
+      raise ValueError("AUROC(multi_class='ovo') keeps class pairs, not per-class curves")
     if self.task != "binary" and class_index is None:
       included = self.included_classes()
       return {c: one_curve(c) for c in range(len(included)) if included[c]}
@@ -543,6 +611,9 @@ class AUROC(ScoreHistogram):
       has no other point); not with ``exact=True`` or ``num_thresholds``.
     max_fpr: partial AUC up to this false positive rate, McClish-corrected as
       scikit-learn's ``roc_auc_score(max_fpr=)``; works binned, exact and with thresholds.
+    multi_class: ``"ovr"`` (default: one-vs-rest per class) or ``"ovo"`` (one-vs-one over
+      class pairs, scikit-learn's; multiclass, ``average`` ``"macro"`` / ``"weighted"``,
+      binned; see the module docstring).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -552,10 +623,52 @@ class AUROC(ScoreHistogram):
   """
 
   max_fpr: float | None = config_field(None)
+  multi_class: str = config_field("ovr")
+  _row_value = staticmethod(sample_curves.row_auroc)
 
   def _check_config(self):
-    super()._check_config()
     segments.check_max_fpr(self.max_fpr)
+    validation.check_choice("multi_class", self.multi_class, ("ovr", "ovo"))
+    super()._check_config()
+    if self._pairs():
+      others = {"exact": self.exact, "thresholds": self.thresholds, "max_fpr": self.max_fpr}
+      given = [k for k, v in others.items() if v not in (None, False)]
+      if self.task != "multiclass" or self.average not in one_vs_one.OVO_AVERAGES or given:
+        raise ValueError(
+          "multi_class='ovo' is for task='multiclass' with average 'macro' or 'weighted' "
+          f"(scikit-learn's choices), binned; got task={self.task!r}, average="
+          f"{self.average!r}" + (f" and {', '.join(given)}" if given else "")
+        )
+
+  def _pairs(self) -> bool:
+    return self.multi_class == "ovo"
+
+  def _histogram_rows(self) -> int:
+    return self.num_classes**2 if self._pairs() else super()._histogram_rows()
+
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    if not self._pairs():
+      return super()._batch_state(preds=preds, target=target, mask=mask, weights=weights)
+    check_no_weights(weights, self)
+    scores, truth, valid, invalid = score_elements(self, preds, target, mask)
+    labels = jnp.argmax(truth, axis=-1)
+    bins = self._bins(jnp.where(valid, scores, 0.5))
+    counts = one_vs_one.pair_histogram(bins, labels, valid, self.num_classes, self.num_thresholds)
+    return {"positives": ExactCount.of(counts), "invalid": invalid}
+
+  def _pair_average(self, per_pair) -> jax.Array:
+    """``per_pair(positives, negatives) -> [P]`` over the ordered pairs, averaged."""
+    pos_rows, neg_rows = one_vs_one.ordered_pairs(self.num_classes)
+    values = per_pair(self.positives[pos_rows], self.positives[neg_rows])
+    own = np.arange(self.num_classes) * (self.num_classes + 1)  # rows a C + a
+    counts = self.positives[own].total().sum(-1)
+    return one_vs_one.pair_mean(values, counts, self.included_classes(), self.average)
+
+  def compute(self) -> jax.Array:
+    """Scalar float32 (``[C]`` with ``average=None``); NaN where undefined."""
+    if self._pairs():
+      return self._pair_average(self._area)
+    return super().compute()
 
   def _area(self, positives, negatives):
     pos, neg = positives.total(), negatives.total()
@@ -644,9 +757,11 @@ class AUROC(ScoreHistogram):
     Raises:
       ValueError: with ``thresholds=`` (torchmetrics' binned value is not bounded).
     """
-    if self.exact:
+    if self.exact or self.average == "samples":  # exact values
       return self._exact_error_bound()
     self._check_bound_defined()
+    if self._pairs():  # the bound of a mean of pair areas: the mean of their bounds
+      return self._pair_average(self._tie_share)
     if self.max_fpr is not None:
       return self._averaged(self._partial_tie_share)
     return self._averaged(self._tie_share)
@@ -672,6 +787,7 @@ class AUPRC(ScoreHistogram):
   """
 
   _exact_area = staticmethod(exact_scores.average_precision)
+  _row_value = staticmethod(sample_curves.row_average_precision)
 
   def _area(self, positives, negatives):
     pos = positives.total()
@@ -705,7 +821,7 @@ class AUPRC(ScoreHistogram):
     (float32 rounding of the sums apart; the result is exact anyway where each bin
     holds one distinct score). 0 with ``exact=True``.
     """
-    if self.exact:
+    if self.exact or self.average == "samples":  # exact values
       return self._exact_error_bound()
     self._check_bound_defined()
     return self._averaged(self._precision_spread)

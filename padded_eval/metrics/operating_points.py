@@ -34,6 +34,7 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from padded_eval.metrics import _exact_scores as exact_scores
 from padded_eval.metrics.curves import ScoreHistogram, suffix_sums
@@ -250,4 +251,67 @@ class EER(OperatingPoint):
     first = jnp.argmin(gap[..., ::-1], -1)  # from the highest threshold down: first wins
     at = lambda x: jnp.take_along_axis(x[..., ::-1], first[..., None], -1)[..., 0]
     value = 0.5 * (_ratio(at(fp), total_neg[:, 0]) + _ratio(at(fn), total_pos[:, 0]))
+    return jnp.where((total_pos[:, 0] > 0) & (total_neg[:, 0] > 0), value, jnp.nan)
+
+
+class LogAUC(OperatingPoint):
+  """The area under the ROC curve over ``log10(fpr)`` in ``fpr_range``, divided by the range's
+  width in decades (torchmetrics' ``LogAUC``): 1 for a perfect ranking, about
+  ``(hi - lo) / ln(10) / log10(hi / lo)`` at chance.
+
+  torchmetrics' definition: the ROC points (and, on them, linearly interpolated points at
+  ``fpr = lo`` and ``hi``) are joined by the trapezoid rule in ``(log10 fpr, tpr)``; each ROC
+  segment is cut at ``lo`` / ``hi`` here, the same value. NaN without positives or without
+  negatives (torchmetrics divides by zero).
+
+  Args:
+    fpr_range: ``(lo, hi)`` with ``0 < lo < hi <= 1`` (default ``(0.001, 0.1)``;
+      torchmetrics also takes ``lo = 0``, whose logarithm makes its value NaN).
+    num_thresholds, thresholds, exact, capacity, task, num_classes, average, from_logits,
+      ignore_index: as for :class:`~padded_eval.metrics.AUROC` (the module docstring says
+      which points each mode gives; ``exact=True`` is torchmetrics' ``thresholds=None``).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
+    >>> labels = np.array([1, 0, 1, 0, 1, 0])
+    >>> m = pe.metrics.LogAUC(fpr_range=(0.1, 1.0), exact=True, capacity=6)
+    >>> round(float(m.update(preds=probs, target=labels).compute()), 4)
+    0.4507
+  """
+
+  higher_is_better: ClassVar[bool | None] = True
+
+  fpr_range: tuple[float, float] = dataclasses.field(default=(0.001, 0.1), kw_only=True)
+  _roc_origin = True
+
+  def _check_config(self):
+    super()._check_config()
+    bounds = self.fpr_range
+    pair = isinstance(bounds, (tuple, list)) and len(bounds) == 2
+    numbers = pair and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
+    if not numbers or not 0 < bounds[0] < bounds[1] <= 1:
+      raise ValueError(
+        f"fpr_range must be two floats (lo, hi) with 0 < lo < hi <= 1; got {bounds!r}"
+      )
+    object.__setattr__(self, "fpr_range", (float(bounds[0]), float(bounds[1])))
+
+  def _value(self, tp, fp, point, total_pos, total_neg):
+    # each entry that is not a point takes the next point's counts (a higher index: a higher
+    # threshold), so consecutive entries are consecutive points or repeats (no width)
+    k = tp.shape[-1]
+    ids = jnp.where(point, jnp.arange(k), k - 1)
+    ids = jax.lax.cummin(ids, axis=ids.ndim - 1, reverse=True)
+    tp, fp = (jnp.take_along_axis(x, ids, -1) for x in (tp, fp))
+    tpr, fpr = _ratio(tp, total_pos), _ratio(fp, total_neg)
+    lo, hi = self.fpr_range
+    # segment j joins entry j + 1 (lower rates) to entry j
+    f0, f1, t0, t1 = fpr[:, 1:], fpr[:, :-1], tpr[:, 1:], tpr[:, :-1]
+    x0, x1 = jnp.clip(f0, lo, hi), jnp.clip(f1, lo, hi)
+    width = f1 - f0
+    slope = jnp.where(width > 0, (t1 - t0) / jnp.where(width > 0, width, 1.0), 0.0)
+    y0, y1 = t0 + slope * (x0 - f0), t0 + slope * (x1 - f0)
+    area = (jnp.log10(x1) - jnp.log10(x0)) * 0.5 * (y0 + y1)
+    value = jnp.sum(jnp.where(x1 > x0, area, 0.0), -1) / (np.log10(hi) - np.log10(lo))
     return jnp.where((total_pos[:, 0] > 0) & (total_neg[:, 0] > 0), value, jnp.nan)

@@ -286,7 +286,7 @@ BAD_CONFIGS = [
   (lambda: M.AUPRC(binning="log"), "binning"),
   (lambda: M.AUROC(task="multiclass"), "num_classes"),
   (lambda: M.AUROC(task="binary", num_classes=4), "num_classes"),
-  (lambda: M.AUPRC(task="multilabel", num_classes=3, average="samples"), "average"),
+  (lambda: M.AUPRC(task="binary", average="samples"), "average"),  # samples: multilabel only
   (lambda: M.CalibrationError(0), "n_bins"),
   (lambda: M.CalibrationError(norm="L1"), "norm"),
   (lambda: M.CalibrationError(task="multilabel", num_classes=3), "task"),

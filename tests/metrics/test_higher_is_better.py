@@ -99,6 +99,8 @@ DIRECTIONS = {
   "SpecificityAtSensitivity": (pe.metrics.SpecificityAtSensitivity(min_sensitivity=0.5), binary),
   "EER": (pe.metrics.EER(), binary),
   "BrierScore": (pe.metrics.BrierScore(num_classes=3), classes),
+  "HingeLoss": (pe.metrics.HingeLoss(task="multiclass", num_classes=3), classes),
+  "LogAUC": (pe.metrics.LogAUC(fpr_range=(0.01, 1.0)), binary),
 }
 # No direction: a mean or spread of any values, a matrix of counts, a report dict, a collection (its members
 # have theirs), a bootstrap (its wrapped metric's).

@@ -336,6 +336,72 @@ def test_accuracy_matches_sklearn(seed, n, top_k, weighted):
   assert_close(got, expected, rtol=20 * EPS, atol=0.0)
 
 
+@given(seed=SEEDS, n=ROWS, average=AVERAGES, weighted=st.booleans())
+def test_accuracy_average_matches_sklearn(seed, n, average, weighted):
+  """Accuracy(average=...) (torchmetrics' MulticlassAccuracy): per-class recall, averaged
+  over the classes in the target or the predictions (sklearn's recall_score on them)."""
+  rng = np.random.default_rng(seed)
+  target, scores = _multiclass(rng, n, [0, 1, 3])
+  weights = rng.uniform(0.1, 2.0, n).astype(np.float32) if weighted else None
+  fields = {"preds": scores, "target": target, **({"weights": weights} if weighted else {})}
+  got = evaluate_randomly(pe.metrics.Accuracy(average=average, num_classes=C), fields, rng)
+  w = None if weights is None else weights.astype(np.float64)
+  pred = np.argmax(scores, -1)
+  if average is None:
+    labels = list(range(C))
+  else:
+    labels = sorted(set(target.tolist()) | set(pred.tolist()))
+  expected = skm.recall_score(
+    target, pred, labels=labels, average=average, sample_weight=w, zero_division=0
+  )
+  if average == "micro":
+    expected = skm.accuracy_score(target, pred, sample_weight=w)
+  # sums of at most 40 weights per class, a ratio and a mean over C classes
+  assert_close(got, expected, rtol=(40 + C + 4) * EPS, atol=1e-7)
+
+
+@given(seed=SEEDS, n=ROWS, average=AVERAGES)
+def test_multilabel_accuracy_matches_sklearn(seed, n, average):
+  """MultilabelAccuracy: each label's accuracy_score on its column, averaged."""
+  rng = np.random.default_rng(seed)
+  target = (rng.random((n, C)) < 0.4).astype(np.int32)
+  probs = rng.random((n, C)).astype(np.float32)
+  metric = pe.metrics.Accuracy(task="multilabel", average=average, num_classes=C)
+  got = evaluate_randomly(metric, {"preds": probs, "target": target}, rng)
+  guess = (probs > 0.5).astype(np.int32)
+  per_label = np.array([skm.accuracy_score(target[:, j], guess[:, j]) for j in range(C)])
+  support = target.sum(0).astype(np.float64)
+  if average == "micro":
+    expected = skm.accuracy_score(target.ravel(), guess.ravel())
+  elif average is None:
+    expected = per_label
+  elif average == "weighted":
+    expected = np.sum(support * per_label) / np.sum(support) if support.sum() else 0.0
+  else:
+    expected = np.mean(per_label)
+  assert_close(got, expected, rtol=(C + 4) * EPS, atol=1e-7)
+
+
+@given(seed=SEEDS, n=ROWS, binary=st.booleans(), scale=st.sampled_from([0.1, 3.0, 1e4]))
+def test_hinge_loss_matches_sklearn(seed, n, binary, scale):
+  """HingeLoss against scikit-learn's hinge_loss at any batching, scale and weights."""
+  rng = np.random.default_rng(seed)
+  weights = rng.uniform(0.1, 2.0, n).astype(np.float32)
+  if binary:
+    target = rng.integers(0, 2, n).astype(np.int32)
+    scores = (scale * rng.standard_normal(n)).astype(np.float32)
+    metric, labels = pe.metrics.HingeLoss(task="binary"), None
+  else:
+    target, scores = _multiclass(rng, n, [0, 1, 2, 3])
+    scores = (scale * scores).astype(np.float32)
+    metric, labels = pe.metrics.HingeLoss(task="multiclass", num_classes=C), list(range(C))
+  fields = {"preds": scores, "target": target, "weights": weights}
+  got = evaluate_randomly(metric, fields, rng)
+  expected = skm.hinge_loss(target, scores.astype(np.float64), labels=labels, sample_weight=weights)
+  # each loss (1 - margin) rounded in float32 relative to the scores' scale, then compensated sums
+  assert_close(got, expected, rtol=8 * EPS, atol=4 * EPS * (1 + 2 * scale))
+
+
 # --- invalid values (issue 12 findings) --------------------------------------------------------
 
 

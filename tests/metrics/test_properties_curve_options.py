@@ -11,6 +11,8 @@ a compensated weighted mean of float32 squares (``(C + 8) EPS`` relative).
 
 from __future__ import annotations
 
+import warnings
+
 import metric_cases  # noqa: F401  (the option cases extend its table)
 import numpy as np
 import sklearn.metrics as skm
@@ -105,3 +107,49 @@ def test_brier_score_matches_sklearn(seed, n, logits):
   onehot = np.eye(c)[target]
   expected = np.sum(weights * np.sum((reference - onehot) ** 2, -1)) / np.sum(weights)
   assert_close(got, expected, rtol=(c + 8) * 1e-6 if logits else (c + 8) * EPS, atol=EPS)
+
+
+@given(
+  seed=SEEDS,
+  n=st.integers(1, 40),
+  labels=st.integers(2, 7),
+  step=st.sampled_from([0.0, 0.25]),
+  auprc=st.booleans(),
+)
+def test_multilabel_samples_average_matches_sklearn(seed, n, labels, step, auprc):
+  """average="samples": the mean of per-row areas, any batching and device count, ties."""
+  rng = np.random.default_rng(seed)
+  target = (rng.random((n, labels)) < 0.5).astype(np.int32)
+  probs = rng.random((n, labels))
+  probs = (np.round(probs / step) * step if step else probs).astype(np.float32)
+  cls, reference = (M.AUPRC, skm.average_precision_score) if auprc else (M.AUROC, skm.roc_auc_score)
+  metric = cls(task="multilabel", num_classes=labels, average="samples")
+  got = evaluate_randomly(metric, {"preds": probs, "target": target}, rng)
+  rows = np.ones(n, bool) if auprc else (target.min(1) == 0) & (target.max(1) == 1)
+  if not rows.any():
+    assert np.isnan(got)
+    return
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # sklearn: a row without positives has AP 0
+    expected = reference(target[rows], probs[rows].astype(np.float64), average="samples")
+  # each row value is one ratio of integer counts (one rounding), then a compensated mean
+  assert_close(got, expected, rtol=8 * EPS, atol=1e-7)
+
+
+@given(seed=SEEDS, n=st.integers(2, 40), average=st.sampled_from(["macro", "weighted"]))
+def test_one_vs_one_auroc_matches_sklearn_on_grid_scores(seed, n, average):
+  """multi_class="ovo" with binning="linear" on 0.01-grid probabilities: every distinct score
+  has its own bin, so the value is scikit-learn's (ties as half a pair) at any batching."""
+  rng = np.random.default_rng(seed)
+  cuts = np.sort(rng.integers(0, 101, (n, 2)), -1)
+  edges = np.concatenate([np.zeros((n, 1), int), cuts, np.full((n, 1), 100)], -1)
+  probs = (np.diff(edges, axis=-1) / 100).astype(np.float32)
+  target = rng.integers(0, 3, n).astype(np.int32)
+  metric = M.AUROC(
+    101, task="multiclass", num_classes=3, average=average, multi_class="ovo", binning="linear"
+  )
+  got = evaluate_randomly(metric, {"preds": probs, "target": target}, rng)
+  if len(np.unique(target)) < 3:  # sklearn needs every column's class in y_true
+    return
+  expected = skm.roc_auc_score(target, probs.astype(np.float64), multi_class="ovo", average=average)
+  assert_close(got, expected, rtol=32 * EPS, atol=1e-7)
