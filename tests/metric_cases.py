@@ -693,3 +693,9 @@ CASES += [
     ("rmse", pe.metrics.RMSE, sklearn.metrics.root_mean_squared_error, "raw", "raw_values"),
   ]
 ]
+
+
+# --- issue 31, regression half: rank correlations, similarities, deviances, EV options -------
+from _regression_cases import REGRESSION_CASES  # noqa: E402
+
+CASES += REGRESSION_CASES
