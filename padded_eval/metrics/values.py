@@ -133,6 +133,15 @@ class FromFun(Metric):
   Attributes:
     fun: the function, called as ``fun(**update_keywords)``.
     metric: the wrapped metric's state (``compute()`` is its ``compute()``).
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> def halves(preds, target, **_):  # a mapping: the wrapped metric's keywords
+    ...   return {"preds": preds / 2, "target": target / 2}
+    >>> m = pe.metrics.FromFun(halves, pe.metrics.MAE())
+    >>> float(m.update(preds=np.array([2.0, 4.0]), target=np.array([0.0, 0.0])).compute())
+    1.5
   """
 
   fun: Callable | None = None
