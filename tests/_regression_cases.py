@@ -5,7 +5,9 @@ from torchmetrics' documented formulas (``CosineSimilarity``: ``<p, t> / (|p| |t
 
 ``REGRESSION_CASES`` join the main table (imported at the end of ``tests/metric_cases.py``):
 every generic check (garbage padding, split and merge, jit, scan, pmap and shard_map on 8
-devices) runs on them. The rank correlations refuse weights, so their rows have none.
+devices) and every test over that table (weights included) runs on them. The rank
+correlations refuse weights: ``RANK_CASES`` are run through every generic check by
+``tests/metrics/test_regression_metrics.py``, as the counting metrics' tables are.
 """
 
 from __future__ import annotations
@@ -137,7 +139,7 @@ def _sk_ev(multioutput, force_finite):
   return reference
 
 
-REGRESSION_CASES = [
+RANK_CASES = [
   MetricCase(
     "spearman_ties",
     lambda: M.SpearmanCorrelation(capacity=ROWS),
@@ -170,6 +172,8 @@ REGRESSION_CASES = [
     rtol=1e-6,
     atol=1e-6,
   ),
+]
+REGRESSION_CASES = [
   MetricCase(
     "cosine_similarity_mean_weighted",
     lambda: M.CosineSimilarity(),

@@ -28,7 +28,6 @@ from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, upcast
 from padded_eval.masking import broadcast_mask
 from padded_eval.metrics import _pair_buffer
-from padded_eval.metrics._classification_inputs import check_no_weights
 from padded_eval.metrics._pair_buffer import PairBuffer, average_ranks, kendall_terms
 from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 from padded_eval.metrics.moments import Moments, PearsonCorrelation
@@ -69,7 +68,11 @@ class _RankCorrelation(Metric):
       )
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
-    check_no_weights(weights, self)
+    if weights is not None:
+      raise ValueError(
+        f"{type(self).__name__} ranks elements and takes no sample weights (neither scipy nor "
+        "torchmetrics weighs ranks); got weights. Drop the keyword, or mask elements out instead"
+      )
     preds, target = upcast(jnp.asarray(preds)), upcast(jnp.asarray(target))
     if preds.shape != target.shape:
       raise ValueError(

@@ -11,10 +11,13 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import metric_cases  # noqa: F401  (the table the rank rows' module extends)
 import numpy as np
 import pytest
 import scipy.stats
 import sklearn.metrics as skm
+from _regression_cases import RANK_CASES
+from metric_checks import CHECKS
 
 import padded_eval as pe
 
@@ -37,6 +40,13 @@ def _data(seed=0):
     "target": target.astype(np.float32),
     "w": rng.uniform(0.1, 2.0, N).astype(np.float32),
   }
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__.removeprefix("check_"))
+@pytest.mark.parametrize("case", RANK_CASES, ids=lambda case: case.name)
+def test_rank_correlation_protocol(case, check):
+  """Every generic check of tests/metric_checks.py on every rank-correlation row."""
+  check(case)
 
 
 TRACES = []
@@ -248,7 +258,7 @@ def test_bad_configurations_are_refused(make, words):
 
 def test_bad_inputs_are_refused():
   x = np.zeros((4, 3), np.float32)
-  with pytest.raises(ValueError, match="does not take sample weights"):
+  with pytest.raises(ValueError, match="takes no sample weights"):
     M.KendallTau(capacity=8).update(preds=x[:, 0], target=x[:, 0], weights=np.ones(4))
   with pytest.raises(ValueError, match=re.escape("[batch, ..., 2]")):
     M.SpearmanCorrelation(capacity=8, num_outputs=2).update(preds=x, target=x)
