@@ -802,3 +802,8 @@ CASES.append(
     ),
   )
 )
+
+# --- issue 31, regression half: rank correlations, similarities, deviances, EV options -------
+from _regression_cases import REGRESSION_CASES  # noqa: E402
+
+CASES += REGRESSION_CASES

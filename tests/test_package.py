@@ -129,6 +129,7 @@ def test_public_surface_takes_arraylike_and_returns_jax_arrays():
       pe.Metric,
       pe.metrics.Bootstrap,
       pe.metrics.Sliced,
+      pe.metrics.FromFun,
     ):  # those return what they wrap
       returned = inspect.signature(metric.compute).return_annotation
       assert returned == "jax.Array", (metric.__name__, returned)

@@ -67,3 +67,14 @@ from padded_eval.metrics.sliced import Sliced as Sliced
 # issue 31, classification half: margin losses
 from padded_eval.metrics.margins import HingeLoss as HingeLoss
 from padded_eval.metrics.operating_points import LogAUC as LogAUC
+
+# regression and other metrics (issue 31, second half)
+from padded_eval.metrics.deviance import D2TweedieScore as D2TweedieScore
+from padded_eval.metrics.deviance import TweedieDevianceScore as TweedieDevianceScore
+from padded_eval.metrics.rank_correlation import KendallTau as KendallTau
+from padded_eval.metrics.rank_correlation import SpearmanCorrelation as SpearmanCorrelation
+from padded_eval.metrics.similarity import CosineSimilarity as CosineSimilarity
+from padded_eval.metrics.similarity import KLDivergence as KLDivergence
+from padded_eval.metrics.values import FromFun as FromFun
+from padded_eval.metrics.values import LastValue as LastValue
+from padded_eval.metrics.values import from_fun as from_fun

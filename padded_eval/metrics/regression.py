@@ -20,8 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
+from padded_eval.exact._floats import ZERO_EXPONENT, ldexp
 from padded_eval.exact.accumulate import ExactCount, upcast
 from padded_eval.masking import broadcast_mask, element_weights
+from padded_eval.metrics._multioutput import MULTIOUTPUT_NAMES, check_multioutput, combine
 from padded_eval.metrics.averages import WeightedMean, weighted_totals
 from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 from padded_eval.metrics.moments import Moments
@@ -108,9 +110,6 @@ class MSLE(WeightedMean):
     return totals.then(lambda pair: {"total": pair[0], "weight": pair[1], "invalid": invalid})
 
 
-MULTIOUTPUT = ("uniform_average", "raw_values")
-
-
 def _second_moment(moments: Moments, column: int):
   """``(M_jj, varies)``: variable ``column``'s co-moment and whether it is not constant
   (False for a constant variable or a rounded ``M_jj <= 0``; True for NaN)."""
@@ -125,14 +124,17 @@ class ExplainedVariance(Metric):
   Both variances are (weighted) population variances around the dataset's means, merged
   exactly (Chan). As scikit-learn's ``explained_variance_score`` (``force_finite=True``):
   an output whose residuals do not vary scores 1, and one whose target is constant
-  (but residuals vary) scores 0. NaN when empty. A real element with NaN in ``preds`` or
+  (but residuals vary) scores 0; with ``force_finite=False`` a constant target scores
+  NaN if the residuals do not vary either, else ``-inf``. NaN when empty. A real element with NaN in ``preds`` or
   ``target`` is counted in ``invalid`` (``"nan value"``) and makes the result NaN.
 
   Args:
     num_outputs: 1 (every element of ``preds`` is one observation) or ``D`` for
       ``preds`` / ``target`` ``[batch, ..., D]``, one score per output.
-    multioutput: ``"uniform_average"`` (the mean of the outputs' scores) or
-      ``"raw_values"`` (``[D]``).
+    multioutput: ``"uniform_average"`` (the mean of the outputs' scores),
+      ``"variance_weighted"`` (weighted by each output's target variance),
+      ``"raw_values"`` (``[D]``) or ``D`` non-negative weights (scikit-learn's array).
+    force_finite: scikit-learn's ``force_finite`` (see above).
 
   Example:
     >>> import jax.numpy as jnp
@@ -145,7 +147,8 @@ class ExplainedVariance(Metric):
   higher_is_better: ClassVar[bool | None] = True
 
   num_outputs: int = 1
-  multioutput: str = "uniform_average"
+  multioutput: str | tuple[float, ...] = "uniform_average"
+  force_finite: bool = True
   moments: Moments = state(
     lambda self: Moments.zeros(() if self.num_outputs == 1 else (self.num_outputs,), 2)
   )
@@ -155,7 +158,8 @@ class ExplainedVariance(Metric):
 
   def _check_config(self):
     validation.check_positive_int("num_outputs", self.num_outputs)
-    validation.check_choice("multioutput", self.multioutput, MULTIOUTPUT)
+    check_multioutput(self, self.num_outputs, MULTIOUTPUT_NAMES)
+    validation.check_choice("force_finite", self.force_finite, (True, False))
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     preds, target = _pair(preds, target)
@@ -178,8 +182,14 @@ class ExplainedVariance(Metric):
     target_var, target_varies = _second_moment(self.moments, 0)
     residual_var, residual_varies = _second_moment(self.moments, 1)
     ratio = residual_var.ratio(target_var)
-    scores = jnp.where(residual_varies, jnp.where(target_varies, 1.0 - ratio, 0.0), 1.0)
+    if self.force_finite:
+      scores = jnp.where(residual_varies, jnp.where(target_varies, 1.0 - ratio, 0.0), 1.0)
+    else:
+      constant = jnp.where(residual_varies, -jnp.inf, jnp.nan)
+      scores = jnp.where(target_varies, jnp.where(residual_varies, 1.0 - ratio, 1.0), constant)
     scores = jnp.where(self.moments.count.total() > 0, scores, jnp.nan)
-    if self.multioutput == "raw_values" or self.num_outputs == 1:
-      return scores
-    return jnp.mean(scores)
+    # the target variances relative to the largest one (exact powers of two: no overflow)
+    mantissa, exp = target_var.frexp()
+    largest = jnp.max(jnp.where(target_varies, exp, ZERO_EXPONENT))
+    weight = jnp.where(target_varies, ldexp(mantissa, exp - largest), 0.0)
+    return combine(scores, self.multioutput, weight)

@@ -102,11 +102,29 @@ DIRECTIONS = {
   "HingeLoss": (pe.metrics.HingeLoss(task="multiclass", num_classes=3), classes),
   "LogAUC": (pe.metrics.LogAUC(fpr_range=(0.01, 1.0)), binary),
 }
+# issue 31, regression half
+DIRECTIONS.update(
+  {
+    "SpearmanCorrelation": (pe.metrics.SpearmanCorrelation(capacity=NUM), regression),
+    "KendallTau": (pe.metrics.KendallTau(capacity=NUM), regression),
+    "CosineSimilarity": (
+      pe.metrics.CosineSimilarity(),
+      {"preds": (GOOD_LOGITS, BAD_LOGITS), "target": np.eye(3, dtype=np.float32)[LABELS]},
+    ),
+    "KLDivergence": (
+      pe.metrics.KLDivergence(),
+      {"preds": (np.exp(GOOD_LOGITS), np.exp(BAD_LOGITS)), "target": np.exp(GOOD_LOGITS)},
+    ),
+    "TweedieDevianceScore": (pe.metrics.TweedieDevianceScore(power=1.5), positive),
+    "D2TweedieScore": (pe.metrics.D2TweedieScore(power=1.5), positive),
+  }
+)
 # No direction: a mean or spread of any values, a matrix of counts, a report dict, a collection (its members
 # have theirs), a bootstrap (its wrapped metric's).
 NO_DIRECTION = {
   "Mean",
   "Std",
+  "LastValue",
   "ConfusionMatrix",
   "ClassificationReport",
   "StatScores",
@@ -140,7 +158,7 @@ def test_every_public_metric_declares_its_direction(cls):
     f"{cls.__name__} does not declare higher_is_better (True, False, or None when its value "
     "has no direction): add `higher_is_better: ClassVar[bool | None] = ...` to the class"
   )
-  if cls in (pe.metrics.Bootstrap, pe.metrics.Sliced):
+  if cls in (pe.metrics.Bootstrap, pe.metrics.Sliced, pe.metrics.FromFun):
     return  # a property: the wrapped metric's (test below)
   value = cls.higher_is_better
   assert value in (True, False, None) and (value is None) == (cls.__name__ in NO_DIRECTION)

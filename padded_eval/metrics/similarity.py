@@ -1,0 +1,139 @@
+"""Row-wise comparisons of vectors: CosineSimilarity and KLDivergence (torchmetrics).
+
+Each row (a vector on the last axis) gives one value; the metric is their (weighted) mean
+or sum over the real rows, kept as two exact totals (the weighted-mean base of
+:mod:`padded_eval.metrics.averages`), so it equals one pass over the data whatever the
+batching, devices and hosts. torchmetrics' ``reduction="none"`` (one value per row) is no
+fixed-size state: ask ``masked_eval(..., outputs=True)`` for per-row values instead.
+
+Update keywords: ``preds``, ``target`` float ``[B, ..., D]`` of equal shape; ``mask`` and
+``weights`` a prefix of ``[B, ...]`` (one per vector).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from padded_eval import validation
+from padded_eval.exact.accumulate import ExactCount, upcast
+from padded_eval.masking import broadcast_mask
+from padded_eval.metrics.averages import WeightedMean, weighted_totals
+from padded_eval.metrics.base import invalid_state, state
+
+REDUCTIONS = ("mean", "sum")
+
+
+def _vectors(preds, target) -> tuple[jax.Array, jax.Array]:
+  preds, target = upcast(jnp.asarray(preds)), upcast(jnp.asarray(target))
+  if preds.shape != target.shape or preds.ndim < 2:
+    raise ValueError(
+      f"preds and target must have the same shape [batch, ..., D] (a vector per row on the last "
+      f"axis); got {preds.shape} and {target.shape}"
+    )
+  return preds, target
+
+
+class _RowReduction(WeightedMean):
+  """A per-row value reduced by ``reduction``: ``"mean"`` (weighted) or ``"sum"`` (NaN, not
+  torchmetrics' 0, when no row was seen, as every metric here); a row whose
+  value is NaN is counted in ``invalid`` under ``invalid_kinds[0]`` and makes the result NaN."""
+
+  reduction: str = "mean"
+  invalid: ExactCount = state(invalid_state)
+
+  def _check_config(self):
+    validation.check_choice("reduction", self.reduction, REDUCTIONS)
+
+  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    values, ref = self._values(preds=preds, target=target)
+    bad = broadcast_mask(mask, values.shape, ref) & jnp.isnan(values)
+    invalid = self.count_invalid(**{self.invalid_kinds[0]: bad})
+    totals = weighted_totals(values, mask, weights, ref)
+    return totals.then(lambda pair: {"total": pair[0], "weight": pair[1], "invalid": invalid})
+
+  def compute(self) -> jax.Array:
+    """float32 scalar: the (weighted) mean over real rows, or their sum; NaN if none."""
+    if self.reduction == "sum":
+      return jnp.where(self.weight.total() > 0, self.total.total(), jnp.nan)
+    return self.total.ratio(self.weight)
+
+
+class CosineSimilarity(_RowReduction):
+  """Cosine similarity ``<p, t> / (|p| |t|)`` of each row's vectors, reduced over rows.
+
+  Equals torchmetrics ``CosineSimilarity(reduction="mean" | "sum")``. Each vector is
+  scaled by its largest magnitude first, so huge or tiny vectors neither overflow nor
+  underflow. A real row with a zero vector (or NaN) has no similarity: it is counted in
+  ``invalid`` (``"zero vector or nan"``) and makes the result NaN, as torchmetrics' 0 / 0.
+
+  Args:
+    reduction: ``"mean"`` (weighted by ``weights``) or ``"sum"`` over the real rows.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> preds = np.array([[1.0, 0.0], [1.0, 1.0]])
+    >>> target = np.array([[1.0, 0.0], [1.0, 0.0]])
+    >>> m = pe.metrics.CosineSimilarity().update(preds=preds, target=target)
+    >>> round(float(m.compute()), 4)  # (1 + 1 / sqrt(2)) / 2
+    0.8536
+  """
+
+  higher_is_better: ClassVar[bool | None] = True
+
+  invalid_kinds: ClassVar[tuple[str, ...]] = ("zero vector or nan",)
+
+  def _values(self, *, preds, target, **_):
+    preds, target = _vectors(preds, target)
+    scaled = lambda x: x / jnp.max(jnp.abs(x), axis=-1, keepdims=True)
+    p, t = scaled(preds), scaled(target)
+    norms = jnp.sqrt(jnp.sum(p * p, -1)) * jnp.sqrt(jnp.sum(t * t, -1))
+    return jnp.sum(p * t, -1) / norms, "preds"
+
+
+class KLDivergence(_RowReduction):
+  """Kullback-Leibler divergence ``KL(target || preds) = sum_c t_c log(t_c / p_c)`` per row.
+
+  ``target`` is the data distribution (torchmetrics' ``p``), ``preds`` the model's (``q``):
+  ``KLDivergence()`` equals torchmetrics ``KLDivergence()(p=target, q=preds)`` and
+  ``scipy.stats.entropy(target, preds)`` per row. With ``log_prob=False`` each row is
+  normalised to sum 1 first (as both peers), and a 0 in ``target`` adds 0 (scipy's
+  ``rel_entr``; a 0 in ``preds`` where ``target > 0`` gives inf). With ``log_prob=True``
+  both are log-probabilities: ``sum exp(t) (t - p)``. A real row with a negative entry or
+  a zero sum (``log_prob=False``), or NaN, is counted in ``invalid`` (``"not a
+  distribution"``) and makes the result NaN.
+
+  Args:
+    log_prob: inputs are log-probabilities (torchmetrics ``log_prob``).
+    reduction: ``"mean"`` (weighted by ``weights``) or ``"sum"`` over the real rows.
+
+  Examples:
+    >>> import numpy as np
+    >>> import padded_eval as pe
+    >>> target, preds = np.array([[0.5, 0.5]]), np.array([[0.25, 0.75]])
+    >>> m = pe.metrics.KLDivergence().update(preds=preds, target=target)
+    >>> round(float(m.compute()), 4)  # 0.5 log 2 + 0.5 log(2 / 3)
+    0.1438
+  """
+
+  higher_is_better: ClassVar[bool | None] = False
+
+  log_prob: bool = False
+  invalid_kinds: ClassVar[tuple[str, ...]] = ("not a distribution",)
+
+  def _check_config(self):
+    super()._check_config()
+    validation.check_choice("log_prob", self.log_prob, (True, False))
+
+  def _values(self, *, preds, target, **_):
+    q, p = _vectors(preds, target)
+    if self.log_prob:
+      return jnp.sum(jnp.exp(p) * (p - q), -1), "preds"
+    bad = jnp.any((p < 0) | (q < 0), -1) | (jnp.sum(p, -1) <= 0) | (jnp.sum(q, -1) <= 0)
+    p = p / jnp.sum(p, -1, keepdims=True)
+    q = q / jnp.sum(q, -1, keepdims=True)
+    terms = jnp.where(p > 0, p * (jnp.log(p) - jnp.log(q)), jnp.where(p == 0, 0.0, jnp.nan))
+    return jnp.where(bad, jnp.nan, jnp.sum(terms, -1)), "preds"

@@ -1,0 +1,301 @@
+"""Issue 31, regression half: rank correlations, similarities, deviances, ExplainedVariance
+options, LastValue and from_fun against scipy / scikit-learn / CLU (float64 or the peer's own
+code), through ``masked_eval`` on every backend (8 devices, 203 rows in batches of 32), at
+scale, and the refusals. The grid rows are in ``tests/_regression_cases.py``.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import jax
+import jax.numpy as jnp
+import metric_cases  # noqa: F401  (the table the rank rows' module extends)
+import numpy as np
+import pytest
+import scipy.stats
+import sklearn.metrics as skm
+from _regression_cases import RANK_CASES
+from metric_checks import CHECKS
+
+import padded_eval as pe
+
+M = pe.metrics
+N = 203  # divides neither the batch (32) nor the devices (8)
+
+
+def _data(seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal(N)
+  target = rng.gamma(2.0, 1.0, N)
+  return {
+    "x": (np.round(4 * x) / 4).astype(np.float32),  # ties
+    "y": (np.round(4 * (0.5 * x + rng.standard_normal(N))) / 4).astype(np.float32),
+    "vec_p": rng.standard_normal((N, 5)).astype(np.float32),
+    "vec_t": rng.standard_normal((N, 5)).astype(np.float32),
+    "dist_p": rng.uniform(0.05, 1.0, (N, 4)).astype(np.float32),
+    "dist_t": rng.uniform(0.0, 1.0, (N, 4)).astype(np.float32),
+    "mu": (target * rng.uniform(0.7, 1.4, N) + 0.1).astype(np.float32),
+    "target": target.astype(np.float32),
+    "w": rng.uniform(0.1, 2.0, N).astype(np.float32),
+  }
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__.removeprefix("check_"))
+@pytest.mark.parametrize("case", RANK_CASES, ids=lambda case: case.name)
+def test_rank_correlation_protocol(case, check):
+  """Every generic check of tests/metric_checks.py on every rank-correlation row."""
+  check(case)
+
+
+TRACES = []
+PAIR = {"preds": "x", "target": "y"}
+TWEEDIE = {"preds": "mu", "weights": "w"}
+COLLECTION = pe.Metrics(
+  {
+    "spearman": M.SpearmanCorrelation(capacity=256).map_arg(**PAIR),
+    "kendall": M.KendallTau(capacity=256).map_arg(**PAIR),
+    "cosine": M.CosineSimilarity().map_arg(preds="vec_p", target="vec_t"),
+    "kl": M.KLDivergence(reduction="sum").map_arg(preds="dist_p", target="dist_t"),
+    "tweedie": M.TweedieDevianceScore(power=1.5).map_arg(**TWEEDIE),
+    "d2": M.D2TweedieScore(power=1.5).map_arg(**TWEEDIE),
+    "ev": M.ExplainedVariance(force_finite=False).map_arg(**PAIR, weights="w"),
+    "last": M.LastValue("target"),  # positive: a mean far from 0
+    "abs_error": M.from_fun(lambda x, y, **_: jnp.abs(x - y)),
+  }
+)
+
+
+def _step(params, batch):
+  del params
+  TRACES.append(1)
+  return COLLECTION.batch_updates(**batch)
+
+
+def test_through_masked_eval_on_every_backend(backend):
+  d = _data()
+  batches = pe.pad_batches(d, 32)
+  TRACES.clear()
+  results = pe.masked_eval(_step, None, batches, backend=backend)
+  assert len(TRACES) == 1 and results["num_examples"] == N
+  f = {k: v.astype(np.float64) for k, v in d.items()}
+  cos = np.sum(f["vec_p"] * f["vec_t"], -1)
+  cos /= np.linalg.norm(f["vec_p"], axis=-1) * np.linalg.norm(f["vec_t"], axis=-1)
+  last_batch = f["target"][(N // 32) * 32 :]  # the last batch's 11 real rows
+  expected = {
+    "spearman": scipy.stats.spearmanr(f["x"], f["y"]).statistic,
+    "kendall": scipy.stats.kendalltau(f["x"], f["y"]).statistic,
+    "cosine": np.mean(cos),
+    "kl": np.sum(scipy.stats.entropy(f["dist_t"], f["dist_p"], axis=-1)),
+    "tweedie": skm.mean_tweedie_deviance(f["target"], f["mu"], sample_weight=f["w"], power=1.5),
+    "d2": skm.d2_tweedie_score(f["target"], f["mu"], sample_weight=f["w"], power=1.5),
+    "ev": skm.explained_variance_score(f["y"], f["x"], sample_weight=f["w"], force_finite=False),
+    "last": np.mean(last_batch),
+    "abs_error": np.mean(np.abs(f["x"] - f["y"])),
+  }
+  for name, value in expected.items():
+    np.testing.assert_allclose(results[name], value, rtol=2e-6, atol=2e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5_000])
+def test_rank_correlations_match_scipy_with_heavy_ties(n):
+  rng = np.random.default_rng(n)
+  x = rng.integers(0, 7, n).astype(np.float32)
+  y = (x + rng.integers(0, 4, n) + (rng.random(n) < 0.3) * rng.standard_normal(n)).astype(
+    np.float32
+  )
+  y[: n // 10] = np.nan  # NaN rows are masked out below
+  mask = ~np.isnan(y)
+  for cls, ref in (
+    (M.SpearmanCorrelation, scipy.stats.spearmanr),
+    (M.KendallTau, scipy.stats.kendalltau),
+  ):
+    metric = jax.jit(lambda m, b: m.update(**b))(
+      cls(capacity=n), {"preds": x, "target": y, "mask": mask}
+    )
+    expected = ref(x[mask].astype(np.float64), y[mask].astype(np.float64)).statistic
+    assert abs(float(metric.compute()) - expected) < 1e-6, (cls.__name__, n)
+
+
+def test_rank_correlations_nan_capacity_and_constants():
+  x, y = np.array([1.0, 2.0, 3.0, 4.0], np.float32), np.array([1.0, 3.0, 2.0, 4.0], np.float32)
+  for cls in (M.SpearmanCorrelation, M.KendallTau):
+    full = cls(capacity=3).update(preds=x, target=y)  # 4 pairs, room for 3
+    assert np.isnan(float(full.compute()))
+    assert full.invalid_report() == [
+      (full.name, "pair beyond capacity=3 (value NaN; pass a larger capacity)", 1)
+    ]
+    nan = cls(capacity=8).update(preds=x, target=np.array([1.0, np.nan, 2.0, 4.0], np.float32))
+    assert np.isnan(float(nan.compute())) and nan.invalid_counts() == {"nan value": 1}
+    constant = cls(capacity=8).update(preds=x, target=np.ones(4, np.float32))
+    assert np.isnan(float(constant.compute()))  # scipy: nan (with a warning)
+    assert np.isnan(float(cls(capacity=8).compute()))
+
+
+@pytest.mark.parametrize("power", [1, 1.5, 2, 3])
+def test_tweedie_keeps_precision_near_the_target(power):
+  rng = np.random.default_rng(11)
+  target = rng.uniform(0.5, 3.0, 1000).astype(np.float32)
+  preds = (target * (1 + 1e-4 * rng.standard_normal(1000))).astype(np.float32)
+  got = float(M.TweedieDevianceScore(power=power).update(preds=preds, target=target).compute())
+  expected = skm.mean_tweedie_deviance(
+    target.astype(np.float64), preds.astype(np.float64), power=power
+  )
+  assert abs(got / expected - 1) < 1e-5  # the textbook float32 formula: no digit right
+
+
+def test_deviance_counts_elements_outside_the_domain():
+  preds = np.array([1.0, -1.0, 2.0, 1.0], np.float32)
+  target = np.array([1.0, 1.0, -1.0, 0.0], np.float32)
+  metric = M.TweedieDevianceScore(power=2).update(preds=preds, target=target)
+  assert metric.invalid_counts() == {"outside the domain of power": 3}
+  assert float(metric.compute()) == 0.0  # the one element left: preds == target
+  d2 = M.D2TweedieScore(power=1).update(preds=preds, target=target)
+  assert d2.invalid_counts() == {"outside the domain of power": 2}
+
+
+def test_cosine_and_kl_count_rows_without_a_value():
+  zero = np.array([[0.0, 0.0], [1.0, 2.0]], np.float32)
+  cosine = M.CosineSimilarity().update(preds=zero, target=np.ones((2, 2), np.float32))
+  assert cosine.invalid_counts() == {"zero vector or nan": 1} and np.isnan(float(cosine.compute()))
+  kl = M.KLDivergence().update(
+    preds=np.ones((2, 2), np.float32), target=np.array([[1.0, -1.0], [1.0, 1.0]], np.float32)
+  )
+  assert kl.invalid_counts() == {"not a distribution": 1} and np.isnan(float(kl.compute()))
+  infinite = M.KLDivergence().update(preds=np.array([[1.0, 0.0]]), target=np.array([[0.5, 0.5]]))
+  assert float(infinite.compute()) == np.inf  # scipy.stats.entropy: inf
+
+
+def test_last_value_matches_clu_sequence_and_keeps_through_padding():
+  clu_metrics = pytest.importorskip("clu.metrics")
+  rng = np.random.default_rng(5)
+  values = [rng.standard_normal(8).astype(np.float32) for _ in range(4)]
+  masks = [rng.random(8) < 0.6 for _ in range(4)]
+  masks[1][0] = True
+  ours, theirs = M.LastValue(), None
+  for v, m in zip(values, masks):
+    ours = ours.update(values=v, mask=m)
+    part = clu_metrics.LastValue.from_model_output(jnp.asarray(v), mask=jnp.asarray(m))
+    theirs = part if theirs is None else theirs.merge(part)
+  np.testing.assert_allclose(float(ours.compute()), float(theirs.compute()), rtol=1e-6)
+  padding = ours.update(values=np.full(8, np.nan, np.float32), mask=np.zeros(8, bool))
+  assert float(padding.compute()) == float(ours.compute())  # CLU: 0 / 0
+  assert np.isnan(float(M.LastValue().compute()))
+
+
+def test_last_value_reduces_the_latest_step_over_devices():
+  devices = jax.local_device_count()
+  values = np.arange(devices * 2 * 3, dtype=np.float32).reshape(2, devices, 3)
+  masks = np.ones((2, devices, 3), bool)
+  masks[1, devices // 2 :] = False  # step 2: half the devices hold only padding
+  masks[1, 0, 1] = False
+
+  def run(v, m):
+    metric = M.LastValue()
+    for step in range(2):
+      metric = metric.update(values=v[step], mask=m[step])
+    return metric.reduce("d").compute()
+
+  got = jax.pmap(run, axis_name="d")(values.transpose(1, 0, 2), masks.transpose(1, 0, 2))
+  expected = np.mean(values[1][masks[1]])
+  np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-6)
+
+
+def test_from_fun_follows_clu_mask_rules():
+  clu_metrics = pytest.importorskip("clu.metrics")
+  x = np.array([1.0, 2.0, 4.0, 100.0], np.float32)
+  mask = np.array([True, True, True, False])
+  head_mask = np.array([True, False, True, True])
+
+  def per_example(x, **_):
+    return x
+
+  def per_batch(x, **_):
+    return jnp.sum(x[:2])  # one value per batch: the mask does not apply
+
+  def with_mask(x, head, **_):
+    return {"values": x, "mask": head}
+
+  clu_with_mask = lambda x, head, **_: {"values": x, "mask": head}
+  for fun, clu_fun in (
+    (per_example, per_example),
+    (per_batch, per_batch),
+    (with_mask, clu_with_mask),
+  ):
+    ours = M.from_fun(fun).update(x=x, head=head_mask, mask=mask)
+    theirs = clu_metrics.Average.from_fun(clu_fun).from_model_output(
+      x=jnp.asarray(x), head=jnp.asarray(head_mask), mask=jnp.asarray(mask)
+    )
+    np.testing.assert_allclose(float(ours.compute()), float(theirs.compute()), rtol=1e-6)
+  wrapped = M.from_fun(lambda x, **_: {"preds": x, "target": 2 * x}, M.MSE())
+  assert wrapped.higher_is_better is False and wrapped.name == "mse"
+  value = wrapped.update(x=x, mask=mask).compute()
+  np.testing.assert_allclose(float(value), np.mean(x[mask] ** 2), rtol=1e-6)
+
+
+BAD = [
+  (lambda: M.SpearmanCorrelation(), "capacity must be an int"),
+  (lambda: M.KendallTau(capacity=0), "capacity must be an int"),
+  (lambda: M.KendallTau(capacity=True), "capacity must be an int"),
+  (lambda: M.SpearmanCorrelation(capacity=4, num_outputs=0), "num_outputs"),
+  (lambda: M.CosineSimilarity(reduction="none"), "reduction"),
+  (lambda: M.KLDivergence(log_prob="yes"), "log_prob"),
+  (lambda: M.TweedieDevianceScore(power=0.5), "power <= 0 or >= 1"),
+  (lambda: M.D2TweedieScore(power=float("nan")), "power must be a finite number"),
+  (lambda: M.ExplainedVariance(force_finite=None), "force_finite"),
+  (lambda: M.ExplainedVariance(num_outputs=2, multioutput=(1.0,)), "shape (2,)"),
+  (lambda: M.from_fun(3), "from_fun wraps a function"),
+  (lambda: M.from_fun(abs, metric="mean"), "from_fun feeds a Metric"),
+]
+
+
+@pytest.mark.parametrize("make, words", BAD)
+def test_bad_configurations_are_refused(make, words):
+  with pytest.raises(ValueError, match=re.escape(words)):
+    make()
+
+
+def test_bad_inputs_are_refused():
+  x = np.zeros((4, 3), np.float32)
+  with pytest.raises(ValueError, match="takes no sample weights"):
+    M.KendallTau(capacity=8).update(preds=x[:, 0], target=x[:, 0], weights=np.ones(4))
+  with pytest.raises(ValueError, match=re.escape("[batch, ..., 2]")):
+    M.SpearmanCorrelation(capacity=8, num_outputs=2).update(preds=x, target=x)
+  with pytest.raises(ValueError, match="vector per row"):
+    M.CosineSimilarity().update(preds=x[:, 0], target=x[:, 0])
+  with pytest.raises(ValueError, match="return a dict"):
+    M.from_fun(lambda x, **_: x, M.MSE()).update(x=x)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    M.LastValue().update(values=x)  # no warning for a [B, 3] value
+
+
+def test_last_value_and_from_fun_in_a_clu_collection_under_pmap():
+  clu_metrics = pytest.importorskip("clu.metrics")
+  devices = jax.local_device_count()
+  ours = clu_metrics.Collection.create(
+    last=pe.clu.metric(M.LastValue("loss")),
+    mean=pe.clu.metric(M.from_fun(lambda loss, **_: 2 * loss)),
+  )
+  theirs = clu_metrics.Collection.create(
+    last=clu_metrics.LastValue.from_output("loss"),
+    mean=clu_metrics.Average.from_fun(lambda loss, **_: 2 * loss),
+  )
+  rng = np.random.default_rng(2)
+  steps = [
+    (rng.standard_normal((devices, 4)).astype(np.float32), rng.random((devices, 4)) < 0.7)
+    for _ in range(3)
+  ]
+  results = []
+  for collection in (ours, theirs):
+    gather = jax.pmap(
+      lambda loss, mask, c=collection: c.gather_from_model_output(loss=loss, mask=mask),
+      axis_name="batch",
+    )
+    total = collection.empty()
+    for loss, mask in steps:
+      total = total.merge(gather(loss, mask).unreplicate())
+    results.append(total.compute())
+  for key in ("last", "mean"):
+    np.testing.assert_allclose(float(results[0][key]), float(results[1][key]), rtol=1e-6)
