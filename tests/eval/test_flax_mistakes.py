@@ -1,0 +1,90 @@
+"""Mistakes made converting Flax's examples (issue 33) give a message that says the fix, or just work.
+
+Each test runs the mistaken call and, where the library accepts it, checks the numbers against numpy
+float64 over every row (203 rows: a multiple of neither the batch nor the 8 devices, padding full of NaN).
+"""
+
+import numpy as np
+import pytest
+from flax import jax_utils
+
+import padded_eval as pe
+
+ROWS = 203
+
+
+def _data(seed=0):
+  rng = np.random.default_rng(seed)
+  return {
+    "x": rng.standard_normal((ROWS, 4)).astype(np.float32),
+    "y": rng.integers(0, 3, ROWS).astype(np.int32),
+  }
+
+
+def _linear_step(params, batch):
+  logits = batch["x"] @ params["w"] + params["b"]
+  metric = pe.metrics.Accuracy()
+  return metric.batch_updates(preds=logits, target=batch["y"], mask=batch["mask"])
+
+
+def _params(seed=1):
+  rng = np.random.default_rng(seed)
+  return {"w": rng.standard_normal((4, 3)).astype(np.float32), "b": np.zeros(3, np.float32)}
+
+
+def test_pmap_replicated_params_say_unreplicate():
+  """wmt's state after ``jax_utils.replicate``: broadcasting error before, now named."""
+  data, params = _data(), _params()
+  batches = pe.pad_batches(data, 32, pad_value={"x": np.nan, "y": -7})
+  with pytest.raises(ValueError, match=r"replicated.*jax_utils\.unreplicate"):
+    pe.masked_eval(_linear_step, jax_utils.replicate(params), batches)
+  unreplicated = jax_utils.unreplicate(jax_utils.replicate(params))
+  results = pe.masked_eval(
+    _linear_step, unreplicated, pe.pad_batches(data, 32, pad_value={"x": np.nan, "y": -7})
+  )
+  logits = data["x"].astype(np.float64) @ params["w"] + params["b"]
+  np.testing.assert_allclose(
+    results["accuracy"], np.mean(logits.argmax(-1) == data["y"]), rtol=1e-6
+  )
+
+
+def test_params_with_a_leading_axis_of_the_device_count_are_not_mistaken_for_replicated():
+  rng = np.random.default_rng(2)
+  data = {"x": rng.standard_normal((ROWS, 8)).astype(np.float32), "y": _data()["y"]}
+  params = {"w": rng.standard_normal((8, 3)).astype(np.float32), "b": np.zeros(3, np.float32)}
+  results = pe.masked_eval(_linear_step, params, pe.pad_batches(data, 32))
+  logits = data["x"].astype(np.float64) @ params["w"]
+  np.testing.assert_allclose(
+    results["accuracy"], np.mean(logits.argmax(-1) == data["y"]), rtol=1e-6
+  )
+
+
+def _decode_step(params, batch):
+  return {"argmax": (batch["x"] @ params["w"]).argmax(-1), "score": batch["x"].sum(-1)}
+
+
+@pytest.mark.parametrize("backend", ["pmap", "shard_map", "jit"])
+def test_step_may_return_per_row_outputs_alone(backend):
+  """A decode needs no metric: the outputs of every real row come back, in order."""
+  data, params = _data(), _params()
+  batches = pe.pad_batches(data, 32, pad_value={"x": np.nan, "y": -7})
+  results, outputs = pe.masked_eval(_decode_step, params, batches, outputs=True, backend=backend)
+  assert dict(results) == {"num_examples": ROWS}
+  x = data["x"].astype(np.float64)
+  np.testing.assert_array_equal(outputs["argmax"], (x @ params["w"]).argmax(-1))
+  np.testing.assert_allclose(outputs["score"], x.sum(-1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["list_iterator", "generator"])
+def test_pad_batches_over_a_consumed_iterator_says_already_consumed(kind):
+  chunks = [{"x": np.ones((5, 2), np.float32)} for _ in range(3)]
+  source = iter(chunks) if kind == "list_iterator" else (c for c in chunks)
+  assert len(list(source)) == 3  # e.g. a first evaluation loop read it
+  for batch_size in (8, None):
+    with pytest.raises(ValueError, match="already consumed"):
+      pe.pad_batches(source, batch_size)
+
+
+def test_a_fresh_generator_is_read():
+  chunks = [{"x": np.ones((5, 2), np.float32)} for _ in range(3)]
+  assert sum(int(b["mask"].sum()) for b in pe.pad_batches((c for c in chunks), 8)) == 15
