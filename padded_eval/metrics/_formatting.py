@@ -45,6 +45,7 @@ TARGET_OUT_OF_RANGE = "target out of range"
 PRED_ID_OUT_OF_RANGE = "pred id out of range"
 NAN_SCORE = "nan score"
 PROBABILITY_OUT_OF_RANGE = "probability outside [0, 1]"
+PROBABILITIES_AS_LOGITS = "preds look like probabilities, not logits"
 #: Every kind an input formatter can report, in the order metrics declare them.
 INVALID_KINDS = (TARGET_OUT_OF_RANGE, PRED_ID_OUT_OF_RANGE, NAN_SCORE, PROBABILITY_OUT_OF_RANGE)
 #: The kinds of score-only metrics (curves, calibration): no class-id predictions.
@@ -308,3 +309,13 @@ def format_inputs(
     from_logits=from_logits,
     ignore_index=ignore_index,
   )
+
+
+def looks_like_probabilities(scores: jax.Array, axis: int = -1) -> jax.Array:
+  """Whether each row of ``scores`` along ``axis`` looks like a probability distribution (every
+  value in ``[0, 1]``, the row summing to 1 within 1e-3): softmax outputs passed where logits
+  are expected. Logits almost never do. Returns a bool array without ``axis``.
+  """
+  scores = upcast(jnp.asarray(scores))
+  in_unit = jnp.all((scores >= 0) & (scores <= 1), axis=axis)
+  return in_unit & (jnp.abs(jnp.sum(scores, axis=axis) - 1) <= 1e-3)

@@ -4,8 +4,12 @@ Each test runs the mistaken call and, where the library accepts it, checks the n
 float64 over every row (203 rows: a multiple of neither the batch nor the 8 devices, padding full of NaN).
 """
 
+from functools import partial
+
+import jax
 import numpy as np
 import pytest
+import scipy.special
 from flax import jax_utils
 
 import padded_eval as pe
@@ -88,3 +92,35 @@ def test_pad_batches_over_a_consumed_iterator_says_already_consumed(kind):
 def test_a_fresh_generator_is_read():
   chunks = [{"x": np.ones((5, 2), np.float32)} for _ in range(3)]
   assert sum(int(b["mask"].sum()) for b in pe.pad_batches((c for c in chunks), 8)) == 15
+
+
+def _perplexity_step(params, batch, softmax):
+  scores = batch["x"] @ params["w"]  # [B, T, V]
+  if softmax:
+    scores = jax.nn.softmax(scores)  # the mistake: probabilities where logits are expected
+  tokens = batch["mask"][:, None] & (batch["y"] >= 0)
+  return pe.metrics.Perplexity().batch_updates(preds=scores, target=batch["y"], mask=tokens)
+
+
+def test_softmax_outputs_into_perplexity_are_reported():
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal((ROWS, 5, 4)).astype(np.float32)
+  y = rng.integers(0, 6, (ROWS, 5)).astype(np.int32)
+  w = rng.standard_normal((4, 6)).astype(np.float32)
+  batches = lambda: pe.pad_batches({"x": x, "y": y}, 32, pad_value={"x": np.nan, "y": -1})
+  logits = np.einsum("btd,dv->btv", x.astype(np.float64), w)
+  log_probs = logits - scipy.special.logsumexp(logits, -1, keepdims=True)
+  nll = -np.take_along_axis(log_probs, y[..., None], -1)[..., 0]
+  right = pe.masked_eval(
+    partial(_perplexity_step, softmax=False), {"w": w}, batches(), backend="jit"
+  )
+  np.testing.assert_allclose(right["perplexity"], np.exp(nll.mean()), rtol=1e-5)
+  with pytest.raises(
+    ValueError, match=r"\d+ x 'preds look like probabilities, not logits'"
+  ) as info:
+    pe.masked_eval(partial(_perplexity_step, softmax=True), {"w": w}, batches(), backend="jit")
+  assert f"{ROWS * 5} x 'preds look like probabilities" in str(info.value)
+  with pytest.warns(pe.InvalidValuesWarning, match="probabilities"):
+    pe.masked_eval(
+      partial(_perplexity_step, softmax=True), {"w": w}, batches(), backend="jit", on_invalid="warn"
+    )
