@@ -47,9 +47,20 @@ NAN_SCORE = "nan score"
 PROBABILITY_OUT_OF_RANGE = "probability outside [0, 1]"
 PROBABILITIES_AS_LOGITS = "preds look like probabilities, not logits"
 #: Every kind an input formatter can report, in the order metrics declare them.
-INVALID_KINDS = (TARGET_OUT_OF_RANGE, PRED_ID_OUT_OF_RANGE, NAN_SCORE, PROBABILITY_OUT_OF_RANGE)
+INVALID_KINDS = (
+  TARGET_OUT_OF_RANGE,
+  PRED_ID_OUT_OF_RANGE,
+  NAN_SCORE,
+  PROBABILITY_OUT_OF_RANGE,
+  PROBABILITIES_AS_LOGITS,
+)
 #: The kinds of score-only metrics (curves, calibration): no class-id predictions.
-SCORE_INVALID_KINDS = (TARGET_OUT_OF_RANGE, NAN_SCORE, PROBABILITY_OUT_OF_RANGE)
+SCORE_INVALID_KINDS = (
+  TARGET_OUT_OF_RANGE,
+  NAN_SCORE,
+  PROBABILITY_OUT_OF_RANGE,
+  PROBABILITIES_AS_LOGITS,
+)
 
 
 class LabelElements(NamedTuple):
@@ -177,7 +188,8 @@ def label_elements(preds, target, mask, *, task, num_classes, from_logits, ignor
     mask: None or a bool prefix of ``target``'s shape.
     task: ``"binary"`` or ``"multilabel"``.
     num_classes: ``C`` for multilabel (None for binary).
-    from_logits: ``preds`` are logits (no probability range check).
+    from_logits: ``preds`` are logits (no probability range check; a batch whose every considered
+      score is in [0, 1] is counted, kind ``"preds look like probabilities, not logits"``).
     ignore_index: None or a target value whose elements are left out.
 
   Returns:
@@ -206,6 +218,10 @@ def label_elements(preds, target, mask, *, task, num_classes, from_logits, ignor
   }
   if not from_logits:
     invalid[PROBABILITY_OUT_OF_RANGE] = considered & _probability_out_of_range(scores)
+  else:  # probabilities passed as logits: sigmoid(p) >= 0.5 predicts every element positive
+    in_unit = (scores >= 0) & (scores <= 1)
+    every = jnp.all(in_unit | ~considered) & (jnp.sum(considered) > 1)
+    invalid[PROBABILITIES_AS_LOGITS] = considered & every
   elements = LabelElements(scores, target == 1, considered & is_label, invalid)
   if task == "binary":
     return LabelElements(

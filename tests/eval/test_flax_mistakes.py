@@ -124,3 +124,23 @@ def test_softmax_outputs_into_perplexity_are_reported():
     pe.masked_eval(
       partial(_perplexity_step, softmax=True), {"w": w}, batches(), backend="jit", on_invalid="warn"
     )
+
+
+def _recall_step(params, batch):
+  recall = pe.metrics.Recall(task="binary", from_logits=True)
+  return recall.batch_updates(preds=batch["score"], target=batch["y"], mask=batch["mask"])
+
+
+def test_probabilities_into_from_logits_recall_are_reported():
+  """sigmoid(p) >= 0.5 for every probability p: recall 1.0 instead of the logits' value."""
+  rng = np.random.default_rng(5)
+  logits = rng.standard_normal(ROWS).astype(np.float32)
+  y = (rng.random(ROWS) < 0.5).astype(np.int32)
+  batches = lambda score: pe.pad_batches(
+    {"score": score, "y": y}, 32, pad_value={"score": np.nan, "y": -1}
+  )
+  right = pe.masked_eval(_recall_step, None, batches(logits), backend="jit")
+  np.testing.assert_allclose(right["recall"], np.mean(logits[y == 1] > 0), rtol=1e-6)
+  probs = 1 / (1 + np.exp(-logits.astype(np.float64)))
+  with pytest.raises(ValueError, match=f"{ROWS} x 'preds look like probabilities, not logits'"):
+    pe.masked_eval(_recall_step, None, batches(probs.astype(np.float32)), backend="jit")
