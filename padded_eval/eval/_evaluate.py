@@ -41,7 +41,7 @@ from jax.sharding import Mesh
 
 from padded_eval.data._batch_spec import checked_batches
 from padded_eval.data.padded import padding_fills
-from padded_eval.eval import _cache, _run, backends, checkpoint
+from padded_eval.eval import _cache, _outputs, _run, backends, checkpoint
 from padded_eval.eval._hooks import Dispatched, Hook, Outputs, Progress
 from padded_eval.eval._options import EvalOptions
 from padded_eval.eval.results import EvalResults
@@ -378,6 +378,7 @@ def _results(metric: Metric, num_examples: int, on_invalid: str) -> EvalResults:
       f"the metric logs a value named {NUM_EXAMPLES!r}, which masked_eval reserves for "
       "the count of real rows; rename the metric (name=...)"
     )
+  logs.pop(_outputs.NO_STATISTICS, None)  # a step that returned per-row outputs alone
   logs = jax.tree.map(_to_python, logs)
   logs[NUM_EXAMPLES] = num_examples
   return EvalResults(logs, metric)

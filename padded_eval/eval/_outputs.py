@@ -18,19 +18,28 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from padded_eval.collections import Metrics
 from padded_eval.data.sharding import local_blocks
+from padded_eval.metrics.averages import Mean
 from padded_eval.metrics.base import Metric
 
-__all__ = ["KeptRows", "Pending", "RowOutputs", "split_step_result"]
+__all__ = ["NO_STATISTICS", "KeptRows", "Pending", "RowOutputs", "split_step_result"]
+
+NO_STATISTICS = "(outputs only)"
+"""The log name of the empty placeholder metric of a step that returns per-row outputs alone; `masked_eval`
+leaves it out of its results."""
 
 
 def split_step_result(returned: Any, outputs: bool, rows: int) -> tuple[Metric, Any]:
   """Checks what ``step_fn`` returned (at trace time) and splits it into ``(metric, per_row)``.
 
   Args:
-    returned: ``step_fn(params, batch)``'s value: a Metric, or with `outputs` a pair ``(metric, per_row)``.
+    returned: ``step_fn(params, batch)``'s value: a Metric, or with `outputs` a pair ``(metric, per_row)``
+      or the per-row outputs alone (a pytree of arrays holding no Metric: a decode), then merged as an
+      empty ``Metrics({})``.
     outputs: whether ``masked_eval`` was called with ``outputs=True``.
     rows: the rows the step sees (the leading size of its batch's mask).
 
@@ -55,6 +64,9 @@ def split_step_result(returned: Any, outputs: bool, rows: int) -> tuple[Metric, 
       "(metric, per_row) where per_row is a pytree of arrays [rows, ...], e.g. "
       "(metric, {'logits': logits}); or call masked_eval without outputs=True"
     )
+  if not _holds_metric(returned):  # per-row outputs alone (a decode): no statistics to merge
+    _check_rows(returned, rows)
+    return Metrics({NO_STATISTICS: Mean("rows")}).batch_updates(rows=jnp.zeros((0,))), returned
   if not (isinstance(returned, tuple) and len(returned) == 2):
     raise ValueError(
       f"masked_eval(..., outputs=True): step_fn must return a pair (metric, per_row); it returned a "
@@ -64,6 +76,12 @@ def split_step_result(returned: Any, outputs: bool, rows: int) -> tuple[Metric, 
   _check_metric(metric, "with outputs=True, the first element of step_fn's pair must be")
   _check_rows(per_row, rows)
   return metric, per_row
+
+
+def _holds_metric(value: Any) -> bool:
+  return any(
+    isinstance(x, Metric) for x in jax.tree.leaves(value, is_leaf=lambda x: isinstance(x, Metric))
+  )
 
 
 def _is_pair_with_metric(value: Any) -> bool:

@@ -65,12 +65,11 @@ from padded_eval.metrics.sliced import Sliced as Sliced
 
 # isort: split
 # issue 31, classification half: margin losses
-from padded_eval.metrics.margins import HingeLoss as HingeLoss
-from padded_eval.metrics.operating_points import LogAUC as LogAUC
-
 # regression and other metrics (issue 31, second half)
 from padded_eval.metrics.deviance import D2TweedieScore as D2TweedieScore
 from padded_eval.metrics.deviance import TweedieDevianceScore as TweedieDevianceScore
+from padded_eval.metrics.margins import HingeLoss as HingeLoss
+from padded_eval.metrics.operating_points import LogAUC as LogAUC
 from padded_eval.metrics.rank_correlation import KendallTau as KendallTau
 from padded_eval.metrics.rank_correlation import SpearmanCorrelation as SpearmanCorrelation
 from padded_eval.metrics.similarity import CosineSimilarity as CosineSimilarity

@@ -45,10 +45,22 @@ TARGET_OUT_OF_RANGE = "target out of range"
 PRED_ID_OUT_OF_RANGE = "pred id out of range"
 NAN_SCORE = "nan score"
 PROBABILITY_OUT_OF_RANGE = "probability outside [0, 1]"
+PROBABILITIES_AS_LOGITS = "preds look like probabilities, not logits"
 #: Every kind an input formatter can report, in the order metrics declare them.
-INVALID_KINDS = (TARGET_OUT_OF_RANGE, PRED_ID_OUT_OF_RANGE, NAN_SCORE, PROBABILITY_OUT_OF_RANGE)
+INVALID_KINDS = (
+  TARGET_OUT_OF_RANGE,
+  PRED_ID_OUT_OF_RANGE,
+  NAN_SCORE,
+  PROBABILITY_OUT_OF_RANGE,
+  PROBABILITIES_AS_LOGITS,
+)
 #: The kinds of score-only metrics (curves, calibration): no class-id predictions.
-SCORE_INVALID_KINDS = (TARGET_OUT_OF_RANGE, NAN_SCORE, PROBABILITY_OUT_OF_RANGE)
+SCORE_INVALID_KINDS = (
+  TARGET_OUT_OF_RANGE,
+  NAN_SCORE,
+  PROBABILITY_OUT_OF_RANGE,
+  PROBABILITIES_AS_LOGITS,
+)
 
 
 class LabelElements(NamedTuple):
@@ -176,7 +188,8 @@ def label_elements(preds, target, mask, *, task, num_classes, from_logits, ignor
     mask: None or a bool prefix of ``target``'s shape.
     task: ``"binary"`` or ``"multilabel"``.
     num_classes: ``C`` for multilabel (None for binary).
-    from_logits: ``preds`` are logits (no probability range check).
+    from_logits: ``preds`` are logits (no probability range check; a batch whose every considered
+      score is in [0, 1] is counted, kind ``"preds look like probabilities, not logits"``).
     ignore_index: None or a target value whose elements are left out.
 
   Returns:
@@ -205,6 +218,10 @@ def label_elements(preds, target, mask, *, task, num_classes, from_logits, ignor
   }
   if not from_logits:
     invalid[PROBABILITY_OUT_OF_RANGE] = considered & _probability_out_of_range(scores)
+  else:  # probabilities passed as logits: sigmoid(p) >= 0.5 predicts every element positive
+    in_unit = (scores >= 0) & (scores <= 1)
+    every = jnp.all(in_unit | ~considered) & (jnp.sum(considered) > 1)
+    invalid[PROBABILITIES_AS_LOGITS] = considered & every
   elements = LabelElements(scores, target == 1, considered & is_label, invalid)
   if task == "binary":
     return LabelElements(
@@ -308,3 +325,13 @@ def format_inputs(
     from_logits=from_logits,
     ignore_index=ignore_index,
   )
+
+
+def looks_like_probabilities(scores: jax.Array, axis: int = -1) -> jax.Array:
+  """Whether each row of ``scores`` along ``axis`` looks like a probability distribution (every
+  value in ``[0, 1]``, the row summing to 1 within 1e-3): softmax outputs passed where logits
+  are expected. Logits almost never do. Returns a bool array without ``axis``.
+  """
+  scores = upcast(jnp.asarray(scores))
+  in_unit = jnp.all((scores >= 0) & (scores <= 1), axis=axis)
+  return in_unit & (jnp.abs(jnp.sum(scores, axis=axis) - 1) <= 1e-3)

@@ -153,11 +153,25 @@ class Metric(KeywordReader, abc.ABC):
   def batch_updates(self, **kwargs: ArrayLike) -> Metric:
     """A new metric holding only this batch's statistics. Keyword-only.
 
+    Inputs may be sharded any way, over the class axis too: under ``jax.set_mesh`` of a mesh
+    with ``Explicit`` axes (``jax.make_mesh``, e.g. logits ``[B@fsdp, T, V@tensor]``) the
+    statistics are computed with those axes ``Auto`` (`explicit_context_axes`), where a
+    gather or a scatter over a sharded axis would raise ``ShardingTypeError``; the returned
+    state is replicated.
+
     Raises:
       ValueError: a keyword the metric needs is missing, or an input is ``None``, a
         string, a ragged list, complex, or float64 outside float32's range (see
         :mod:`padded_eval.validation`).
     """
+    axes = explicit_context_axes()
+    if axes:  # jax.set_mesh of a jax.make_mesh mesh: XLA propagates the shardings inside
+      replicated = jax.sharding.PartitionSpec()
+      updates = lambda kw: self._batch_updates(kw)
+      return jax.sharding.auto_axes(updates, axes=axes, out_sharding=replicated)(kwargs)
+    return self._batch_updates(kwargs)
+
+  def _batch_updates(self, kwargs: dict[str, Any]) -> Metric:
     kwargs = self._checked_inputs(self.routed(kwargs))
     counts_rows = ROWS_FIELD in self._state_fields
     rows = _RowsToCount(kwargs, self.row_inputs()) if counts_rows else None
@@ -662,3 +676,20 @@ def empty_sum(metric: Metric) -> ExactSum:
   """An empty scalar :class:`~padded_eval.exact.accumulate.ExactSum`: ``total = state(empty_sum)``."""
   del metric  # the same for every configuration
   return ExactSum.zeros()
+
+
+def explicit_context_axes() -> tuple[str, ...]:
+  """The ``Explicit`` axes of the context mesh (``jax.set_mesh``), or ``()``.
+
+  Inside them an array's sharding is part of its type, and ops whose output sharding is
+  ambiguous (a gather or one-hot over a class axis split over ``"tensor"``, a scatter of
+  split rows into a replicated histogram) raise ``ShardingTypeError``; `Metric.batch_updates`
+  computes its statistics with these axes made ``Auto`` (``jax.sharding.auto_axes``).
+  """
+  get_mesh = getattr(jax.sharding, "get_abstract_mesh", None)
+  axis_type = getattr(jax.sharding, "AxisType", None)
+  if get_mesh is None or axis_type is None:
+    return ()
+  mesh = get_mesh()
+  types = getattr(mesh, "axis_types", ()) or ()
+  return tuple(name for name, kind in zip(mesh.axis_names, types) if kind == axis_type.Explicit)

@@ -9,7 +9,11 @@ import jax.numpy as jnp
 
 from padded_eval.exact.accumulate import ExactCount, upcast
 from padded_eval.masking import broadcast_mask
-from padded_eval.metrics._formatting import TARGET_OUT_OF_RANGE
+from padded_eval.metrics._formatting import (
+  PROBABILITIES_AS_LOGITS,
+  TARGET_OUT_OF_RANGE,
+  looks_like_probabilities,
+)
 from padded_eval.metrics.averages import WeightedMean, weighted_totals
 from padded_eval.metrics.base import invalid_state, state
 
@@ -50,7 +54,10 @@ class Perplexity(WeightedMean):
 
   A real token whose target is outside ``[0, V)`` (and is not ``ignore_index``: -100
   without ``ignore_index=-100`` is one) is not averaged but counted as invalid, kind
-  ``"target out of range"`` (:meth:`invalid_counts`, :meth:`invalid_report`).
+  ``"target out of range"`` (:meth:`invalid_counts`, :meth:`invalid_report`). A real token
+  whose ``preds`` row looks like probabilities (all in ``[0, 1]``, summing to 1: softmax
+  outputs instead of logits, which give a wrong perplexity) is averaged as given and counted,
+  kind ``"preds look like probabilities, not logits"``, so `masked_eval` reports it.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -64,7 +71,7 @@ class Perplexity(WeightedMean):
   ignore_index: int | None = None
   invalid: ExactCount = state(invalid_state)
 
-  invalid_kinds: ClassVar[tuple[str, ...]] = (TARGET_OUT_OF_RANGE,)
+  invalid_kinds: ClassVar[tuple[str, ...]] = (TARGET_OUT_OF_RANGE, PROBABILITIES_AS_LOGITS)
 
   def _check_config(self):
     if self.ignore_index is not None and (
@@ -95,7 +102,12 @@ class Perplexity(WeightedMean):
     if self.ignore_index is not None:
       real = real & (target != self.ignore_index)
     in_vocabulary = (target >= 0) & (target < jnp.shape(preds)[-1])
-    bad = self.invalid_flags(**{TARGET_OUT_OF_RANGE: real & ~in_vocabulary})
+    bad = self.invalid_flags(
+      **{
+        TARGET_OUT_OF_RANGE: real & ~in_vocabulary,
+        PROBABILITIES_AS_LOGITS: real & in_vocabulary & looks_like_probabilities(preds),
+      }
+    )
     totals = weighted_totals(cross_entropy, real & in_vocabulary, weights, ref, invalid=bad)
     return totals.then(
       lambda t: {"total": t[0], "weight": t[1], "invalid": ExactCount.of(jnp.stack(t[2]))}

@@ -227,3 +227,53 @@ def test_model_with_params_sharded_on_an_explicit_mesh():
   expected = skm.roc_auc_score(y, probs, multi_class="ovr", average="macro")
   np.testing.assert_allclose(results["auroc"], expected, atol=1e-4)
   assert jnp.isfinite(results["auroc"])
+
+
+def _tensor_parallel_step(params, batch):
+  """A layer as gemma's: logits [B@data, T, V@model] through ``out_sharding=`` (explicit axes)."""
+  logits = jnp.einsum(
+    "btd,dv->btv", batch["x"], params["w"], out_sharding=PartitionSpec("data", None, "model")
+  )
+  tokens = batch["mask"][:, None] & (batch["y"] >= 0)
+  metrics = pe.Metrics(
+    {
+      "accuracy": pe.metrics.Accuracy(),
+      "top2": pe.metrics.Accuracy(top_k=2),
+      "perplexity": pe.metrics.Perplexity(),
+      "f1": pe.metrics.F1Score(task="multiclass", num_classes=6, average="macro", from_logits=True),
+      "auroc": pe.metrics.AUROC(task="multiclass", num_classes=6, from_logits=True),
+    }
+  )
+  return metrics.batch_updates(preds=logits, target=batch["y"], mask=tokens)
+
+
+@pytest.mark.skipif(AxisType is None, reason="this JAX has no explicit mesh axes")
+def test_class_axis_sharded_logits_under_set_mesh_of_an_explicit_mesh():
+  """Issue 33 (gemma): under ``jax.set_mesh`` of a ``make_mesh`` mesh, a model whose layer
+  passes ``out_sharding=`` runs, and every metric takes logits split over the class axis
+  (gathers and scatters over it raised ShardingTypeError), against numpy / scikit-learn
+  float64 over the 5 tokens of 61 rows (batch 16, padding full of NaN)."""
+  rng = np.random.default_rng(33)
+  n, t, d, v = 61, 5, 4, 6
+  x = rng.standard_normal((n, t, d)).astype(np.float32)
+  y = rng.integers(0, v, (n, t)).astype(np.int32)
+  w = rng.standard_normal((d, v)).astype(np.float32)
+  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+  params = {"w": jax.device_put(w, NamedSharding(mesh, PartitionSpec(None, "model")))}
+  batches = pe.pad_batches({"x": x, "y": y}, 16, pad_value={"x": np.nan, "y": -1})
+  with jax.set_mesh(mesh):
+    results = pe.masked_eval(_tensor_parallel_step, params, batches, backend="jit", mesh=mesh)
+  logits = np.einsum("btd,dv->btv", x.astype(np.float64), w.astype(np.float64)).reshape(-1, v)
+  log_probs = logits - logits.max(-1, keepdims=True)
+  log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+  target = y.reshape(-1)
+  top2 = np.argsort(-logits, -1)[:, :2]
+  assert results["num_examples"] == n
+  np.testing.assert_allclose(results["accuracy"], np.mean(logits.argmax(-1) == target), rtol=1e-6)
+  np.testing.assert_allclose(results["top2"], np.mean((top2 == target[:, None]).any(-1)), rtol=1e-6)
+  nll = -log_probs[np.arange(n * t), target].mean()
+  np.testing.assert_allclose(results["perplexity"], np.exp(nll), rtol=1e-5)
+  f1 = skm.f1_score(target, logits.argmax(-1), average="macro")
+  np.testing.assert_allclose(results["f1"], f1, rtol=1e-5)
+  auroc = skm.roc_auc_score(target, np.exp(log_probs), multi_class="ovr", average="macro")
+  np.testing.assert_allclose(results["auroc"], auroc, atol=1e-3)

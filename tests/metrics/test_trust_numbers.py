@@ -197,7 +197,10 @@ def test_perplexity_counts_targets_outside_vocabulary(ignore_index):
   )
   np.testing.assert_allclose(float(metric.compute()), reference, rtol=1e-5)
   expected = int((bad & ~ignored).sum())
-  assert metric.invalid_counts() == {"target out of range": expected}
+  assert metric.invalid_counts() == {
+    "target out of range": expected,
+    "preds look like probabilities, not logits": 0,
+  }
   assert metric.invalid_report() == [("perplexity", "target out of range", expected)]
 
 

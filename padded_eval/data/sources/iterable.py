@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import collections.abc as cabc
 import functools
+import inspect
 import itertools
+import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,6 +60,13 @@ class IterableSource(Source):
       obj, cabc.Iterator
     )  # a generator or iterator: iter() returns itself
     self._read = False
+    if self._one_shot and _already_consumed(obj):
+      raise ValueError(
+        f"source is a one-shot iterator ({type(obj).__name__}) that is already consumed (or empty): it yields no "
+        "batch (a loop, list() or an earlier pad_batches read it to the end). Pass a fresh iterator, or a "
+        "re-iterable source: a list of batches, a tf.data.Dataset, or an object whose __iter__ calls your "
+        "generator function again"
+      )
 
   @property
   def spec(self) -> None:
@@ -118,6 +127,15 @@ class IterableSource(Source):
   def _checked(self, batches: Iterator) -> Iterator[Chunk]:
     named = (self._named(batch, index) for index, batch in enumerate(batches))
     return self.checked_chunks(named, self._mask_key, "batch {index}")
+
+
+def _already_consumed(iterator: cabc.Iterator) -> bool:
+  """Whether a one-shot iterator was read to its end: a finished generator, or an iterator over a sized
+  container whose length hint is now 0 (nothing is read)."""
+  if inspect.isgenerator(iterator):
+    return inspect.getgeneratorstate(iterator) == inspect.GEN_CLOSED
+  hint = operator.length_hint(iterator, -1)
+  return hint == 0 and type(iterator).__name__.endswith("iterator")
 
 
 def _check_not_rows(obj: Any, keys: tuple[str, ...] | None = None) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections.abc as cabc
 import re
+import weakref
 from collections.abc import Generator, Iterator
 from typing import Any
 
@@ -32,6 +33,9 @@ from padded_eval.data.sources.base import (
   check_index_key,
 )
 from padded_eval.data.sources.fields import name_fields
+
+# the padding pipelines built over each tf.data dataset (weakly keyed: dropped with the dataset)
+_PIPELINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 __all__ = ["TfDataSource", "is_tf_dataset"]
 
@@ -179,25 +183,15 @@ class TfDataSource(Source):
     Returns:
       (as the generator's return value) the row spec of the first batch (real sizes), else the static one.
     """
-    import tensorflow as tf
 
     if self.shape_fitter is not None:  # batches of varying shapes: padded in numpy, as every source
       return (yield from super().padded(batch_size, mask_key, pad_value, ids, start_batch))
     if ids is not None:
       check_index_key(self._tensor_specs, ids.key)
-    if self._batched:  # rebatch checks that a batch's leading sizes agree (see _explain)
-      dataset = self._dataset.rebatch(batch_size)
-    else:
-      dataset = self._dataset.batch(batch_size)
-    pad = _make_pad_fn(batch_size, mask_key, self._spec.fills(pad_value), ids)
-    if ids is not None:  # every batch but the last is full, so batch b starts at row b * batch_size
-      dataset = dataset.enumerate()
-    if start_batch:
-      dataset = dataset.skip(start_batch)
-    dataset = dataset.map(pad, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    dataset = self._padded_pipeline(batch_size, mask_key, pad_value, ids, start_batch)
     first_spec, first_id = None, 0 if ids is None else ids.offset + start_batch * batch_size
     added = () if ids is None else ((ids.key,),)
-    for flat in self._numpy(dataset.prefetch(tf.data.AUTOTUNE)):
+    for flat in self._numpy(dataset):
       if first_spec is None:  # real shapes replace the static spec's unknown sizes
         rows = {path: leaf for path, leaf in flat.items() if path not in ((mask_key,), *added)}
         first_spec = BatchSpec.of_rows(rows, unknown_rows=True)
@@ -206,6 +200,46 @@ class TfDataSource(Source):
         first_id += batch_size
       yield flat
     return self._spec if first_spec is None else first_spec
+
+  def _padded_pipeline(self, batch_size, mask_key, pad_value, ids, start_batch) -> Any:
+    """The padding tf.data pipeline over the source's dataset, built once per dataset and
+    arguments (`_PIPELINES`): tracing its map function was most of a short evaluation's data
+    time, paid again at every ``pad_batches`` of the same eval dataset."""
+    import tensorflow as tf
+
+    fills = self._spec.fills(pad_value)
+    row_ids = None if ids is None else (ids.key, ids.offset)
+    specs = repr(sorted(self._tensor_specs.items()))
+    key = (
+      self._batched,
+      specs,
+      batch_size,
+      mask_key,
+      repr(sorted(fills.items())),
+      row_ids,
+      start_batch,
+    )
+    try:
+      built = _PIPELINES.setdefault(self._dataset, {})
+    except TypeError:  # a dataset that cannot be weakly referenced: built every time
+      built = {}
+    if key in built:
+      return built[key]
+    if self._batched:  # rebatch checks that a batch's leading sizes agree (see _explain)
+      dataset = self._dataset.rebatch(batch_size)
+    else:
+      dataset = self._dataset.batch(batch_size)
+    pad = _make_pad_fn(batch_size, mask_key, fills, ids)
+    if ids is not None:  # every batch but the last is full, so batch b starts at row b * batch_size
+      dataset = dataset.enumerate()
+    if start_batch:
+      dataset = dataset.skip(start_batch)
+    # plain TF ops (tf.cond, no Python control flow on tensors): traced without autograph
+    pad = tf.autograph.experimental.do_not_convert(pad)
+    # a sequential map: the pad is a pass-through for full batches, and a parallel map's thread
+    # pool and a prefetch cost more to start than they saved (once per pad_batches iteration)
+    built[key] = dataset.map(pad)
+    return built[key]
 
   def _numpy(self, dataset: Any) -> Iterator[FlatBatch]:
     """Iterates `dataset` as flat numpy batches, with tf.data's leading-size error in our words."""

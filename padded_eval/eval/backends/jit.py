@@ -4,6 +4,7 @@ sharded over the data axes; params that are ``jax.Array``s on the mesh keep thei
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -27,8 +28,14 @@ class JitBackend(MeshBackend):
   @classmethod
   def create(cls, axis_name, mesh, data_axes=None):
     """As for every backend, on the mesh's `padded_eval.data.sharding.auto_mesh` view: a
-    ``jax.make_mesh`` mesh (``Explicit`` axes) is traced like a ``jax.sharding.Mesh``."""
+    ``jax.make_mesh`` mesh (``Explicit`` axes) is traced like a ``jax.sharding.Mesh``. Called
+    under ``jax.set_mesh(mesh)`` of that same mesh (gemma's loop), the step is traced on the
+    explicit mesh instead, as the model's own ``jax.jit`` would be there (layers that pass
+    ``out_sharding=`` need it); the metrics then compute their statistics with the axes
+    ``Auto`` (`padded_eval.metrics.base.explicit_context_axes`)."""
     backend = super().create(axis_name, mesh, data_axes)
+    if _explicit_context_is(backend.mesh):
+      return backend
     return cls(sharding_lib.auto_mesh(backend.mesh), backend.data_axes)
 
   def place_state(self, state):
@@ -42,7 +49,7 @@ class JitBackend(MeshBackend):
     return keep_or_replicate(params, self.mesh)
 
   def compile_step(self, step_fn, mask, outputs=False):
-    inner = jax.jit(checked_step_fn(step_fn, mask, outputs))
+    inner = jax.jit(_under_mesh(checked_step_fn(step_fn, mask, outputs), self.mesh))
     statistics = jax.jit(step_parts.batch_statistics(inner, mask, None))
     # per_row stays split like the batch: each process reads back its own rows
     shardings = (self.replicated, self.replicated, self.split)
@@ -54,6 +61,34 @@ class JitBackend(MeshBackend):
 
   def finalize_program(self):
     return lambda state: state  # already global: XLA reduced every step's sums across the mesh
+
+
+def _explicit_context_is(mesh: jax.sharding.Mesh) -> bool:
+  """Whether the context mesh (``jax.set_mesh``) is ``mesh`` and has ``Explicit`` axes."""
+  get_mesh = getattr(jax.sharding, "get_abstract_mesh", None)
+  axis_type = getattr(jax.sharding, "AxisType", None)
+  if get_mesh is None or axis_type is None:
+    return False
+  context = get_mesh()
+  explicit = axis_type.Explicit in (getattr(context, "axis_types", None) or ())
+  return explicit and context == mesh.abstract_mesh
+
+
+def _under_mesh(step: Any, mesh: jax.sharding.Mesh) -> Any:
+  """``step`` traced with ``mesh`` as the context mesh when it has ``Explicit`` axes, as under
+  the user's ``jax.set_mesh(mesh)``: a layer's ``out_sharding=`` and the metrics'
+  `padded_eval.metrics.base.explicit_context_axes` read it."""
+  axis_type = getattr(jax.sharding, "AxisType", None)
+  types = getattr(mesh, "axis_types", None) or ()
+  if axis_type is None or axis_type.Explicit not in types:
+    return step
+
+  @functools.wraps(step)
+  def traced(params, batch):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return step(params, batch)
+
+  return traced
 
 
 def keep_or_replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:

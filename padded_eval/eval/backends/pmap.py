@@ -36,6 +36,7 @@ class PmapBackend(MeshBackend):
     return cls(Mesh(np.array(jax.local_devices()), (axis_name,)), (axis_name,))
 
   def place_params(self, params):
+    refuse_replicated(params)
     # jax.pmap misaligns in_axes=None for an argument without leaves (None, {}): anchor it.
     return (placement.anchor(), self.prepared_params(params))
 
@@ -84,3 +85,30 @@ class PmapBackend(MeshBackend):
       return super().to_host(state, packing)
     # index on the host: x[0] on the device is one dispatch per leaf
     return jax.tree.map(lambda x: x[0], super().to_host(state))
+
+
+def refuse_replicated(params) -> None:
+  """ValueError if ``params`` are already one copy per local device (``flax.jax_utils.replicate``).
+
+  The pmap backend replicates ``params`` itself (as ``in_axes=None``); replicated params would
+  be replicated again and broadcast against the rows ("Incompatible shapes for broadcasting").
+  Detected when every array leaf is a ``jax.Array`` whose leading axis, of the local device
+  count, is split over the local devices one row each.
+  """
+  devices = jax.local_devices()
+  leaves = [leaf for leaf in jax.tree.leaves(params) if hasattr(leaf, "shape")]
+  if len(devices) < 2 or not leaves or not all(_one_copy_per_device(x, devices) for x in leaves):
+    return
+  raise ValueError(
+    f"params look replicated for pmap: every leaf has a leading axis of {len(devices)} (the local "
+    f"devices), one copy per device, as flax.jax_utils.replicate(state) makes (e.g. leaf shape "
+    f"{tuple(leaves[0].shape)}). masked_eval replicates params itself: pass "
+    "flax.jax_utils.unreplicate(params) (or jax.tree.map(lambda x: x[0], params))."
+  )
+
+
+def _one_copy_per_device(leaf, devices) -> bool:
+  if not isinstance(leaf, jax.Array) or leaf.ndim == 0 or leaf.shape[0] != len(devices):
+    return False
+  shards = leaf.addressable_shards
+  return len(shards) == len(devices) and all(shard.data.shape[0] == 1 for shard in shards)
