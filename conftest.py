@@ -1,9 +1,10 @@
 """pytest setup shared by the tests and the docstring examples of padded_eval/ (--doctest-modules).
 
 Set before JAX initialises its backend: 8 virtual CPU devices (tests/conftest.py and every test
-rely on them), and NumPy rank promotion raises (``jax_numpy_rank_promotion="raise"``: an
-implicit broadcast of arrays of different ranks is an error, so a shape bug cannot hide behind
-one). Subprocesses started by tests inherit both through the environment.
+rely on them), and ``JAX_NUMPY_RANK_PROMOTION=raise`` (an implicit broadcast of arrays of
+different ranks is an error, so a shape bug cannot hide behind one) for the subprocesses tests
+start: they inherit both through the environment. This process keeps JAX's default promotion
+(see below).
 """
 
 import os

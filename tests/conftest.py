@@ -1,6 +1,6 @@
 """Test setup: the one ``backend`` fixture (every registered backend) and the hypothesis profiles
 of the property suite (``tests/metrics/test_properties_*.py``). The 8 virtual CPU devices and
-``jax_numpy_rank_promotion="raise"`` are set in the repository's conftest.py, before JAX starts.
+``JAX_NUMPY_RANK_PROMOTION=raise`` for subprocesses are set in the repository's conftest.py.
 
 Profiles: ``ci`` (loaded by default) runs few examples per property, derandomized so
 every CI run draws the same examples, without shrinking (a failure is reported as drawn);
