@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import jax
 from jax.sharding import Mesh
 
 from padded_eval.eval.backends._base import Backend as Backend
@@ -40,8 +41,8 @@ def make_backend(name: str, axis_name: str, mesh: Mesh | None, data_axes: Any = 
       mesh axis that the default rule does not split the batch over.
   """
   check_choice("backend", name, tuple(BACKENDS))
-  try:
-    return _made_backend(name, axis_name, mesh, data_axes)
+  try:  # keyed by the context mesh too: under jax.set_mesh the jit backend traces on it
+    return _made_backend(name, axis_name, mesh, data_axes, _context_mesh())
   except TypeError:  # unhashable settings (a list of data axes): not cached
     return BACKENDS[name].create(axis_name, mesh, data_axes)
 
@@ -99,5 +100,14 @@ def clear_cache() -> None:
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
-def _made_backend(name: str, axis_name: str, mesh: Mesh | None, data_axes: Any) -> Backend:
+def _made_backend(
+  name: str, axis_name: str, mesh: Mesh | None, data_axes: Any, context: Any
+) -> Backend:
+  del context  # part of the key only: `create` reads the context mesh itself
   return BACKENDS[name].create(axis_name, mesh, data_axes)
+
+
+def _context_mesh() -> Any:
+  """The abstract context mesh (``jax.set_mesh``), or None where this JAX has none."""
+  get_mesh = getattr(jax.sharding, "get_abstract_mesh", None)
+  return None if get_mesh is None else get_mesh()
