@@ -167,9 +167,11 @@ from padded_eval.metrics import _curve_segments as segments
 from padded_eval.metrics import _exact_scores as exact_scores
 from padded_eval.metrics import _one_vs_one as one_vs_one
 from padded_eval.metrics import _sample_curves as sample_curves
+from padded_eval.metrics import _weighted_curves as weighted_curves
 from padded_eval.metrics._classification_inputs import (
   AVERAGES,
   ClassificationMetric,
+  check_flag,
   check_no_weights,
   config_field,
   divide,
@@ -209,6 +211,8 @@ def default_num_thresholds(task: str, num_classes) -> int:
 def _empty_histogram(metric):
   # exact: the scores are kept instead; "samples": the row values
   bins = 0 if metric.exact or metric.average == "samples" else metric.num_thresholds
+  if metric.weighted:  # sums of sample weights per bin
+    return ExactSum.zeros((metric._histogram_rows(), bins))
   return ExactCount.zeros((metric._histogram_rows(), bins))
 
 
@@ -245,6 +249,13 @@ def suffix_sums(count: ExactCount, inclusive: bool = True) -> jax.Array:
   return count.suffix_totals(inclusive)
 
 
+def column_totals(count: ExactCount | ExactSum) -> jax.Array:
+  """float32 ``[L, 1]``: each column's total (weighted sums: compensated, rounded once)."""
+  if isinstance(count, ExactSum):
+    return count.suffix_totals()[..., :1]
+  return jnp.sum(count.total(), -1, keepdims=True)
+
+
 class ScoreHistogram(ClassificationMetric):
   """Base of the binned curve metrics; subclasses define ``_area(pos, neg)``."""
 
@@ -257,16 +268,23 @@ class ScoreHistogram(ClassificationMetric):
   exact: bool = config_field(False)
   capacity: int | None = config_field(None)
   thresholds: tuple[float, ...] | None = config_field(None)
-  positives: ExactCount = state(_empty_histogram)
-  negatives: ExactCount = state(_empty_negatives)
+  weighted: bool = config_field(False)
+  # ExactSum with weighted=True
+  positives: ExactCount | ExactSum = state(_empty_histogram)
+  negatives: ExactCount | ExactSum = state(_empty_negatives)
   buffer: ScoreBuffer = state(_empty_buffer)
   # average="samples": the sum of the row values and the rows scored ([1]; else [0])
   sample_scores: ExactSum = state(lambda self: ExactSum.zeros((self._samples_width(),)))
   samples: ExactCount = state(lambda self: ExactCount.zeros((self._samples_width(),)))
 
-  invalid_kinds: ClassVar[tuple[str, ...]] = SCORE_INVALID_KINDS
   _scores_only: ClassVar[bool] = True
   _row_value: ClassVar = None  # (scores, truth, valid) -> (values [R], scored [R]), "samples"
+
+  @property
+  def invalid_kinds(self) -> tuple[str, ...]:
+    """The score kinds, and (``weighted=True``) the weights' own kind."""
+    extra = (weighted_curves.INVALID_WEIGHT,) if self.weighted is True else ()
+    return SCORE_INVALID_KINDS + extra
 
   def _samples_width(self) -> int:
     return 1 if self.average == "samples" else 0
@@ -320,6 +338,9 @@ class ScoreHistogram(ClassificationMetric):
     if self.thresholds is None:
       validation.check_choice("binning", self.binning, BINNINGS)
     self._check_exact()
+    check_flag("weighted", self.weighted)
+    if self.weighted:
+      weighted_curves.check_weighted(self)
     if self.average == "ogb" and self.task != "multilabel":
       raise ValueError(
         f"average='ogb' averages over the tasks of task='multilabel'; got task={self.task!r}"
@@ -365,10 +386,13 @@ class ScoreHistogram(ClassificationMetric):
       )
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
-    check_no_weights(weights, self)
+    if not self.weighted:
+      check_no_weights(weights, self)
     if self.average == "ogb":
       target, mask = nan_missing_labels(target, mask)
     scores, truth, valid, invalid = score_elements(self, preds, target, mask)
+    if self.weighted:
+      return self._weighted_state(scores, truth, valid, invalid, mask, weights)
     if self.average == "samples":
       values, scored = type(self)._row_value(scores, truth, valid)
       return {
@@ -389,6 +413,25 @@ class ScoreHistogram(ClassificationMetric):
     return {
       "positives": ExactCount.of(counts[:, 1]),
       "negatives": ExactCount.of(counts[:, 0]),
+      "invalid": invalid,
+    }
+
+  def _weighted_state(self, scores, truth, valid, invalid, mask, weights):
+    """``weighted=True``: each counted element adds its weight to its bin (see
+    :mod:`padded_eval.metrics._weighted_curves`); bad weights are counted, not used."""
+    w, bad = weighted_curves.element_weights_of(self, truth, mask, weights)
+    valid = valid & (w > 0)
+    t, columns = self.num_thresholds, scores.shape[-1]
+    bins = self._bins(jnp.where(valid, scores, 0.5))
+    column = jnp.broadcast_to(jnp.arange(columns), truth.shape)
+    index = column * (2 * t) + truth.astype(jnp.int32) * t + bins
+    index = jnp.where(valid, index, 2 * t * columns)
+    sums = weighted_curves.histograms(index, jnp.where(valid, w, 0.0), 2 * t * columns)
+    sums = sums.reshape(columns, 2, t)
+    invalid = invalid.merge(self.count_invalid(**{weighted_curves.INVALID_WEIGHT: bad}))
+    return {
+      "positives": ExactSum.of(sums[:, 1]),
+      "negatives": ExactSum.of(sums[:, 0]),
       "invalid": invalid,
     }
 
@@ -444,15 +487,15 @@ class ScoreHistogram(ClassificationMetric):
       micro_value = lambda: self._exact_area(self.buffer.pooled(included))[0]
       positive_counts, negative_counts = self.buffer.label_counts()
     else:
-      keep = jnp.asarray(included)[:, None]
+      kept = np.flatnonzero(included)
 
       def summed(count):  # exact total over the kept columns, as one column
-        total = jax.tree.map(lambda limb: jnp.where(keep, limb, 0), count).aggregate()
-        return jax.tree.map(lambda limb: limb[None], total)
+        return jax.tree.map(lambda limb: limb[None], count[kept].aggregate())
 
       column_values = lambda: per_column(positives, negatives)
       micro_value = lambda: per_column(summed(positives), summed(negatives))[0]
-      positive_counts, negative_counts = positives.total().sum(-1), negatives.total().sum(-1)
+      positive_counts = column_totals(positives)[:, 0]
+      negative_counts = column_totals(negatives)[:, 0]
     if self.task == "binary":
       return column_values()[0]
     if self.average == "micro":
@@ -672,7 +715,7 @@ class AUROC(ScoreHistogram):
 
   def _area(self, positives, negatives):
     pos, neg = positives.total(), negatives.total()
-    total_pos, total_neg = jnp.sum(pos, -1, keepdims=True), jnp.sum(neg, -1, keepdims=True)
+    total_pos, total_neg = column_totals(positives), column_totals(negatives)
     counted = self._counted_bins(last=False)
     if counted is not None:
       pos, neg = jnp.where(counted, pos, 0.0), jnp.where(counted, neg, 0.0)
@@ -710,7 +753,7 @@ class AUROC(ScoreHistogram):
 
   def _partial_tie_share(self, positives, negatives):
     pos, neg = positives.total(), negatives.total()
-    total_pos, total_neg = jnp.sum(pos, -1, keepdims=True), jnp.sum(neg, -1, keepdims=True)
+    total_pos, total_neg = column_totals(positives), column_totals(negatives)
     neg_above = suffix_sums(negatives, inclusive=False)
     bound = segments.partial_tie_bound(neg, pos, neg_above, total_neg, total_pos, self.max_fpr)
     bound = bound * segments.mcclish_scale(self.max_fpr)
@@ -718,7 +761,7 @@ class AUROC(ScoreHistogram):
 
   def _tie_share(self, positives, negatives):
     pos, neg = positives.total(), negatives.total()
-    pairs = jnp.sum(pos, -1) * jnp.sum(neg, -1)
+    pairs = column_totals(positives)[:, 0] * column_totals(negatives)[:, 0]
     share = 0.5 * jnp.sum(pos * neg, -1) / jnp.where(pairs > 0, pairs, 1.0)
     return jnp.where(pairs > 0, share, jnp.nan)
 
@@ -791,7 +834,7 @@ class AUPRC(ScoreHistogram):
 
   def _area(self, positives, negatives):
     pos = positives.total()
-    total_pos = jnp.sum(pos, -1)
+    total_pos = column_totals(positives)[:, 0]
     true_pos, false_pos = suffix_sums(positives), suffix_sums(negatives)
     precision = divide(true_pos, true_pos + false_pos)
     counted = self._counted_bins(last=True)
@@ -802,11 +845,14 @@ class AUPRC(ScoreHistogram):
 
   def _precision_spread(self, positives, negatives):
     pos, neg = positives.total(), negatives.total()
-    total_pos = jnp.sum(pos, -1)
+    total_pos = column_totals(positives)[:, 0]
     above_tp, above_fp = suffix_sums(positives, False), suffix_sums(negatives, False)
     binned = divide(above_tp + pos, above_tp + above_fp + pos + neg)
     highest = divide(above_tp + pos, above_tp + above_fp + pos)  # no negative of the bin above
-    lowest = divide(above_tp + 1.0, above_tp + above_fp + 1.0 + neg)  # every one above
+    if self.weighted:  # a positive's own weight may be as small as it likes: a -> 0
+      lowest = divide(above_tp, above_tp + above_fp + neg, zero_division=1.0)
+    else:  # every negative of the bin above one positive
+      lowest = divide(above_tp + 1.0, above_tp + above_fp + 1.0 + neg)
     spread = jnp.maximum(highest - binned, binned - lowest)
     bound = jnp.sum(pos * spread, -1) / jnp.where(total_pos > 0, total_pos, 1.0)
     return jnp.where(total_pos > 0, bound, jnp.nan)
