@@ -119,9 +119,21 @@ column, true class), ``C * C`` rows of ``num_thresholds`` bins (:mod:`padded_eva
 _one_vs_one`); each pair of classes that occur scores the mean of its two binary areas,
 averaged (``"weighted"``: by the pair's elements). Binned only, within ``error_bound()``.
 
-Not offered (scikit-learn has it): sample weights (``sample_weight``; the state is exact
-integer counts, so ``weights=`` raises "mask elements out instead"; weighted histograms
-would need float sums per bin, twice the state).
+Sample weights (``weighted=True``; scikit-learn's ``sample_weight``, the update keyword
+``weights``, a prefix of ``target``'s shape): each counted element adds its weight to its
+bin, so the histograms are float sums (:class:`~padded_eval.exact.accumulate.ExactSum`,
+``24 * L * num_thresholds`` bytes instead of 16), summed in float32 within a batch (exact for
+integer weights up to ``2**24`` per bin) and compensated across batches and devices; integer
+weights give the value of repeated rows, bit for bit. Every average (``"weighted"`` weighs a
+class by its positives' weight, as scikit-learn), ``max_fpr`` and ``curve()`` (float64 weighted
+sums) read the weighted sums; ``error_bound()`` is the same bound in weighted terms (AUPRC's
+lets a positive's own weight tend to 0, so it is a little wider than the unweighted one).
+A real element whose weight is negative, NaN or inf is not counted and is reported as the
+invalid kind ``"weight negative or not finite"``; weight 0 counts nothing. Binned only: not
+with ``exact=True``, ``thresholds=``, ``average="samples"`` or ``multi_class="ovo"`` (a
+ValueError says why; scikit-learn itself refuses ``sample_weight`` with ``"ovo"``). Without
+``weighted=True`` the state is the integer counts as before and ``weights=`` raises "mask
+elements out instead". See :mod:`padded_eval.metrics._weighted_curves`.
 
 Logits given without ``from_logits=True`` are probabilities outside ``[0, 1]``: counted
 (nothing can raise under jit) and reported by ``masked_eval`` as such, with "pass
@@ -278,6 +290,7 @@ class ScoreHistogram(ClassificationMetric):
   samples: ExactCount = state(lambda self: ExactCount.zeros((self._samples_width(),)))
 
   _scores_only: ClassVar[bool] = True
+  _takes_weights: ClassVar[bool] = False  # weighted=True (AUROC, AUPRC)
   _row_value: ClassVar = None  # (scores, truth, valid) -> (values [R], scored [R]), "samples"
 
   @property
@@ -339,6 +352,11 @@ class ScoreHistogram(ClassificationMetric):
       validation.check_choice("binning", self.binning, BINNINGS)
     self._check_exact()
     check_flag("weighted", self.weighted)
+    if self.weighted and not self._takes_weights:
+      raise ValueError(
+        f"{type(self).__name__} reads one point of the counted curve and takes no sample "
+        "weights; got weighted=True: drop it (AUROC and AUPRC take weighted=True)"
+      )
     if self.weighted:
       weighted_curves.check_weighted(self)
     if self.average == "ogb" and self.task != "multilabel":
@@ -657,16 +675,27 @@ class AUROC(ScoreHistogram):
     multi_class: ``"ovr"`` (default: one-vs-rest per class) or ``"ovo"`` (one-vs-one over
       class pairs, scikit-learn's; multiclass, ``average`` ``"macro"`` / ``"weighted"``,
       binned; see the module docstring).
+    weighted: count each element with its sample ``weights`` (the update keyword, a prefix
+      of ``target``'s shape; scikit-learn's ``sample_weight``): weighted per-bin sums, within
+      the same ``error_bound()`` in weighted terms; binned, ``"ovr"``. Negative, NaN or inf
+      weights of real rows are counted as invalid, not used. Default False: ``weights`` are
+      refused.
 
   Examples:
     >>> import jax.numpy as jnp
     >>> m = AUROC().update(preds=jnp.array([0.1, 0.4, 0.35, 0.8]), target=jnp.array([0, 0, 1, 1]))
     >>> round(float(m.compute()), 4)
     0.75
+    >>> w = AUROC(weighted=True).update(  # scikit-learn's sample_weight
+    ...   preds=jnp.array([0.1, 0.4, 0.35, 0.8]), target=jnp.array([0, 0, 1, 1]),
+    ...   weights=jnp.array([1.0, 1.0, 2.0, 1.0]))
+    >>> round(float(w.compute()), 4)  # (2 + 1 + 1) / (3 * 2) ordered weighted pairs
+    0.6667
   """
 
   max_fpr: float | None = config_field(None)
   multi_class: str = config_field("ovr")
+  _takes_weights: ClassVar[bool] = True
   _row_value = staticmethod(sample_curves.row_auroc)
 
   def _check_config(self):
@@ -817,7 +846,8 @@ class AUPRC(ScoreHistogram):
   exactly with ``exact=True`` and ``capacity`` (as for :class:`AUROC`: every counted score
   kept, ``5 * L * capacity`` bytes, thresholds at every distinct score). With
   ``thresholds=[...]``: torchmetrics' binned average precision at those thresholds (see the
-  module docstring).
+  module docstring). ``weighted=True``: scikit-learn's ``sample_weight`` (the update keyword
+  ``weights``), binned, as for :class:`AUROC`.
 
   Examples:
     >>> import numpy as np
@@ -829,6 +859,7 @@ class AUPRC(ScoreHistogram):
     0.7
   """
 
+  _takes_weights: ClassVar[bool] = True
   _exact_area = staticmethod(exact_scores.average_precision)
   _row_value = staticmethod(sample_curves.row_average_precision)
 

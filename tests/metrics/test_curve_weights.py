@@ -264,3 +264,8 @@ def test_weights_need_weighted_true():
     M.AUPRC(weighted=True).update(
       preds=np.array([0.2, 0.7]), target=np.array([0, 1]), weights=np.ones(3)
     )
+
+
+def test_curve_point_metrics_refuse_weighted():
+  with pytest.raises(ValueError, match="takes no sample weights"):
+    M.EER(weighted=True)
