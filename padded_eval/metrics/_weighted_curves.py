@@ -30,7 +30,6 @@ def check_weighted(metric) -> None:
   """Raises ValueError for a ``weighted=True`` configuration that has no weighted value."""
   name = type(metric).__name__
   others = {
-    "exact": metric.exact,
     "thresholds": metric.thresholds,
     "average='samples'": metric.average == "samples",
     "multi_class='ovo'": getattr(metric, "multi_class", "ovr") == "ovo",
@@ -39,7 +38,7 @@ def check_weighted(metric) -> None:
   if given:
     raise ValueError(
       f"{name}(weighted=True) weights the binned histograms (scikit-learn's sample_weight); "
-      f"it does not combine with {', '.join(given)} (exact mode keeps no weights; thresholds= "
+      f"it does not combine with {', '.join(given)} (thresholds= "
       "is torchmetrics' value, which has none; scikit-learn refuses sample_weight with "
       "multi_class='ovo'; 'samples' weighs rows, not elements): drop weighted=True or "
       f"{', '.join(given)}"

@@ -189,7 +189,7 @@ from padded_eval.metrics._classification_inputs import (
   divide,
   num_columns,
 )
-from padded_eval.metrics._exact_scores import ScoreBuffer
+from padded_eval.metrics._exact_scores import ScoreBuffer, WeightedScoreBuffer
 from padded_eval.metrics._formatting import (
   PROBABILITY_OUT_OF_RANGE,
   SCORE_INVALID_KINDS,
@@ -235,7 +235,8 @@ def _empty_negatives(metric):
 
 def _empty_buffer(metric):
   capacity = metric.capacity if metric.exact else 0  # binned: no scores kept
-  return ScoreBuffer.zeros(num_columns(metric.task, metric.num_classes), capacity)
+  kind = WeightedScoreBuffer if metric.weighted and metric.exact else ScoreBuffer
+  return kind.zeros(num_columns(metric.task, metric.num_classes), capacity)
 
 
 def score_elements(metric, preds, target, mask):
@@ -411,6 +412,8 @@ class ScoreHistogram(ClassificationMetric):
     scores, truth, valid, invalid = score_elements(self, preds, target, mask)
     if self.weighted:
       return self._weighted_state(scores, truth, valid, invalid, mask, weights)
+    if self.exact:
+      return {"buffer": ScoreBuffer.of(scores, truth, valid, self.capacity), "invalid": invalid}
     if self.average == "samples":
       values, scored = type(self)._row_value(scores, truth, valid)
       return {
@@ -418,8 +421,6 @@ class ScoreHistogram(ClassificationMetric):
         "samples": ExactCount.of(jnp.sum(scored, dtype=jnp.int32)[None]),
         "invalid": invalid,
       }
-    if self.exact:
-      return {"buffer": ScoreBuffer.of(scores, truth, valid, self.capacity), "invalid": invalid}
     t = self.num_thresholds
     columns = scores.shape[-1]
     bins = self._bins(jnp.where(valid, scores, 0.5))
@@ -439,6 +440,10 @@ class ScoreHistogram(ClassificationMetric):
     :mod:`padded_eval.metrics._weighted_curves`); bad weights are counted, not used."""
     w, bad = weighted_curves.element_weights_of(self, truth, mask, weights)
     valid = valid & (w > 0)
+    invalid = invalid.merge(self.count_invalid(**{weighted_curves.INVALID_WEIGHT: bad}))
+    if self.exact:  # each kept element keeps its weight
+      buffer = WeightedScoreBuffer.of(scores, truth, valid, self.capacity, weights=w)
+      return {"buffer": buffer, "invalid": invalid}
     t, columns = self.num_thresholds, scores.shape[-1]
     bins = self._bins(jnp.where(valid, scores, 0.5))
     column = jnp.broadcast_to(jnp.arange(columns), truth.shape)
@@ -446,7 +451,6 @@ class ScoreHistogram(ClassificationMetric):
     index = jnp.where(valid, index, 2 * t * columns)
     sums = weighted_curves.histograms(index, jnp.where(valid, w, 0.0), 2 * t * columns)
     sums = sums.reshape(columns, 2, t)
-    invalid = invalid.merge(self.count_invalid(**{weighted_curves.INVALID_WEIGHT: bad}))
     return {
       "positives": ExactSum.of(sums[:, 1]),
       "negatives": ExactSum.of(sums[:, 0]),
@@ -635,10 +639,15 @@ class ScoreHistogram(ClassificationMetric):
     chosen = self._select_column(eye, eye, class_index)[0] > 0
     keep = used & chosen[:, None]
     scores, truth = np.asarray(buffer.scores)[keep], labels[keep]
+    weights = getattr(buffer, "weights", None)  # weighted: float64 sums of weights
+    weights = np.ones(len(truth), np.int64) if weights is None else np.asarray(weights)[keep]
     order = np.argsort(-scores.astype(np.float64), kind="stable")
-    scores, truth = scores[order].astype(np.float64), truth[order]
+    scores, truth, weights = scores[order].astype(np.float64), truth[order], weights[order]
     last = np.r_[np.diff(scores) != 0, True] if len(scores) else np.zeros(0, bool)
-    return np.cumsum(truth)[last], np.cumsum(1 - truth)[last], scores[last]
+    if weights.dtype != np.int64:
+      weights = weights.astype(np.float64)
+    tp, fp = np.cumsum(truth * weights), np.cumsum((1 - truth) * weights)
+    return tp[last], fp[last], scores[last]
 
   def _per_class(self, one_curve, class_index):
     if self.average == "samples":
@@ -763,8 +772,7 @@ class AUROC(ScoreHistogram):
       return exact_scores.auroc(buffer)
     g = exact_scores.groups(buffer)
     once = lambda x: jnp.where(g.first, x, 0).astype(jnp.float32)  # one segment per group
-    p = jnp.sum(g.positive, -1, keepdims=True).astype(jnp.float32)
-    n = jnp.sum(g.negative, -1, keepdims=True).astype(jnp.float32)
+    p, n = exact_scores.totals(g)
     neg_above = n - once(g.negatives_below + g.negatives_tied)
     pos_above = p - once(g.positives_below + g.positives_tied)
     terms = segments.partial_terms(

@@ -106,22 +106,69 @@ CASES = (
 )
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+EXACT = {"exact": True, "capacity": 64}  # 4 batches of 16 rows
+
+
+def _exact_case(name, task, average="macro", max_fpr=None):
+  """exact=True on continuous scores rounded to 0.05 (ties across classes and batches)."""
+
+  def data(rng):
+    batches = _batches(task, grid=False, seed=int(rng.integers(2**31)))
+    with np.errstate(over="ignore", invalid="ignore"):
+      _round_real_scores(batches, task)
+    return batches
+
+  return MetricCase(
+    f"exact_{name}_{task}_{average}_fpr{max_fpr}",
+    _make(name, task, average, max_fpr, **EXACT),
+    data,
+    _reference(name, task, average, max_fpr),
+    rtol=1e-6,
+    atol=1e-7,
+  )
+
+
+def _round_real_scores(batches, task):
+  if task == "multiclass":  # grid probabilities already
+    return
+  for b in batches:  # padded rows keep their garbage
+    real_rows = b["mask"].reshape(-1, *[1] * (b["preds"].ndim - 1))
+    rounded = np.round(b["preds"] * 20) / 20
+    b["preds"] = np.where(real_rows, rounded, b["preds"]).astype(np.float32)
+
+
+EXACT_CASES = (
+  [_exact_case(name, "binary") for name in REFERENCES]
+  + [
+    _exact_case(name, task, average)
+    for name in REFERENCES
+    for task in ("multiclass", "multilabel")
+    for average in ("macro", "weighted", "micro", None)
+  ]
+  + [_exact_case("AUROC", task, max_fpr=0.3) for task in ("binary", "multilabel")]
+)
+
+
+@pytest.mark.parametrize("case", CASES + EXACT_CASES, ids=lambda c: c.name)
 def test_matches_sklearn_sample_weight(case):
   check_eager(case)
 
 
-def test_device_checks():
-  case = next(c for c in CASES if c.name == "AUPRC_multilabel_weighted_int0_fprNone")
+@pytest.mark.parametrize(
+  "name", ["AUPRC_multilabel_weighted_int0_fprNone", "exact_AUROC_multilabel_micro_fprNone"]
+)
+def test_device_checks(name):
+  case = next(c for c in CASES + EXACT_CASES if c.name == name)
   check_pmap_reduce(case)
   check_shard_map(case)
   check_jit_traces_once(case)
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCES))
-def test_through_masked_eval_on_8_devices(backend, name):
+@pytest.mark.parametrize("mode", [GRID, EXACT], ids=["binned", "exact"])
+def test_through_masked_eval_on_8_devices(backend, name, mode):
   assert jax.local_device_count() == 8
-  make = _make(name, "multilabel", "macro", **GRID)
+  make = _make(name, "multilabel", "macro", **mode)
 
   def step(params, batch):
     return make().batch_updates(**batch)
@@ -133,18 +180,26 @@ def test_through_masked_eval_on_8_devices(backend, name):
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCES))
-@pytest.mark.parametrize("options", [GRID, {"num_thresholds": 65}])
+@pytest.mark.parametrize("options", [GRID, {"num_thresholds": 65}, {"exact": True}])
 def test_integer_weights_equal_repeated_rows(name, options):
   batches = _batches("binary", integer_weights=True, grid=False, seed=2)
-  weighted = getattr(M, name)(weighted=True, **options)
+  repeats = real(batches, "weights").astype(np.int64)
+  if options.get("exact"):
+    weighted_options = {**options, "capacity": 64}
+    options = {**options, "capacity": int(repeats.sum())}
+  else:
+    weighted_options = options
+  weighted = getattr(M, name)(weighted=True, **weighted_options)
   for b in batches:
     weighted = weighted.update(**b)
   preds, target = real(batches, "preds"), real(batches, "target")
-  repeats = real(batches, "weights").astype(np.int64)
   repeated = getattr(M, name)(**options).update(
     preds=np.repeat(preds, repeats).astype(np.float32), target=np.repeat(target, repeats)
   )
-  assert float(weighted.compute()) == float(repeated.compute())
+  if options.get("exact"):  # float32 weight sums against int counts: one rounding apart
+    np.testing.assert_allclose(float(weighted.compute()), float(repeated.compute()), rtol=1e-6)
+  else:
+    assert float(weighted.compute()) == float(repeated.compute())
   for got, want in zip(weighted.curve(), repeated.curve()):
     np.testing.assert_array_equal(got, want)
   if name == "AUROC":  # AUPRC's weighted bound lets a weight be as small as it likes
@@ -244,7 +299,6 @@ def test_unweighted_state_is_unchanged():
 @pytest.mark.parametrize(
   ("options", "word"),
   [
-    ({"exact": True, "capacity": 8}, "exact"),
     ({"thresholds": 5}, "thresholds"),
     ({"task": "multilabel", "num_classes": 3, "average": "samples"}, "samples"),
     ({"task": "multiclass", "num_classes": 3, "multi_class": "ovo"}, "ovo"),
@@ -269,3 +323,17 @@ def test_weights_need_weighted_true():
 def test_curve_point_metrics_refuse_weighted():
   with pytest.raises(ValueError, match="takes no sample weights"):
     M.EER(weighted=True)
+
+
+def test_exact_curve_is_sklearns_weighted_roc_curve():
+  batches = _batches("binary", grid=False, seed=6)
+  m = M.AUROC(weighted=True, **EXACT)
+  for b in batches:
+    m = m.update(**b)
+  target, preds, w = real(batches, "target"), real(batches, "preds"), real(batches, "weights")
+  fpr, tpr, thresholds = skm.roc_curve(target, preds, sample_weight=w, drop_intermediate=False)
+  got = m.curve()
+  np.testing.assert_allclose(got[0], fpr, rtol=1e-12)
+  np.testing.assert_allclose(got[1], tpr, rtol=1e-12)
+  np.testing.assert_allclose(got[2][1:], thresholds[1:].astype(np.float32))
+  assert float(m.error_bound()) == 0.0
