@@ -25,7 +25,13 @@ rounded to float32 once, relatively ``< 6e-8``, all of one sign) or one float32 
 summed with error-free pairwise steps (:func:`compensated_sum`), so the error against
 scikit-learn stays at float32 rounding of the final division (``~1e-7``).
 
-Memory: ``5 * L * capacity`` bytes (float32 score, int8 label) plus ``8 * L``; under pmap /
+Sample weights (``weighted=True``): a :class:`WeightedScoreBuffer` keeps each element's
+float32 weight beside its score; the group counts become weight sums (compensated prefix
+sums, one rounding each), AUROC ``= sum_{positives} w (2 * W_below + W_tied) / (2 * P * N)``
+and average precision ``= sum_{positives} w * precision(s) / P`` in weighted terms
+(scikit-learn's ``sample_weight``), within float32 rounding (~1e-7 relative per sum).
+
+Memory: ``5 * L * capacity`` bytes (float32 score, int8 label; ``9 *`` with weights) plus ``8 * L``; under pmap /
 shard_map every device carries one buffer of the full capacity (its own rows end up in
 the first slots), and the final reduce gathers ``devices`` of them once. The sort at the
 end is ``O(L * capacity * log(capacity))``.

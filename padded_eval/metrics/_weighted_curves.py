@@ -1,4 +1,4 @@
-"""Sample weights of the binned AUROC / AUPRC (``weighted=True``, scikit-learn's ``sample_weight``).
+"""Sample weights of AUROC / AUPRC (``weighted=True``, scikit-learn's ``sample_weight``).
 
 Each counted element adds its weight, not 1, to its bin: the histograms of positives and
 negatives become float sums, summed in float32 within a batch (one scatter-add: exact for
@@ -12,7 +12,9 @@ formulas off the weighted sums (scikit-learn's weighted ``roc_curve`` /
 ``weights`` are a prefix of ``target``'s shape (``[B]`` rows; ``[B, C]`` per label for
 multilabel). A real element whose weight is negative, NaN or inf is not counted and is
 reported as invalid (:data:`INVALID_WEIGHT`); padded rows are never read. Weight 0 counts
-nothing. See :mod:`padded_eval.metrics.curves`.
+nothing. With ``exact=True`` the weights are kept beside the scores instead
+(:class:`~padded_eval.metrics._exact_scores.WeightedScoreBuffer`). See
+:mod:`padded_eval.metrics.curves`.
 """
 
 from __future__ import annotations

@@ -129,9 +129,13 @@ class by its positives' weight, as scikit-learn), ``max_fpr`` and ``curve()`` (f
 sums) read the weighted sums; ``error_bound()`` is the same bound in weighted terms (AUPRC's
 lets a positive's own weight tend to 0, so it is a little wider than the unweighted one).
 A real element whose weight is negative, NaN or inf is not counted and is reported as the
-invalid kind ``"weight negative or not finite"``; weight 0 counts nothing. Binned only: not
-with ``exact=True``, ``thresholds=``, ``average="samples"`` or ``multi_class="ovo"`` (a
-ValueError says why; scikit-learn itself refuses ``sample_weight`` with ``"ovo"``). Without
+invalid kind ``"weight negative or not finite"``; weight 0 counts nothing. With
+``exact=True`` each kept element keeps its float32 weight too
+(:class:`~padded_eval.metrics._exact_scores.WeightedScoreBuffer`, ``9 * L * capacity`` bytes)
+and the areas (``max_fpr`` included) and curves are computed from compensated weight sums:
+scikit-learn's value, ties included, within 1e-6. Not with ``thresholds=``,
+``average="samples"`` or ``multi_class="ovo"`` (a ValueError says why; scikit-learn itself
+refuses ``sample_weight`` with ``"ovo"``). Without
 ``weighted=True`` the state is the integer counts as before and ``weights=`` raises "mask
 elements out instead". See :mod:`padded_eval.metrics._weighted_curves`.
 
@@ -671,8 +675,8 @@ class AUROC(ScoreHistogram):
       within ``error_bound()`` of the exact one: ``|compute() - exact| <= error_bound()``.
     exact: keep every counted element's score (``capacity`` of them per column) and compute
       scikit-learn's ``roc_auc_score`` exactly (ties as half a pair) instead of binning.
-      Memory ``5 * L * capacity`` bytes, ``L`` = 1 (binary) or ``num_classes``; see
-      :mod:`padded_eval.metrics._exact_scores`.
+      Memory ``5 * L * capacity`` bytes (``9 *`` with ``weighted=True``), ``L`` = 1
+      (binary) or ``num_classes``; see :mod:`padded_eval.metrics._exact_scores`.
     capacity: with ``exact=True``, the most elements one column sees (for one call of
       ``masked_eval``: ``len(batches) * batch_size`` rows, times spatial elements); more are
       counted as invalid and the value is NaN.
@@ -686,7 +690,8 @@ class AUROC(ScoreHistogram):
       binned; see the module docstring).
     weighted: count each element with its sample ``weights`` (the update keyword, a prefix
       of ``target``'s shape; scikit-learn's ``sample_weight``): weighted per-bin sums, within
-      the same ``error_bound()`` in weighted terms; binned, ``"ovr"``. Negative, NaN or inf
+      the same ``error_bound()`` in weighted terms, or with ``exact=True`` a weight per kept
+      score (``9 * L * capacity`` bytes; scikit-learn's value); ``"ovr"``. Negative, NaN or inf
       weights of real rows are counted as invalid, not used. Default False: ``weights`` are
       refused.
 
@@ -855,7 +860,7 @@ class AUPRC(ScoreHistogram):
   kept, ``5 * L * capacity`` bytes, thresholds at every distinct score). With
   ``thresholds=[...]``: torchmetrics' binned average precision at those thresholds (see the
   module docstring). ``weighted=True``: scikit-learn's ``sample_weight`` (the update keyword
-  ``weights``), binned, as for :class:`AUROC`.
+  ``weights``), binned or exact, as for :class:`AUROC`.
 
   Examples:
     >>> import numpy as np
