@@ -22,6 +22,7 @@ How to add a case (a new metric is one row, not a new test file):
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import family_references as fam
@@ -807,3 +808,31 @@ CASES.append(
 from _regression_cases import REGRESSION_CASES  # noqa: E402
 
 CASES += REGRESSION_CASES
+
+# --- issue 31: AUROC / AUPRC sample weights (weighted=True; grid scores, a bin each) ---------
+
+
+def _weighted_grid_fields(rng, b, labels=4):
+  return {
+    "preds": (rng.integers(0, 101, (b, labels)) / 100).astype(np.float32),
+    "target": (rng.random((b, labels)) < 0.4).astype(np.int32),
+    "weights": rng.uniform(0.0, 3.0, b).astype(np.float32),
+  }
+
+
+for _name, _cls, _reference in (
+  ("auroc_multilabel_sample_weight", pe.metrics.AUROC, sklearn.metrics.roc_auc_score),
+  ("auprc_multilabel_sample_weight", pe.metrics.AUPRC, sklearn.metrics.average_precision_score),
+):
+  CASES.append(
+    MetricCase(
+      _name,
+      functools.partial(
+        _cls, 101, task="multilabel", num_classes=4, binning="linear", weighted=True
+      ),
+      lambda rng: padded_batches(rng, _weighted_grid_fields),
+      lambda bs, ref=_reference: ref(
+        real(bs, "target"), real(bs, "preds"), sample_weight=real(bs, "weights")
+      ),
+    )
+  )

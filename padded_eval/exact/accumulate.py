@@ -34,6 +34,7 @@ import numpy as np
 
 from padded_eval.exact._floats import (
   ZERO_EXPONENT,
+  compensated_suffix_sums,
   compensated_sum,
   exponent,
   frexp,
@@ -428,6 +429,20 @@ class ExactSum(Accumulator):
   def total(self) -> jax.Array:
     """The total rounded to float32 (inf if it does not fit; see :meth:`ratio`)."""
     return ldexp(self.hi + self.lo, self.exponent)
+
+  def suffix_totals(self, inclusive: bool = True) -> jax.Array:
+    """float32 ``sum_{j >= k} total[..., j]`` (``j > k`` if not inclusive), along the last axis.
+
+    The totals (both parts, scaled back) are summed by a compensated scan
+    (:func:`~padded_eval.exact._floats.compensated_suffix_sums`), so the only rounding that
+    matters is the final conversion to float32; ``inclusive=False`` shifts the sums by one
+    (nothing is subtracted).
+    """
+    hi, lo = compensated_suffix_sums(ldexp(self.hi, self.exponent), ldexp(self.lo, self.exponent))
+    sums = hi + lo
+    if inclusive:
+      return sums
+    return jnp.concatenate([sums[..., 1:], jnp.zeros_like(sums[..., :1])], -1)
 
   def frexp(self) -> tuple[jax.Array, jax.Array]:
     """``(mantissa, exponent)``: float32 and int32 with ``total ~ mantissa * 2**exponent``.

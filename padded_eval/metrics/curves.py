@@ -119,9 +119,25 @@ column, true class), ``C * C`` rows of ``num_thresholds`` bins (:mod:`padded_eva
 _one_vs_one`); each pair of classes that occur scores the mean of its two binary areas,
 averaged (``"weighted"``: by the pair's elements). Binned only, within ``error_bound()``.
 
-Not offered (scikit-learn has it): sample weights (``sample_weight``; the state is exact
-integer counts, so ``weights=`` raises "mask elements out instead"; weighted histograms
-would need float sums per bin, twice the state).
+Sample weights (``weighted=True``; scikit-learn's ``sample_weight``, the update keyword
+``weights``, a prefix of ``target``'s shape): each counted element adds its weight to its
+bin, so the histograms are float sums (:class:`~padded_eval.exact.accumulate.ExactSum`,
+``24 * L * num_thresholds`` bytes instead of 16), summed in float32 within a batch (exact for
+integer weights up to ``2**24`` per bin) and compensated across batches and devices; integer
+weights give the value of repeated rows, bit for bit. Every average (``"weighted"`` weighs a
+class by its positives' weight, as scikit-learn), ``max_fpr`` and ``curve()`` (float64 weighted
+sums) read the weighted sums; ``error_bound()`` is the same bound in weighted terms (AUPRC's
+lets a positive's own weight tend to 0, so it is a little wider than the unweighted one).
+A real element whose weight is negative, NaN or inf is not counted and is reported as the
+invalid kind ``"weight negative or not finite"``; weight 0 counts nothing. With
+``exact=True`` each kept element keeps its float32 weight too
+(:class:`~padded_eval.metrics._exact_scores.WeightedScoreBuffer`, ``9 * L * capacity`` bytes)
+and the areas (``max_fpr`` included) and curves are computed from compensated weight sums:
+scikit-learn's value, ties included, within 1e-6. Not with ``thresholds=``,
+``average="samples"`` or ``multi_class="ovo"`` (a ValueError says why; scikit-learn itself
+refuses ``sample_weight`` with ``"ovo"``). Without
+``weighted=True`` the state is the integer counts as before and ``weights=`` raises "mask
+elements out instead". See :mod:`padded_eval.metrics._weighted_curves`.
 
 Logits given without ``from_logits=True`` are probabilities outside ``[0, 1]``: counted
 (nothing can raise under jit) and reported by ``masked_eval`` as such, with "pass
@@ -167,15 +183,17 @@ from padded_eval.metrics import _curve_segments as segments
 from padded_eval.metrics import _exact_scores as exact_scores
 from padded_eval.metrics import _one_vs_one as one_vs_one
 from padded_eval.metrics import _sample_curves as sample_curves
+from padded_eval.metrics import _weighted_curves as weighted_curves
 from padded_eval.metrics._classification_inputs import (
   AVERAGES,
   ClassificationMetric,
+  check_flag,
   check_no_weights,
   config_field,
   divide,
   num_columns,
 )
-from padded_eval.metrics._exact_scores import ScoreBuffer
+from padded_eval.metrics._exact_scores import ScoreBuffer, WeightedScoreBuffer
 from padded_eval.metrics._formatting import (
   PROBABILITY_OUT_OF_RANGE,
   SCORE_INVALID_KINDS,
@@ -209,6 +227,8 @@ def default_num_thresholds(task: str, num_classes) -> int:
 def _empty_histogram(metric):
   # exact: the scores are kept instead; "samples": the row values
   bins = 0 if metric.exact or metric.average == "samples" else metric.num_thresholds
+  if metric.weighted:  # sums of sample weights per bin
+    return ExactSum.zeros((metric._histogram_rows(), bins))
   return ExactCount.zeros((metric._histogram_rows(), bins))
 
 
@@ -219,7 +239,8 @@ def _empty_negatives(metric):
 
 def _empty_buffer(metric):
   capacity = metric.capacity if metric.exact else 0  # binned: no scores kept
-  return ScoreBuffer.zeros(num_columns(metric.task, metric.num_classes), capacity)
+  kind = WeightedScoreBuffer if metric.weighted and metric.exact else ScoreBuffer
+  return kind.zeros(num_columns(metric.task, metric.num_classes), capacity)
 
 
 def score_elements(metric, preds, target, mask):
@@ -245,6 +266,13 @@ def suffix_sums(count: ExactCount, inclusive: bool = True) -> jax.Array:
   return count.suffix_totals(inclusive)
 
 
+def column_totals(count: ExactCount | ExactSum) -> jax.Array:
+  """float32 ``[L, 1]``: each column's total (weighted sums: compensated, rounded once)."""
+  if isinstance(count, ExactSum):
+    return count.suffix_totals()[..., :1]
+  return jnp.sum(count.total(), -1, keepdims=True)
+
+
 class ScoreHistogram(ClassificationMetric):
   """Base of the binned curve metrics; subclasses define ``_area(pos, neg)``."""
 
@@ -257,16 +285,24 @@ class ScoreHistogram(ClassificationMetric):
   exact: bool = config_field(False)
   capacity: int | None = config_field(None)
   thresholds: tuple[float, ...] | None = config_field(None)
-  positives: ExactCount = state(_empty_histogram)
-  negatives: ExactCount = state(_empty_negatives)
+  weighted: bool = config_field(False)
+  # ExactSum with weighted=True
+  positives: ExactCount | ExactSum = state(_empty_histogram)
+  negatives: ExactCount | ExactSum = state(_empty_negatives)
   buffer: ScoreBuffer = state(_empty_buffer)
   # average="samples": the sum of the row values and the rows scored ([1]; else [0])
   sample_scores: ExactSum = state(lambda self: ExactSum.zeros((self._samples_width(),)))
   samples: ExactCount = state(lambda self: ExactCount.zeros((self._samples_width(),)))
 
-  invalid_kinds: ClassVar[tuple[str, ...]] = SCORE_INVALID_KINDS
   _scores_only: ClassVar[bool] = True
+  _takes_weights: ClassVar[bool] = False  # weighted=True (AUROC, AUPRC)
   _row_value: ClassVar = None  # (scores, truth, valid) -> (values [R], scored [R]), "samples"
+
+  @property
+  def invalid_kinds(self) -> tuple[str, ...]:
+    """The score kinds, and (``weighted=True``) the weights' own kind."""
+    extra = (weighted_curves.INVALID_WEIGHT,) if self.weighted is True else ()
+    return SCORE_INVALID_KINDS + extra
 
   def _samples_width(self) -> int:
     return 1 if self.average == "samples" else 0
@@ -320,6 +356,14 @@ class ScoreHistogram(ClassificationMetric):
     if self.thresholds is None:
       validation.check_choice("binning", self.binning, BINNINGS)
     self._check_exact()
+    check_flag("weighted", self.weighted)
+    if self.weighted and not self._takes_weights:
+      raise ValueError(
+        f"{type(self).__name__} reads one point of the counted curve and takes no sample "
+        "weights; got weighted=True: drop it (AUROC and AUPRC take weighted=True)"
+      )
+    if self.weighted:
+      weighted_curves.check_weighted(self)
     if self.average == "ogb" and self.task != "multilabel":
       raise ValueError(
         f"average='ogb' averages over the tasks of task='multilabel'; got task={self.task!r}"
@@ -365,10 +409,15 @@ class ScoreHistogram(ClassificationMetric):
       )
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
-    check_no_weights(weights, self)
+    if not self.weighted:
+      check_no_weights(weights, self)
     if self.average == "ogb":
       target, mask = nan_missing_labels(target, mask)
     scores, truth, valid, invalid = score_elements(self, preds, target, mask)
+    if self.weighted:
+      return self._weighted_state(scores, truth, valid, invalid, mask, weights)
+    if self.exact:
+      return {"buffer": ScoreBuffer.of(scores, truth, valid, self.capacity), "invalid": invalid}
     if self.average == "samples":
       values, scored = type(self)._row_value(scores, truth, valid)
       return {
@@ -376,8 +425,6 @@ class ScoreHistogram(ClassificationMetric):
         "samples": ExactCount.of(jnp.sum(scored, dtype=jnp.int32)[None]),
         "invalid": invalid,
       }
-    if self.exact:
-      return {"buffer": ScoreBuffer.of(scores, truth, valid, self.capacity), "invalid": invalid}
     t = self.num_thresholds
     columns = scores.shape[-1]
     bins = self._bins(jnp.where(valid, scores, 0.5))
@@ -389,6 +436,28 @@ class ScoreHistogram(ClassificationMetric):
     return {
       "positives": ExactCount.of(counts[:, 1]),
       "negatives": ExactCount.of(counts[:, 0]),
+      "invalid": invalid,
+    }
+
+  def _weighted_state(self, scores, truth, valid, invalid, mask, weights):
+    """``weighted=True``: each counted element adds its weight to its bin (see
+    :mod:`padded_eval.metrics._weighted_curves`); bad weights are counted, not used."""
+    w, bad = weighted_curves.element_weights_of(self, truth, mask, weights)
+    valid = valid & (w > 0)
+    invalid = invalid.merge(self.count_invalid(**{weighted_curves.INVALID_WEIGHT: bad}))
+    if self.exact:  # each kept element keeps its weight
+      buffer = WeightedScoreBuffer.of(scores, truth, valid, self.capacity, weights=w)
+      return {"buffer": buffer, "invalid": invalid}
+    t, columns = self.num_thresholds, scores.shape[-1]
+    bins = self._bins(jnp.where(valid, scores, 0.5))
+    column = jnp.broadcast_to(jnp.arange(columns), truth.shape)
+    index = column * (2 * t) + truth.astype(jnp.int32) * t + bins
+    index = jnp.where(valid, index, 2 * t * columns)
+    sums = weighted_curves.histograms(index, jnp.where(valid, w, 0.0), 2 * t * columns)
+    sums = sums.reshape(columns, 2, t)
+    return {
+      "positives": ExactSum.of(sums[:, 1]),
+      "negatives": ExactSum.of(sums[:, 0]),
       "invalid": invalid,
     }
 
@@ -444,15 +513,15 @@ class ScoreHistogram(ClassificationMetric):
       micro_value = lambda: self._exact_area(self.buffer.pooled(included))[0]
       positive_counts, negative_counts = self.buffer.label_counts()
     else:
-      keep = jnp.asarray(included)[:, None]
+      kept = np.flatnonzero(included)
 
       def summed(count):  # exact total over the kept columns, as one column
-        total = jax.tree.map(lambda limb: jnp.where(keep, limb, 0), count).aggregate()
-        return jax.tree.map(lambda limb: limb[None], total)
+        return jax.tree.map(lambda limb: limb[None], count[kept].aggregate())
 
       column_values = lambda: per_column(positives, negatives)
       micro_value = lambda: per_column(summed(positives), summed(negatives))[0]
-      positive_counts, negative_counts = positives.total().sum(-1), negatives.total().sum(-1)
+      positive_counts = column_totals(positives)[:, 0]
+      negative_counts = column_totals(negatives)[:, 0]
     if self.task == "binary":
       return column_values()[0]
     if self.average == "micro":
@@ -574,10 +643,15 @@ class ScoreHistogram(ClassificationMetric):
     chosen = self._select_column(eye, eye, class_index)[0] > 0
     keep = used & chosen[:, None]
     scores, truth = np.asarray(buffer.scores)[keep], labels[keep]
+    weights = getattr(buffer, "weights", None)  # weighted: float64 sums of weights
+    weights = np.ones(len(truth), np.int64) if weights is None else np.asarray(weights)[keep]
     order = np.argsort(-scores.astype(np.float64), kind="stable")
-    scores, truth = scores[order].astype(np.float64), truth[order]
+    scores, truth, weights = scores[order].astype(np.float64), truth[order], weights[order]
     last = np.r_[np.diff(scores) != 0, True] if len(scores) else np.zeros(0, bool)
-    return np.cumsum(truth)[last], np.cumsum(1 - truth)[last], scores[last]
+    if weights.dtype != np.int64:
+      weights = weights.astype(np.float64)
+    tp, fp = np.cumsum(truth * weights), np.cumsum((1 - truth) * weights)
+    return tp[last], fp[last], scores[last]
 
   def _per_class(self, one_curve, class_index):
     if self.average == "samples":
@@ -601,8 +675,8 @@ class AUROC(ScoreHistogram):
       within ``error_bound()`` of the exact one: ``|compute() - exact| <= error_bound()``.
     exact: keep every counted element's score (``capacity`` of them per column) and compute
       scikit-learn's ``roc_auc_score`` exactly (ties as half a pair) instead of binning.
-      Memory ``5 * L * capacity`` bytes, ``L`` = 1 (binary) or ``num_classes``; see
-      :mod:`padded_eval.metrics._exact_scores`.
+      Memory ``5 * L * capacity`` bytes (``9 *`` with ``weighted=True``), ``L`` = 1
+      (binary) or ``num_classes``; see :mod:`padded_eval.metrics._exact_scores`.
     capacity: with ``exact=True``, the most elements one column sees (for one call of
       ``masked_eval``: ``len(batches) * batch_size`` rows, times spatial elements); more are
       counted as invalid and the value is NaN.
@@ -614,16 +688,28 @@ class AUROC(ScoreHistogram):
     multi_class: ``"ovr"`` (default: one-vs-rest per class) or ``"ovo"`` (one-vs-one over
       class pairs, scikit-learn's; multiclass, ``average`` ``"macro"`` / ``"weighted"``,
       binned; see the module docstring).
+    weighted: count each element with its sample ``weights`` (the update keyword, a prefix
+      of ``target``'s shape; scikit-learn's ``sample_weight``): weighted per-bin sums, within
+      the same ``error_bound()`` in weighted terms, or with ``exact=True`` a weight per kept
+      score (``9 * L * capacity`` bytes; scikit-learn's value); ``"ovr"``. Negative, NaN or inf
+      weights of real rows are counted as invalid, not used. Default False: ``weights`` are
+      refused.
 
   Examples:
     >>> import jax.numpy as jnp
     >>> m = AUROC().update(preds=jnp.array([0.1, 0.4, 0.35, 0.8]), target=jnp.array([0, 0, 1, 1]))
     >>> round(float(m.compute()), 4)
     0.75
+    >>> w = AUROC(weighted=True).update(  # scikit-learn's sample_weight
+    ...   preds=jnp.array([0.1, 0.4, 0.35, 0.8]), target=jnp.array([0, 0, 1, 1]),
+    ...   weights=jnp.array([1.0, 1.0, 2.0, 1.0]))
+    >>> round(float(w.compute()), 4)  # (2 + 1 + 1) / (3 * 2) ordered weighted pairs
+    0.6667
   """
 
   max_fpr: float | None = config_field(None)
   multi_class: str = config_field("ovr")
+  _takes_weights: ClassVar[bool] = True
   _row_value = staticmethod(sample_curves.row_auroc)
 
   def _check_config(self):
@@ -672,7 +758,7 @@ class AUROC(ScoreHistogram):
 
   def _area(self, positives, negatives):
     pos, neg = positives.total(), negatives.total()
-    total_pos, total_neg = jnp.sum(pos, -1, keepdims=True), jnp.sum(neg, -1, keepdims=True)
+    total_pos, total_neg = column_totals(positives), column_totals(negatives)
     counted = self._counted_bins(last=False)
     if counted is not None:
       pos, neg = jnp.where(counted, pos, 0.0), jnp.where(counted, neg, 0.0)
@@ -691,8 +777,7 @@ class AUROC(ScoreHistogram):
       return exact_scores.auroc(buffer)
     g = exact_scores.groups(buffer)
     once = lambda x: jnp.where(g.first, x, 0).astype(jnp.float32)  # one segment per group
-    p = jnp.sum(g.positive, -1, keepdims=True).astype(jnp.float32)
-    n = jnp.sum(g.negative, -1, keepdims=True).astype(jnp.float32)
+    p, n = exact_scores.totals(g)
     neg_above = n - once(g.negatives_below + g.negatives_tied)
     pos_above = p - once(g.positives_below + g.positives_tied)
     terms = segments.partial_terms(
@@ -710,7 +795,7 @@ class AUROC(ScoreHistogram):
 
   def _partial_tie_share(self, positives, negatives):
     pos, neg = positives.total(), negatives.total()
-    total_pos, total_neg = jnp.sum(pos, -1, keepdims=True), jnp.sum(neg, -1, keepdims=True)
+    total_pos, total_neg = column_totals(positives), column_totals(negatives)
     neg_above = suffix_sums(negatives, inclusive=False)
     bound = segments.partial_tie_bound(neg, pos, neg_above, total_neg, total_pos, self.max_fpr)
     bound = bound * segments.mcclish_scale(self.max_fpr)
@@ -718,7 +803,7 @@ class AUROC(ScoreHistogram):
 
   def _tie_share(self, positives, negatives):
     pos, neg = positives.total(), negatives.total()
-    pairs = jnp.sum(pos, -1) * jnp.sum(neg, -1)
+    pairs = column_totals(positives)[:, 0] * column_totals(negatives)[:, 0]
     share = 0.5 * jnp.sum(pos * neg, -1) / jnp.where(pairs > 0, pairs, 1.0)
     return jnp.where(pairs > 0, share, jnp.nan)
 
@@ -774,7 +859,8 @@ class AUPRC(ScoreHistogram):
   exactly with ``exact=True`` and ``capacity`` (as for :class:`AUROC`: every counted score
   kept, ``5 * L * capacity`` bytes, thresholds at every distinct score). With
   ``thresholds=[...]``: torchmetrics' binned average precision at those thresholds (see the
-  module docstring).
+  module docstring). ``weighted=True``: scikit-learn's ``sample_weight`` (the update keyword
+  ``weights``), binned or exact, as for :class:`AUROC`.
 
   Examples:
     >>> import numpy as np
@@ -786,12 +872,13 @@ class AUPRC(ScoreHistogram):
     0.7
   """
 
+  _takes_weights: ClassVar[bool] = True
   _exact_area = staticmethod(exact_scores.average_precision)
   _row_value = staticmethod(sample_curves.row_average_precision)
 
   def _area(self, positives, negatives):
     pos = positives.total()
-    total_pos = jnp.sum(pos, -1)
+    total_pos = column_totals(positives)[:, 0]
     true_pos, false_pos = suffix_sums(positives), suffix_sums(negatives)
     precision = divide(true_pos, true_pos + false_pos)
     counted = self._counted_bins(last=True)
@@ -802,11 +889,14 @@ class AUPRC(ScoreHistogram):
 
   def _precision_spread(self, positives, negatives):
     pos, neg = positives.total(), negatives.total()
-    total_pos = jnp.sum(pos, -1)
+    total_pos = column_totals(positives)[:, 0]
     above_tp, above_fp = suffix_sums(positives, False), suffix_sums(negatives, False)
     binned = divide(above_tp + pos, above_tp + above_fp + pos + neg)
     highest = divide(above_tp + pos, above_tp + above_fp + pos)  # no negative of the bin above
-    lowest = divide(above_tp + 1.0, above_tp + above_fp + 1.0 + neg)  # every one above
+    if self.weighted:  # a positive's own weight may be as small as it likes: a -> 0
+      lowest = divide(above_tp, above_tp + above_fp + neg, zero_division=1.0)
+    else:  # every negative of the bin above one positive
+      lowest = divide(above_tp + 1.0, above_tp + above_fp + 1.0 + neg)
     spread = jnp.maximum(highest - binned, binned - lowest)
     bound = jnp.sum(pos * spread, -1) / jnp.where(total_pos > 0, total_pos, 1.0)
     return jnp.where(total_pos > 0, bound, jnp.nan)

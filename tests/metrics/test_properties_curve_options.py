@@ -153,3 +153,41 @@ def test_one_vs_one_auroc_matches_sklearn_on_grid_scores(seed, n, average):
     return
   expected = skm.roc_auc_score(target, probs.astype(np.float64), multi_class="ovo", average=average)
   assert_close(got, expected, rtol=32 * EPS, atol=1e-7)
+
+
+@given(
+  seed=SEEDS,
+  n=st.integers(2, 40),
+  step=st.sampled_from([1, 10, 50]),
+  integer=st.booleans(),
+  max_fpr=st.sampled_from([None, 0.3, 1.0]),
+)
+def test_sample_weights_match_sklearn_on_grid_scores(seed, n, step, integer, max_fpr):
+  """weighted=True on 0.01-grid scores (a bin each with binning="linear", and exact=True):
+  scikit-learn's ``sample_weight`` value at any batching, merge tree and device count; zero
+  weights included (they count nothing), integer weights exact."""
+  rng = np.random.default_rng(seed)
+  preds, target = _scores(rng, n, step)
+  weights = rng.integers(0, 4, n) if integer else rng.uniform(0.0, 3.0, n) * (rng.random(n) < 0.8)
+  weights = weights.astype(np.float32)
+  weights[:2] = np.maximum(weights[:2], 0.5)  # both classes weigh something
+  grid = {"num_thresholds": 101, "binning": "linear", "weighted": True}
+  exact = {"exact": True, "capacity": CAPACITY, "weighted": True}
+  metric = pe.Metrics(
+    {
+      "auroc": M.AUROC(max_fpr=max_fpr, **grid),
+      "ap": M.AUPRC(**grid),
+      "auroc_exact": M.AUROC(max_fpr=max_fpr, **exact),
+      "ap_exact": M.AUPRC(**exact),
+    }
+  )
+  got = evaluate_randomly(metric, {"preds": preds, "target": target, "weights": weights}, rng)
+  scores, w = preds.astype(np.float64), weights.astype(np.float64)
+  expected = skm.roc_auc_score(target, scores, sample_weight=w, max_fpr=max_fpr)
+  # weighted sums: float32 per batch, compensated after; one product and division per bin
+  rtol = 128 * EPS
+  assert_close(got["auroc"], expected, rtol=rtol, atol=4 * EPS, what="auroc")
+  assert_close(got["auroc_exact"], expected, rtol=rtol, atol=4 * EPS, what="auroc_exact")
+  expected = skm.average_precision_score(target, scores, sample_weight=w)
+  assert_close(got["ap"], expected, rtol=rtol, atol=4 * EPS, what="ap")
+  assert_close(got["ap_exact"], expected, rtol=rtol, atol=4 * EPS, what="ap_exact")
