@@ -48,3 +48,20 @@ def _release_compiled_programs():
   pe.clear_caches()
   jax.clear_caches()
   gc.collect()
+
+
+RELEASE_EVERY = 250
+"""Inside a module, JAX's compiled programs are released every this many tests as well: the protocol
+grid (tests/metrics/test_metric_core.py, over a thousand cases) alone reached 42,000 maps."""
+_tests_run = [0]
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_programs_now_and_then():
+  yield
+  _tests_run[0] += 1
+  if _tests_run[0] % RELEASE_EVERY == 0:
+    import jax
+
+    jax.clear_caches()
+    gc.collect()

@@ -705,7 +705,9 @@ def _macro_recall_seen(bs, ignore_index):
   keep = target != ignore_index
   target, pred, w = target[keep], pred[keep], real(bs, "weights")[keep]
   seen = sorted((set(target.tolist()) | set(pred.tolist())) - {ignore_index})
-  return sklearn.metrics.recall_score(target, pred, labels=seen, average="macro", sample_weight=w)
+  return sklearn.metrics.recall_score(
+    target, pred, labels=seen, average="macro", sample_weight=w, zero_division=0
+  )
 
 
 CASES += [

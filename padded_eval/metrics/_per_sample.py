@@ -10,6 +10,8 @@ sample. See :class:`padded_eval.metrics.scores.ClassScore`.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -25,14 +27,17 @@ def sample_counts(metric, elements) -> jax.Array:
   if metric.task != "multiclass":
     guess = probabilities(elements.scores, metric.from_logits) > metric.threshold
     arrays = (elements.truth, guess, elements.valid)
-    width = elements.truth.shape[-1]
-    rows = (-1, 1, width) if metric.average == "samples" else (arrays[0].shape[0], -1, width)
+    shape = elements.truth.shape  # sizes spelled out: -1 is ambiguous for 0 rows
+    width, inner = shape[-1], math.prod(shape[1:-1])
+    rows = (
+      (math.prod(shape[:-1]), 1, width) if metric.average == "samples" else (shape[0], inner, width)
+    )
     truth, guess, valid = (jnp.reshape(a, rows) for a in arrays)
     return jax.vmap(label_counts)(truth, guess, valid)
   predicted = elements.top_k(metric.top_k)
-  rows = elements.labels.shape[0]
-  labels, valid = (jnp.reshape(a, (rows, -1)) for a in (elements.labels, elements.valid))
-  predicted = jnp.reshape(predicted, (rows, -1, predicted.shape[-1]))
+  rows, inner = elements.labels.shape[0], math.prod(elements.labels.shape[1:])
+  labels, valid = (jnp.reshape(a, (rows, inner)) for a in (elements.labels, elements.valid))
+  predicted = jnp.reshape(predicted, (rows, inner, predicted.shape[-1]))
   return jax.vmap(lambda t, p, v: class_counts(t, p, v, metric.num_classes))(
     labels, predicted, valid
   )
