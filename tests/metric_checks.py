@@ -27,6 +27,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 from metric_cases import MetricCase, poison
 
+import padded_eval as pe
+
 AXIS = "devices"
 
 
@@ -357,3 +359,18 @@ def with_garbage_rows(
   n = len(next(iter(arrays.values())))
   out["mask"] = np.arange(n + pad) < n
   return out
+
+
+def check_masked_eval_on_8_devices(
+  case: MetricCase, rtol: float = 2e-6, atol: float = 1e-7
+) -> None:
+  """``pe.masked_eval`` (default backend, 8 devices) of the case's metric equals its reference."""
+  assert jax.local_device_count() == 8
+  make = case.make
+
+  def step(params, batch):
+    return make().batch_updates(**batch)
+
+  batches = case.batches()
+  logs = pe.masked_eval(step, None, batches)
+  np.testing.assert_allclose(logs[make().name], case.reference(batches), rtol=rtol, atol=atol)

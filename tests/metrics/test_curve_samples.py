@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import warnings
 
-import jax
 import numpy as np
 import pytest
 import sklearn.metrics as skm
 from metric_cases import MetricCase, padded_batches, real
-from metric_checks import check_eager, check_jit_traces_once, check_pmap_reduce, check_shard_map
+from metric_checks import (
+  check_eager,
+  check_jit_traces_once,
+  check_masked_eval_on_8_devices,
+  check_pmap_reduce,
+  check_shard_map,
+)
 
 import padded_eval as pe
 
@@ -105,15 +110,7 @@ def test_device_checks(name):
 
 @pytest.mark.parametrize("case", CASES[::2], ids=lambda c: c.name)
 def test_through_masked_eval_on_8_devices(case):
-  assert jax.local_device_count() == 8
-  make = case.make
-
-  def step(params, batch):
-    return make().batch_updates(**batch)
-
-  batches = case.batches()
-  logs = pe.masked_eval(step, None, batches)
-  np.testing.assert_allclose(logs[make().name], case.reference(batches), rtol=2e-6, atol=1e-7)
+  check_masked_eval_on_8_devices(case, atol=1e-7)
 
 
 def test_exact_value_has_zero_bound_and_no_curve():
