@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from padded_eval.data.sources import tf_data
 from padded_eval.eval import _packing, _placement, backends
 from padded_eval.exact.accumulate import ExactCount
 
@@ -263,7 +264,8 @@ def clear_caches() -> None:
   backends' `padded_eval.eval.backends.CACHE_SIZE`); this empties them all at once: the compiled
   steps with their empty states and placed packed states, the compile counts behind
   `RecompileWarning`, the jitted ``compute_logs`` programs, the backends and their compiled
-  final reduces, and the package's own jitted helpers. A later call compiles again.
+  final reduces, the package's own jitted helpers, and the padding pipelines `pad_batches` built
+  over tf.data datasets still alive. A later call compiles (and builds) again.
 
   >>> import padded_eval as pe
   >>> pe.clear_caches()
@@ -274,6 +276,7 @@ def clear_caches() -> None:
   backends.clear_cache()
   _placement.clear_cache()
   _packing.aggregate_packed.clear_cache()
+  tf_data.clear_cache()
 
 
 _logs_programs: dict = {}  # (treedef, leaf shapes) -> jitted compute_logs, or None: not jittable

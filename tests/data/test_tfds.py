@@ -248,3 +248,68 @@ def test_tfds_train_split_with_num_batches(digits_dir):
   )  # a plain iterable of numpy
   got = pe.pad_batches(source, 512, num_batches=4)
   assert_batches_equal(got, expected_batches(digits_expectation("train"), 512, num_batches=4))
+
+
+# --- what pad_batches keeps per dataset (issue 33: sst2's batch_size=None opened the pipeline twice per eval) ---
+
+
+def opened_counter(batch_sizes):
+  """A batched pipeline of unknown leading size (``from_generator``) that counts how often it is opened."""
+  opened = []
+
+  def generate():
+    opened.append(1)
+    start = 0
+    for size in batch_sizes:
+      yield {"x": np.arange(start, start + size, dtype=np.float32)}
+      start += size
+
+  signature = {"x": tf.TensorSpec((None,), tf.float32)}
+  return tf.data.Dataset.from_generator(generate, output_signature=signature), opened
+
+
+def test_batch_size_none_reads_the_first_batch_once_per_dataset():
+  source, opened = opened_counter([5, 5, 3])
+  for _ in range(3):
+    batches = pe.pad_batches(source, None, num_devices=2)
+    assert batches.batch_size == 6
+    got = np.concatenate([b["x"][b["mask"]] for b in batches])
+    np.testing.assert_array_equal(got, np.arange(13.0))
+  assert (
+    len(opened) == 1 + 3
+  )  # the first batch read once, then one pass per evaluation (was 2 per evaluation)
+  pe.clear_caches()  # drops what was kept: the first batch is read again
+  assert pe.pad_batches(source, None, num_devices=2).batch_size == 6
+  assert len(opened) == 5
+
+
+def test_the_padding_pipeline_is_built_once_per_dataset_with_keys_too(monkeypatch):
+  from padded_eval.data.sources import tf_data
+
+  built = []
+  make = tf_data._make_pad_fn
+  monkeypatch.setattr(tf_data, "_make_pad_fn", lambda *a: built.append(1) or make(*a))
+  data = dataset(21)
+  pairs = tf.data.Dataset.from_tensor_slices((data["x"], data["label"]))
+  for _ in range(3):
+    got = pe.pad_batches(pairs, 8, keys=("x", "label"), pad_value={"x": np.nan, "label": -1})
+    assert_batches_equal(got, expected_batches(data, 8, pad={"x": np.nan, "label": -1}))
+  assert len(built) == 1  # was 3: the tuples were named by a new map each time, missing the cache
+  pe.clear_caches()
+  list(pe.pad_batches(pairs, 8, keys=("x", "label")))
+  assert len(built) == 2
+
+
+def test_a_dataset_is_not_kept_alive_by_what_pad_batches_built():
+  import gc
+  import weakref
+
+  source = slices(dataset(21)).batch(5)
+  list(pe.pad_batches(source, 8))
+  list(pe.pad_batches(source, None, num_devices=1))
+  alive = weakref.ref(source)
+  del source
+  gc.collect()
+  assert (
+    alive() is None
+  )  # the weakly keyed table kept every dataset alive through its own pipelines

@@ -34,10 +34,32 @@ from padded_eval.data.sources.base import (
 )
 from padded_eval.data.sources.fields import name_fields
 
-# the padding pipelines built over each tf.data dataset (weakly keyed: dropped with the dataset)
-_PIPELINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# What was built or read over a tf.data dataset the user passed (its padding pipelines, its tuple
+# elements named as dicts, the rows of its first batch) is kept on the dataset itself, under
+# `_CACHE_ATTR`: each derived pipeline holds its input, so a weakly keyed table would keep every
+# dataset alive; on the dataset, the cycle goes with it. `_CACHED` finds them for `clear_cache`.
+_CACHE_ATTR = "_padded_eval_cache"
+_CACHED: weakref.WeakSet = weakref.WeakSet()
 
-__all__ = ["TfDataSource", "is_tf_dataset"]
+__all__ = ["TfDataSource", "clear_cache", "is_tf_dataset"]
+
+
+def clear_cache() -> None:
+  """Drops the padding pipelines (and first-batch sizes) kept on the datasets still alive."""
+  for dataset in list(_CACHED):
+    vars(dataset).pop(_CACHE_ATTR, None)
+  _CACHED.clear()
+
+
+def _built_for(dataset: Any) -> dict:
+  """The cache of `dataset` (a fresh dict, not kept, if it takes no attributes or weak references)."""
+  try:
+    built = vars(dataset).setdefault(_CACHE_ATTR, {})
+    _CACHED.add(dataset)
+  except TypeError:
+    return {}
+  return built
+
 
 CHUNK_ROWS = 1024  # rows per chunk when `chunks` reads an unbatched dataset
 
@@ -81,8 +103,14 @@ class TfDataSource(Source):
         (infinite cardinality), repeats rows (``.repeat(n)``, n other than 1) or drops them
         (``drop_remainder=True``).
     """
-    if keys is not None:
-      obj = _named(obj, keys)
+    self._built, self._keys = _built_for(obj), None if keys is None else tuple(keys)
+    if (
+      keys is not None
+    ):  # named once per dataset and keys: a new map would miss the cached pipelines
+      named_key = ("named", self._keys)
+      if named_key not in self._built:
+        self._built[named_key] = _named(obj, keys)
+      obj = self._built[named_key]
     self._dataset = obj
     element_spec = obj.element_spec
     if not isinstance(element_spec, cabc.Mapping):
@@ -133,14 +161,20 @@ class TfDataSource(Source):
     return tf_pipeline.batches_hint(self._dataset, self._batched, batch_size)
 
   def batch_rows(self) -> int | None:
-    """The static batch size, else the rows of the first element; None if the dataset is not batched."""
+    """The static batch size, else the rows of the first element; None if the dataset is not batched.
+
+    The first element is read once per dataset (kept with its padding pipelines): opening a
+    ``take(1)`` pipeline costs more than a short evaluation's whole pass over a warm one.
+    """
     if not self._batched:
       return None
     leading = {spec.shape[0] for spec in self._tensor_specs.values()}
     if len(leading) == 1 and None not in leading:
       return leading.pop()
-    first = next(self._numpy(self._dataset.take(1)), None)
-    return None if first is None else len(next(iter(first.values())))
+    if "first_rows" not in self._built:
+      first = next(self._numpy(self._dataset.take(1)), None)
+      self._built["first_rows"] = None if first is None else len(next(iter(first.values())))
+    return self._built["first_rows"]
 
   def chunks(self) -> Iterator[Chunk]:
     """The elements as numpy chunks (an unbatched dataset in chunks of `CHUNK_ROWS`; with `shape_fitter`,
@@ -203,7 +237,7 @@ class TfDataSource(Source):
 
   def _padded_pipeline(self, batch_size, mask_key, pad_value, ids, start_batch) -> Any:
     """The padding tf.data pipeline over the source's dataset, built once per dataset and
-    arguments (`_PIPELINES`): tracing its map function was most of a short evaluation's data
+    arguments (kept on the dataset, see `_CACHE_ATTR`): tracing its map function was most of a short evaluation's data
     time, paid again at every ``pad_batches`` of the same eval dataset."""
     import tensorflow as tf
 
@@ -211,6 +245,8 @@ class TfDataSource(Source):
     row_ids = None if ids is None else (ids.key, ids.offset)
     specs = repr(sorted(self._tensor_specs.items()))
     key = (
+      "padded",
+      self._keys,
       self._batched,
       specs,
       batch_size,
@@ -219,10 +255,7 @@ class TfDataSource(Source):
       row_ids,
       start_batch,
     )
-    try:
-      built = _PIPELINES.setdefault(self._dataset, {})
-    except TypeError:  # a dataset that cannot be weakly referenced: built every time
-      built = {}
+    built = self._built
     if key in built:
       return built[key]
     if self._batched:  # rebatch checks that a batch's leading sizes agree (see _explain)
@@ -345,21 +378,14 @@ def _make_pad_fn(batch_size: int, mask_key: str, fills: dict[Path, Any], ids: Ro
     rows = tf.shape(next(iter(flat.values())))[0]
     padded = {}
     for path, leaf in flat.items():
-      static = [batch_size] + leaf.shape.as_list()[1:]
-      # Only a short batch is copied: a full one passes through unchanged.
+      # No tf.cond: its branch functions are instantiated again for every iterator (most of a short
+      # evaluation's data time); tf.pad forwards a full batch's buffer (all paddings 0) uncopied.
+      paddings = [[0, batch_size - rows]] + [[0, 0]] * (leaf.shape.rank - 1)
+      fill = tf.constant(fills[path], dtype=leaf.dtype)
       padded[path] = tf.ensure_shape(
-        tf.cond(
-          rows < batch_size,
-          lambda leaf=leaf, path=path: _padded(leaf, rows, fills[path]),
-          lambda leaf=leaf: leaf,
-        ),
-        static,
+        tf.pad(leaf, paddings, constant_values=fill), [batch_size] + leaf.shape.as_list()[1:]
       )
     padded[(mask_key,)] = tf.range(batch_size) < rows
     return unflatten(padded)
-
-  def _padded(leaf, rows, fill):
-    shape = tf.concat([[batch_size - rows], tf.shape(leaf)[1:]], axis=0)
-    return tf.concat([leaf, tf.fill(shape, tf.constant(fill, dtype=leaf.dtype))], axis=0)
 
   return pad if ids is None else pad_with_ids
