@@ -231,7 +231,15 @@ def label_elements(preds, target, mask, *, task, num_classes, from_logits, ignor
 
 
 def class_elements(
-  preds, target, mask, *, num_classes, ignore_index, scores_only=False, probability_scores=False
+  preds,
+  target,
+  mask,
+  *,
+  num_classes,
+  ignore_index,
+  scores_only=False,
+  probability_scores=False,
+  logit_scores=False,
 ):
   """Multiclass inputs as :class:`ClassElements` (see the module docstring).
 
@@ -244,6 +252,9 @@ def class_elements(
     ignore_index: None or a target value whose elements are left out.
     scores_only: refuse class-id preds (curves, calibration).
     probability_scores: the scores are probabilities: count rows with one outside [0, 1].
+    logit_scores: the scores are logits (a softmax follows): count rows that look like
+      probabilities (kind ``"preds look like probabilities, not logits"``, see
+      :func:`looks_like_probabilities`); the softmax of probabilities flattens them toward uniform.
 
   Returns:
     :class:`ClassElements`.
@@ -285,6 +296,8 @@ def class_elements(
   if probability_scores:
     out_of_range = jnp.any(_probability_out_of_range(scores), axis=-1)
     invalid[PROBABILITY_OUT_OF_RANGE] = considered & out_of_range
+  if logit_scores:
+    invalid[PROBABILITIES_AS_LOGITS] = considered & looks_like_probabilities(scores)
   return ClassElements(labels, valid, scores, None, invalid)
 
 
@@ -315,6 +328,7 @@ def format_inputs(
       ignore_index=ignore_index,
       scores_only=scores_only,
       probability_scores=scores_only and not from_logits,
+      logit_scores=scores_only and from_logits,
     )
   return label_elements(
     preds,

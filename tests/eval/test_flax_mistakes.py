@@ -144,3 +144,32 @@ def test_probabilities_into_from_logits_recall_are_reported():
   probs = 1 / (1 + np.exp(-logits.astype(np.float64)))
   with pytest.raises(ValueError, match=f"{ROWS} x 'preds look like probabilities, not logits'"):
     pe.masked_eval(_recall_step, None, batches(probs.astype(np.float32)), backend="jit")
+
+
+def _multiclass_calibration_step(params, batch):
+  metric = pe.metrics.CalibrationError(task="multiclass", num_classes=3, from_logits=True)
+  return metric.batch_updates(preds=batch["score"], target=batch["y"], mask=batch["mask"])
+
+
+def test_softmax_outputs_into_a_multiclass_from_logits_metric_are_reported():
+  """softmax(p) of probabilities p flattens them toward uniform: the calibration error of other scores."""
+  data, params = _data(6), _params(7)
+  logits = data["x"] @ params["w"]
+  batches = lambda score: pe.pad_batches(
+    {"score": score, "y": data["y"]}, 32, pad_value={"score": np.nan, "y": -1}
+  )
+  right = pe.masked_eval(_multiclass_calibration_step, None, batches(logits), backend="jit")
+  probs = scipy.special.softmax(logits.astype(np.float64), -1)  # float64 reference, 15 bins
+  confidence, correct = probs.max(-1), probs.argmax(-1) == data["y"]
+  bins = np.minimum((confidence * 15).astype(int), 14)
+  ece = sum(
+    abs(confidence[bins == b].mean() - correct[bins == b].mean()) * np.mean(bins == b)
+    for b in np.unique(bins)
+  )
+  np.testing.assert_allclose(
+    right[next(k for k in right if k != "num_examples")], ece, rtol=1e-5, atol=1e-6
+  )
+  with pytest.raises(ValueError, match=f"{ROWS} x 'preds look like probabilities, not logits'"):
+    pe.masked_eval(
+      _multiclass_calibration_step, None, batches(probs.astype(np.float32)), backend="jit"
+    )
