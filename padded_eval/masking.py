@@ -26,6 +26,14 @@ import jax
 import jax.numpy as jnp
 
 
+def leading_ones(x, ndim: int) -> jax.Array:
+  """``x`` with ``ndim`` leading axes of size 1: an explicit broadcast against ``[..., *x.shape]``
+  (``jnp.arange(C)`` against ``labels[..., None]``), which JAX allows under
+  ``jax_numpy_rank_promotion="raise"`` too."""
+  x = jnp.asarray(x)
+  return jnp.reshape(x, (1,) * ndim + x.shape)
+
+
 def prefix_shapes(shape: tuple[int, ...]) -> str:
   """The shapes that fit ``shape`` under the prefix rule, for messages: ``"(4,) or (4, 3)"``."""
   return " or ".join(str(tuple(shape[:k])) for k in range(1, len(shape) + 1)) or "()"

@@ -82,7 +82,9 @@ def difference(a: jax.Array, b: jax.Array) -> jax.Array:
   both = normalize(jnp.stack([a - b, b - a]))
   negative = both[0, ..., -1] < 0
   magnitude = jnp.where(negative[..., None], both[1], both[0])
-  value = jnp.sum(magnitude.astype(jnp.float32) * _SCALES, axis=-1)
+  value = jnp.sum(
+    magnitude.astype(jnp.float32) * jnp.broadcast_to(_SCALES, magnitude.shape), axis=-1
+  )
   return jnp.where(negative, -value, value)
 
 

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from padded_eval.masking import leading_ones
+
 OVO_AVERAGES = ("macro", "weighted")
 
 
@@ -24,7 +26,7 @@ def pair_histogram(bins, labels, valid, num_classes: int, num_bins: int) -> jax.
   bool ``[..., C]``); one scatter-add."""
   c, t = num_classes, num_bins
   column = jnp.arange(c)
-  index = column * (c * t) + labels[..., None] * t + bins
+  index = leading_ones(column, labels.ndim) * (c * t) + labels[..., None] * t + bins
   flat = jnp.where(valid, index, c * c * t).reshape(-1)
   counts = jnp.zeros((c * c * t,), jnp.int32).at[flat].add(1, mode="drop")
   return counts.reshape(c * c, t)

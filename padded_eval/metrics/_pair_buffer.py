@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from padded_eval.exact._floats import compensated_sum
 from padded_eval.exact.accumulate import Accumulator, register_accumulator
+from padded_eval.masking import leading_ones
 
 MAX_CAPACITY = 1 << 23  # per-slot counts stay exact in float32, merged sizes fit int32
 
@@ -75,7 +76,9 @@ class PairBuffer(Accumulator):
 
   def merge(self, other: PairBuffer) -> PairBuffer:
     capacity = self.capacity
-    source = jnp.arange(capacity) - self.size[..., None]  # slot j takes other's j - size
+    source = (
+      leading_ones(jnp.arange(capacity), self.size.ndim) - self.size[..., None]
+    )  # slot j takes other's j - size
     taken = (source >= 0) & (source < other.size[..., None])
     index = jnp.clip(source, 0, capacity - 1)[..., None]
     moved = jnp.take_along_axis(other.pairs, index, -2)

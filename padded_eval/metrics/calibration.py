@@ -40,6 +40,7 @@ import numpy as np
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, ExactSum
+from padded_eval.masking import leading_ones
 from padded_eval.metrics._classification_inputs import (
   ClassificationMetric,
   check_flag,
@@ -225,7 +226,9 @@ class BrierScore(WeightedMean):
     )
     if self.task == "multiclass":
       probs = probabilities(elements.scores, self.from_logits, axis=-1)
-      truth = elements.labels[..., None] == jnp.arange(self.num_classes)
+      truth = elements.labels[..., None] == leading_ones(
+        jnp.arange(self.num_classes), elements.labels.ndim
+      )
       valid = elements.valid & ~jnp.any(jnp.isnan(probs), -1)
     else:
       probs = probabilities(elements.scores[..., 0], self.from_logits)[..., None]

@@ -69,10 +69,11 @@ def edit_distances(hyps: Sequences, refs: Sequences) -> jax.Array:
     a = jnp.concatenate(
       [previous[:, :1] + 1, jnp.minimum(previous[:, 1:] + 1, previous[:, :-1] + cost)], axis=1
     )
-    row = jax.lax.cummin(a - offsets, axis=1) + offsets
+    row = jax.lax.cummin(a - offsets[None], axis=1) + offsets[None]
     return jnp.where(real[:, None], row, previous), None
 
-  start = offsets + 0 * refs.lengths[:, None]  # from the data: varying like the steps' rows
+  # from the data: varying like the steps' rows
+  start = offsets[None, :] + 0 * refs.lengths[:, None]
   table, _ = jax.lax.scan(step, start, (hyps.tokens.T, hyps.valid().T))
   return jnp.take_along_axis(table, refs.lengths[:, None], axis=1)[:, 0]
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, ExactSum
-from padded_eval.masking import element_weights
+from padded_eval.masking import element_weights, leading_ones
 from padded_eval.metrics._classification_inputs import (
   check_flag,
   check_ignore_index,
@@ -117,7 +117,9 @@ class HingeLoss(Metric):
     else:
       scores = elements.scores
       valid = elements.valid & ~jnp.any(jnp.isnan(scores), axis=-1)
-      truth = elements.labels[..., None] == jnp.arange(self.num_classes)
+      truth = elements.labels[..., None] == leading_ones(
+        jnp.arange(self.num_classes), elements.labels.ndim
+      )
       if self._one_vs_all():
         margin = jnp.where(truth, scores, -scores)  # [..., C]
       else:

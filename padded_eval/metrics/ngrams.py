@@ -56,7 +56,7 @@ def ngram_counts(
   h, r = hyps.tokens, refs.tokens
   length = h.shape[-1]
   earlier = jnp.tril(jnp.ones((length, length), bool), -1)  # [i, j]: j < i
-  same_h = (h[:, :, None] == h[:, None, :]) & earlier  # [B, T, T]
+  same_h = (h[:, :, None] == h[:, None, :]) & earlier[None]  # [B, T, T]
   same_r = h[:, None, :, None] == r[:, :, None, :]  # [B, R, T, S]
   eq_h, eq_r = same_h, same_r  # order n: [B, T - n + 1, T - n + 1], [B, R, T - n + 1, S - n + 1]
   for n in range(1, max_order + 1):

@@ -275,7 +275,7 @@ class MAPAtK(RankingMetric):
     relevant = _top(lists.relevant, self.k)
     hits = jnp.cumsum(relevant, axis=1).astype(jnp.float32)
     rank = jnp.arange(1, relevant.shape[1] + 1, dtype=jnp.float32)
-    precision = jnp.sum(jnp.where(relevant, hits / rank, 0.0), 1)
+    precision = jnp.sum(jnp.where(relevant, hits / rank[None], 0.0), 1)
     return _ratio(precision, jnp.sum(relevant, 1).astype(jnp.float32))
 
 
@@ -317,4 +317,4 @@ class NDCGAtK(RankingMetric):
     gains = jnp.where(lists.kept, lists.relevance * shared / size, 0.0)
     # the ideal ranking's DCG needs only the best min(k, L) relevances (top_k: no full sort)
     best = jax.lax.top_k(lists.relevance, min(self.k or length, length))[0]
-    return _ratio(jnp.sum(gains, 1), jnp.sum(best * discount[: best.shape[1]], 1))
+    return _ratio(jnp.sum(gains, 1), jnp.sum(best * discount[None, : best.shape[1]], 1))

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, ExactSum
-from padded_eval.masking import broadcast_mask
+from padded_eval.masking import broadcast_mask, leading_ones
 from padded_eval.metrics.base import Metric, empty_count, empty_sum, invalid_state, state
 
 BAD_ID = "token id out of range"
@@ -53,7 +53,7 @@ class Sequences:
   def valid(self, order: int = 1) -> jax.Array:
     """bool ``[..., L]``: True where an n-gram of ``order`` ids starts inside the sentence."""
     positions = jnp.arange(self.tokens.shape[-1], dtype=jnp.int32)
-    return positions + order <= self.lengths[..., None]
+    return leading_ones(positions + order, self.lengths.ndim) <= self.lengths[..., None]
 
 
 @jax.tree_util.register_dataclass
