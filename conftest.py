@@ -22,6 +22,13 @@ os.environ.setdefault("JAX_NUMPY_RANK_PROMOTION", "raise")
 # benchmark and demo runs), where promotion raises. Tests that check a code path under "raise"
 # in this process say so with ``jax.numpy_rank_promotion("raise")``.
 
+import jax  # noqa: E402
+
+# pytest-xdist's workers are subprocesses of this one: they inherit the variable above, and their
+# JAX reads it on import. Pinned here, every test process promotes alike (the metric protocol grid
+# checks the library under "raise" itself: tests/metrics/test_metric_core.py).
+jax.config.update("jax_numpy_rank_promotion", "allow")
+
 collect_ignore = ["padded_eval/__main__.py"]  # the CLI: its parser runs on import of __main__
 
 

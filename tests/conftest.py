@@ -9,6 +9,7 @@ tests/metrics/test_properties_*.py``.
 """
 
 import os
+import pathlib
 
 import pytest
 from _backends import BACKENDS
@@ -38,10 +39,26 @@ def backend(request) -> str:
   return request.param
 
 
+FAST_TIER = pathlib.Path(__file__).with_name("fast_tier.txt")
+"""The fast tier (``-m "not slow"``): of each test function, the one parametrization this file names
+(its cheapest, if that took at most 2 s when measured), or none (``-``); written from a timed run by
+``scripts/fast_tier.py``. The other parametrizations are marked slow, like the demo, benchmark, scale
+and multi-process tests; CI runs them all. A function the file does not know yet runs whole."""
+
+
+def _fast_tier() -> dict[str, str]:
+  lines = FAST_TIER.read_text().splitlines() if FAST_TIER.exists() else []
+  return dict(line.split(" ", 1) for line in lines if line and not line.startswith("#"))
+
+
 def pytest_collection_modifyitems(items):
-  """Multi-process tests are slow too: ``-m "not slow"`` (the fast tier) leaves them out."""
+  """Multi-process tests are slow; so are the parametrizations outside the fast tier."""
+  chosen = _fast_tier()
   for item in items:
     if item.get_closest_marker("multihost") is not None:
+      item.add_marker(pytest.mark.slow)
+    function = item.nodeid.split("[", 1)[0]
+    if function in chosen and chosen[function] != item.nodeid:
       item.add_marker(pytest.mark.slow)
 
 
