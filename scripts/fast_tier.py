@@ -1,7 +1,7 @@
 """Chooses the fast tier's tests from measured durations and writes tests/fast_tier.txt.
 
 Usage: ``python -m pytest --durations=0 --durations-min=0 -p no:cacheprovider > run.log``, then
-``python scripts/fast_tier.py run.log [--budget-case 2.0]``.
+``python scripts/fast_tier.py run.log [--budget-case 1.0]``.
 
 The fast tier (``pytest -m "not slow"``, see tests/conftest.py) runs, of each test function (and
 each docstring example), its cheapest parametrization, if that one took at most ``--budget-case``
@@ -29,7 +29,7 @@ def function_of(nodeid: str) -> str:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("log", help="pytest output with --durations=0 --durations-min=0")
-  parser.add_argument("--budget-case", type=float, default=2.0, help="seconds (default 2.0)")
+  parser.add_argument("--budget-case", type=float, default=1.0, help="seconds (default 1.0)")
   args = parser.parse_args()
   seconds: dict[str, float] = collections.defaultdict(float)
   for line in pathlib.Path(args.log).read_text().splitlines():

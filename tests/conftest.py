@@ -41,7 +41,7 @@ def backend(request) -> str:
 
 FAST_TIER = pathlib.Path(__file__).with_name("fast_tier.txt")
 """The fast tier (``-m "not slow"``): of each test function, the one parametrization this file names
-(its cheapest, if that took at most 2 s when measured), or none (``-``); written from a timed run by
+(its cheapest, if that took at most 1 s when measured), or none (``-``); written from a timed run by
 ``scripts/fast_tier.py``. The other parametrizations are marked slow, like the demo, benchmark, scale
 and multi-process tests; CI runs them all. A function the file does not know yet runs whole."""
 
