@@ -89,7 +89,7 @@ def make_params(seed=1):
 
 def step_fn(params, batch):
   x = batch["x"].astype(jnp.float32)
-  logits = x @ params["w_cls"] + params["b_cls"]
+  logits = x @ params["w_cls"] + params["b_cls"][None, :]
   labels = jnp.where(batch["mask"], batch["label"], 0)
   return AccuracyAndMSE().batch_updates(
     logits=logits,

@@ -117,7 +117,7 @@ class PairBuffer(Accumulator):
 
   def used(self) -> jax.Array:
     """bool ``[L, capacity]``: the slots holding a pair."""
-    return jnp.arange(self.capacity) < self.size[..., None]
+    return leading_ones(jnp.arange(self.capacity), self.size.ndim) < self.size[..., None]
 
 
 def _group_bounds(starts: jax.Array, ends: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -162,7 +162,7 @@ def average_ranks(values: jax.Array, used: jax.Array) -> jax.Array:
 def _before_in_group(first: jax.Array, used: jax.Array) -> jax.Array:
   """int32 ``[L, n]``: per sorted used slot the used slots before it in its group of ties
   (a row sums to ``sum_groups t (t - 1) / 2``, the tied pairs)."""
-  index = jnp.arange(first.shape[-1], dtype=jnp.int32)
+  index = jnp.broadcast_to(jnp.arange(first.shape[-1], dtype=jnp.int32), first.shape)
   return jnp.where(used, index - first, 0)
 
 
@@ -193,7 +193,7 @@ def _discordant(ranks: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
     blocks = ranks.reshape(rows, n // (2 * h), 2 * h)
     origin = jnp.broadcast_to(jnp.arange(2 * h, dtype=jnp.int32), blocks.shape)
     blocks, origin = jax.lax.sort((blocks, origin), num_keys=2)
-    position = jnp.arange(2 * h, dtype=jnp.int32)
+    position = jnp.broadcast_to(jnp.arange(2 * h, dtype=jnp.int32), origin.shape)
     above = jnp.where(origin >= h, origin - position, 0).reshape(rows, n)
     parts.append(_partial(-2 * above))
     ranks, h = blocks.reshape(rows, n), 2 * h

@@ -143,7 +143,7 @@ def test_lengths_field_gives_the_token_mask():
 
   def step_fn(params, batch):
     del params
-    tokens = jnp.arange(MAX_LEN) < batch["length"][:, None]
+    tokens = jnp.arange(MAX_LEN)[None, :] < batch["length"][:, None]
     per_row = jnp.where(tokens, batch["scores"], 0.0).sum(axis=1) / jnp.maximum(batch["length"], 1)
     return pe.metrics.Mean().batch_updates(values=per_row, mask=batch["mask"])
 

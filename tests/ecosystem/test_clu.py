@@ -76,7 +76,7 @@ def test_gather_from_model_output_under_pmap_equals_sklearn():
   collection = flax.jax_utils.replicate(Metrics.empty())
   for batch in padded_batches():
     sharded = {k: v.reshape((devices, -1) + v.shape[1:]) for k, v in batch.items()}
-    collection = eval_step(collection, sharded)
+    collection = jax.block_until_ready(eval_step(collection, sharded))  # one collective at a time
   check(collection.unreplicate().compute())
 
 

@@ -86,7 +86,7 @@ def make_step(traces, expected_rows=None):
     traces.append(batch["x"].shape)
     if expected_rows is not None:
       assert batch["x"].shape[0] == expected_rows, batch["x"].shape
-    logits = batch["x"] @ params["w_cls"] + params["b_cls"]
+    logits = batch["x"] @ params["w_cls"] + params["b_cls"][None, :]
     preds = batch["x"] @ params["w_reg"]
     return AccuracyAndMSE().batch_updates(
       logits=logits, labels=batch["label"], preds=preds, target=batch["y"], mask=batch["mask"]
@@ -249,7 +249,7 @@ def test_array_metric_comes_back_as_numpy():
     counts: pe.accumulate.ExactCount = state(lambda self: pe.accumulate.ExactCount.zeros((3,)))
 
     def _batch_state(self, *, target, mask, **_):
-      hits = (target[:, None] == jnp.arange(3)) & mask[:, None]
+      hits = (target[:, None] == jnp.arange(3)[None, :]) & mask[:, None]
       return {"counts": pe.accumulate.ExactCount.of(hits.sum(0, dtype=jnp.int32))}
 
     def compute(self):

@@ -26,7 +26,7 @@ def _data(seed=0):
 
 
 def _linear_step(params, batch):
-  logits = batch["x"] @ params["w"] + params["b"]
+  logits = batch["x"] @ params["w"] + params["b"][None, :]
   metric = pe.metrics.Accuracy()
   return metric.batch_updates(preds=logits, target=batch["y"], mask=batch["mask"])
 

@@ -38,7 +38,7 @@ def garbage_padded(data, batch_size):
 
 
 def step(params, batch):
-  logits = batch["x"] @ params["w"] + params["b"]
+  logits = batch["x"] @ params["w"] + params["b"][None, :]
   return pe.collections.Metrics([pe.metrics.Accuracy(), pe.metrics.Mean()]).batch_updates(
     preds=logits,
     target=batch["y"],

@@ -46,7 +46,7 @@ def metric():
 def evaluate(weights):
   def step(w, batch):
     logits = batch["x"][:, :C] @ w
-    onehot = (batch["label"][:, None] == np.arange(C)).astype(np.float32)
+    onehot = (batch["label"][:, None] == np.arange(C)[None, :]).astype(np.float32)
     return metric().batch_updates(
       preds=logits, target=batch["label"], onehot=onehot, mask=batch["mask"]
     )
