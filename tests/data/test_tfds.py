@@ -41,6 +41,43 @@ def test_batched_is_rebatched(input_batch):
     len(got)
 
 
+@pytest.mark.parametrize("n", [0, 5, 16, 37])
+@pytest.mark.parametrize("padded", [False, True])
+def test_batches_of_the_asked_size_are_padded_on_the_host_without_a_tf_map(n, padded, monkeypatch):
+  """``ds.batch(8)`` / ``padded_batch(8)`` at batch size 8: read as it is, the short batch padded in
+  numpy (no rebatch, no padding map to trace for each new pipeline); the same batches as the reference,
+  row ids included."""
+  data = dataset(n, seed=n)
+  source = slices(data)
+  source = source.padded_batch(8) if padded else source.batch(8)
+  built = []
+  real_rebatch = tf.data.Dataset.rebatch
+  monkeypatch.setattr(
+    tf.data.Dataset, "rebatch", lambda *a, **k: built.append(1) or real_rebatch(*a, **k)
+  )
+  pad = {"x": np.nan, "label": -7}
+  got = list(pe.pad_batches(source, 8, pad_value=pad, index_key="row"))
+  for number, batch in enumerate(got):
+    ids = np.arange(number * 8, number * 8 + 8)
+    np.testing.assert_array_equal(batch.pop("row"), np.where(ids < n, ids, -1))
+  assert_batches_equal(got, expected_batches(data, 8, pad=pad))
+  assert built == []
+  # another size goes through the graph: rebatched there
+  assert_batches_equal(
+    pe.pad_batches(source, 16, pad_value=pad), expected_batches(data, 16, pad=pad)
+  )
+  assert built == [1]
+
+
+def test_batches_of_the_asked_size_whose_keys_disagree_name_them():
+  source = slices(dataset(12)).batch(8).map(lambda b: {"x": b["x"], "label": b["label"][:2]})
+  with pytest.raises(
+    ValueError,
+    match=r"leading sizes disagree within a batch: key 'label' has 2 rows, key 'x' has 8",
+  ):
+    list(pe.pad_batches(source, 8))
+
+
 def test_drop_remainder_that_drops_nothing_is_read_whole():
   data = dataset(40)
   pad = {"x": np.nan, "label": -1}

@@ -1,9 +1,10 @@
 """Source kind: a `tf.data.Dataset` of dicts (tfds included), batched or unbatched.
 
-Padding happens inside the tf.data graph: a batched source is re-chunked with `Dataset.rebatch`, an unbatched one
-with `Dataset.batch`; one `map` pads the short last batch (a full one skips the copy through `tf.cond`) and builds
-the mask. Python touches each batch once, to turn it into numpy. TensorFlow is imported only here, and only once a
-dataset has been passed.
+A pipeline whose batches already have the size asked (it ends in ``batch(n)`` or ``padded_batch(n)``) is read as
+it is and its short last batch padded in numpy, as every source's. Otherwise padding happens inside the tf.data
+graph: a batched source is re-chunked with `Dataset.rebatch`, an unbatched one with `Dataset.batch`; one `map` pads
+the short last batch (`tf.pad`, which forwards a full batch uncopied) and builds the mask. Python touches each batch
+once, to turn it into numpy. TensorFlow is imported only here, and only once a dataset has been passed.
 
 A pipeline that would lose rows, repeat them or never end is refused when wrapped: infinite cardinality (a
 ``.repeat()``), a ``.repeat(n)`` with ``n`` other than 1 anywhere in the pipeline, and a ``batch`` /
@@ -180,8 +181,10 @@ class TfDataSource(Source):
     """The elements as numpy chunks (an unbatched dataset in chunks of `CHUNK_ROWS`; with `shape_fitter`,
     unbatched rows of varying lengths are batched with ``padded_batch``, padded with the pad value)."""
     if self._batched:
-      dataset = self._dataset
-    elif self.shape_fitter is None:
+      for flat in self._numpy(self._dataset):
+        yield flat, _leading_rows(flat)
+      return
+    if self.shape_fitter is None:
       dataset = self._dataset.batch(CHUNK_ROWS)
     else:
       dataset = self._dataset.padded_batch(CHUNK_ROWS, padding_values=self._padding_values())
@@ -218,7 +221,7 @@ class TfDataSource(Source):
       (as the generator's return value) the row spec of the first batch (real sizes), else the static one.
     """
 
-    if self.shape_fitter is not None:  # batches of varying shapes: padded in numpy, as every source
+    if self.shape_fitter is not None or self._fills_batches(batch_size):  # padded in numpy
       return (yield from super().padded(batch_size, mask_key, pad_value, ids, start_batch))
     if ids is not None:
       check_index_key(self._tensor_specs, ids.key)
@@ -234,6 +237,14 @@ class TfDataSource(Source):
         first_id += batch_size
       yield flat
     return self._spec if first_spec is None else first_spec
+
+  def _fills_batches(self, batch_size: int) -> bool:
+    """Whether the pipeline's batches already have `batch_size` rows but the last (it ends in a
+    ``batch(batch_size)`` or ``padded_batch(batch_size)``): then they are padded in numpy, on the
+    host, as every source's. The graph's ``rebatch`` and padding ``map`` would do nothing to the
+    full batches and cost a map function's tracing, and its instantiation at every iteration,
+    more than a short evaluation's whole pass over the pipeline."""
+    return self._batched and tf_pipeline.nearest_batch_size(self._dataset) == batch_size
 
   def _padded_pipeline(self, batch_size, mask_key, pad_value, ids, start_batch) -> Any:
     """The padding tf.data pipeline over the source's dataset, built once per dataset and
@@ -339,6 +350,20 @@ def _named(dataset: Any, keys: tuple[str, ...]) -> Any:
 def _parsed_shape(text: str) -> tuple[int, ...]:
   """A shape as tf.data's messages print it, ``"[3, 2]"``, as a tuple."""
   return tuple(int(size) for size in text.strip("[]").split(",") if size.strip())
+
+
+def _leading_rows(flat: FlatBatch) -> int:
+  """The rows of a numpy batch; ValueError naming two keys whose leading sizes disagree."""
+  sizes = {path: len(leaf) for path, leaf in flat.items()}
+  first, rows = next(iter(sizes.items()))
+  for path, size in sizes.items():
+    if size != rows:
+      (a, a_rows), (b, b_rows) = sorted([(first, rows), (path, size)])
+      raise ValueError(
+        f"leading sizes disagree within a batch: key {path_name(a)} has {a_rows} rows, "
+        f"key {path_name(b)} has {b_rows}; expected every key to have the same rows"
+      )
+  return rows
 
 
 def _check_static_leading_sizes(specs: dict) -> None:

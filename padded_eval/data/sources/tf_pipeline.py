@@ -12,7 +12,14 @@ from typing import Any
 
 from padded_eval.data._tree import path_name
 
-__all__ = ["batches_hint", "check_rows_read_once", "infer_batched", "pipeline", "rows_dropped"]
+__all__ = [
+  "batches_hint",
+  "check_rows_read_once",
+  "infer_batched",
+  "nearest_batch_size",
+  "pipeline",
+  "rows_dropped",
+]
 
 MAX_PIPELINE_DEPTH = 256
 
@@ -32,6 +39,17 @@ def batches_hint(dataset: Any, batched: bool, batch_size: int) -> int | None:
     rows = -1 if parent is None else int(parent.cardinality())
     rows = rows if rows >= 0 else cardinality * int(size)
     return -(-rows // batch_size)
+  return None
+
+
+def nearest_batch_size(dataset: Any) -> int | None:
+  """The size of the batch op nearest the pipeline's end (``ds.batch(n)``, ``padded_batch(n)``):
+  its batches have ``n`` rows but the last, unless a later map changes their rows. None when no
+  such op is found (none, or a ``rebatch``). Nothing is read."""
+  for node in pipeline(dataset):
+    size = getattr(node, "_batch_size", None)  # tf.data keeps the batch op's parts private
+    if "batch" in type(node).__name__.lower() and size is not None:
+      return int(size)
   return None
 
 
