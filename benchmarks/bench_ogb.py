@@ -9,11 +9,12 @@ pays before its host-side metric); ``masked_eval`` also accumulates ``AUPRC(task
 "multilabel", num_classes=128, average="ogb")`` with the default bins (4_097 for 128
 tasks, an 8 MiB state) and, with ``--bins``, other sizes (65_537: 128 MiB, the old
 default). The original loop (outputs to the host, OGB's rule with scikit-learn at the
-end) and ``masked_eval`` with a trivial Mean (the driver's own cost) are timed too.
+end) and ``masked_eval`` with a trivial Mean (the driver's own cost) are timed too; with
+``--capacity``, ``AUPRC(exact=True, capacity=...)`` as well (the HOWTO's exact OGB mean AP).
 Prints seconds per eval, the ratio to the bare loop (same process, runs interleaved) and
 the state size. ``backend="jit"``, one device, like the ogbg example.
 
-Run: ``python -m benchmarks.bench_ogb [--batches 172] [--repeats 5]`` (172 batches: the
+Run: ``python -m benchmarks.bench_ogb [--batches 172] [--repeats 5] [--capacity 65536]`` (172 batches: the
 43_793 test graphs of ogbg-molpcba).
 """
 
@@ -116,13 +117,17 @@ def unconverted_loop(params, batches) -> float:
   return float(np.mean(values))
 
 
-def ogb_step(num_thresholds):
+def ogb_step(num_thresholds=None, capacity=None):
+  """``(metric, step_fn)``: OGB's mean AP binned (``num_thresholds``) or, with ``capacity``,
+  exact (``exact=True``: every valid logit kept, up to ``capacity`` per task)."""
+  exact = {} if capacity is None else {"exact": True, "capacity": capacity}
   metric = pe.metrics.AUPRC(
     task="multilabel",
     num_classes=TASKS,
     average="ogb",
     from_logits=True,
     num_thresholds=num_thresholds,
+    **exact,
   )
 
   def step_fn(params, batch):
@@ -132,7 +137,9 @@ def ogb_step(num_thresholds):
   return metric, step_fn
 
 
-def run(num_batches, repeats, size=TINY, bins=(None,)) -> list[tuple[str, float, float]]:
+def run(
+  num_batches, repeats, size=TINY, bins=(None,), capacities=()
+) -> list[tuple[str, float, float]]:
   """``[(variant, seconds per eval, state MiB)]``; the first is the bare loop."""
   params, batches = make_params(size), make_batches(num_batches)
   fns, sizes = {"bare jitted loop (model only)": lambda: bare_loop(params, batches)}, {}
@@ -149,6 +156,11 @@ def run(num_batches, repeats, size=TINY, bins=(None,)) -> list[tuple[str, float,
     name = f"masked_eval AUPRC ogb, {metric.num_thresholds} bins"
     sizes[name] = (metric.positives.lo.size * 4 * 4) / 2**20  # 2 histograms x 2 limbs
     fns[name] = lambda step_fn=step_fn: pe.masked_eval(step_fn, params, batches, backend="jit")
+  for capacity in capacities:
+    _, step_fn = ogb_step(capacity=capacity)
+    name = f"masked_eval AUPRC ogb, exact, capacity {capacity}"
+    sizes[name] = TASKS * capacity * 5 / 2**20  # float32 score + int8 label per slot
+    fns[name] = lambda step_fn=step_fn: pe.masked_eval(step_fn, params, batches, backend="jit")
   seconds = median_seconds(fns, repeats)
   return [(name, seconds[name], sizes.get(name, 0.0)) for name in fns]
 
@@ -161,9 +173,16 @@ def main():
   parser.add_argument(
     "--bins", type=int, nargs="*", default=[], help="more num_thresholds (65537: the old default)"
   )
+  parser.add_argument(
+    "--capacity",
+    type=int,
+    nargs="*",
+    default=[],
+    help="exact=True with these capacities (65536: the HOWTO's, for molpcba's 43_793 graphs)",
+  )
   args = parser.parse_args()
   size = TINY if args.model == "tiny" else FLAX_DEFAULT
-  rows = run(args.batches, args.repeats, size, bins=[None, *args.bins])
+  rows = run(args.batches, args.repeats, size, bins=[None, *args.bins], capacities=args.capacity)
   base = rows[0][1]
   print(
     f"{args.batches} batches of {GRAPHS} graphs, {TASKS} tasks, model latent {size[0]} x "

@@ -317,8 +317,12 @@ def aggregate_over_devices(metric, parts: list, rng: np.random.Generator, device
   compiles once per metric; ``test_properties_devices.py`` varies the axis length.
   """
   owner = rng.integers(devices, size=len(parts))
+  # A device's partial state is a total (its batches merged into empty(), as a loop carries it):
+  # one batch's state of an exact curve metric holds only that batch's slots.
   per_device = [
-    merge_randomly([p for p, o in zip(parts, owner) if o == d] or [metric.empty()], rng)
+    jit_merge(metric.empty(), merge_randomly([p for p, o in zip(parts, owner) if o == d], rng))
+    if any(o == d for o in owner)
+    else metric.empty()
     for d in range(devices)
   ]
   slots = [metric.empty()] * (DEVICE_SLOTS - devices) + per_device

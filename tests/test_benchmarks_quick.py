@@ -65,3 +65,28 @@ def test_quick_benchmark_writes_both_tables_without_optional_anchors(tmp_path):
   assert not (REPO / "benchmarks" / "RESULTS.md").exists() or (
     (REPO / "benchmarks" / "RESULTS.md").read_text() != results
   )
+
+
+@pytest.mark.slow
+def test_converted_flax_examples_benchmark_prints_its_table():
+  env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  env.pop("XLA_FLAGS", None)
+  done = subprocess.run(
+    [sys.executable, "-m", "benchmarks.bench_from_flax", "--only", "mnist_nnx", "ogbg"]
+    + ["--repeats", "1"],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+  assert rows[0].startswith("| example | cold: original s")
+  by_name = {row.split(" | ")[0][2:]: row.split(" | ") for row in rows[1:]}
+  assert set(by_name) == {"mnist_nnx", "ogbg"}
+  for cells in by_name.values():  # name, 6 timings and ratios, the all-devices cell
+    assert len(cells) == 8
+    assert float(cells[3].split()[0]) > 0 and float(cells[6].split()[0]) > 0
+  assert by_name["ogbg"][7].strip(" |") == "same"  # its converted loop passes its own mesh
+  assert float(by_name["mnist_nnx"][7].strip(" |")) > 0

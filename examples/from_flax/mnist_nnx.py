@@ -107,11 +107,12 @@ def converted_eval_step(model, batch):
   return METRICS.batch_updates(preds=logits, target=batch["label"], loss=loss, mask=batch["mask"])
 
 
-def converted_eval(model, split, batch_size=BATCH_SIZE, backend="jit"):
-  """Every row, exactly, with the nnx Module as params; returns (metrics, rows)."""
+def converted_eval(model, split, batch_size=BATCH_SIZE, backend="jit", mesh=None):
+  """Every row, exactly, with the nnx Module as params; returns (metrics, rows). ``mesh``: the
+  devices (default: all; the original runs on one, ``benchmarks/bench_from_flax.py`` times both)."""
   model.eval()
   batches = pe.pad_batches(converted_test_ds(split, batch_size), batch_size)
-  results = pe.masked_eval(converted_eval_step, model, batches, backend=backend)
+  results = pe.masked_eval(converted_eval_step, model, batches, backend=backend, mesh=mesh)
   rows = results.pop("num_examples")
   return results, rows
 

@@ -117,10 +117,11 @@ def converted_eval_step(params, batch):
   )
 
 
-def converted_eval(params, examples, batch_size=BATCH_SIZE, backend="jit"):
-  """Every sentence, exactly, one compilation; returns (metrics, rows)."""
+def converted_eval(params, examples, batch_size=BATCH_SIZE, backend="jit", mesh=None):
+  """Every sentence, exactly, one compilation; returns (metrics, rows). ``mesh``: the devices
+  (default: all; the original runs on one, ``benchmarks/bench_from_flax.py`` times both)."""
   batches = pe.pad_batches(converted_get_batches(examples, batch_size), batch_size)
-  results = pe.masked_eval(converted_eval_step, params, batches, backend=backend)
+  results = pe.masked_eval(converted_eval_step, params, batches, backend=backend, mesh=mesh)
   rows = results.pop("num_examples")
   return results, rows
 

@@ -26,7 +26,8 @@ import numpy as np
 
 from padded_eval.data.sources import tf_data
 from padded_eval.eval import _packing, _placement, backends
-from padded_eval.exact.accumulate import ExactCount
+from padded_eval.exact.accumulate import Accumulator, ExactCount
+from padded_eval.metrics.base import full_state_shapes
 
 __all__ = [
   "RECOMPILES_BEFORE_WARNING",
@@ -198,8 +199,12 @@ def _checked_empty(shapes) -> tuple:
   """The empty (metric, count) state of one shard, from the ``eval_shape`` of a step."""
   metric_shape, count_shape = shapes
   empty = (metric_shape.empty(), ExactCount.zeros(count_shape.shape))
-  got = [(tuple(np.shape(x)), np.dtype(x.dtype)) for x in jax.tree.leaves(empty)]
-  want = [(tuple(s.shape), np.dtype(s.dtype)) for s in jax.tree.leaves(shapes)]
+
+  def leaves(tree):  # (shape in a total, dtype): one batch's score buffer holds fewer slots
+    dtypes = [np.dtype(x.dtype) for x in jax.tree.leaves(tree)]
+    return [(shape, dtype) for (_, shape), dtype in zip(full_state_shapes(tree), dtypes)]
+
+  got, want = leaves(empty), leaves(shapes)
   if jax.tree.structure(empty) != jax.tree.structure(shapes) or got != want:
     raise ValueError(
       f"{type(metric_shape).__name__}.empty() has state leaves (shape, dtype) {got} but "
@@ -279,6 +284,16 @@ def clear_caches() -> None:
   tf_data.clear_cache()
 
 
+def trimmed(metric: Any) -> Any:
+  """``metric`` with every accumulator `Accumulator.trimmed`: an exact curve metric's score
+  buffers cut to the slots their elements use (rounded up to a power of two), so that computing
+  a small evaluation with a large ``capacity`` sorts what was seen, not the capacity."""
+  is_accumulator = lambda x: isinstance(x, Accumulator)  # noqa: E731
+  return jax.tree.map(
+    lambda x: x.trimmed() if is_accumulator(x) else x, metric, is_leaf=is_accumulator
+  )
+
+
 _logs_programs: dict = {}  # (treedef, leaf shapes) -> jitted compute_logs, or None: not jittable
 _MISSING = object()
 
@@ -297,6 +312,7 @@ def metric_logs(metric: Any) -> dict:
     The logs, as ``metric.compute_logs()`` returns them; from the jitted program, fetched to
     the host in one transfer (numpy arrays instead of Python numbers).
   """
+  metric = trimmed(metric)
   try:
     key = _shapes_key(metric)
     program = _logs_programs.get(key, _MISSING)

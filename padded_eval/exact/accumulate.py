@@ -98,6 +98,16 @@ class Accumulator(abc.ABC):
   def shape(self) -> tuple[int, ...]:
     return jnp.shape(getattr(self, self._fields[0]))
 
+  def full_shapes(self) -> tuple[tuple[int, ...], ...]:
+    """Each field's shape in a total (what a metric's ``empty()`` holds): the fields' own shapes,
+    except for accumulators whose one batch holds less (a score buffer's slots)."""
+    return tuple(np.shape(getattr(self, f)) for f in self._fields)
+
+  def trimmed(self) -> Accumulator:
+    """The same total in the fewest slots its concrete values need, for computing it (a score
+    buffer's used slots); most accumulators return themselves."""
+    return self
+
   @abc.abstractmethod
   def merge(self, other):
     """Both totals combined."""

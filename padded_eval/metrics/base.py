@@ -332,15 +332,13 @@ class Metric(KeywordReader, abc.ABC):
 
   def _check_shapes(self, other, action: str) -> None:
     """ValueError unless ``other``'s state leaves (a metric, or the shapes ``empty()`` has)
-    have this metric's shapes: a stacked per-device state is combined by ``aggregate()``."""
-    mine = jax.tree_util.tree_flatten_with_path(self)[0]
-    theirs = jax.tree.leaves(other)
-    for (path, a), b in zip(mine, theirs):
-      if np.shape(a) != np.shape(b):
-        where = jax.tree_util.keystr(path)
+    have this metric's shapes in a total (`full_state_shapes`: one batch's score buffer may hold
+    fewer slots): a stacked per-device state is combined by ``aggregate()``."""
+    for (where, a), (_, b) in zip(full_state_shapes(self), full_state_shapes(other)):
+      if a != b:
         raise ValueError(
           f"cannot {action} {type(self).__name__} states of different shapes ({where}: "
-          f"{np.shape(a)} vs {np.shape(b)}); a stacked per-device state (out of pmap, or "
+          f"{a} vs {b}); a stacked per-device state (out of pmap, or "
           "from lax.all_gather) must be combined with .aggregate() first"
         )
 
@@ -372,11 +370,11 @@ def _unstacked_only(compute: Callable) -> Callable:
   @functools.wraps(compute)
   def checked(self, *args, **kwargs):
     expected = _empty_shapes(self)
-    for (path, leaf), want in zip(jax.tree_util.tree_flatten_with_path(self)[0], expected):
-      if np.shape(leaf) != want:
+    for (where, shape), want in zip(full_state_shapes(self), expected):
+      if shape != want:
         raise ValueError(
           f"{type(self).__name__}.compute() got a stacked state "
-          f"({jax.tree_util.keystr(path)}: shape {np.shape(leaf)}, expected {want}); a "
+          f"({where}: shape {shape}, expected {want}); a "
           "per-device state (out of pmap, or from lax.all_gather) must be combined first: "
           "metric.aggregate().compute()"
         )
@@ -384,6 +382,21 @@ def _unstacked_only(compute: Callable) -> Callable:
 
   checked._checks_stacking = True
   return checked
+
+
+def full_state_shapes(tree: Any) -> list[tuple[str, tuple[int, ...]]]:
+  """``(path, shape)`` of every array leaf of ``tree`` (a metric, or its ``eval_shape``), each
+  accumulator's fields at their shapes in a total (`Accumulator.full_shapes`: one batch's score
+  buffer holds fewer slots than a total's). Two states that merge have equal lists."""
+  shapes = []
+  nodes = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, Accumulator))
+  for path, node in nodes[0]:
+    where = jax.tree_util.keystr(path)
+    if isinstance(node, Accumulator):
+      shapes += [(f"{where}.{f}", shape) for f, shape in zip(node._fields, node.full_shapes())]
+    else:
+      shapes.append((where, tuple(np.shape(node))))
+  return shapes
 
 
 _EMPTY_SHAPES: dict = {}  # pytree structure -> state leaf shapes; bounded below
@@ -399,7 +412,7 @@ def _empty_shapes(metric: Metric) -> tuple[tuple[int, ...], ...]:
     key = None
   except KeyError:
     pass
-  shapes = tuple(np.shape(leaf) for leaf in jax.tree.leaves(jax.eval_shape(metric.empty)))
+  shapes = tuple(shape for _, shape in full_state_shapes(jax.eval_shape(metric.empty)))
   if key is not None:
     if len(_EMPTY_SHAPES) >= 1024:
       _EMPTY_SHAPES.clear()

@@ -79,6 +79,9 @@ invalid and the value is NaN), sorted once in ``compute()``: scikit-learn's
 ``roc_auc_score`` / ``average_precision_score`` (ties as scikit-learn counts them) on any
 data, within float32 rounding (1e-6), every task and average (``"ogb"`` included);
 ``error_bound()`` is 0 and ``curve()`` has one point per distinct score, as scikit-learn's.
+One batch's state holds only that batch's elements (``min(elements, capacity)`` slots per
+column), so a step costs what the batch has, not ``capacity``; ``masked_eval`` sorts only the
+used slots (rounded up to a power of two) at the end.
 
 Explicit thresholds (``thresholds=[t_0, ..., t_{T-1}]`` strictly increasing in ``[0, 1]``, or
 an int ``n``: ``linspace(0, 1, n)``; torchmetrics' ``thresholds=`` meaning): ``T + 1`` bins,
