@@ -331,10 +331,7 @@ class TfDataSource(Source):
     if not found:
       return f"the tf.data source failed: {message.strip()}"
     first, first_rows, other, other_rows = (int(g) for g in found.groups())
-    return (
-      f"leading sizes disagree within a batch: key {path_name(paths[first])} has {first_rows} rows, "
-      f"key {path_name(paths[other])} has {other_rows}; expected every key to have the same rows"
-    )
+    return _disagreeing_sizes(paths[first], first_rows, paths[other], other_rows)
 
 
 def _named(dataset: Any, keys: tuple[str, ...]) -> Any:
@@ -359,11 +356,16 @@ def _leading_rows(flat: FlatBatch) -> int:
   for path, size in sizes.items():
     if size != rows:
       (a, a_rows), (b, b_rows) = sorted([(first, rows), (path, size)])
-      raise ValueError(
-        f"leading sizes disagree within a batch: key {path_name(a)} has {a_rows} rows, "
-        f"key {path_name(b)} has {b_rows}; expected every key to have the same rows"
-      )
+      raise ValueError(_disagreeing_sizes(a, a_rows, b, b_rows))
   return rows
+
+
+def _disagreeing_sizes(a: tuple, a_rows: int, b: tuple, b_rows: int) -> str:
+  """The message for keys ``a`` and ``b`` of one batch whose leading sizes differ."""
+  return (
+    f"leading sizes disagree within a batch: key {path_name(a)} has {a_rows} rows, "
+    f"key {path_name(b)} has {b_rows}; expected every key to have the same rows"
+  )
 
 
 def _check_static_leading_sizes(specs: dict) -> None:
