@@ -16,23 +16,24 @@ pytestmark = pytest.mark.slow  # demo / example / benchmark: run by CI, not by t
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_quick_benchmark_writes_both_tables_without_optional_anchors(tmp_path):
+def _run_benchmark(*args: str, **env_vars: str) -> subprocess.CompletedProcess:
+  """``python -m <args>`` from the repository root, with its own XLA flags; asserts it succeeded."""
   env = dict(
-    os.environ,
-    PADDED_EVAL_BENCH_HIDE="clu,metrax,matplotlib",
-    PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    os.environ, **env_vars, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
   )
   env.pop("XLA_FLAGS", None)
   done = subprocess.run(
-    [sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)],
-    cwd=REPO,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=600,
+    [sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
   )
   assert done.returncode == 0, done.stderr[-3000:]
+  return done
+
+
+@pytest.mark.slow
+def test_quick_benchmark_writes_both_tables_without_optional_anchors(tmp_path):
+  _run_benchmark(
+    "benchmarks", "--quick", "--out", str(tmp_path), PADDED_EVAL_BENCH_HIDE="clu,metrax,matplotlib"
+  )
   results = (tmp_path / "RESULTS.md").read_text()
   for heading in (
     "## Machine",
@@ -69,18 +70,9 @@ def test_quick_benchmark_writes_both_tables_without_optional_anchors(tmp_path):
 
 @pytest.mark.slow
 def test_converted_flax_examples_benchmark_prints_its_table():
-  env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  env.pop("XLA_FLAGS", None)
-  done = subprocess.run(
-    [sys.executable, "-m", "benchmarks.bench_from_flax", "--only", "mnist_nnx", "ogbg"]
-    + ["--repeats", "1"],
-    cwd=REPO,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=600,
+  done = _run_benchmark(
+    "benchmarks.bench_from_flax", "--only", "mnist_nnx", "ogbg", "--repeats", "1"
   )
-  assert done.returncode == 0, done.stderr[-3000:]
   rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
   assert rows[0].startswith("| example | cold: original s")
   by_name = {row.split(" | ")[0][2:]: row.split(" | ") for row in rows[1:]}
