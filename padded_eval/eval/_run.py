@@ -10,7 +10,7 @@ Which carrier a run uses is decided in `start`, from the backend and the state, 
 else:
 
 * **packed** (the small-state fast path, `padded_eval.eval._placement.is_small_state`: one
-  process, a small state, no checkpoint): the state is one ``uint8`` vector per shard
+  process, a small state, no checkpoint): the state is one ``uint32`` vector per shard
   (`padded_eval.eval._packing`), placed once per compiled step and never donated, so every
   call starts from the same device buffers; one transfer per shard at the end;
 * **tree, donated** (everything else: large states, several processes, checkpoints): the

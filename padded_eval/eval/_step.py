@@ -139,7 +139,7 @@ def merge_step(
 
 def packed(step: Callable, packing: Any) -> Callable:
   """``step`` (a `merge_step`) carrying its state packed by ``packing`` (a
-  `padded_eval.eval._packing.StatePacking`): ``(params, uint8 [nbytes], inputs) -> (uint8 [nbytes],
+  `padded_eval.eval._packing.StatePacking`): ``(params, uint32 [nwords], inputs) -> (uint32 [nwords],
   token, per_row)``; the state is unpacked and packed again inside the compiled program."""
 
   def packed_step(params, state, inputs):

@@ -1,4 +1,4 @@
-"""The carried state packed into one byte vector (padded_eval.eval._packing), and where masked_eval uses it.
+"""The carried state packed into one vector of 32-bit words (padded_eval.eval._packing), and where masked_eval uses it.
 
 Bit-exactness is checked against numpy's own views of the same bytes (NaN payloads, -0.0,
 subnormals, bf16/f16); the results of packed evaluations against numpy float64 (exact integer
@@ -47,14 +47,38 @@ def assert_same_bits(got, want):
     assert g.tobytes() == w.tobytes()
 
 
+def _numpy_words(x):
+  """numpy's own reading of a leaf as 32-bit words: a 32-bit leaf's bytes read as uint32, a
+  narrower leaf's unsigned bits zero-extended, one element a word."""
+  x = np.ascontiguousarray(x)
+  if x.dtype.itemsize == 4:
+    return np.frombuffer(x.tobytes(), np.uint32)
+  unsigned = {1: np.uint8, 2: np.uint16}[x.dtype.itemsize]
+  return np.frombuffer(x.tobytes(), unsigned).astype(np.uint32)
+
+
 def test_host_round_trip_is_bit_exact():
   tree = odd_tree(np.random.default_rng(0))
   layout = packing.StatePacking(tree)
   packed = layout.pack_host(tree)
-  want_bytes = b"".join(np.ascontiguousarray(x).tobytes() for x in jax.tree.leaves(tree))
-  assert packed.dtype == np.uint8 and packed.tobytes() == want_bytes
-  assert layout.nbytes == len(want_bytes)
+  want = np.concatenate([_numpy_words(x) for x in jax.tree.leaves(tree)])
+  assert packed.dtype == np.uint32
+  np.testing.assert_array_equal(packed, want)
+  assert layout.nwords == len(want) == sum(np.size(x) for x in jax.tree.leaves(tree))
   assert_same_bits(layout.unpack_host(packed), tree)
+
+
+def test_a_32_bit_state_is_packed_without_widening_or_splitting_words():
+  """Every leaf of a real metric state is 32-bit: one word per element, read by a same-width
+  bitcast (the byte layout cost XLA's CPU backend a shift-and-reduce kernel per word)."""
+  metric = pe.Metrics({"accuracy": pe.metrics.Accuracy(), "loss": pe.metrics.Mean("loss")})
+  empty = jax.device_get(metric.empty())
+  layout = packing.StatePacking(empty)
+  leaves = jax.tree.leaves(empty)
+  assert {np.asarray(x).dtype.itemsize for x in leaves} == {4}
+  assert layout.nwords == sum(np.size(x) for x in leaves)
+  hlo = jax.jit(lambda words: layout.pack(layout.unpack(words))).lower(layout.empty).as_text()
+  assert "shift" not in hlo and "u8" not in hlo
 
 
 def test_device_pack_and_unpack_match_the_host_bit_for_bit():
@@ -124,14 +148,14 @@ class StateSpy:
     monkeypatch.setattr(step_cache.CachedStep, "packed", packed)
 
 
-def test_masked_eval_carries_one_byte_vector_and_stays_exact(backend, monkeypatch):
+def test_masked_eval_carries_one_word_vector_and_stays_exact(backend, monkeypatch):
   spy = StateSpy(monkeypatch)
   data, (w, b) = dataset(1003, seed=4), weights(5)
   got = pe.masked_eval(step, {"w": w, "b": b}, garbage_padded(data, 64), backend=backend)
   check(got, data, w, b)
   assert len(spy.states) == 16  # ceil(1003 / 64) steps, every one packed
   for state in spy.states:
-    assert isinstance(state, jax.Array) and state.dtype == jnp.uint8
+    assert isinstance(state, jax.Array) and state.dtype == jnp.uint32
     if backend == "jit":  # one replicated vector
       assert state.ndim == 1 and state.sharding.is_fully_replicated
     else:  # one vector per shard

@@ -13,7 +13,7 @@ partial states exactly, once: small states (one process) are fetched and combine
 larger ones by ``Metric.reduce``, the one collective of a call. The pieces of the step itself
 are in `padded_eval.eval._step`.
 
-A small state with one process and no checkpoint is carried packed, one ``uint8`` vector per
+A small state with one process and no checkpoint is carried packed, one ``uint32`` vector per
 shard (`padded_eval.eval._packing`; ``CompiledStep.packed_step``, and the
 ``packing`` argument of ``finalize`` and ``to_host``): a short evaluation then copies one
 array per shard instead of one per leaf and shard.
@@ -53,7 +53,7 @@ class CompiledStep:
       shards. ``per_row`` is what ``step_fn`` returned next to its metric (``outputs=True``),
       rows split over the data axis like the batch; None without outputs.
     packed_step: ``(packing, count_rows) -> step`` for a `padded_eval.eval._packing.StatePacking`:
-      the step (not donating) whose carried state is one ``uint8`` vector per shard
+      the step (not donating) whose carried state is one ``uint32`` vector per shard
       (`padded_eval.eval._step.packed`); without ``count_rows`` it leaves the carried count
       as it came (the run counts the rows on the host: `padded_eval.eval._run`).
   """
