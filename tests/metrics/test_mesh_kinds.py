@@ -277,3 +277,75 @@ def test_class_axis_sharded_logits_under_set_mesh_of_an_explicit_mesh():
   np.testing.assert_allclose(results["f1"], f1, rtol=1e-5)
   auroc = skm.roc_auc_score(target, np.exp(log_probs), multi_class="ovr", average="macro")
   np.testing.assert_allclose(results["auroc"], auroc, atol=1e-3)
+
+
+def _class_metrics_step(params, batch):
+  """Logits ``[B@data, T, 6@model]`` (``out_sharding=``) into every class-score family."""
+  logits = jnp.einsum(
+    "btd,dv->btv", batch["x"], params["w"], out_sharding=PartitionSpec("data", None, "model")
+  )
+  tokens = batch["mask"][:, None] & (batch["y"] >= 0)
+  classes = dict(task="multiclass", num_classes=6)
+  metrics = pe.Metrics(
+    {
+      "precision": pe.metrics.Precision(**classes),
+      "recall": pe.metrics.Recall(**classes, average="weighted"),
+      "specificity": pe.metrics.Specificity(**classes),
+      "balanced": pe.metrics.BalancedAccuracy(**classes),
+      "jaccard": pe.metrics.JaccardIndex(**classes, average="micro"),
+      "mcc": pe.metrics.MatthewsCorrCoef(**classes),
+      "kappa": pe.metrics.CohenKappa(**classes),
+      "confusion": pe.metrics.ConfusionMatrix(**classes),
+      "zero_one": pe.metrics.ZeroOneLoss(**classes),
+      "macro_accuracy": pe.metrics.Accuracy(**classes, average="macro"),
+      "auroc_exact": pe.metrics.AUROC(**classes, from_logits=True, exact=True, capacity=512),
+      "auprc_exact": pe.metrics.AUPRC(**classes, from_logits=True, exact=True, capacity=512),
+    }
+  )
+  return metrics.batch_updates(preds=logits, target=batch["y"], mask=tokens)
+
+
+@pytest.mark.skipif(AxisType is None, reason="this JAX has no explicit mesh axes")
+def test_every_class_score_family_takes_logits_split_over_the_class_axis():
+  """Issue 33 (gemma), the other families: under ``jax.set_mesh`` of an explicit mesh, logits
+  split over the class axis go into precision / recall / specificity / balanced accuracy /
+  Jaccard / MCC / kappa / confusion matrix / zero-one loss / macro accuracy and exact AUROC /
+  AUPRC, against scikit-learn float64 over the 5 tokens of 61 rows (batch 16, NaN padding, and
+  ignored tokens labelled -1 inside real rows)."""
+  rng = np.random.default_rng(34)
+  n, t, d, v = 61, 5, 4, 6
+  x = rng.standard_normal((n, t, d)).astype(np.float32)
+  y = rng.integers(0, v, (n, t)).astype(np.int32)
+  y[rng.random((n, t)) < 0.1] = -1  # ignored tokens of real rows
+  w = rng.standard_normal((d, v)).astype(np.float32)
+  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+  params = {"w": jax.device_put(w, NamedSharding(mesh, PartitionSpec(None, "model")))}
+  batches = pe.pad_batches({"x": x, "y": y}, 16, pad_value={"x": np.nan, "y": 3})
+  with jax.set_mesh(mesh):
+    results = pe.masked_eval(_class_metrics_step, params, batches, backend="jit", mesh=mesh)
+  logits = np.einsum("btd,dv->btv", x.astype(np.float64), w.astype(np.float64)).reshape(-1, v)
+  kept = y.reshape(-1) >= 0
+  logits, target = logits[kept], y.reshape(-1)[kept]
+  pred = logits.argmax(-1)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  confusion = skm.confusion_matrix(target, pred, labels=range(v))
+  negatives = confusion.sum() - confusion.sum(0) - confusion.sum(1) + np.diag(confusion)
+  specificity = negatives / (negatives + confusion.sum(0) - np.diag(confusion))
+  expected = {
+    "precision": skm.precision_score(target, pred, average="macro", zero_division=0),
+    "recall": skm.recall_score(target, pred, average="weighted", zero_division=0),
+    "specificity": specificity.mean(),
+    "balanced": skm.balanced_accuracy_score(target, pred),
+    "jaccard": skm.jaccard_score(target, pred, average="micro"),
+    "mcc": skm.matthews_corrcoef(target, pred),
+    "kappa": skm.cohen_kappa_score(target, pred),
+    "confusion": confusion,
+    "zero_one": np.mean(pred != target),
+    "macro_accuracy": skm.recall_score(target, pred, average="macro", zero_division=0),
+    "auroc_exact": skm.roc_auc_score(target, probs, multi_class="ovr", average="macro"),
+    "auprc_exact": skm.average_precision_score(np.eye(v)[target], probs, average="macro"),
+  }
+  assert results["num_examples"] == n
+  for key, want in expected.items():
+    np.testing.assert_allclose(results[key], want, rtol=1e-5, atol=1e-7, err_msg=key)
