@@ -67,6 +67,7 @@ HOWTO_FIGURES = {
   "mnist_nnx": (1003, 107),
   "imagenet": (1003, 107),
   "lm1b": (820, 52),
+  "wmt": (724, 20),
   "gemma": (795, 27),
 }
 
