@@ -24,7 +24,7 @@ What the re-creation leaves out or changes (the eval plumbing is the point, not 
 - The model is ``TinyTranslator``: a source embedding added position by position to an embedding
   of the shifted targets (a stand-in for the encoder and the cross attention of a translation
   that keeps the word order), projected to the vocabulary. Its params are set by hand so that it
-  translates most words right (see `make_inputs`), which gives a BLEU far from 0 and 100.
+  translates most words right (see `make_params`), which gives a BLEU far from 0 and 100.
 - Greedy decoding in a ``jax.lax.fori_loop`` to a fixed ``max_decode_len`` stands for the beam
   search, with no cache (so no ``p_init_cache``); both loops use the same decode.
 - There is no text: a "sentence" is its token ids written as words, up to and including the first
@@ -33,6 +33,15 @@ What the re-creation leaves out or changes (the eval plumbing is the point, not 
   a small host BLEU written the way ``bleu.py`` computes it (orders without a match smoothed),
   one host, so ``per_host_sum_pmap`` is left out (a sum over one host is the identity).
 - No label smoothing (the example's eval uses none either), and no exemplars are written.
+- The pipelines are built at each call (in both loops), and the params arrive unreplicated:
+  the original replicates them once per call (the example's state is replicated once for
+  training), ``masked_eval`` once per call of it. The 11 full eval batches are fewer than
+  ``num_eval_steps``, so only the last partial batch is lost. The conversion passes the batch
+  size to ``pe.pad_batches`` where the HOWTO passes None (see `converted_eval`).
+
+``ORIGINAL_TRACES`` and ``CONVERTED_TRACES`` count the traces of both step functions of their
+loop (``EVAL`` / ``PREDICT`` / ``BLEU`` counters count one each): a first call traces the
+original's eval step once and its predict step twice, and each converted step once.
 """
 
 import collections
@@ -52,7 +61,7 @@ from flax.training import common_utils
 import padded_eval as pe
 from examples.from_flax import common
 
-BATCH_SIZE = 64  # per_device_batch_size 8 x 8 devices
+BATCH_SIZE = 64  # 8 per device x 8 devices (the example's per_device_batch_size is 32)
 EOS_ID = 2  # sentencepiece's EOS, which ends every tokenized sentence
 
 
