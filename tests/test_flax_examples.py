@@ -2,8 +2,8 @@
 
 Each example's data has 1003 rows (or what its length filter keeps), which divides neither
 its batch size nor the 8 devices. The converted loop must match the float64 reference over
-every row, with one trace; the original loop shows its silent error (dropped rows) or, for
-sst2 whose sums are right, its recompilations.
+every row, with one trace per step function; the original loop shows its silent error (dropped
+rows) or, for sst2 whose sums are right, its recompilations.
 """
 
 import functools
@@ -23,8 +23,9 @@ from examples.from_flax import common, report  # noqa: E402
 pytestmark = pytest.mark.slow  # demo / example / benchmark: run by CI, not by the fast tier
 
 RTOL = 1e-6  # float32 model outputs against float64 numpy; measured errors are below 1e-7
-BATCH_SIZES = {"mnist_nnx": 128, "imagenet": 128, "lm1b": 64, "gemma": 64}
+BATCH_SIZES = {"mnist_nnx": 128, "imagenet": 128, "lm1b": 64, "wmt": 64, "gemma": 64}
 DROPS_ROWS = tuple(BATCH_SIZES)
+STEP_FUNCTIONS = {"wmt": 2}  # its loss and its BLEU: two masked_eval calls, two step functions
 
 
 @functools.cache
@@ -48,7 +49,7 @@ def test_converted_matches_float64_reference_with_one_trace(name):
   assert set(converted.metrics) == set(reference)
   for key, value in reference.items():
     np.testing.assert_allclose(converted.metrics[key], value, rtol=RTOL, err_msg=key)
-  assert converted.traces == 1
+  assert converted.traces == STEP_FUNCTIONS.get(name, 1)  # one per step function
 
 
 @pytest.mark.parametrize("name", DROPS_ROWS)
@@ -66,11 +67,12 @@ HOWTO_FIGURES = {
   "mnist_nnx": (1003, 107),
   "imagenet": (1003, 107),
   "lm1b": (820, 52),
+  "wmt": (724, 20),
   "gemma": (795, 27),
 }
 
 
-@pytest.mark.parametrize("name", DROPS_ROWS)
+@pytest.mark.parametrize("name", tuple(HOWTO_FIGURES))
 def test_the_figures_howto_quotes(name):
   original, converted, (_, rows) = _runs(name)
   assert (rows, rows - original.rows, converted.rows) == (*HOWTO_FIGURES[name], rows)
@@ -86,6 +88,21 @@ def test_sst2_original_is_right_but_compiles_per_longest_length():
   shapes = {b["token_ids"].shape for b in batches}
   assert original.traces == len(shapes) == 6  # one trace per batch shape (HOWTO.md quotes 6)
   assert converted.traces == 1
+
+
+def test_wmt_traces_each_step_function_once_and_its_original_bleu_is_right():
+  module, inputs = _example("wmt")
+  original, converted, (reference, rows) = _runs("wmt")
+  # the counters add up over this process; only _runs calls the wmt loops before this point
+  assert module.CONVERTED_EVAL_TRACES.count == module.CONVERTED_BLEU_TRACES.count == 1
+  assert module.ORIGINAL_EVAL_TRACES.count == 1
+  # the predict step compiles again for the last batch, padded to 24 rows (3 per device)
+  assert rows % module.BATCH_SIZE == 20 and module.ORIGINAL_PREDICT_TRACES.count == 2
+  again = common.run_counted(module.CONVERTED_TRACES, module.converted_eval, *inputs)
+  assert again.traces == 0 and again.metrics == converted.metrics
+  # the original's BLEU covers every pair (its predict pipeline keeps the last batch): right
+  np.testing.assert_allclose(original.metrics["bleu"], reference["bleu"], rtol=RTOL)
+  assert 20 < reference["bleu"] < 80  # a BLEU that says something
 
 
 def test_gemma_original_traces_twice():

@@ -13,7 +13,7 @@ import os
 import re
 import textwrap
 
-EXAMPLES = ("mnist_nnx", "imagenet", "lm1b", "sst2", "gemma")
+EXAMPLES = ("mnist_nnx", "imagenet", "lm1b", "wmt", "sst2", "gemma")
 GRAPHS = ("ogbg",)  # jraph GraphsTuple inputs; checked by tests/test_flax_ogbg.py
 _ROLE = re.compile(r"\b(original|converted)_|\b(ORIGINAL|CONVERTED)_")
 
