@@ -5,7 +5,7 @@ two). Copying it between host and devices costs per leaf and per device shard, n
 fetching a per-shard state of 12 leaves from 8 CPU devices is 96 copies, most of a short
 evaluation's fixed cost. `StatePacking` lays the leaves of one shard's state end to end as
 ``uint32`` words (bit for bit: `jax.lax.bitcast_convert_type`, so nothing is rounded), and the
-compiled step carries that vector instead of the tree (`padded_eval.eval._step.packed`).
+compiled step carries that vector instead of the tree (`padded_eval.eval._step.merge_step`).
 
 Words, not bytes: state leaves are 32-bit (float32 sums, int32 limbs), and a 32-bit leaf is
 one word by a same-width bitcast, which XLA compiles to nothing. Through bytes, XLA's CPU
@@ -29,6 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
+from padded_eval.metrics.base import Metric
+
 __all__ = ["StatePacking", "aggregate_packed"]
 
 
@@ -44,16 +47,40 @@ class StatePacking:
 
   def __init__(self, empty: Any):
     """``empty``: the empty state of one shard, a pytree of host arrays."""
+    parts, self._parts = jax.tree.flatten(empty, is_leaf=_is_part)
     leaves, self.treedef = jax.tree.flatten(empty)
-    specs, start = [], 0
-    for leaf in leaves:
-      leaf = np.asarray(leaf)
+    groups: dict = {kind: [] for kind in _GROUPED}  # kind -> [(part index, first leaf)]
+    own, own_parts, first = [], [], 0  # the leaves and parts that are not in a group
+    self._part_leaves = []
+    for i, part in enumerate(parts):
+      count = len(jax.tree.leaves(part))
+      self._part_leaves.append((first, count))
+      if _group_of(part) is not None:
+        groups[_group_of(part)].append((i, first))
+      else:
+        own.extend(range(first, first + count))
+        own_parts.append(i)
+      first += count
+    # word order: each group's fields, every part's field after the other; then the rest
+    order = [
+      leaf + field
+      for kind, members in groups.items()
+      for field in range(len(kind._fields))
+      for _, leaf in members
+    ] + own
+    specs, start = [None] * len(leaves), 0
+    for index in order:
+      leaf = np.asarray(leaves[index])
       size = leaf.size * _words_per_element(leaf.dtype)
-      specs.append((leaf.shape, leaf.dtype, start, size))
+      specs[index] = (leaf.shape, leaf.dtype, start, size)
       start += size
-    self.specs, self.nwords = tuple(specs), start
+    self.specs, self.nwords, self._order = tuple(specs), start, tuple(order)
+    self._groups = tuple(
+      (kind, tuple(i for i, _ in members)) for kind, members in groups.items() if members
+    )
+    self._own_parts = tuple(own_parts)
     self.empty = self.pack_host(empty)
-    self._key = (self.treedef, self.specs)
+    self._key = (self.treedef, self._parts, self.specs)
 
   def __hash__(self) -> int:
     return hash(self._key)
@@ -63,8 +90,43 @@ class StatePacking:
 
   def pack(self, state: Any) -> jax.Array:
     """``state`` (traced leaves of the layout's shapes) -> ``uint32 [nwords]``, bit for bit."""
-    parts = [_words(jnp.asarray(leaf)).reshape(-1) for leaf in self.treedef.flatten_up_to(state)]
-    return jnp.concatenate(parts) if parts else jnp.zeros((0,), jnp.uint32)
+    leaves = self.treedef.flatten_up_to(state)
+    return _concatenate([_words(jnp.asarray(leaves[i])).reshape(-1) for i in self._order])
+
+  def merge(self, packed: jax.Array, batch: Any) -> jax.Array:
+    """``packed`` (``uint32 [nwords]``) with one batch's state ``batch`` merged in, packed.
+
+    The same as ``pack(unpack(packed).merge(batch))`` leaf for leaf, with the exact sums and
+    counts of every metric merged together: each field of a group is one vector, in the words
+    as in the merge. XLA's CPU backend compiles a kernel per array a program computes (a
+    scalar exact sum merged alone is three kernels, each redoing the same chain); merged as
+    vectors, a whole state is a handful (Flax mnist's step: 23 kernels before, 11 after).
+
+    Args:
+      packed: the carried state, packed by this layout (no leading axes).
+      batch: one batch's state, of the empty state's structure; a part that is None (the row
+        count of a run that counts rows on the host) is kept as it is.
+    """
+    parts = self._parts.flatten_up_to(batch)
+    total = self._parts.flatten_up_to(self.unpack(packed))
+    words: list = []
+    for kind, members in self._groups:
+      fields = range(len(kind._fields))
+      mine = kind._make(*(self._field(packed, members, f) for f in fields))
+      theirs = [kind.zeros(total[i].shape) if parts[i] is None else parts[i] for i in members]
+      merged = mine.merge(kind._make(*(_flat_field(theirs, f) for f in fields)))
+      words.extend(_words(getattr(merged, name)) for name in kind._fields)  # flat already
+    for i in self._own_parts:
+      merged = total[i] if parts[i] is None else total[i].merge(parts[i])
+      words.extend(_words(jnp.asarray(leaf)).reshape(-1) for leaf in jax.tree.leaves(merged))
+    return _concatenate(words)
+
+  def _field(self, packed: jax.Array, members: tuple, field: int) -> jax.Array:
+    """Field ``field`` of the group parts ``members``, one flat vector read from ``packed``."""
+    first_leaf, _ = self._part_leaves[members[0]]
+    shape, dtype, start, _ = self.specs[first_leaf + field]
+    size = sum(self.specs[self._part_leaves[i][0] + field][3] for i in members)
+    return _from_words(packed[start : start + size], (size,), dtype)
 
   def unpack(self, packed: jax.Array) -> Any:
     """``uint32 [..., nwords]`` -> the state, every leaf with the same leading axes ``[...]``."""
@@ -77,9 +139,10 @@ class StatePacking:
 
   def pack_host(self, state: Any) -> np.ndarray:
     """``pack`` on the host: numpy leaves -> ``uint32 [nwords]``."""
+    leaves = self.treedef.flatten_up_to(state)
     parts = [
-      _host_words(np.ascontiguousarray(leaf, dtype)).reshape(-1)
-      for leaf, (_, dtype, _, _) in zip(self.treedef.flatten_up_to(state), self.specs)
+      _host_words(np.ascontiguousarray(leaves[i], self.specs[i][1])).reshape(-1)
+      for i in self._order
     ]
     return np.concatenate(parts) if parts else np.zeros((0,), np.uint32)
 
@@ -94,6 +157,36 @@ class StatePacking:
       for shape, dtype, start, size in self.specs
     ]
     return self.treedef.unflatten(leaves)
+
+
+_GROUPED = (ExactSum, ExactCount)  # merged as vectors, their fields each a run of words
+_GROUP_DTYPES = {ExactSum: (np.float32, np.float32, np.int32), ExactCount: (np.int32, np.int32)}
+
+
+def _is_part(x: Any) -> bool:
+  """Whether ``x`` merges as a whole: an accumulator, or a metric with a merge of its own."""
+  own_merge = isinstance(x, Metric) and type(x).merge is not Metric.merge
+  return isinstance(x, Accumulator) or own_merge
+
+
+def _group_of(part: Any) -> type | None:
+  """The group ``part`` merges in (an exact sum or count of 32-bit fields), or None."""
+  kind = type(part)
+  if kind not in _GROUP_DTYPES:
+    return None
+  dtypes = tuple(np.dtype(getattr(part, name).dtype) for name in kind._fields)
+  return kind if dtypes == tuple(map(np.dtype, _GROUP_DTYPES[kind])) else None
+
+
+def _flat_field(parts: list, field: int) -> jax.Array:
+  """Field ``field`` of every accumulator in ``parts``, flattened and end to end."""
+  name = type(parts[0])._fields[field]
+  return jnp.concatenate([jnp.reshape(getattr(p, name), (-1,)) for p in parts])
+
+
+def _concatenate(parts: list) -> jax.Array:
+  """``uint32`` word vectors end to end (an empty state: no words)."""
+  return jnp.concatenate(parts) if parts else jnp.zeros((0,), jnp.uint32)
 
 
 def _words_per_element(dtype: np.dtype) -> int:

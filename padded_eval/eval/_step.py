@@ -27,7 +27,6 @@ __all__ = [
   "batch_statistics",
   "checked_step_fn",
   "merge_step",
-  "packed",
   "reduce_state",
   "restack",
   "row_count",
@@ -120,33 +119,30 @@ def batch_statistics(inner: Callable, mask: RowMask, axis: str | None) -> Callab
 
 
 def merge_step(
-  inner: Callable, mask: RowMask, sync_total: Callable, count_rows: bool = True
+  inner: Callable, mask: RowMask, sync_total: Callable, count_rows: bool = True, packing: Any = None
 ) -> Callable:
   """``(params, state, inputs) -> (state, token, per_row)``: one batch merged into ``state``,
   locally (no collective but ``sync_total`` of the multi-host flags). Without ``count_rows``
-  the carried count stays as it came: the driver counts the real rows on the host."""
+  the carried count stays as it came: the driver counts the real rows on the host.
+
+  ``packing`` (a `padded_eval.eval._packing.StatePacking`): the state is carried packed, one
+  ``uint32 [nwords]`` vector, and merged by `StatePacking.merge` (its exact sums and counts
+  as vectors) inside the compiled program; None: the state's tree, merged metric by metric."""
 
   def masked_eval_step(params, state, inputs: Any):  # inputs: a backends.StepInput
-    metric_total, count_total = state
     metric, per_row = inner(params, inputs.batch)
-    if count_rows:
-      count_total = count_total.merge(row_count(inputs.batch, mask))
+    count = row_count(inputs.batch, mask) if count_rows else None
+    if packing is None:
+      metric_total, count_total = state
+      count_total = count_total if count is None else count_total.merge(count)
+      state = (metric_total.merge(metric), count_total)
+    else:
+      state = packing.merge(state, (metric, count))
+      count_total = packing.unpack(state)[1]
     token = (count_total.total(), tuple(sync_total(flag) for flag in inputs.sync))
-    return (metric_total.merge(metric), count_total), token, per_row
+    return state, token, per_row
 
   return masked_eval_step
-
-
-def packed(step: Callable, packing: Any) -> Callable:
-  """``step`` (a `merge_step`) carrying its state packed by ``packing`` (a
-  `padded_eval.eval._packing.StatePacking`): ``(params, uint32 [nwords], inputs) -> (uint32 [nwords],
-  token, per_row)``; the state is unpacked and packed again inside the compiled program."""
-
-  def packed_step(params, state, inputs):
-    state, token, per_row = step(params, packing.unpack(state), inputs)
-    return packing.pack(state), token, per_row
-
-  return packed_step
 
 
 def reduce_state(axis: str) -> Callable:

@@ -6,11 +6,16 @@ counts) on data whose size divides neither the batch nor the 8 devices, with gar
 (NaN / inf / out-of-range labels) in every padded row: tests/eval/test_placement.py's data and metrics.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.metrics import roc_auc_score
 from test_placement import check, dataset, garbage_padded, step, weights  # same data and metrics
 
 import padded_eval as pe
@@ -194,3 +199,136 @@ def test_make_backend_reuses_equal_settings_and_still_checks_them():
   for _ in range(2):
     with pytest.raises(ValueError, match="data_axes"):
       backends.make_backend("pmap", "batch", None, "data")
+
+
+# --- the packed merge: every exact sum and count of a state merged as vectors ---------------
+
+NOT_KERNELS = ("parameter(", "constant(", "tuple(", "get-tuple-element(", "bitcast(")
+
+
+def entry_kernels(program, *args) -> int:
+  """The instructions of a jitted program's compiled entry computation that run as kernels."""
+  hlo = program.lower(*args).compile().as_text()
+  entry = hlo[hlo.index("\nENTRY") :].splitlines()[1:]
+  return sum(1 for line in entry if "=" in line and not any(op in line for op in NOT_KERNELS))
+
+
+def test_exact_sums_merged_packed_compile_to_kernels_that_do_not_grow_with_their_number():
+  """XLA's CPU backend compiles a kernel per array a program computes: merged leaf by leaf, a
+  state of n means is about 8n kernels; merged as vectors, the same few whatever n."""
+
+  def layout_and_empty(n):
+    metric = pe.Metrics({f"m{i}": pe.metrics.Mean(f"x{i}") for i in range(n)})
+    empty = jax.device_get((metric.empty(), ExactCount.zeros()))
+    return packing.StatePacking(empty), empty
+
+  def kernels(n, leaf_by_leaf=False):
+    layout, empty = layout_and_empty(n)
+
+    def merge(words, batch):
+      (metric, count) = layout.unpack(words)
+      return layout.pack((metric.merge(batch[0]), count.merge(batch[1])))
+
+    return entry_kernels(jax.jit(merge if leaf_by_leaf else layout.merge), layout.empty, empty)
+
+  assert kernels(8) <= kernels(1) + 2 < 10
+  assert kernels(8, leaf_by_leaf=True) > 8 * 6  # what the vectors save
+
+
+def test_a_grouped_layout_puts_each_field_of_the_exact_sums_end_to_end():
+  state = {"a": ExactSum.zeros((2,)), "b": ExactCount.zeros(()), "c": ExactSum.zeros(())}
+  layout = packing.StatePacking(jax.device_get(state))
+  starts = {
+    path: spec[2]
+    for path, spec in zip(
+      ["a.hi", "a.lo", "a.e", "b.lo", "b.hi", "c.hi", "c.lo", "c.e"], layout.specs
+    )
+  }
+  # the sums' hi fields, then their lo fields, then their exponents; then the counts'
+  assert [starts[k] for k in ("a.hi", "c.hi", "a.lo", "c.lo", "a.e", "c.e", "b.lo", "b.hi")] == [
+    0,
+    2,
+    3,
+    5,
+    6,
+    8,
+    9,
+    10,
+  ]
+  assert_same_bits(
+    layout.unpack_host(layout.pack_host(jax.device_get(state))), jax.device_get(state)
+  )
+
+
+MIXED = pe.Metrics(
+  {
+    "mean": pe.metrics.Mean("x"),  # exact sums and counts: merged in the groups
+    "weighted": pe.metrics.Mean("y"),
+    "pearson": pe.metrics.PearsonCorrelation(),  # Moments: an accumulator merged by itself
+    "auroc": pe.metrics.AUROC(exact=True, capacity=64),  # a score buffer: by itself too
+  }
+)
+
+
+@functools.cache
+def mixed_programs():
+  """``(empty, layout, updates, packed merge, tree merge)`` of `MIXED`, each program jitted once."""
+  empty = jax.device_get((MIXED.empty(), ExactCount.zeros()))
+  layout = packing.StatePacking(empty)
+  updates = jax.jit(
+    lambda x, y, target, mask: MIXED.batch_updates(x=x, y=y, preds=x, target=target, mask=mask)
+  )
+  merge_tree = jax.jit(lambda total, batch: (total[0].merge(batch[0]), total[1].merge(batch[1])))
+  return empty, layout, updates, jax.jit(layout.merge), merge_tree
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+  seed=st.integers(0, 2**32 - 1),
+  scale=st.sampled_from([1e-25, 1.0, 1e6, 1e18]),
+  offset=st.sampled_from([0.0, 1e6]),
+  rows=st.lists(st.integers(0, 16), min_size=1, max_size=4),
+)
+def test_the_packed_merge_is_exact_and_the_tree_merge_bit_for_bit(seed, scale, offset, rows):
+  rng = np.random.default_rng(seed)
+  empty, layout, updates, merge_packed, merge_tree = mixed_programs()
+  words, tree, seen = layout.empty, empty, []
+  for n in rows:
+    x = (rng.normal(size=16) * scale + offset).astype(np.float32)
+    y = (rng.normal(size=16) * scale).astype(np.float32)
+    target = rng.integers(0, 2, size=16).astype(np.int32)
+    mask = np.arange(16) < n
+    x[~mask], y[~mask] = np.nan, np.inf  # garbage in the padded rows
+    batch = (updates(x, y, target, mask), ExactCount.of(np.int32(n)))
+    words, tree = merge_packed(words, batch), merge_tree(tree, batch)
+    seen.append((x[mask], y[mask], target[mask]))
+  got = layout.unpack_host(np.asarray(words))
+  assert_same_bits(got, jax.device_get(tree))
+  x, y, target = (np.concatenate(parts).astype(np.float64) for parts in zip(*seen))
+  assert got[1].to_numpy() == len(x)
+  if not len(x):
+    return
+  logs = jax.device_get(jax.jit(lambda metric: metric.compute())(got[0]))
+  for name, values in (("mean", x), ("weighted", y)):  # the exact totals, then the float32 mean
+    total = got[0].children[name].total.to_numpy()
+    np.testing.assert_allclose(total, values.sum(), rtol=0, atol=1e-12 * np.abs(values).sum())
+    np.testing.assert_allclose(logs[name], values.mean(), rtol=2**-23)
+  if len(x) > 2 and x.std() > 0:
+    np.testing.assert_allclose(logs["pearson"], np.corrcoef(x, target)[0, 1], atol=1e-5)
+  if 0 < target.sum() < len(target):
+    np.testing.assert_allclose(logs["auroc"], roc_auc_score(target, x), rtol=1e-6)
+
+
+def test_a_part_given_as_none_is_kept_as_it_is():
+  """The row count of a run that counts rows on the host is not merged in the step."""
+  metric = pe.metrics.Mean("x")
+  empty = jax.device_get((metric.empty(), ExactCount.zeros()))
+  layout = packing.StatePacking(empty)
+  words = layout.pack_host((metric.empty(), ExactCount.of(np.int32(7))))
+  batch = (
+    metric.batch_updates(x=np.array([1.0, 2.0, np.nan]), mask=np.array([1, 1, 0], bool)),
+    None,
+  )
+  mean, count = layout.unpack_host(np.asarray(jax.jit(layout.merge)(words, batch)))
+  assert count.to_numpy() == 7
+  assert float(mean.compute()) == 1.5

@@ -54,7 +54,7 @@ class CompiledStep:
       rows split over the data axis like the batch; None without outputs.
     packed_step: ``(packing, count_rows) -> step`` for a `padded_eval.eval._packing.StatePacking`:
       the step (not donating) whose carried state is one ``uint32`` vector per shard
-      (`padded_eval.eval._step.packed`); without ``count_rows`` it leaves the carried count
+      (`padded_eval.eval._step.merge_step` with the packing); without ``count_rows`` it leaves the carried count
       as it came (the run counts the rows on the host: `padded_eval.eval._run`).
   """
 

@@ -53,10 +53,12 @@ class JitBackend(MeshBackend):
     statistics = jax.jit(step_parts.batch_statistics(inner, mask, None))
     # per_row stays split like the batch: each process reads back its own rows
     shardings = (self.replicated, self.replicated, self.split)
-    merge = lambda count_rows: step_parts.merge_step(inner, mask, jnp.sum, count_rows)
+    merge = lambda count_rows, packing=None: step_parts.merge_step(
+      inner, mask, jnp.sum, count_rows, packing
+    )
     make = lambda merge, donate: jax.jit(merge, donate_argnums=donate, out_shardings=shardings)
     state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
-    packed = lambda packing, count_rows: make(step_parts.packed(merge(count_rows), packing), ())
+    packed = lambda packing, count_rows: make(merge(count_rows, packing), ())
     return CompiledStep(state_shapes, make(merge(True), 1), packed)
 
   def finalize_program(self):

@@ -54,8 +54,8 @@ class PmapBackend(MeshBackend):
     statistics = jax.pmap(
       unanchored(step_parts.batch_statistics(inner, mask, axis)), axis, in_axes=(None, 0)
     )
-    merge = lambda count_rows: unanchored(
-      step_parts.merge_step(inner, mask, sync_total, count_rows)
+    merge = lambda count_rows, packing=None: unanchored(
+      step_parts.merge_step(inner, mask, sync_total, count_rows, packing)
     )
 
     def make(merge, donate):
@@ -74,7 +74,7 @@ class PmapBackend(MeshBackend):
       shapes = jax.eval_shape(statistics, params, batch)
       return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), shapes)
 
-    packed = lambda packing, count_rows: make(step_parts.packed(merge(count_rows), packing), ())
+    packed = lambda packing, count_rows: make(merge(count_rows, packing), ())
     return CompiledStep(state_shapes, make(merge(True), 1), packed)
 
   def finalize_program(self):

@@ -34,7 +34,9 @@ class ShardMapBackend(MeshBackend):
       out_specs=replicated,
     )
     sync_total = lambda flag: jax.lax.psum(jnp.sum(flag), axis)
-    merge = lambda count_rows: step_parts.merge_step(inner, mask, sync_total, count_rows)
+    merge = lambda count_rows, packing=None: step_parts.merge_step(
+      inner, mask, sync_total, count_rows, packing
+    )
 
     def mapped(merge):
       def shard_step(params, state, inputs):  # state: this shard's [1, ...] block
@@ -50,9 +52,7 @@ class ShardMapBackend(MeshBackend):
       )
 
     state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
-    packed = lambda packing, count_rows: jax.jit(
-      mapped(step_parts.packed(merge(count_rows), packing))
-    )
+    packed = lambda packing, count_rows: jax.jit(mapped(merge(count_rows, packing)))
     return CompiledStep(state_shapes, jax.jit(mapped(merge(True)), donate_argnums=1), packed)
 
   def finalize_program(self):
