@@ -12,8 +12,8 @@ last column is the converted loop on ``masked_eval``'s default, every device (on
 devices of 2 CPU cores, sharding a tiny model 8 ways costs more than it saves).
 
 Per example: ``cold`` is the first call of each loop, tracing and compilation included, each in a
-fresh Python process of its own (imports and the inputs made before the clock starts), so neither loop
-is warmed by the other or by an earlier example (in one process, whichever runs first also pays JAX's
+fresh Python process of its own (imports and the inputs made before the clock starts; the
+median of ``--cold-repeats`` such processes per loop, interleaved), so neither loop is warmed by the other or by an earlier example (in one process, whichever runs first also pays JAX's
 and TensorFlow's first-use costs: mnist's original loop measured 0.46 s first and 1.06 s second);
 ``--cold in-process`` times them in this process instead, the original first. ``warm`` is the minimum
 over ``--repeats`` interleaved later calls, and the last column the ratio of the medians (a data-bound
@@ -84,14 +84,20 @@ def cold_in_fresh_process(name: str, role: str) -> float:
   return json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
 
 
-def time_example(name: str, repeats: int, fresh_cold: bool = True) -> dict:
+def time_example(name: str, repeats: int, fresh_cold: bool = True, cold_repeats: int = 3) -> dict:
   """``{"cold": (original, converted), "warm": (original, converted), "median": (original,
   converted)}`` in seconds, and, for the examples of `ONE_DEVICE` but ogbg, ``"all_devices"``:
-  the converted loop's warm time on every device (``masked_eval``'s default mesh)."""
+  the converted loop's warm time on every device (``masked_eval``'s default mesh). ``cold`` is
+  the median of ``cold_repeats`` fresh processes per loop, interleaved (one first call is one
+  sample of a noisy quantity: mnist's converted loop measured 0.70 to 1.24 s in six)."""
   from examples.from_flax import common
 
   if fresh_cold:
-    cold = tuple(cold_in_fresh_process(name, role) for role in ("original", "converted"))
+    samples = [
+      [cold_in_fresh_process(name, role) for role in ("original", "converted")]
+      for _ in range(max(1, cold_repeats))
+    ]
+    cold = tuple(statistics.median(column) for column in zip(*samples))
   _, inputs, runs = _runs(name)
   if not fresh_cold:  # this process: the original first
     cold = tuple(
@@ -121,6 +127,12 @@ def main(argv: list[str] | None = None) -> None:
 
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=5, help="warm calls per loop (default 5)")
+  parser.add_argument(
+    "--cold-repeats",
+    type=int,
+    default=3,
+    help="fresh processes per loop for the cold time, their median (default 3)",
+  )
   parser.add_argument("--only", nargs="*", default=None, help="example module names")
   parser.add_argument(
     "--cold",
@@ -140,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
   )
   print("|---|---|---|---|---|---|---|---|---|")
   for name in names:
-    times = time_example(name, args.repeats, fresh_cold=args.cold == "fresh")
+    times = time_example(name, args.repeats, args.cold == "fresh", args.cold_repeats)
     goal_cold, goal_warm = GOALS.get(name, DEFAULT_GOAL)
     cells = []
     for (original, converted), goal in ((times["cold"], goal_cold), (times["warm"], goal_warm)):
