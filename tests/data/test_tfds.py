@@ -339,6 +339,7 @@ def test_the_padding_pipeline_is_built_once_per_dataset_with_keys_too(monkeypatc
 
 def test_a_dataset_is_not_kept_alive_by_what_pad_batches_built():
   import gc
+  import threading
   import weakref
 
   source = slices(dataset(21)).batch(5)
@@ -346,6 +347,9 @@ def test_a_dataset_is_not_kept_alive_by_what_pad_batches_built():
   list(pe.pad_batches(source, None, num_devices=1))
   alive = weakref.ref(source)
   del source
+  for thread in threading.enumerate():  # the exhausted iterators, released on threads of their own
+    if thread.name == "padded_eval-release-tf-iterator":
+      thread.join()
   gc.collect()
   assert (
     alive() is None
