@@ -48,6 +48,7 @@ class StatePacking:
   def __init__(self, empty: Any):
     """``empty``: the empty state of one shard, a pytree of host arrays."""
     parts, self._parts = jax.tree.flatten(empty, is_leaf=_is_part)
+    self._part_structures = tuple(map(jax.tree.structure, parts))  # for `_unpack_part`
     leaves, self.treedef = jax.tree.flatten(empty)
     groups: dict = {kind: [] for kind in _GROUPED}  # kind -> [(part index, first leaf)]
     own, own_parts, first = [], [], 0  # the leaves and parts that are not in a group
@@ -108,18 +109,31 @@ class StatePacking:
         count of a run that counts rows on the host) is kept as it is.
     """
     parts = self._parts.flatten_up_to(batch)
-    total = self._parts.flatten_up_to(self.unpack(packed))
     words: list = []
     for kind, members in self._groups:
       fields = range(len(kind._fields))
       mine = kind._make(*(self._field(packed, members, f) for f in fields))
-      theirs = [kind.zeros(total[i].shape) if parts[i] is None else parts[i] for i in members]
+      theirs = [kind.zeros(self._part_shape(i)) if parts[i] is None else parts[i] for i in members]
       merged = mine.merge(kind._make(*(_flat_field(theirs, f) for f in fields)))
       words.extend(_words(getattr(merged, name)) for name in kind._fields)  # flat already
-    for i in self._own_parts:
-      merged = total[i] if parts[i] is None else total[i].merge(parts[i])
+    for i in self._own_parts:  # only these are read back as a tree (fewer ops to trace)
+      total = self._unpack_part(packed, i)
+      merged = total if parts[i] is None else total.merge(parts[i])
       words.extend(_words(jnp.asarray(leaf)).reshape(-1) for leaf in jax.tree.leaves(merged))
     return _concatenate(words)
+
+  def _part_shape(self, part: int) -> tuple:
+    """The shape of part ``part``'s first leaf (a group member's fields all have it)."""
+    return self.specs[self._part_leaves[part][0]][0]
+
+  def _unpack_part(self, packed: jax.Array, part: int) -> Any:
+    """Part ``part`` of the state (a metric or accumulator), read from ``packed``."""
+    first, count = self._part_leaves[part]
+    leaves = [
+      _from_words(packed[start : start + size], shape, dtype)
+      for shape, dtype, start, size in self.specs[first : first + count]
+    ]
+    return self._part_structures[part].unflatten(leaves)
 
   def _field(self, packed: jax.Array, members: tuple, field: int) -> jax.Array:
     """Field ``field`` of the group parts ``members``, one flat vector read from ``packed``."""
