@@ -13,7 +13,8 @@ devices of 2 CPU cores, sharding a tiny model 8 ways costs more than it saves).
 
 Per example: ``cold`` is the first call of each loop, tracing and compilation included, each in a
 fresh Python process of its own (imports and the inputs made before the clock starts; the
-median of ``--cold-repeats`` such processes per loop, interleaved), so neither loop is warmed by the other or by an earlier example (in one process, whichever runs first also pays JAX's
+median of ``--cold-repeats`` such processes per loop, interleaved), so neither loop is warmed
+by the other or by an earlier example (in one process, whichever runs first also pays JAX's
 and TensorFlow's first-use costs: mnist's original loop measured 0.46 s first and 1.06 s second);
 ``--cold in-process`` times them in this process instead, the original first. ``warm`` is the minimum
 over ``--repeats`` interleaved later calls, and the last column the ratio of the medians (a data-bound

@@ -347,8 +347,8 @@ def release_iterator(held: list) -> threading.Thread:
   Deleting a tf.data iterator waits for the threads it started, and with autotuning on (the
   default) that wait sometimes lasts until the autotuning thread's next scheduled wake, which
   comes at 10, 30, 70, ..., 1270 ms after the iterator was made: measured on Flax mnist's
-  pipeline, the exhausted iterator's deletion took 0.38-0.56 s in 3 of 8 short evaluations, at
-  the end of the last batch. The deletion runs TensorFlow ops, which release the GIL, so a
+  pipeline, the exhausted iterator's deletion took 0.38-0.60 s in 3 or 4 of 8 short
+  evaluations (two sets of 8), at the end of the last batch. The deletion runs TensorFlow ops, which release the GIL, so a
   thread of its own takes it off the evaluation's path. The thread is not a daemon: the
   interpreter waits for it at exit (what the deletion would have cost here) rather than
   tearing TensorFlow down under it.
