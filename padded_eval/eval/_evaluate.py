@@ -240,6 +240,7 @@ def masked_eval(
   run = _run.start(compiled, params, first, saver, feed.wait_final)
   if run.stored is not None:  # a finished checkpoint_dir asked the same question: its answer
     return _checked(run.stored, run.stored[NUM_EXAMPLES], options.on_invalid)
+  _cache.prepare_logs(run.empty[0])  # compiles while the first step traces and compiles
   hooks = _hooks(options, run, batches, num_batches, saver)
   state = _run_steps(run, feed, first, hooks)
   metric, num_examples = run.finish(state, feed.wait_final)

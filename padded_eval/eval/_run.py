@@ -43,6 +43,7 @@ class CompiledRun:
     stored: the `EvalResults` of a finished checkpoint directory that asked the same question,
       or None.
     row_axes: leading axes of a step's ``per_row`` that index rows (the backend's).
+    empty: the empty host state ``(metric, ExactCount)`` of one shard (read-only).
   """
 
   def __init__(self, backend, params, step: Callable, state, packing=None, host_mask=None):
@@ -50,7 +51,7 @@ class CompiledRun:
     self._packing, self._host_mask = packing, host_mask  # host_mask: rows counted on the host
     self._host_rows = 0
     self.initial_state, self.row_axes = state, backend.row_axes
-    self.first = self.stored = None  # set by `start`
+    self.first = self.stored = self.empty = None  # set by `start`
 
   def place(self, step_input: StepInput) -> Any:
     """``step_input`` on the devices (its real rows counted here where the run counts on the host)."""
@@ -110,5 +111,5 @@ def start(
     state = backend.place_state(empty) if saved is None else backend.place_saved_state(saved)
     run = CompiledRun(backend, placed_params, compiled.compiled.step, state)
   run._count(first)
-  run.first, run.stored = placed_first, stored
+  run.first, run.stored, run.empty = placed_first, stored, empty
   return run

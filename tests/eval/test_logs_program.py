@@ -1,0 +1,148 @@
+"""masked_eval's final ``compute_logs`` program (padded_eval.eval._cache.prepare_logs, metric_logs).
+
+It is traced and lowered on the calling thread before the first step, and compiled on a worker
+thread while the step compiles; the answer must be the same as computing at the end: every
+result here is checked against numpy float64 or scikit-learn, with NaN/inf and out-of-range
+labels in the padded rows.
+"""
+
+import threading
+import time
+
+import jax
+import jax.monitoring
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+
+import padded_eval as pe
+from padded_eval.eval import _cache
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+FEATURES, CLASSES = 5, 4
+
+
+def dataset(rows, seed):
+  rng = np.random.default_rng(seed)
+  return {
+    "x": rng.normal(size=(rows, FEATURES)).astype(np.float32),
+    "y": rng.integers(0, CLASSES, rows).astype(np.int32),
+  }
+
+
+def garbage_padded(data, batch_size):
+  for batch in pe.pad_batches(data, batch_size):
+    x, y = batch["x"].copy(), batch["y"].copy()
+    x[~batch["mask"]] = np.nan
+    x[~batch["mask"], 0] = np.inf
+    y[~batch["mask"]] = 10**6
+    yield {**batch, "x": x, "y": y}
+
+
+W = np.random.default_rng(3).normal(size=(FEATURES, CLASSES)).astype(np.float32)
+
+
+def logits_of(x):
+  return x @ W
+
+
+def reference(data):
+  logits = data["x"].astype(np.float64) @ W.astype(np.float64)
+  accuracy = np.mean(np.argmax(logits, -1) == data["y"])
+  return accuracy, np.mean(np.tanh(logits).sum(-1))
+
+
+def step(params, batch):
+  logits = batch["x"] @ params
+  return pe.Metrics({"accuracy": pe.metrics.Accuracy(), "mean": pe.metrics.Mean()}).batch_updates(
+    preds=logits, target=batch["y"], values=jnp.tanh(logits).sum(-1), mask=batch["mask"]
+  )
+
+
+class HostMean(pe.metrics.Mean):
+  """A Mean whose ``compute_logs`` reads its value on the host: it does not trace."""
+
+  def compute_logs(self):
+    return {"host_mean": float(np.asarray(self.compute()))}
+
+
+def host_step(params, batch):
+  return HostMean().batch_updates(values=jnp.tanh(batch["x"] @ params).sum(-1), mask=batch["mask"])
+
+
+def auroc_step(params, batch):
+  scores = jax.nn.sigmoid((batch["x"] @ params)[:, 0])
+  return pe.metrics.AUROC(exact=True, capacity=4096).batch_updates(
+    preds=scores, target=batch["y"] == 0, mask=batch["mask"]
+  )
+
+
+@pytest.fixture
+def compiles():
+  """``(thread name, start, end)`` of every XLA compilation made while the test runs (the
+  listener runs on the compiling thread)."""
+  seen = []
+
+  def listener(event, duration, **kwargs):
+    del kwargs
+    if event == _COMPILE_EVENT:
+      now = time.perf_counter()
+      seen.append((threading.current_thread().name, now - duration, now))
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  yield seen
+  unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
+  if unregister is None:
+    from jax._src import monitoring
+
+    unregister = monitoring._unregister_event_duration_listener_by_callback  # noqa: SLF001
+  unregister(listener)
+
+
+def worker_compiles(seen):
+  return [c for c in seen if c[0] == _cache.LOGS_COMPILE_THREAD]
+
+
+@pytest.mark.parametrize("backend", ("jit", "pmap", "shard_map"))
+def test_the_logs_program_compiles_on_a_worker_while_the_step_compiles(backend, compiles):
+  pe.clear_caches()
+  data = dataset(203, seed=1)
+  result = pe.masked_eval(step, W, garbage_padded(data, 32), backend=backend)
+  accuracy, mean = reference(data)
+  assert result["num_examples"] == 203
+  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
+  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+  on_worker = worker_compiles(compiles)
+  assert len(on_worker) == 1, compiles  # the logs program, compiled once, on the worker
+  elsewhere = [c for c in compiles if c[0] != _cache.LOGS_COMPILE_THREAD]
+  step_end = max(end for _, _, end in elsewhere)  # the step (and the final reduce) compiled
+  assert on_worker[0][1] < step_end  # ... while the logs program was compiling
+  assert not any(t.name == _cache.LOGS_COMPILE_THREAD for t in threading.enumerate())
+  compiles.clear()
+  again = dataset(41, seed=2)
+  result = pe.masked_eval(step, W, garbage_padded(again, 32), backend=backend)
+  assert compiles == []  # the compiled logs program is reused, nothing compiles
+  accuracy, mean = reference(again)
+  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
+  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+
+
+def test_a_compute_logs_that_does_not_trace_runs_eagerly(compiles):
+  pe.clear_caches()
+  data = dataset(77, seed=4)
+  for _ in range(2):
+    result = pe.masked_eval(host_step, W, garbage_padded(data, 16), backend="jit")
+    _, mean = reference(data)
+    assert type(result["host_mean"]) is float
+    np.testing.assert_allclose(result["host_mean"], mean, rtol=1e-6)
+  assert worker_compiles(compiles) == []
+
+
+def test_a_metric_whose_final_shapes_depend_on_the_data_is_compiled_at_the_end(compiles):
+  pe.clear_caches()
+  data = dataset(150, seed=5)
+  result = pe.masked_eval(auroc_step, W, garbage_padded(data, 32), backend="jit")
+  scores = 1 / (1 + np.exp(-(data["x"].astype(np.float64) @ W.astype(np.float64))[:, 0]))
+  np.testing.assert_allclose(result["auroc"], roc_auc_score(data["y"] == 0, scores), atol=1e-6)
+  assert worker_compiles(compiles) == []  # its score buffer is trimmed to what it saw first
