@@ -56,44 +56,18 @@ collect_ignore = ["padded_eval/__main__.py"]  # the CLI: its parser runs on impo
 
 import gc  # noqa: E402
 
-MAPS_FRACTION = 0.4
-"""Compiled programs are released when the process holds more memory mappings than this fraction of
-the kernel's ``vm.max_map_count`` (65,530 by default), or ``RSS_GROWTH`` more bytes resident than
-after the last release (freed memory is not always returned to the system, so the resident size
-that follows a release is the baseline, not a fixed limit)."""
-RSS_GROWTH = 3 << 29
-_rss_after_release = [0]
-CHECK_EVERY = 10
-"""Tests between two readings of the process's mappings (a reading costs well under a millisecond
-at 30,000 mappings; the protocol grid adds about 40 a test)."""
-_tests_run = [0]
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """After each test module, drop every compiled program JAX and the package keep alive.
 
-def _proc_number(path: str, parse) -> int | None:
-  try:
-    with open(path, "rb") as f:
-      return parse(f.read())
-  except (OSError, ValueError, IndexError):
-    return None
-
-
-_MAX_MAPS = _proc_number("/proc/sys/vm/max_map_count", int)
-
-
-def _needs_release(fallback: bool) -> bool:
-  """Whether this process holds too many memory mappings or too much memory; ``fallback`` where
-  ``/proc`` cannot tell (not Linux)."""
-  maps = _proc_number("/proc/self/maps", lambda data: data.count(b"\n"))
-  pages = _proc_number("/proc/self/statm", lambda data: int(data.split()[1]))
-  if maps is None or pages is None or _MAX_MAPS is None:
-    return fallback
-  rss = pages * os.sysconf("SC_PAGE_SIZE")
-  if not _rss_after_release[0]:
-    _rss_after_release[0] = rss
-  return maps > MAPS_FRACTION * _MAX_MAPS or rss > _rss_after_release[0] + RSS_GROWTH
-
-
-def _release() -> None:
+  Each live XLA CPU executable holds a few memory mappings; a whole-suite run that kept every
+  module's programs (JAX's jit caches, the package's bounded caches, module-level jitted
+  functions) grew past the kernel's ``vm.max_map_count`` (65,530) two thirds of the way through,
+  and the next compile segfaulted inside LLVM. Released after each module, the count stays at
+  what one module needs.
+  """
+  yield
   import jax
 
   import padded_eval as pe
@@ -101,37 +75,23 @@ def _release() -> None:
   pe.clear_caches()
   jax.clear_caches()
   gc.collect()
-  _rss_after_release[0] = _proc_number("/proc/self/statm", lambda data: int(data.split()[1])) or 0
-  _rss_after_release[0] *= os.sysconf("SC_PAGE_SIZE")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _release_compiled_programs():
-  """After a test module, drop every compiled program JAX and the package keep alive, when the
-  process holds too many (`_needs_release`).
-
-  Each live XLA CPU executable holds a few memory mappings; a whole-suite run that kept every
-  module's programs (JAX's jit caches, the package's bounded caches, module-level jitted
-  functions) grew past the kernel's ``vm.max_map_count`` (65,530) two thirds of the way through,
-  and the next compile segfaulted inside LLVM. Releasing after every module kept the count low
-  but recompiled, in each module, the small programs of eager operations the previous one had
-  compiled already (a quarter of the compiles of six metric modules run in a row); releasing
-  when the mappings pass 40% of the limit keeps both the margin and those programs.
-  """
-  yield
-  if _needs_release(fallback=True):
-    _release()
+RELEASE_EVERY = 250
+"""Inside a module, JAX's compiled programs are released every this many tests as well: the protocol
+grid (tests/metrics/test_metric_core.py, over a thousand cases) alone reached 42,000 maps."""
+_tests_run = [0]
 
 
 @pytest.fixture(autouse=True)
 def _release_compiled_programs_now_and_then():
-  """Inside a module too (the protocol grid, tests/metrics/test_metric_core.py, over a thousand
-  cases, alone reached 42,000 mappings), checked every ``CHECK_EVERY`` tests (without ``/proc``,
-  released every 250)."""
   yield
   _tests_run[0] += 1
-  if _tests_run[0] % CHECK_EVERY == 0 and _needs_release(fallback=_tests_run[0] % 250 == 0):
-    _release()
+  if _tests_run[0] % RELEASE_EVERY == 0:
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
 
 
 # A test worker that dies (an XLA abort, a segfault) takes its C-level stderr with it: pytest's
