@@ -173,6 +173,12 @@ class Metric(KeywordReader, abc.ABC):
 
   def _batch_updates(self, kwargs: dict[str, Any]) -> Metric:
     kwargs = self._checked_inputs(self.routed(kwargs))
+    if _runs_eagerly(self, kwargs):  # one compiled program, not one per operation
+      return _jitted_if_traceable(_eager_statistics, self._statistics, self, kwargs)
+    return self._statistics(kwargs)
+
+  def _statistics(self, kwargs: dict[str, Any]) -> Metric:
+    """The batch's state from checked inputs (see :meth:`batch_updates`)."""
     counts_rows = ROWS_FIELD in self._state_fields
     rows = _RowsToCount(kwargs, self.row_inputs()) if counts_rows else None
     batch_state = self._batch_state(**kwargs)
@@ -328,6 +334,11 @@ class Metric(KeywordReader, abc.ABC):
         + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in diff.items())
       )
     self._check_shapes(other, "merge")
+    if _runs_eagerly(self, other):
+      return _jitted_if_traceable(_eager_merge, self._merged, self, other)
+    return self._merged(other)
+
+  def _merged(self, other: Metric) -> Metric:
     return self._map_state(lambda a, b: a.merge(b), other)
 
   def _check_shapes(self, other, action: str) -> None:
@@ -351,7 +362,17 @@ class Metric(KeywordReader, abc.ABC):
     return self._map_state(lambda a: a.reduce(axis_name))
 
   def aggregate(self) -> Metric:
-    """Combined over a leading stacked axis (after ``lax.all_gather``, or out of pmap)."""
+    """Combined over a leading stacked axis (after ``lax.all_gather``, or out of pmap).
+
+    Eagerly, a state spread over several devices (pmap's outputs) is fetched to the host first,
+    as each accumulator's ``aggregate`` does, then combined in one program on one device.
+    """
+    if _runs_eagerly(self):
+      fetched = _on_one_device(self)
+      return _jitted_if_traceable(_eager_aggregate, fetched._aggregated, fetched)
+    return self._aggregated()
+
+  def _aggregated(self) -> Metric:
     return self._map_state(lambda a: a.aggregate())
 
   @abc.abstractmethod
@@ -361,6 +382,61 @@ class Metric(KeywordReader, abc.ABC):
   def compute_logs(self) -> dict[str, Any]:
     """``{name: value}``."""
     return {self.name: self.compute()}
+
+
+def _runs_eagerly(*trees) -> bool:
+  """Whether ``trees`` hold only concrete arrays (no tracer, no Python object) and a hashable
+  configuration: then an eager call runs as one jitted program (compiled once per configuration
+  and shapes), where op-by-op it would compile and dispatch each of its many small operations."""
+  concrete = (np.ndarray, np.generic, jax.Array)
+  for leaf in jax.tree.leaves(trees):
+    if isinstance(leaf, jax.core.Tracer) or not isinstance(leaf, concrete):
+      return False
+  try:
+    hash(jax.tree.structure(trees))
+  except TypeError:
+    return False
+  return True
+
+
+# A metric whose own code needs concrete values (numpy on its inputs: one written for eager use
+# only) cannot be traced; its structure is remembered here and it runs op by op, as before.
+_UNTRACEABLE: set = set()
+_TRACING_ERRORS = (
+  jax.errors.ConcretizationTypeError,
+  jax.errors.TracerArrayConversionError,
+  jax.errors.TracerBoolConversionError,
+  jax.errors.TracerIntegerConversionError,
+)
+
+
+def _jitted_if_traceable(jitted: Callable, plain: Callable, metric: Metric, *args: Any) -> Any:
+  """``jitted(metric, *args)``, or ``plain(*args)`` where ``metric``'s code cannot be traced."""
+  key = (jax.tree.structure(metric), jitted)
+  if key not in _UNTRACEABLE:
+    try:
+      return jitted(metric, *args)
+    except _TRACING_ERRORS:
+      if len(_UNTRACEABLE) >= 1024:
+        _UNTRACEABLE.clear()
+      _UNTRACEABLE.add(key)
+  return plain(*args)
+
+
+def _on_one_device(tree: Any) -> Any:
+  """``tree`` with every array held by several devices fetched to the host (numpy)."""
+
+  def fetched(x):
+    if isinstance(x, jax.Array) and x.is_fully_addressable and len(x.sharding.device_set) > 1:
+      return jax.device_get(x)
+    return x
+
+  return jax.tree.map(fetched, tree)
+
+
+_eager_aggregate = jax.jit(lambda metric: metric._aggregated())
+_eager_statistics = jax.jit(lambda metric, kwargs: metric._statistics(kwargs))
+_eager_merge = jax.jit(lambda metric, other: metric._merged(other))
 
 
 def _unstacked_only(compute: Callable) -> Callable:

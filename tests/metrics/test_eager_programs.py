@@ -1,0 +1,137 @@
+"""Eager metric calls (outside any jit) run as one compiled program each, not op by op.
+
+An exact update is a few hundred small operations (compensated sums, normalizations, the
+merge); dispatched one by one, a new configuration or batch shape compiled each of them
+(45 programs for ``Mean``, 87 for a multilabel AUROC) and every later call dispatched them all.
+``batch_updates``, ``merge`` and ``aggregate`` called eagerly now run one jitted program per
+configuration and shapes. The numbers are the traced code's own, so they match the references
+exactly as the jitted update does (tests/metrics/test_metric_core.py checks both).
+"""
+
+import jax
+import jax.monitoring
+import numpy as np
+import pytest
+
+import padded_eval as pe
+from padded_eval.exact.accumulate import ExactCount
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+@pytest.fixture
+def compiles():
+  """The number of XLA compilations made so far while the test runs (a one-element list)."""
+  count = [0]
+
+  def listener(event, duration, **kwargs):
+    del duration, kwargs
+    if event == _COMPILE_EVENT:
+      count[0] += 1
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  yield count
+  unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
+  if unregister is None:  # jax < 0.9 (the floors)
+    from jax._src import monitoring
+
+    unregister = monitoring._unregister_event_duration_listener_by_callback
+  unregister(listener)
+
+
+def _batch(rng, rows, classes=5):
+  mask = rng.random(rows) < 0.7
+  logits = rng.normal(size=(rows, classes)).astype(np.float32)
+  labels = rng.integers(0, classes, rows)
+  logits[~mask] = np.nan  # padded rows: garbage that must not count
+  labels[~mask] = 10**6
+  return {"preds": logits, "target": labels, "mask": mask}
+
+
+def _reference_accuracy(batches):
+  hits = [(b["preds"].argmax(-1) == b["target"])[b["mask"]] for b in batches]
+  return np.concatenate(hits).astype(np.float64).mean()
+
+
+@pytest.mark.parametrize("metric", [pe.metrics.Accuracy(), pe.metrics.Mean("preds")])
+def test_an_eager_update_compiles_one_program_per_shape(metric, compiles):
+  rng = np.random.default_rng(0)
+  metric = metric.update(**_batch(rng, 16))  # first use: the empty state, the programs
+  before = compiles[0]
+  metric = metric.update(**_batch(rng, 16))
+  assert compiles[0] == before, "a second eager update of the same shapes compiled again"
+  metric = metric.update(**_batch(rng, 23))  # a new batch shape: its statistics only
+  assert compiles[0] - before == 1, compiles[0] - before
+
+
+def test_eager_merge_and_aggregate_compile_once_and_match_the_reference(compiles):
+  rng = np.random.default_rng(1)
+  batches = [_batch(rng, 8) for _ in range(8)]
+  parts = [pe.metrics.Accuracy().batch_updates(**b) for b in batches]
+  stacked = jax.tree.map(lambda *xs: np.stack(xs), *parts)
+  jax.clear_caches()  # so that no operation of the merge was compiled by an earlier test
+  before = compiles[0]
+  total = parts[0]
+  for part in parts[1:]:
+    total = total.merge(part)
+  assert compiles[0] - before == 1  # one merge program for all seven merges
+  before = compiles[0]
+  aggregated = stacked.aggregate()
+  assert compiles[0] - before == 1
+  for metric in (total, aggregated):
+    np.testing.assert_allclose(float(metric.compute()), _reference_accuracy(batches), rtol=1e-6)
+
+
+def test_aggregate_of_pmap_outputs_still_runs_on_one_device():
+  """pmap's outputs sit on every device: ``aggregate`` fetches them before its one program, so
+  no eager program with cross-device collectives is left in flight (conftest's warning)."""
+  n = jax.local_device_count()
+  rng = np.random.default_rng(2)
+  batch = _batch(rng, 4 * n)
+  sharded = jax.tree.map(lambda x: x.reshape((n, 4) + x.shape[1:]), batch)
+  per_device = jax.pmap(lambda b: pe.metrics.Accuracy().batch_updates(**b))(sharded)
+  assert len(jax.tree.leaves(per_device)[0].sharding.device_set) == n
+  total = per_device.aggregate()
+  for leaf in jax.tree.leaves(total):
+    assert len(leaf.sharding.device_set) == 1
+  np.testing.assert_allclose(float(total.compute()), _reference_accuracy([batch]), rtol=1e-6)
+
+
+def test_traced_and_python_inputs_still_take_the_traced_path():
+  """Inside jit the update is inlined as before; a Python number among the keywords (not an
+  array) keeps the op-by-op path, whose numbers are the same."""
+  rng = np.random.default_rng(3)
+  batch = _batch(rng, 16)
+  jitted = jax.jit(lambda m, b: m.update(**b))(pe.metrics.Accuracy(), batch)
+  eager = pe.metrics.Accuracy().update(**batch)
+  np.testing.assert_array_equal(np.asarray(jitted.compute()), np.asarray(eager.compute()))
+
+  values = np.array([1.0, 2.0, 4.0], np.float32)
+  with_scalar = pe.metrics.Mean("x").update(x=values, weights=2.0)
+  np.testing.assert_allclose(float(with_scalar.compute()), values.astype(np.float64).mean())
+
+
+class _NumpyCount(pe.Metric):
+  """A metric written for eager use only: numpy on its inputs (it cannot be traced)."""
+
+  count: object = pe.metrics.base.state(lambda self: pe.metrics.base.empty_count(self))
+
+  def _batch_state(self, *, values, mask=None, **_):
+    real = np.ones(np.shape(values), bool) if mask is None else np.asarray(mask)
+    hits = real & (np.asarray(values) > 0)
+    return {"count": ExactCount.of(np.sum(hits, dtype=np.int32))}
+
+  def compute(self):
+    return self.count.total()
+
+
+def test_a_metric_that_cannot_be_traced_still_updates_eagerly():
+  """User code with numpy on the inputs worked eagerly before; it still does (op by op)."""
+  values = np.array([1.0, -2.0, 3.0, 4.0], np.float32)
+  mask = np.array([True, True, True, False])
+  metric = _NumpyCount().update(values=values, mask=mask).update(values=values, mask=mask)
+  assert int(metric.compute()) == 4
+  collection = pe.Metrics({"numpy": _NumpyCount(), "mean": pe.metrics.Mean()})
+  logs = collection.update(values=values, mask=mask).compute()
+  assert int(logs["numpy"]) == 2
+  np.testing.assert_allclose(float(logs["mean"]), values[mask].astype(np.float64).mean())
