@@ -4,11 +4,12 @@ A user who calls ``metric.update(...)`` in a plain Python loop, as with torchmet
 metrics, runs the update eagerly. Each exact update is a few hundred small operations; dispatched
 one by one (the baseline: the same methods called without the jit, as before), a new configuration or
 batch shape compiles every one of them and each later call dispatches them all. ``batch_updates``,
-``merge`` and ``aggregate`` now run eagerly as one jitted program each.
+``merge``, ``aggregate`` and ``compute`` now run eagerly as one jitted program each.
 
 Per metric, in one process: the first update of a new batch shape (compilation included, after
 ``jax.clear_caches()``) and the median warm update, both ways, interleaved; ratio = one program /
-op by op (below 1 is faster). A third column times the caller's own ``jax.jit`` of the update.
+op by op (below 1 is faster). A third column times the caller's own ``jax.jit`` of the update;
+the last two, a warm ``compute()`` both ways.
 
 Run: ``python -m benchmarks.bench_eager [--rounds 15]``.
 """
@@ -88,9 +89,21 @@ def measure(name: str, rounds: int) -> dict:
       start = time.perf_counter()
       block(ways[way](metric, inputs))
       warm[way].append(time.perf_counter() - start)
+  updated = eager(metric, inputs)
+  plain_compute = type(updated).compute.__wrapped__  # the subclass's own compute, op by op
+  computes = {"op by op": lambda: plain_compute(updated), "one program": updated.compute}
+  compute = {way: [] for way in computes}
+  for fn in computes.values():
+    block(fn())
+  for r in range(rounds):
+    for way in list(computes)[r % 2 :] + list(computes)[: r % 2]:
+      start = time.perf_counter()
+      block(computes[way]())
+      compute[way].append(time.perf_counter() - start)
   return {
     "first": {way: statistics.median(t) for way, t in first.items()},
     "warm": {way: statistics.median(t) for way, t in warm.items()},
+    "compute": {way: statistics.median(t) for way, t in compute.items()},
   }
 
 
@@ -112,6 +125,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{warm['one program'] * 1e3:.2f}",
         f"{warm['one program'] / warm['op by op']:.3f}",
         f"{warm[CALLERS_JIT] * 1e3:.2f}",
+        f"{result['compute']['op by op'] * 1e3:.2f}",
+        f"{result['compute']['one program'] * 1e3:.2f}",
       ]
     )
   header = [
@@ -123,6 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     "one program ms",
     "ratio",
     "caller's jit ms",
+    "compute: op by op ms",
+    "one program ms",
   ]
   print(f"{ROWS} rows, {CLASSES} classes; first calls: median of 3, warm: median of {args.rounds}")
   print(markdown_table(header, rows))

@@ -27,8 +27,8 @@ import numpy as np
 
 from padded_eval.data.sources import tf_data
 from padded_eval.eval import _packing, _placement, backends
-from padded_eval.exact.accumulate import Accumulator, ExactCount
-from padded_eval.metrics.base import full_state_shapes
+from padded_eval.exact.accumulate import ExactCount
+from padded_eval.metrics.base import full_state_shapes, trimmed
 
 __all__ = [
   "RECOMPILES_BEFORE_WARNING",
@@ -284,16 +284,6 @@ def clear_caches() -> None:
   _placement.clear_cache()
   _packing.aggregate_packed.clear_cache()
   tf_data.clear_cache()
-
-
-def trimmed(metric: Any) -> Any:
-  """``metric`` with every accumulator `Accumulator.trimmed`: an exact curve metric's score
-  buffers cut to the slots their elements use (rounded up to a power of two), so that computing
-  a small evaluation with a large ``capacity`` sorts what was seen, not the capacity."""
-  is_accumulator = lambda x: isinstance(x, Accumulator)  # noqa: E731
-  return jax.tree.map(
-    lambda x: x.trimmed() if is_accumulator(x) else x, metric, is_leaf=is_accumulator
-  )
 
 
 _logs_programs: dict = {}  # (treedef, leaf shapes) -> jitted compute_logs, None: not jittable,

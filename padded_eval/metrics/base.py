@@ -417,10 +417,14 @@ def _jitted_if_traceable(jitted: Callable, plain: Callable, metric: Metric, *arg
     try:
       return jitted(metric, *args)
     except _TRACING_ERRORS:
-      if len(_UNTRACEABLE) >= 1024:
-        _UNTRACEABLE.clear()
-      _UNTRACEABLE.add(key)
+      _remember_untraceable(key)
   return plain(*args)
+
+
+def _remember_untraceable(key: Any) -> None:
+  if len(_UNTRACEABLE) >= 1024:
+    _UNTRACEABLE.clear()
+  _UNTRACEABLE.add(key)
 
 
 def _on_one_device(tree: Any) -> Any:
@@ -454,10 +458,51 @@ def _unstacked_only(compute: Callable) -> Callable:
           "per-device state (out of pmap, or from lax.all_gather) must be combined first: "
           "metric.aggregate().compute()"
         )
-    return compute(self, *args, **kwargs)
+    if args or kwargs or not _runs_eagerly(self):
+      return compute(self, *args, **kwargs)
+    # eagerly: one program for the dozens of small operations (score buffers first cut to
+    # their used slots on the host, as masked_eval's logs program does)
+    cut = trimmed(self)
+    key = (jax.tree.structure(cut), jitted)
+    if key not in _UNTRACEABLE:
+      try:
+        return _dicts_in_order(jitted(cut), dict)
+      except (*_TRACING_ERRORS, TypeError):  # host values or non-array results: op by op
+        _remember_untraceable(key)
+    return compute(self)
 
+  jitted = jax.jit(lambda metric: _dicts_in_order(compute(metric), _InOrder))
   checked._checks_stacking = True
   return checked
+
+
+class _InOrder(dict):
+  """A dict that goes through jit in insertion order (a plain dict comes back sorted by key):
+  a ``compute`` that returns ``{"loss": ..., "accuracy": ...}`` keeps its order eagerly."""
+
+
+jax.tree_util.register_pytree_node(
+  _InOrder, lambda d: (list(d.values()), list(d)), lambda keys, values: _InOrder(zip(keys, values))
+)
+
+
+def _dicts_in_order(tree: Any, kind: type) -> Any:
+  """``tree`` with its dicts (in dicts, lists and tuples) made ``kind``, keys in the same order."""
+  if type(tree) in (dict, _InOrder):  # other mappings (OrderedDict, ...) keep their own order
+    return kind((k, _dicts_in_order(v, kind)) for k, v in tree.items())
+  if type(tree) in (list, tuple):
+    return type(tree)(_dicts_in_order(v, kind) for v in tree)
+  return tree
+
+
+def trimmed(tree: Any) -> Any:
+  """``tree`` with every accumulator `Accumulator.trimmed`: an exact curve metric's score
+  buffers cut to the slots their elements use (rounded up to a power of two), so that computing
+  a small evaluation with a large ``capacity`` sorts what was seen, not the capacity."""
+  is_accumulator = lambda x: isinstance(x, Accumulator)  # noqa: E731
+  return jax.tree.map(
+    lambda x: x.trimmed() if is_accumulator(x) else x, tree, is_leaf=is_accumulator
+  )
 
 
 def full_state_shapes(tree: Any) -> list[tuple[str, tuple[int, ...]]]:

@@ -3,8 +3,8 @@
 An exact update is a few hundred small operations (compensated sums, normalizations, the
 merge); dispatched one by one, a new configuration or batch shape compiled each of them
 (45 programs for ``Mean``, 87 for a multilabel AUROC) and every later call dispatched them all.
-``batch_updates``, ``merge`` and ``aggregate`` called eagerly now run one jitted program per
-configuration and shapes. The numbers are the traced code's own, so they match the references
+``batch_updates``, ``merge``, ``aggregate`` and ``compute`` called eagerly now run one jitted
+program per configuration and shapes. The numbers are the traced code's own, so they match the references
 exactly as the jitted update does (tests/metrics/test_metric_core.py checks both).
 """
 
@@ -78,8 +78,10 @@ def test_eager_merge_and_aggregate_compile_once_and_match_the_reference(compiles
   before = compiles[0]
   aggregated = stacked.aggregate()
   assert compiles[0] - before == 1
-  for metric in (total, aggregated):
-    np.testing.assert_allclose(float(metric.compute()), _reference_accuracy(batches), rtol=1e-6)
+  before = compiles[0]
+  values = [float(metric.compute()) for metric in (total, aggregated)]
+  assert compiles[0] - before == 1  # compute: one program for both (the same shapes)
+  np.testing.assert_allclose(values, _reference_accuracy(batches), rtol=1e-6)
 
 
 def test_aggregate_of_pmap_outputs_still_runs_on_one_device():
@@ -135,3 +137,20 @@ def test_a_metric_that_cannot_be_traced_still_updates_eagerly():
   logs = collection.update(values=values, mask=mask).compute()
   assert int(logs["numpy"]) == 2
   np.testing.assert_allclose(float(logs["mean"]), values[mask].astype(np.float64).mean())
+
+
+def test_eager_compute_of_an_exact_curve_sorts_the_used_slots_only():
+  """``compute`` cuts a score buffer to its used slots on the host before its one program, as
+  masked_eval does: the value equals scikit-learn's, whatever the capacity."""
+  sklearn_metrics = pytest.importorskip("sklearn.metrics")
+  rng = np.random.default_rng(4)
+  scores = rng.random(40).astype(np.float32)
+  labels = rng.random(40) < 0.4
+  mask = rng.random(40) < 0.8
+  scores[~mask] = np.nan
+  metric = pe.metrics.AUROC(exact=True, capacity=4096).update(
+    preds=scores, target=labels, mask=mask
+  )
+  assert metric.buffer.scores.shape[-1] == 4096
+  expected = sklearn_metrics.roc_auc_score(labels[mask], scores[mask].astype(np.float64))
+  np.testing.assert_allclose(float(metric.compute()), expected, rtol=1e-6)
