@@ -28,7 +28,7 @@ import numpy as np
 from padded_eval.data.sources import tf_data
 from padded_eval.eval import _packing, _placement, backends
 from padded_eval.exact.accumulate import ExactCount
-from padded_eval.metrics.base import full_state_shapes, trimmed
+from padded_eval.metrics.base import clear_eager_programs, full_state_shapes, trimmed
 
 __all__ = [
   "RECOMPILES_BEFORE_WARNING",
@@ -271,8 +271,9 @@ def clear_caches() -> None:
   backends' `padded_eval.eval.backends.CACHE_SIZE`); this empties them all at once: the compiled
   steps with their empty states and placed packed states, the compile counts behind
   `RecompileWarning`, the jitted ``compute_logs`` programs, the backends and their compiled
-  final reduces, the package's own jitted helpers, and the padding pipelines `pad_batches` built
-  over tf.data datasets still alive. A later call compiles (and builds) again.
+  final reduces, the package's own jitted helpers, the programs of eager metric calls
+  (`padded_eval.metrics.base.clear_eager_programs`), and the padding pipelines `pad_batches`
+  built over tf.data datasets still alive. A later call compiles (and builds) again.
 
   >>> import padded_eval as pe
   >>> pe.clear_caches()
@@ -283,6 +284,7 @@ def clear_caches() -> None:
   backends.clear_cache()
   _placement.clear_cache()
   _packing.aggregate_packed.clear_cache()
+  clear_eager_programs()
   tf_data.clear_cache()
 
 

@@ -441,6 +441,15 @@ def _on_one_device(tree: Any) -> Any:
 _eager_aggregate = jax.jit(lambda metric: metric._aggregated())
 _eager_statistics = jax.jit(lambda metric, kwargs: metric._statistics(kwargs))
 _eager_merge = jax.jit(lambda metric, other: metric._merged(other))
+_EAGER_COMPUTES: list = []  # each metric class's jitted compute (see _unstacked_only)
+
+
+def clear_eager_programs() -> None:
+  """Drops the programs eager metric calls compiled, and what they learned could not be traced
+  (`padded_eval.clear_caches` calls it)."""
+  for jitted in (_eager_aggregate, _eager_statistics, _eager_merge, *_EAGER_COMPUTES):
+    jitted.clear_cache()
+  _UNTRACEABLE.clear()
 
 
 def _unstacked_only(compute: Callable) -> Callable:
@@ -472,6 +481,7 @@ def _unstacked_only(compute: Callable) -> Callable:
     return compute(self)
 
   jitted = jax.jit(lambda metric: _dicts_in_order(compute(metric), _InOrder))
+  _EAGER_COMPUTES.append(jitted)
   checked._checks_stacking = True
   return checked
 

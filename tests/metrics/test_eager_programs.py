@@ -154,3 +154,16 @@ def test_eager_compute_of_an_exact_curve_sorts_the_used_slots_only():
   assert metric.buffer.scores.shape[-1] == 4096
   expected = sklearn_metrics.roc_auc_score(labels[mask], scores[mask].astype(np.float64))
   np.testing.assert_allclose(float(metric.compute()), expected, rtol=1e-6)
+
+
+def test_clear_caches_drops_the_eager_programs(compiles):
+  rng = np.random.default_rng(5)
+  batch = _batch(rng, 16)
+  first = pe.metrics.Accuracy().update(**batch).compute()
+  before = compiles[0]
+  pe.metrics.Accuracy().update(**batch).compute()
+  assert compiles[0] == before  # cached
+  pe.clear_caches()
+  again = pe.metrics.Accuracy().update(**batch).compute()
+  assert compiles[0] > before  # compiled anew
+  np.testing.assert_array_equal(np.asarray(again), np.asarray(first))
