@@ -1,15 +1,14 @@
-"""Eager metric updates (no jit around them): one compiled program per call against op-by-op dispatch.
+"""Eager metric calls (no jit around them): the merge and compute as one program against op by op.
 
 A user who calls ``metric.update(...)`` in a plain Python loop, as with torchmetrics or nnx's
-metrics, runs the update eagerly. Each exact update is a few hundred small operations; dispatched
-one by one (the baseline: the same methods called without the jit, as before), a new configuration or
-batch shape compiles every one of them and each later call dispatches them all. ``batch_updates``,
-``merge``, ``aggregate`` and ``compute`` now run eagerly as one jitted program each.
+metrics, runs the update eagerly: ``batch_updates`` (op by op) then ``merge``, which now runs as
+one jitted program per configuration and state shapes, as do ``aggregate`` and ``compute``. The
+baseline is the same methods called without the jit (op by op, as before).
 
-Per metric, in one process: the first update of a new batch shape (compilation included, after
-``jax.clear_caches()``) and the median warm update, both ways, interleaved; ratio = one program /
-op by op (below 1 is faster). A third column times the caller's own ``jax.jit`` of the update;
-the last two, a warm ``compute()`` both ways.
+Per metric, in one process: the first update (compilation included, after ``jax.clear_caches()``)
+and the median warm update, both ways, interleaved; ratio = now / op by op (below 1 is faster).
+A third column times the caller's own ``jax.jit`` of the update; the last two, a warm
+``compute()`` both ways.
 
 Run: ``python -m benchmarks.bench_eager [--rounds 15]``.
 """
@@ -75,7 +74,7 @@ def measure(name: str, rounds: int) -> dict:
     checked = m._checked_inputs(m.routed(kw))
     return m._merged(m._statistics(checked))
 
-  ways = {"op by op": op_by_op, "one program": eager, CALLERS_JIT: jax.jit(eager)}
+  ways = {"op by op": op_by_op, "now": eager, CALLERS_JIT: jax.jit(eager)}
   first = {way: [] for way in ways}
   for _ in range(3):  # interleaved first calls; their median
     for way, update in ways.items():
@@ -91,7 +90,7 @@ def measure(name: str, rounds: int) -> dict:
       warm[way].append(time.perf_counter() - start)
   updated = eager(metric, inputs)
   plain_compute = type(updated).compute.__wrapped__  # the subclass's own compute, op by op
-  computes = {"op by op": lambda: plain_compute(updated), "one program": updated.compute}
+  computes = {"op by op": lambda: plain_compute(updated), "now": updated.compute}
   compute = {way: [] for way in computes}
   for fn in computes.values():
     block(fn())
@@ -119,27 +118,27 @@ def main(argv: list[str] | None = None) -> None:
       [
         name,
         f"{first['op by op']:.3f}",
-        f"{first['one program']:.3f}",
-        f"{first['one program'] / first['op by op']:.2f}",
+        f"{first['now']:.3f}",
+        f"{first['now'] / first['op by op']:.2f}",
         f"{warm['op by op'] * 1e3:.2f}",
-        f"{warm['one program'] * 1e3:.2f}",
-        f"{warm['one program'] / warm['op by op']:.3f}",
+        f"{warm['now'] * 1e3:.2f}",
+        f"{warm['now'] / warm['op by op']:.3f}",
         f"{warm[CALLERS_JIT] * 1e3:.2f}",
         f"{result['compute']['op by op'] * 1e3:.2f}",
-        f"{result['compute']['one program'] * 1e3:.2f}",
+        f"{result['compute']['now'] * 1e3:.2f}",
       ]
     )
   header = [
     "metric",
     "first call: op by op s",
-    "one program s",
+    "now s",
     "ratio",
     "warm: op by op ms",
-    "one program ms",
+    "now ms",
     "ratio",
     "caller's jit ms",
     "compute: op by op ms",
-    "one program ms",
+    "now ms",
   ]
   print(f"{ROWS} rows, {CLASSES} classes; first calls: median of 3, warm: median of {args.rounds}")
   print(markdown_table(header, rows))

@@ -1,11 +1,12 @@
-"""Eager metric calls (outside any jit) run as one compiled program each, not op by op.
+"""Eager ``merge``, ``aggregate`` and ``compute`` (outside any jit) run as one compiled program each.
 
-An exact update is a few hundred small operations (compensated sums, normalizations, the
-merge); dispatched one by one, a new configuration or batch shape compiled each of them
-(45 programs for ``Mean``, 87 for a multilabel AUROC) and every later call dispatched them all.
-``batch_updates``, ``merge``, ``aggregate`` and ``compute`` called eagerly now run one jitted
-program per configuration and shapes. The numbers are the traced code's own, so they match the references
-exactly as the jitted update does (tests/metrics/test_metric_core.py checks both).
+An exact merge or compute is dozens of small operations (normalizations, two-sums, ratios);
+dispatched one by one, a new configuration compiled each of them and every later call
+dispatched them all. Their shapes are the state's, so one program per configuration serves
+every batch. ``batch_updates`` stays op by op: jitted, each new batch shape would compile the
+whole update where op by op it compiles only that shape's few reductions. The numbers are the
+traced code's own, so they match the references as the jitted update does
+(tests/metrics/test_metric_core.py checks both).
 """
 
 import jax
@@ -53,17 +54,6 @@ def _reference_accuracy(batches):
   return np.concatenate(hits).astype(np.float64).mean()
 
 
-@pytest.mark.parametrize("metric", [pe.metrics.Accuracy(), pe.metrics.Mean("preds")])
-def test_an_eager_update_compiles_one_program_per_shape(metric, compiles):
-  rng = np.random.default_rng(0)
-  metric = metric.update(**_batch(rng, 16))  # first use: the empty state, the programs
-  before = compiles[0]
-  metric = metric.update(**_batch(rng, 16))
-  assert compiles[0] == before, "a second eager update of the same shapes compiled again"
-  metric = metric.update(**_batch(rng, 23))  # a new batch shape: its statistics only
-  assert compiles[0] - before == 1, compiles[0] - before
-
-
 def test_eager_merge_and_aggregate_compile_once_and_match_the_reference(compiles):
   rng = np.random.default_rng(1)
   batches = [_batch(rng, 8) for _ in range(8)]
@@ -100,8 +90,8 @@ def test_aggregate_of_pmap_outputs_still_runs_on_one_device():
 
 
 def test_traced_and_python_inputs_still_take_the_traced_path():
-  """Inside jit the update is inlined as before; a Python number among the keywords (not an
-  array) keeps the op-by-op path, whose numbers are the same."""
+  """Inside jit the update is inlined as before, with the same numbers as eagerly; a Python
+  number among the keywords is taken as before."""
   rng = np.random.default_rng(3)
   batch = _batch(rng, 16)
   jitted = jax.jit(lambda m, b: m.update(**b))(pe.metrics.Accuracy(), batch)
@@ -114,7 +104,8 @@ def test_traced_and_python_inputs_still_take_the_traced_path():
 
 
 class _NumpyCount(pe.Metric):
-  """A metric written for eager use only: numpy on its inputs (it cannot be traced)."""
+  """A metric written for eager use only: numpy on its inputs and on its state in ``compute``
+  (it cannot be traced)."""
 
   count: object = pe.metrics.base.state(lambda self: pe.metrics.base.empty_count(self))
 
@@ -124,11 +115,11 @@ class _NumpyCount(pe.Metric):
     return {"count": ExactCount.of(np.sum(hits, dtype=np.int32))}
 
   def compute(self):
-    return self.count.total()
+    return np.float32(self.count.to_numpy())  # reads the state on the host
 
 
-def test_a_metric_that_cannot_be_traced_still_updates_eagerly():
-  """User code with numpy on the inputs worked eagerly before; it still does (op by op)."""
+def test_a_metric_that_cannot_be_traced_still_works_eagerly():
+  """User code with numpy worked eagerly before; it still does (op by op)."""
   values = np.array([1.0, -2.0, 3.0, 4.0], np.float32)
   mask = np.array([True, True, True, False])
   metric = _NumpyCount().update(values=values, mask=mask).update(values=values, mask=mask)
