@@ -492,7 +492,7 @@ class _InOrder(dict):
 
 
 jax.tree_util.register_pytree_node(
-  _InOrder, lambda d: (list(d.values()), list(d)), lambda keys, values: _InOrder(zip(keys, values))
+  _InOrder, lambda d: (list(d.values()), tuple(d)), lambda keys, values: _InOrder(zip(keys, values))
 )
 
 
