@@ -159,7 +159,7 @@ class Accumulator(abc.ABC):
     about 32 such programs are in flight (see HOWTO.md, "Driving metrics yourself").
     """
     acc = self
-    if any(_on_several_devices(getattr(self, f)) for f in self._fields):
+    if any(on_several_devices(getattr(self, f)) for f in self._fields):
       acc = jax.device_get(self)
     n = acc.shape[0]
     return acc._combine(lambda x: jnp.sum(x, axis=0), lambda x: jnp.max(x, axis=0), n)
@@ -169,7 +169,7 @@ class Accumulator(abc.ABC):
     return f"{type(self).__name__}({fields})"
 
 
-def _on_several_devices(x) -> bool:
+def on_several_devices(x) -> bool:
   """Whether ``x`` is a concrete array held by more than one local device (not a tracer)."""
   return (
     isinstance(x, jax.Array)

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval.exact._floats import compensated_suffix_sums, two_sum
-from padded_eval.exact.accumulate import Accumulator
+from padded_eval.exact.accumulate import Accumulator, on_several_devices
 
 MAX_CAPACITY = 1 << 29  # sizes of two merged buffers stay below 2**31
 
@@ -212,7 +212,7 @@ class ScoreBuffer(Accumulator):
   def aggregate(self) -> ScoreBuffer:
     """The buffers stacked on a leading axis, folded into one."""
     parts = self
-    if any(_on_several_devices(x) for x in jax.tree.leaves(self)):
+    if any(on_several_devices(x) for x in jax.tree.leaves(self)):
       parts = jax.device_get(self)  # eager parts over several devices: fold on the host
     folded = jax.tree.map(lambda x: x[0], parts)
     for i in range(1, parts.size.shape[0]):
@@ -265,16 +265,6 @@ class WeightedScoreBuffer(ScoreBuffer):
 
   _fields = ("scores", "labels", "weights", "size", "dropped")
   _slots = ScoreBuffer._slots + (("weights", jnp.float32),)
-
-
-def _on_several_devices(x) -> bool:
-  """Whether ``x`` is a concrete array held by more than one local device (not a tracer)."""
-  return (
-    isinstance(x, jax.Array)
-    and not isinstance(x, jax.core.Tracer)
-    and x.is_fully_addressable
-    and len(x.sharding.device_set) > 1
-  )
 
 
 def compensated_sum(x: jax.Array) -> jax.Array:

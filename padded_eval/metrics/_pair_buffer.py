@@ -24,20 +24,10 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.exact._floats import compensated_sum
-from padded_eval.exact.accumulate import Accumulator, register_accumulator
+from padded_eval.exact.accumulate import Accumulator, on_several_devices, register_accumulator
 from padded_eval.masking import leading_ones
 
 MAX_CAPACITY = 1 << 23  # per-slot counts stay exact in float32, merged sizes fit int32
-
-
-def _on_several_devices(x) -> bool:
-  """Whether ``x`` is a concrete array held by more than one local device (not a tracer)."""
-  return (
-    isinstance(x, jax.Array)
-    and not isinstance(x, jax.core.Tracer)
-    and x.is_fully_addressable
-    and len(x.sharding.device_set) > 1
-  )
 
 
 @register_accumulator
@@ -102,7 +92,7 @@ class PairBuffer(Accumulator):
   def aggregate(self) -> PairBuffer:
     """The buffers stacked on a leading axis, folded into one."""
     parts = self
-    if any(_on_several_devices(x) for x in jax.tree.leaves(self)):
+    if any(on_several_devices(x) for x in jax.tree.leaves(self)):
       parts = jax.device_get(self)  # eager parts over several devices: fold on the host
     folded = jax.tree.map(lambda x: x[0], parts)
     for i in range(1, parts.size.shape[0]):

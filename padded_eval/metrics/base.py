@@ -38,7 +38,7 @@ from jax.typing import ArrayLike
 
 from padded_eval import validation
 from padded_eval.exact._floats import compensated_sum
-from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
+from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum, on_several_devices
 from padded_eval.routing import KeywordReader, dataclass_transform
 
 _STATE = "padded_eval_state"
@@ -411,32 +411,25 @@ _TRACING_ERRORS = (
 )
 
 
-def _jitted_if_traceable(jitted: Callable, plain: Callable, metric: Metric, *args: Any) -> Any:
-  """``jitted(metric, *args)``, or ``plain(*args)`` where ``metric``'s code cannot be traced."""
+def _jitted_if_traceable(
+  jitted: Callable, plain: Callable, metric: Metric, *args: Any, errors=_TRACING_ERRORS
+) -> Any:
+  """``jitted(metric, *args)``, or ``plain(*args)`` where ``metric``'s code cannot be traced
+  (tracing raised one of ``errors``; remembered by ``metric``'s structure)."""
   key = (jax.tree.structure(metric), jitted)
   if key not in _UNTRACEABLE:
     try:
       return jitted(metric, *args)
-    except _TRACING_ERRORS:
-      _remember_untraceable(key)
+    except errors:
+      if len(_UNTRACEABLE) >= 1024:
+        _UNTRACEABLE.clear()
+      _UNTRACEABLE.add(key)
   return plain(*args)
-
-
-def _remember_untraceable(key: Any) -> None:
-  if len(_UNTRACEABLE) >= 1024:
-    _UNTRACEABLE.clear()
-  _UNTRACEABLE.add(key)
 
 
 def _on_one_device(tree: Any) -> Any:
   """``tree`` with every array held by several devices fetched to the host (numpy)."""
-
-  def fetched(x):
-    if isinstance(x, jax.Array) and x.is_fully_addressable and len(x.sharding.device_set) > 1:
-      return jax.device_get(x)
-    return x
-
-  return jax.tree.map(fetched, tree)
+  return jax.tree.map(lambda x: jax.device_get(x) if on_several_devices(x) else x, tree)
 
 
 _eager_aggregate = jax.jit(lambda metric: metric._aggregated())
@@ -470,17 +463,15 @@ def _unstacked_only(compute: Callable) -> Callable:
     if args or kwargs or not _runs_eagerly(self):
       return compute(self, *args, **kwargs)
     # eagerly: one program for the dozens of small operations (score buffers first cut to
-    # their used slots on the host, as masked_eval's logs program does)
-    cut = trimmed(self)
-    key = (jax.tree.structure(cut), jitted)
-    if key not in _UNTRACEABLE:
-      try:
-        return _dicts_in_order(jitted(cut), dict)
-      except (*_TRACING_ERRORS, TypeError):  # host values or non-array results: op by op
-        _remember_untraceable(key)
-    return compute(self)
+    # their used slots on the host, as masked_eval's logs program does); host values or
+    # non-array results (TypeError) keep the op-by-op path
+    plain = lambda: compute(self)  # noqa: E731
+    return _jitted_if_traceable(
+      in_order, plain, trimmed(self), errors=(*_TRACING_ERRORS, TypeError)
+    )
 
   jitted = jax.jit(lambda metric: _dicts_in_order(compute(metric), _InOrder))
+  in_order = lambda metric: _dicts_in_order(jitted(metric), dict)  # noqa: E731
   _EAGER_COMPUTES.append(jitted)
   checked._checks_stacking = True
   return checked
