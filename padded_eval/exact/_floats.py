@@ -14,9 +14,49 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 # The exponent of zero: below every real one, so a zero never sets a common scale.
 ZERO_EXPONENT = -(1 << 20)
+
+
+def select(condition, on_true, on_false):
+  """``jnp.where(condition, on_true, on_false)`` for the exact core, as one ``select``.
+
+  ``jnp.where`` is a jitted function: every call is a nested ``jit`` that is traced and lowered
+  on its own (the exact sums of one step called it some sixty times, a good part of the
+  step's tracing and lowering). Here a Python scalar takes the array operand's dtype and
+  every operand is broadcast to the common shape, without type promotion: the operands
+  that are arrays must share one dtype.
+  """
+  if hasattr(condition, "dtype") and condition.dtype != jnp.bool_:
+    condition = condition.astype(jnp.bool_)
+  arrays = [x for x in (on_true, on_false) if hasattr(x, "dtype")]
+  dtype = arrays[0].dtype if arrays else jnp.result_type(on_true, on_false)
+  shape = np.broadcast_shapes(np.shape(condition), np.shape(on_true), np.shape(on_false))
+  return lax.select(
+    _broadcast(condition, shape, jnp.bool_),
+    _broadcast(on_true, shape, dtype),
+    _broadcast(on_false, shape, dtype),
+  )
+
+
+def _broadcast(x, shape: tuple, dtype):
+  """``x`` (an array of ``dtype`` or a Python scalar) as an array of ``shape``."""
+  if not hasattr(x, "dtype"):
+    return lax.full(shape, x, dtype)
+  if x.dtype != dtype:
+    raise TypeError(f"select: operands of dtypes {x.dtype} and {dtype}")
+  if np.shape(x) == shape:
+    return x
+  return lax.broadcast_in_dim(x, shape, tuple(range(len(shape) - np.ndim(x), len(shape))))
+
+
+def clamp(x, low: int, high: int):
+  """``jnp.clip(x, low, high)`` for int32 ``x`` and Python int bounds, as one ``clamp``
+  (``jnp.clip`` is a nested ``jit``, see :func:`select`)."""
+  return lax.clamp(np.int32(low), x, np.int32(high))
 
 
 def two_sum(a, b):
@@ -103,8 +143,8 @@ def _split(x):
   low_bits = bits & 0xFFF
   units = low_bits - ((low_bits & 0x800) << 1)  # in [-2048, 2047] ulps: x - hi
   field = (bits >> 23) & 0xFF
-  ulp = jnp.where(field > 23, _power_of_two(field - 150), 0.0)
-  sign = jnp.where(bits < 0, -1.0, 1.0)
+  ulp = select(field > 23, _power_of_two(field - 150), 0.0)
+  sign = select(bits < 0, -1.0, 1.0)
   return hi, sign * units.astype(jnp.float32) * ulp
 
 
@@ -134,8 +174,8 @@ def _power_of_two(k):
 
 def power_of_two_factors(k):
   """Two float32 powers of two whose product is ``2**k``, for int ``k`` in ``[-252, 254]``."""
-  k = jnp.clip(jnp.asarray(k, jnp.int32), -252, 254)
-  first = jnp.clip(k, -126, 127)
+  k = clamp(jnp.asarray(k, jnp.int32), -252, 254)
+  first = clamp(k, -126, 127)
   return _power_of_two(first), _power_of_two(k - first)
 
 
@@ -153,7 +193,7 @@ def ldexp(x, k):
 def scale_down(x, shift):
   """``x * 2**shift`` for ``shift <= 0``, one step: 0 below ``2**-126`` (inf and NaN kept)."""
   scaled = x * _power_of_two(jnp.maximum(shift, -126))
-  return jnp.where((shift >= -126) | ~jnp.isfinite(x), scaled, 0.0)
+  return select((shift >= -126) | ~jnp.isfinite(x), scaled, 0.0)
 
 
 def exponent(x):
@@ -163,15 +203,15 @@ def exponent(x):
   """
   x = jnp.asarray(x, jnp.float32)
   small = jnp.abs(x) < 2.0**-126
-  bits = jax.lax.bitcast_convert_type(jnp.where(small, x * 2.0**64, x), jnp.int32)
-  e = ((bits >> 23) & 0xFF) - 126 - jnp.where(small, 64, 0)
-  return jnp.where(x == 0, ZERO_EXPONENT, jnp.where(jnp.isfinite(x), e, 0))
+  bits = jax.lax.bitcast_convert_type(select(small, x * 2.0**64, x), jnp.int32)
+  e = ((bits >> 23) & 0xFF) - 126 - select(small, 64, 0).astype(jnp.int32)
+  return select(x == 0, ZERO_EXPONENT, select(jnp.isfinite(x), e, 0))
 
 
 def scale_exponent(magnitude):
   """The exponent that brings ``magnitude`` (>= 0) into ``[0.5, 1)``; 0 for 0, inf or NaN."""
   e = exponent(magnitude)
-  return jnp.where(e == ZERO_EXPONENT, 0, e)
+  return select(e == ZERO_EXPONENT, 0, e)
 
 
 def frexp(x):

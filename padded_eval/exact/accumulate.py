@@ -34,6 +34,7 @@ import numpy as np
 
 from padded_eval.exact._floats import (
   ZERO_EXPONENT,
+  clamp,
   compensated_suffix_sums,
   compensated_sum,
   exponent,
@@ -42,6 +43,7 @@ from padded_eval.exact._floats import (
   power_of_two_factors,
   scale_down,
   scale_exponent,
+  select,
   two_prod,
   two_sum,
 )
@@ -289,10 +291,10 @@ def _normalized(hi, lo, exp):
 
   A zero total gets ``ZERO_EXPONENT``; an inf or NaN total is kept unscaled (exponent 0).
   """
-  naive = jnp.where(jnp.isfinite(hi), hi + lo, hi)  # inf stays inf (its error term is NaN)
+  naive = select(jnp.isfinite(hi), hi + lo, hi)  # inf stays inf (its error term is NaN)
   finite = jnp.isfinite(naive)
   hi, lo = two_sum(hi, lo)
-  return _scaled(jnp.where(finite, hi, naive), jnp.where(finite, lo, 0.0), exp)
+  return _scaled(select(finite, hi, naive), select(finite, lo, 0.0), exp)
 
 
 def _scaled(hi, lo, exp):
@@ -300,8 +302,8 @@ def _scaled(hi, lo, exp):
   finite = jnp.isfinite(hi)
   k = exponent(hi)
   zero = k == ZERO_EXPONENT
-  shift = jnp.where(zero, 0, k)
-  exp = jnp.where(zero, ZERO_EXPONENT, jnp.where(finite, exp + shift, 0))
+  shift = select(zero, 0, k)
+  exp = select(zero, ZERO_EXPONENT, select(finite, exp + shift, 0))
   first, second = power_of_two_factors(-shift)
   return hi * first * second, lo * first * second, exp
 
@@ -384,7 +386,7 @@ class ExactSum(Accumulator):
       weights = upcast(jnp.asarray(weights))
       where = (weights != 0) if where is None else (where & (weights != 0))
     if where is not None:
-      values = jnp.where(where, values, 0.0)
+      values = select(where, values, 0.0)
     exp = 0
     if power == 2:
       # initial=0: an empty batch (0 rows) has no largest magnitude; its total is 0
@@ -396,7 +398,7 @@ class ExactSum(Accumulator):
     if weights is not None:
       values = weights * values
     if where is not None:
-      values = jnp.where(where, values, 0.0)
+      values = select(where, values, 0.0)
     return cls.of_pair(*compensated_sum(values, axis=axis), exp)
 
   @classmethod
@@ -426,13 +428,13 @@ class ExactSum(Accumulator):
     if headroom > 20:
       raise ValueError(f"ExactSum reduces over at most 2**20 parts; got {n}")
     finite = jnp.isfinite(self.hi)
-    exp = maximum(jnp.where(finite, self.exponent, ZERO_EXPONENT))
+    exp = maximum(select(finite, self.exponent, ZERO_EXPONENT))
     # explicit broadcast: a reduced leading axis (aggregate) is not promoted implicitly
     parts_exp = jnp.broadcast_to(exp if spread is None else spread(exp), self.exponent.shape)
     hi, lo = ldexp(self.hi, self.exponent - parts_exp), ldexp(self.lo, self.exponent - parts_exp)
     quantum = 2.0 ** -(24 - headroom)
-    high = jnp.where(finite, jnp.round(hi / quantum) * quantum, hi)
-    low = jnp.where(finite, hi - high, 0.0)  # exact
+    high = select(finite, jnp.round(hi / quantum) * quantum, hi)
+    low = select(finite, hi - high, 0.0)  # exact
     hi, lo = two_sum(total(high), total(low) + total(lo))
     return self._make(*_normalized(hi, lo, exp))
 
@@ -475,7 +477,7 @@ class ExactSum(Accumulator):
       d_mantissa, d_exponent = frexp(upcast(jnp.asarray(denominator)))
     mantissa, exp = self.frexp()
     quotient = mantissa / d_mantissa
-    exp = jnp.clip(exp - d_exponent, -(1 << 24), 1 << 24)
+    exp = clamp(exp - d_exponent, -(1 << 24), 1 << 24)
     if sqrt:
       odd = exp & 1
       quotient = jnp.sqrt(quotient * (1.0 + odd.astype(jnp.float32)))
@@ -493,7 +495,7 @@ class ExactSum(Accumulator):
     rest = (
       ((self.hi - product) - product_error) + self.lo - head * denominator.lo
     ) / denominator.hi
-    exp = jnp.clip(self.exponent - denominator.exponent, -(1 << 24), 1 << 24)
+    exp = clamp(self.exponent - denominator.exponent, -(1 << 24), 1 << 24)
     return ldexp(head, exp), ldexp(rest, exp)
 
   def to_numpy(self) -> np.ndarray:
