@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import threading
 import warnings
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -27,6 +26,7 @@ import numpy as np
 
 from padded_eval.data.sources import tf_data
 from padded_eval.eval import _packing, _placement, backends
+from padded_eval.eval._compiling import Compiling, compiler_options
 from padded_eval.exact.accumulate import ExactCount
 from padded_eval.metrics.base import clear_eager_programs, full_state_shapes, trimmed
 
@@ -283,40 +283,22 @@ def clear_caches() -> None:
   _logs_programs.clear()
   backends.clear_cache()
   _placement.clear_cache()
-  _packing.aggregate_packed.clear_cache()
+  _packing.clear_cache()
   clear_eager_programs()
   tf_data.clear_cache()
 
 
 _logs_programs: dict = {}  # (treedef, leaf shapes) -> jitted compute_logs, None: not jittable,
-# or a _Compiling: compiled ahead of the steps by `prepare_logs`
+# or a Compiling: compiled ahead of the steps by `prepare_logs`
 _MISSING = object()
 LOGS_COMPILE_THREAD = "padded_eval-compile-logs"
 """The name of the worker thread `prepare_logs` compiles a logs program on."""
 
 
-class _Compiling:
-  """A logs program being compiled on a worker thread: only ``Lowered.compile`` runs there (XLA,
-  which releases the GIL); tracing and lowering ran on the caller's thread, so the warnings they
-  raise stay under the caller's ``warnings.catch_warnings``."""
-
-  def __init__(self, lowered: Any):
-    self._compiled = None
-    self._thread = threading.Thread(
-      target=self._compile, args=(lowered,), name=LOGS_COMPILE_THREAD, daemon=False
-    )
-    self._thread.start()
-
-  def _compile(self, lowered: Any) -> None:
-    try:
-      self._compiled = lowered.compile()
-    except Exception:  # noqa: BLE001 - metric_logs compiles it again on its own thread and raises there
-      self._compiled = None
-
-  def result(self) -> Any:
-    """The `jax.stages.Compiled` program (waits for the compile), or None if it failed."""
-    self._thread.join()
-    return self._compiled
+def _logs_program() -> Any:
+  """A new ``jax.jit`` of ``compute_logs``, with the driver's options for the default device."""
+  options = compiler_options(jax.default_backend())
+  return jax.jit(lambda m: m.compute_logs(), compiler_options=options)
 
 
 def prepare_logs(empty_metric: Any) -> None:
@@ -344,11 +326,11 @@ def prepare_logs(empty_metric: Any) -> None:
   if len(_logs_programs) >= CACHE_SIZE:
     _logs_programs.pop(next(iter(_logs_programs)))  # bounded: the oldest goes
   try:
-    lowered = jax.jit(lambda m: m.compute_logs()).lower(shapes)
+    lowered = _logs_program().lower(shapes)
   except Exception:  # noqa: BLE001 - does not trace: computed eagerly at the end, as metric_logs does
     _logs_programs[key] = None
     return
-  _logs_programs[key] = _Compiling(lowered)
+  _logs_programs[key] = Compiling(lowered, LOGS_COMPILE_THREAD)
 
 
 def metric_logs(metric: Any) -> dict:
@@ -373,7 +355,7 @@ def metric_logs(metric: Any) -> dict:
     return metric.compute_logs()
   if program is None:
     return metric.compute_logs()
-  if isinstance(program, _Compiling):  # compiled by prepare_logs while the steps ran
+  if isinstance(program, Compiling):  # compiled by prepare_logs while the steps ran
     program = program.result()
     try:
       logs = program(metric) if program is not None else _MISSING
@@ -386,7 +368,7 @@ def metric_logs(metric: Any) -> dict:
   if program is _MISSING:
     if len(_logs_programs) >= CACHE_SIZE:
       _logs_programs.pop(next(iter(_logs_programs)))  # bounded: the oldest goes
-    program = jax.jit(lambda m: m.compute_logs())
+    program = _logs_program()
     try:
       logs = program(metric)
     except Exception:  # noqa: BLE001 - does not trace: compute eagerly from now on

@@ -22,17 +22,17 @@ state would be copied whole on every step, and a checkpoint saves the tree.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from padded_eval.eval import _compiling as compiling
 from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
 from padded_eval.metrics.base import Metric
 
-__all__ = ["StatePacking", "aggregate_packed"]
+__all__ = ["AGGREGATE_COMPILE_THREAD", "StatePacking", "aggregate_packed", "prepare_aggregate"]
 
 
 class StatePacking:
@@ -246,15 +246,56 @@ def _host_from_words(words: np.ndarray, dtype: np.dtype) -> np.ndarray:
   return words.view(dtype)
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def aggregate_packed(packed: jax.Array, packing: StatePacking) -> jax.Array:
-  """Per-shard packed states ``uint32 [shards, nwords]`` -> their exact combination, packed.
+AGGREGATE_COMPILE_THREAD = "padded_eval-compile-aggregate"
+"""The name of the worker thread `prepare_aggregate` compiles a combination program on."""
+PROGRAMS_KEPT = 16
+_programs: dict = {}  # (packing, shards) -> Compiled, or a Compiling (`prepare_aggregate`)
 
-  Every part of the state (metrics, accumulators: whatever has ``aggregate()``) is combined
-  over the leading shard axis with ``aggregate()``, in one single-device program.
-  """
+
+def _combined(packed: jax.Array, packing: StatePacking) -> jax.Array:
   state = packing.unpack(packed)
   combined = jax.tree.map(
     lambda part: part.aggregate(), state, is_leaf=lambda x: hasattr(x, "aggregate")
   )
   return packing.pack(combined)
+
+
+def _lowered(packing: StatePacking, shards: int) -> Any:
+  options = compiling.compiler_options(jax.default_backend())
+  program = jax.jit(_combined, static_argnums=1, compiler_options=options)
+  return program.lower(jax.ShapeDtypeStruct((shards, packing.nwords), np.uint32), packing)
+
+
+def prepare_aggregate(packing: StatePacking, shards: int) -> None:
+  """Starts compiling `aggregate_packed` for ``shards`` partial states of ``packing``, on a
+  worker thread (`AGGREGATE_COMPILE_THREAD`): called before the first step, so that it compiles
+  while the step traces and compiles, instead of after the last step (the combination of
+  Flax imagenet's 8 partial states compiled in about 0.3 s, a fifth of its first call)."""
+  key = (packing, shards)
+  if key in _programs:
+    return
+  if len(_programs) >= PROGRAMS_KEPT:
+    _programs.pop(next(iter(_programs)))  # bounded: the oldest goes
+  _programs[key] = compiling.Compiling(_lowered(packing, shards), AGGREGATE_COMPILE_THREAD)
+
+
+def aggregate_packed(packed: np.ndarray, packing: StatePacking) -> jax.Array:
+  """Per-shard packed states ``uint32 [shards, nwords]`` -> their exact combination, packed.
+
+  Every part of the state (metrics, accumulators: whatever has ``aggregate()``) is combined
+  over the leading shard axis with ``aggregate()``, in one single-device program, compiled
+  once per packing and shard count (ahead of the steps where `prepare_aggregate` started it).
+  """
+  key = (packing, int(np.shape(packed)[0]))
+  program = _programs.get(key)
+  if isinstance(program, compiling.Compiling):
+    program = program.result()  # None: its compile failed, compiled again here to raise
+  if program is None:
+    program = _lowered(*key).compile()
+  _programs[key] = program
+  return program(packed)
+
+
+def clear_cache() -> None:
+  """Drops the compiled combination programs (`padded_eval.clear_caches`)."""
+  _programs.clear()

@@ -1,6 +1,8 @@
-"""masked_eval's final ``compute_logs`` program (padded_eval.eval._cache.prepare_logs, metric_logs).
+"""masked_eval's programs compiled ahead of the steps: the final ``compute_logs`` program
+(padded_eval.eval._cache.prepare_logs, metric_logs) and the combination of the partial states
+(padded_eval.eval._packing.prepare_aggregate, aggregate_packed).
 
-It is traced and lowered on the calling thread before the first step, and compiled on a worker
+Each is traced and lowered on the calling thread before the first step, and compiled on a worker
 thread while the step compiles; the answer must be the same as computing at the end: every
 result here is checked against numpy float64 or scikit-learn, with NaN/inf and out-of-range
 labels in the padded rows.
@@ -17,7 +19,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 import padded_eval as pe
-from padded_eval.eval import _cache
+from padded_eval.eval import _cache, _packing
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 FEATURES, CLASSES = 5, 4
@@ -123,6 +125,35 @@ def test_the_logs_program_compiles_on_a_worker_while_the_step_compiles(backend, 
   again = dataset(41, seed=2)
   result = pe.masked_eval(step, W, garbage_padded(again, 32), backend=backend)
   assert compiles == []  # the compiled logs program is reused, nothing compiles
+  accuracy, mean = reference(again)
+  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
+  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ("jit", "pmap", "shard_map"))
+def test_the_partial_states_combination_compiles_on_a_worker_while_the_step_compiles(
+  backend, compiles
+):
+  pe.clear_caches()
+  jax.clear_caches()  # JAX keeps compiled programs of its own, keyed by the lowered module
+  data = dataset(117, seed=7)
+  result = pe.masked_eval(step, W, garbage_padded(data, 24), backend=backend)
+  accuracy, mean = reference(data)
+  assert result["num_examples"] == 117
+  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
+  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+  ahead = [c for c in compiles if c[0] == _packing.AGGREGATE_COMPILE_THREAD]
+  if backend == "jit":  # one global state: nothing to combine
+    assert ahead == []
+    return
+  assert len(ahead) == 1, compiles  # compiled once, on the worker
+  on_caller = [c for c in compiles if c[0] == threading.current_thread().name]
+  assert ahead[0][1] < max(end for _, _, end in on_caller)  # while the step compiled
+  assert not any(t.name == _packing.AGGREGATE_COMPILE_THREAD for t in threading.enumerate())
+  compiles.clear()
+  again = dataset(53, seed=8)
+  result = pe.masked_eval(step, W, garbage_padded(again, 24), backend=backend)
+  assert compiles == []  # the compiled combination is reused
   accuracy, mean = reference(again)
   np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
   np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)

@@ -32,6 +32,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from padded_eval.data import sharding as sharding_lib
+from padded_eval.eval import _compiling as compiling
 from padded_eval.eval import _packing as packing_lib
 from padded_eval.eval import _placement as placement
 from padded_eval.multihost.distributed import StepInput
@@ -173,6 +174,11 @@ class MeshBackend(abc.ABC):
     axes = self.data_axes
     named = f"axis {axes[0]!r}" if len(axes) == 1 else f"axes {axes!r} (data_axes)"
     return f"the {self.num_shards} shards of the mesh's data {named} (mesh {dict(self.mesh.shape)})"
+
+  @functools.cached_property
+  def compiler_options(self) -> dict | None:
+    """The XLA options of this backend's programs (`padded_eval.eval._compiling`)."""
+    return compiling.compiler_options(self.mesh.devices.flat[0].platform)
 
   @property
   def replicated(self) -> NamedSharding:

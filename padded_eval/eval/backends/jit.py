@@ -56,7 +56,9 @@ class JitBackend(MeshBackend):
     merge = lambda count_rows, packing=None: step_parts.merge_step(
       inner, mask, jnp.sum, count_rows, packing
     )
-    make = lambda merge, donate: jax.jit(merge, donate_argnums=donate, out_shardings=shardings)
+    make = lambda merge, donate: jax.jit(
+      merge, donate_argnums=donate, out_shardings=shardings, compiler_options=self.compiler_options
+    )
     state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
     packed = lambda packing, count_rows: make(merge(count_rows, packing), ())
     return CompiledStep(state_shapes, make(merge(True), 1), packed)

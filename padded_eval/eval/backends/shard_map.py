@@ -52,8 +52,12 @@ class ShardMapBackend(MeshBackend):
       )
 
     state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
-    packed = lambda packing, count_rows: jax.jit(mapped(merge(count_rows, packing)))
-    return CompiledStep(state_shapes, jax.jit(mapped(merge(True)), donate_argnums=1), packed)
+    options = self.compiler_options
+    make = lambda merge, donate: jax.jit(
+      mapped(merge), donate_argnums=donate, compiler_options=options
+    )
+    packed = lambda packing, count_rows: make(merge(count_rows, packing), ())
+    return CompiledStep(state_shapes, make(merge(True), 1), packed)
 
   def finalize_program(self):
     return jax.jit(
@@ -62,5 +66,6 @@ class ShardMapBackend(MeshBackend):
         mesh=self.mesh,
         in_specs=sharding_lib.partition_spec(self.data_axes),
         out_specs=PartitionSpec(),
-      )
+      ),
+      compiler_options=self.compiler_options,
     )

@@ -1,0 +1,150 @@
+"""The XLA options masked_eval compiles its programs with (padded_eval.eval._compiling).
+
+On CPU the driver turns XLA's fusion emitters off (they compile a small evaluation's step about
+1.5x slower). That must not change a single bit: the results here are compared bit for bit
+with the same programs compiled with XLA's defaults, and against numpy float64, on data whose
+padded rows hold NaN, inf and out-of-range labels. The error-free transformations compiled
+both ways are checked in ``tests/exact/test_numerics_regressions.py``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import padded_eval as pe
+from padded_eval.eval import _cache, _compiling, _packing, backends
+
+FEATURES, CLASSES = 6, 5
+
+
+def test_options_are_set_on_cpu_only_and_the_users_xla_flags_win(monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+  assert _compiling.compiler_options("cpu") == {"xla_cpu_use_fusion_emitters": False}
+  assert _compiling.compiler_options("gpu") is None
+  assert _compiling.compiler_options("tpu") is None
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true")
+  assert _compiling.compiler_options("cpu") is None
+  monkeypatch.delenv("XLA_FLAGS")
+  assert _compiling.compiler_options("cpu") == _compiling.CPU_COMPILER_OPTIONS
+
+
+def _data(rows, seed):
+  rng = np.random.default_rng(seed)
+  return {
+    "x": rng.normal(size=(rows, FEATURES)).astype(np.float32),
+    "y": rng.integers(0, CLASSES, rows).astype(np.int32),
+  }
+
+
+W = np.random.default_rng(11).normal(size=(FEATURES, CLASSES)).astype(np.float32)
+
+
+def _batches(data, batch_size):
+  for batch in pe.pad_batches(data, batch_size):
+    x, y = batch["x"].copy(), batch["y"].copy()
+    x[~batch["mask"]] = np.nan
+    x[~batch["mask"], 0] = np.inf
+    y[~batch["mask"]] = 10**6
+    yield {**batch, "x": x, "y": y}
+
+
+METRICS = pe.Metrics({"accuracy": pe.metrics.Accuracy(), "offset_mean": pe.metrics.Mean()})
+
+
+def _step(params, batch):
+  logits = jnp.tanh(batch["x"] @ params) * 3
+  return METRICS.batch_updates(
+    preds=logits,
+    target=batch["y"],
+    values=1e6 + jnp.sum(logits, -1),  # an offset the exact sums must not lose
+    mask=batch["mask"],
+  )
+
+
+def _mse_step(params, batch):
+  del params
+  return pe.metrics.MSE().batch_updates(
+    preds=batch["x"][:, 0], target=batch["x"][:, 1], mask=batch["mask"]
+  )
+
+
+def _reference(data):
+  logits = np.tanh(data["x"].astype(np.float64) @ W.astype(np.float64)) * 3
+  return {
+    "accuracy": np.mean(np.argmax(logits, -1) == data["y"]),
+    "offset_mean": np.mean(1e6 + logits.sum(-1)),
+  }
+
+
+def _evaluate(backend, data, options, monkeypatch):
+  monkeypatch.setattr(_compiling, "CPU_COMPILER_OPTIONS", options)
+  monkeypatch.delenv("XLA_FLAGS", raising=False)  # read when a program is built, not at start
+  pe.clear_caches()
+  try:
+    result = pe.masked_eval(_step, W, _batches(data, 24), backend=backend)
+    mse = pe.masked_eval(_mse_step, None, _batches(data, 24), backend=backend)
+  finally:
+    pe.clear_caches()  # nothing compiled with these options outlives the test
+  return {**result, "mse": mse["mse"]}
+
+
+@pytest.mark.parametrize("backend", ("jit", "pmap", "shard_map"))
+def test_results_are_the_same_bits_with_xla_defaults(backend, monkeypatch):
+  data = _data(203, seed={"jit": 1, "pmap": 2, "shard_map": 3}[backend])  # 203: not 24k, not 8k
+  ours = _evaluate(backend, data, {"xla_cpu_use_fusion_emitters": False}, monkeypatch)
+  defaults = _evaluate(backend, data, {}, monkeypatch)
+  assert ours["num_examples"] == defaults["num_examples"] == 203
+  for name in ("accuracy", "offset_mean", "mse"):
+    assert np.asarray(ours[name]).tobytes() == np.asarray(defaults[name]).tobytes(), name
+  want = _reference(data)
+  np.testing.assert_allclose(ours["accuracy"], want["accuracy"], rtol=1e-7)
+  np.testing.assert_allclose(ours["offset_mean"], want["offset_mean"], rtol=1e-7)
+  x = data["x"].astype(np.float64)
+  np.testing.assert_allclose(ours["mse"], np.mean((x[:, 0] - x[:, 1]) ** 2), rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ("jit", "pmap", "shard_map"))
+def test_every_program_of_a_call_is_compiled_with_the_options(backend, monkeypatch):
+  """An option XLA does not know fails every program compiled with it: the step, the logs and
+  the combination of the partial states each fail."""
+  monkeypatch.setattr(_compiling, "CPU_COMPILER_OPTIONS", {"no_such_option": True})
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  pe.clear_caches()
+  try:
+    with pytest.raises(Exception, match="no_such_option"):
+      pe.masked_eval(_step, W, _batches(_data(50, seed=1), 24), backend=backend)
+    assert backends.make_backend(backend, "batch", None).compiler_options == {
+      "no_such_option": True
+    }
+    with pytest.raises(Exception, match="no_such_option"):
+      _cache._logs_program()(jax.device_get(METRICS.empty()))
+    packing = _packing.StatePacking(jax.device_get(METRICS.empty()))
+    with pytest.raises(Exception, match="no_such_option"):
+      _packing.aggregate_packed(np.stack([packing.empty] * 8), packing)
+  finally:
+    pe.clear_caches()
+
+
+def test_a_flax_models_outputs_are_the_same_bits():
+  """Flax mnist's model (``examples/from_flax``), its loss, softmax and a few transcendental
+  functions: compiled with the options or without, the same bits."""
+  from flax import nnx
+
+  from examples.from_flax import mnist_nnx
+
+  model, split = mnist_nnx.make_inputs()
+  model.eval()
+  graph, state = nnx.split(model)
+  images = jnp.asarray(split["image"][:256], jnp.float32) / 255
+  labels = jnp.asarray(split["label"][:256])
+
+  def outputs(state, images):
+    logits = nnx.merge(graph, state)(images)
+    log_probs = jax.nn.log_softmax(logits)
+    return logits, -jnp.take_along_axis(log_probs, labels[:, None], -1), jnp.exp(log_probs)
+
+  ours = jax.jit(outputs, compiler_options=_compiling.CPU_COMPILER_OPTIONS)(state, images)
+  defaults = jax.jit(outputs)(state, images)
+  for a, b in zip(ours, defaults, strict=True):
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
