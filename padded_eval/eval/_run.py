@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from padded_eval.eval import _packing as packing_lib
 from padded_eval.eval._placement import is_small_state
 from padded_eval.metrics.base import Metric
 from padded_eval.multihost.distributed import StepInput
@@ -106,8 +105,6 @@ def start(
   elif saver is None and is_small_state(empty):  # packed, placed once, not donated
     host_mask = compiled.mask if backend.counts_rows_on_host and compiled.mask.fn is None else None
     packing, step, state = compiled.packed(empty, count_rows=host_mask is None)
-    if backend.per_shard_state:  # combined at the end: compiles while the first step does
-      packing_lib.prepare_aggregate(packing, backend.num_shards)
     run = CompiledRun(backend, placed_params, step, state, packing, host_mask)
   else:  # the tree, donated
     saved = None if saver is None else saver.restore(empty)

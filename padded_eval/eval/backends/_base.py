@@ -218,6 +218,19 @@ class MeshBackend(abc.ABC):
   counts_rows_on_host = False  # the step counts the real rows (free without a collective)
   keeps_device_axis = False  # the finalized leaves keep a leading axis of size 1 (pmap)
 
+  def packed_steps(self, make: Callable, merge: Callable) -> Callable:
+    """`CompiledStep.packed_step` of a backend whose steps are ``make(merge(count_rows,
+    packing), donate)``. Where the partial states are combined at the end (`finalize`), their
+    combination starts compiling with the step, on a worker thread
+    (`padded_eval.eval._packing.prepare_aggregate`), instead of after the last step."""
+
+    def packed_step(packing, count_rows):
+      if self.per_shard_state:
+        packing_lib.prepare_aggregate(packing, self.num_shards)
+      return make(merge(count_rows, packing), ())
+
+    return packed_step
+
   def finalize(self, state, packing=None):
     if packing is not None:  # small, one process: fetched, combined on one device, packed
       if not self.per_shard_state:

@@ -60,7 +60,7 @@ class JitBackend(MeshBackend):
       merge, donate_argnums=donate, out_shardings=shardings, compiler_options=self.compiler_options
     )
     state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
-    packed = lambda packing, count_rows: make(merge(count_rows, packing), ())
+    packed = self.packed_steps(make, merge)
     return CompiledStep(state_shapes, make(merge(True), 1), packed)
 
   def finalize_program(self):

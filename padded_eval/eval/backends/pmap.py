@@ -74,7 +74,7 @@ class PmapBackend(MeshBackend):
       shapes = jax.eval_shape(statistics, params, batch)
       return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), shapes)
 
-    packed = lambda packing, count_rows: make(merge(count_rows, packing), ())
+    packed = self.packed_steps(make, merge)
     return CompiledStep(state_shapes, make(merge(True), 1), packed)
 
   def finalize_program(self):

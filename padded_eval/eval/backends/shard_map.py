@@ -56,7 +56,7 @@ class ShardMapBackend(MeshBackend):
     make = lambda merge, donate: jax.jit(
       mapped(merge), donate_argnums=donate, compiler_options=options
     )
-    packed = lambda packing, count_rows: make(merge(count_rows, packing), ())
+    packed = self.packed_steps(make, merge)
     return CompiledStep(state_shapes, make(merge(True), 1), packed)
 
   def finalize_program(self):
