@@ -1,6 +1,20 @@
-"""Independent numpy expectation for padded batches (used by test_data.py and test_tfds.py)."""
+"""Independent numpy expectation for padded batches (used by test_data.py and test_tfds.py), and
+`garbage_padded`: padded batches whose padded rows hold NaN, inf and out-of-range labels."""
 
 import numpy as np
+
+import padded_eval as pe
+
+
+def garbage_padded(data, batch_size):
+  """``pe.pad_batches`` of ``{"x": [n, f] float, "y": [n] int}``, with NaN in the padded rows'
+  features (inf in their first) and label 10**6: a metric that reads a padded row shows it."""
+  for batch in pe.pad_batches(data, batch_size):
+    x, y = batch["x"].copy(), batch["y"].copy()
+    x[~batch["mask"]] = np.nan
+    x[~batch["mask"], 0] = np.inf
+    y[~batch["mask"]] = 10**6
+    yield {**batch, "x": x, "y": y}
 
 
 def expected_batches(data, batch_size, pad=0, num_batches=None, string_pad=""):

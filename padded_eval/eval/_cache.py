@@ -26,7 +26,7 @@ import numpy as np
 
 from padded_eval.data.sources import tf_data
 from padded_eval.eval import _packing, _placement, backends
-from padded_eval.eval._compiling import Compiling, compiler_options
+from padded_eval.eval.compiling import Compiling, compiler_options
 from padded_eval.exact.accumulate import ExactCount
 from padded_eval.metrics.base import clear_eager_programs, full_state_shapes, trimmed
 

@@ -1,4 +1,4 @@
-"""The XLA options masked_eval compiles its programs with (padded_eval.eval._compiling).
+"""The XLA options masked_eval compiles its programs with (padded_eval.eval.compiling).
 
 On CPU the driver turns XLA's fusion emitters off (they compile a small evaluation's step about
 1.5x slower). That must not change a single bit: the results here are compared bit for bit
@@ -11,22 +11,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _padding_reference import garbage_padded
 
 import padded_eval as pe
-from padded_eval.eval import _cache, _compiling, _packing, backends
+from padded_eval.eval import _cache, _packing, backends, compiling
 
 FEATURES, CLASSES = 6, 5
 
 
 def test_options_are_set_on_cpu_only_and_the_users_xla_flags_win(monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-  assert _compiling.compiler_options("cpu") == {"xla_cpu_use_fusion_emitters": False}
-  assert _compiling.compiler_options("gpu") is None
-  assert _compiling.compiler_options("tpu") is None
+  assert compiling.compiler_options("cpu") == {"xla_cpu_use_fusion_emitters": False}
+  assert compiling.compiler_options("gpu") is None
+  assert compiling.compiler_options("tpu") is None
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true")
-  assert _compiling.compiler_options("cpu") is None
+  assert compiling.compiler_options("cpu") is None
   monkeypatch.delenv("XLA_FLAGS")
-  assert _compiling.compiler_options("cpu") == _compiling.CPU_COMPILER_OPTIONS
+  assert compiling.compiler_options("cpu") == compiling.CPU_COMPILER_OPTIONS
 
 
 def _data(rows, seed):
@@ -38,15 +39,6 @@ def _data(rows, seed):
 
 
 W = np.random.default_rng(11).normal(size=(FEATURES, CLASSES)).astype(np.float32)
-
-
-def _batches(data, batch_size):
-  for batch in pe.pad_batches(data, batch_size):
-    x, y = batch["x"].copy(), batch["y"].copy()
-    x[~batch["mask"]] = np.nan
-    x[~batch["mask"], 0] = np.inf
-    y[~batch["mask"]] = 10**6
-    yield {**batch, "x": x, "y": y}
 
 
 METRICS = pe.Metrics({"accuracy": pe.metrics.Accuracy(), "offset_mean": pe.metrics.Mean()})
@@ -78,12 +70,12 @@ def _reference(data):
 
 
 def _evaluate(backend, data, options, monkeypatch):
-  monkeypatch.setattr(_compiling, "CPU_COMPILER_OPTIONS", options)
+  monkeypatch.setattr(compiling, "CPU_COMPILER_OPTIONS", options)
   monkeypatch.delenv("XLA_FLAGS", raising=False)  # read when a program is built, not at start
   pe.clear_caches()
   try:
-    result = pe.masked_eval(_step, W, _batches(data, 24), backend=backend)
-    mse = pe.masked_eval(_mse_step, None, _batches(data, 24), backend=backend)
+    result = pe.masked_eval(_step, W, garbage_padded(data, 24), backend=backend)
+    mse = pe.masked_eval(_mse_step, None, garbage_padded(data, 24), backend=backend)
   finally:
     pe.clear_caches()  # nothing compiled with these options outlives the test
   return {**result, "mse": mse["mse"]}
@@ -108,12 +100,12 @@ def test_results_are_the_same_bits_with_xla_defaults(backend, monkeypatch):
 def test_every_program_of_a_call_is_compiled_with_the_options(backend, monkeypatch):
   """An option XLA does not know fails every program compiled with it: the step, the logs and
   the combination of the partial states each fail."""
-  monkeypatch.setattr(_compiling, "CPU_COMPILER_OPTIONS", {"no_such_option": True})
+  monkeypatch.setattr(compiling, "CPU_COMPILER_OPTIONS", {"no_such_option": True})
   monkeypatch.delenv("XLA_FLAGS", raising=False)
   pe.clear_caches()
   try:
     with pytest.raises(Exception, match="no_such_option"):
-      pe.masked_eval(_step, W, _batches(_data(50, seed=1), 24), backend=backend)
+      pe.masked_eval(_step, W, garbage_padded(_data(50, seed=1), 24), backend=backend)
     assert backends.make_backend(backend, "batch", None).compiler_options == {
       "no_such_option": True
     }
@@ -144,7 +136,7 @@ def test_a_flax_models_outputs_are_the_same_bits():
     log_probs = jax.nn.log_softmax(logits)
     return logits, -jnp.take_along_axis(log_probs, labels[:, None], -1), jnp.exp(log_probs)
 
-  ours = jax.jit(outputs, compiler_options=_compiling.CPU_COMPILER_OPTIONS)(state, images)
+  ours = jax.jit(outputs, compiler_options=compiling.CPU_COMPILER_OPTIONS)(state, images)
   defaults = jax.jit(outputs)(state, images)
   for a, b in zip(ours, defaults, strict=True):
     assert np.asarray(a).tobytes() == np.asarray(b).tobytes()

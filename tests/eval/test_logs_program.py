@@ -16,6 +16,7 @@ import jax.monitoring
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _padding_reference import garbage_padded
 from sklearn.metrics import roc_auc_score
 
 import padded_eval as pe
@@ -31,15 +32,6 @@ def dataset(rows, seed):
     "x": rng.normal(size=(rows, FEATURES)).astype(np.float32),
     "y": rng.integers(0, CLASSES, rows).astype(np.int32),
   }
-
-
-def garbage_padded(data, batch_size):
-  for batch in pe.pad_batches(data, batch_size):
-    x, y = batch["x"].copy(), batch["y"].copy()
-    x[~batch["mask"]] = np.nan
-    x[~batch["mask"], 0] = np.inf
-    y[~batch["mask"]] = 10**6
-    yield {**batch, "x": x, "y": y}
 
 
 W = np.random.default_rng(3).normal(size=(FEATURES, CLASSES)).astype(np.float32)

@@ -16,7 +16,7 @@ import pytest
 from sklearn.metrics import r2_score
 
 import padded_eval as pe
-from padded_eval.eval._compiling import CPU_COMPILER_OPTIONS
+from padded_eval.eval.compiling import CPU_COMPILER_OPTIONS
 from padded_eval.exact._floats import two_prod, two_sum
 from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.metrics.moments import Moments
@@ -112,7 +112,7 @@ def test_error_free_transformations_under_jit(transform, context, options):
   fuse their producers into it; the operands it was given are returned from the same
   program (as the rounded values they are) and the identity is checked on them. Compiled
   with XLA's defaults, and with the options masked_eval compiles its programs with on CPU
-  (`padded_eval.eval._compiling`: XLA's fusion emitters off).
+  (`padded_eval.eval.compiling`: XLA's fusion emitters off).
   """
   rng = np.random.default_rng(sorted(_CONTEXTS).index(context) + 10 * (transform == "two_sum"))
   n = 50_000

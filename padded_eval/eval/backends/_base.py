@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from padded_eval.data import sharding as sharding_lib
-from padded_eval.eval import _compiling as compiling
+from padded_eval.eval import compiling
 from padded_eval.eval import _packing as packing_lib
 from padded_eval.eval import _placement as placement
 from padded_eval.multihost.distributed import StepInput
@@ -177,7 +177,7 @@ class MeshBackend(abc.ABC):
 
   @functools.cached_property
   def compiler_options(self) -> dict | None:
-    """The XLA options of this backend's programs (`padded_eval.eval._compiling`)."""
+    """The XLA options of this backend's programs (`padded_eval.eval.compiling`)."""
     return compiling.compiler_options(self.mesh.devices.flat[0].platform)
 
   @property
