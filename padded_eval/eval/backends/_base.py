@@ -32,9 +32,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from padded_eval.data import sharding as sharding_lib
-from padded_eval.eval import compiling
 from padded_eval.eval import _packing as packing_lib
 from padded_eval.eval import _placement as placement
+from padded_eval.eval import compiling
 from padded_eval.multihost.distributed import StepInput
 
 __all__ = ["Backend", "CompiledStep", "MeshBackend", "finalize_program"]
