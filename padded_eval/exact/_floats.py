@@ -68,10 +68,26 @@ def two_sum(a, b):
   the same program may be fused into the addition as an FMA (the backends contract a
   multiply feeding an add), and ``a`` would then not be the value ``s`` was rounded from.
   """
-  s = a + b
-  b_virtual = s - a
-  a_virtual = s - b_virtual
-  return s, (a - a_virtual) + (b - b_virtual)
+  a, b = lax_operands(a, b)
+  s = lax.add(a, b)
+  b_virtual = lax.sub(s, a)
+  a_virtual = lax.sub(s, b_virtual)
+  return s, lax.add(lax.sub(a, a_virtual), lax.sub(b, b_virtual))
+
+
+def lax_operands(a, b):
+  """``a`` and ``b`` as arrays of one shape and dtype, for ``lax``'s arithmetic.
+
+  The exact core's arithmetic is ``lax``'s, not ``jnp``'s operators: each ``jnp`` operator is a
+  nested ``jit``, traced on its own for every new combination of shapes (a step's exact sums
+  traced some hundred of them, about a third of its tracing). Operands that differ in shape
+  or dtype are broadcast and promoted as ``jnp`` would.
+  """
+  a, b = jnp.asarray(a), jnp.asarray(b)
+  if a.shape == b.shape and a.dtype == b.dtype:
+    return a, b
+  dtype = jnp.result_type(a, b)
+  return jnp.broadcast_arrays(a.astype(dtype), b.astype(dtype))
 
 
 def _add_pairs(first, second):
@@ -169,14 +185,16 @@ def two_prod(a, b):
 
 def _power_of_two(k):
   """float32 ``2**k`` for int32 ``k`` in ``[-126, 127]`` (built from its bits: exact)."""
-  return jax.lax.bitcast_convert_type((k + 127) << 23, jnp.float32)
+  return lax.bitcast_convert_type(
+    lax.shift_left(lax.add(k, np.int32(127)), np.int32(23)), jnp.float32
+  )
 
 
 def power_of_two_factors(k):
   """Two float32 powers of two whose product is ``2**k``, for int ``k`` in ``[-252, 254]``."""
   k = clamp(jnp.asarray(k, jnp.int32), -252, 254)
   first = clamp(k, -126, 127)
-  return _power_of_two(first), _power_of_two(k - first)
+  return _power_of_two(first), _power_of_two(lax.sub(k, first))
 
 
 def ldexp(x, k):
@@ -187,13 +205,22 @@ def ldexp(x, k):
   treats them (XLA's CPU backend flushes them to zero).
   """
   first, second = power_of_two_factors(k)
-  return jnp.asarray(x, jnp.float32) * first * second
+  return times_powers(jnp.asarray(x, jnp.float32), first, second)
+
+
+def times_powers(x, first, second):
+  """``x * first * second`` for float32 ``x`` and two powers of two (both products exact)."""
+  x, first = lax_operands(x, first)
+  x, second = lax_operands(x, second)
+  return lax.mul(lax.mul(x, first), second)
 
 
 def scale_down(x, shift):
   """``x * 2**shift`` for ``shift <= 0``, one step: 0 below ``2**-126`` (inf and NaN kept)."""
-  scaled = x * _power_of_two(jnp.maximum(shift, -126))
-  return select((shift >= -126) | ~jnp.isfinite(x), scaled, 0.0)
+  x, shift = jnp.asarray(x), jnp.asarray(shift, jnp.int32)
+  x, factor = lax_operands(x, _power_of_two(lax.max(shift, np.int32(-126))))
+  kept = lax.bitwise_or(lax.ge(shift, np.int32(-126)), lax.bitwise_not(lax.is_finite(x)))
+  return select(kept, lax.mul(x, factor), 0.0)
 
 
 def exponent(x):
@@ -202,16 +229,17 @@ def exponent(x):
   ``ZERO_EXPONENT`` where ``x == 0`` and 0 where ``x`` is inf or NaN.
   """
   x = jnp.asarray(x, jnp.float32)
-  small = jnp.abs(x) < 2.0**-126
-  bits = jax.lax.bitcast_convert_type(select(small, x * 2.0**64, x), jnp.int32)
-  e = ((bits >> 23) & 0xFF) - 126 - select(small, 64, 0).astype(jnp.int32)
-  return select(x == 0, ZERO_EXPONENT, select(jnp.isfinite(x), e, 0))
+  small = lax.lt(lax.abs(x), np.float32(2.0**-126))
+  bits = lax.bitcast_convert_type(select(small, lax.mul(x, np.float32(2.0**64)), x), jnp.int32)
+  field = lax.bitwise_and(lax.shift_right_arithmetic(bits, np.int32(23)), np.int32(0xFF))
+  e = lax.sub(lax.sub(field, np.int32(126)), select(small, np.int32(64), np.int32(0)))
+  return select(lax.eq(x, np.float32(0)), ZERO_EXPONENT, select(lax.is_finite(x), e, 0))
 
 
 def scale_exponent(magnitude):
   """The exponent that brings ``magnitude`` (>= 0) into ``[0.5, 1)``; 0 for 0, inf or NaN."""
   e = exponent(magnitude)
-  return select(e == ZERO_EXPONENT, 0, e)
+  return select(lax.eq(e, np.int32(ZERO_EXPONENT)), 0, e)
 
 
 def frexp(x):

@@ -31,6 +31,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from padded_eval.exact._floats import (
   ZERO_EXPONENT,
@@ -39,11 +40,13 @@ from padded_eval.exact._floats import (
   compensated_sum,
   exponent,
   frexp,
+  lax_operands,
   ldexp,
   power_of_two_factors,
   scale_down,
   scale_exponent,
   select,
+  times_powers,
   two_prod,
   two_sum,
 )
@@ -291,21 +294,23 @@ def _normalized(hi, lo, exp):
 
   A zero total gets ``ZERO_EXPONENT``; an inf or NaN total is kept unscaled (exponent 0).
   """
-  naive = select(jnp.isfinite(hi), hi + lo, hi)  # inf stays inf (its error term is NaN)
-  finite = jnp.isfinite(naive)
+  hi, lo = lax_operands(hi, lo)
+  naive = select(lax.is_finite(hi), lax.add(hi, lo), hi)  # inf stays inf (its error term is NaN)
+  finite = lax.is_finite(naive)
   hi, lo = two_sum(hi, lo)
   return _scaled(select(finite, hi, naive), select(finite, lo, 0.0), exp)
 
 
 def _scaled(hi, lo, exp):
   """``(hi, lo, exp)`` (``hi = fl(hi + lo)`` already) scaled into ``0.5 <= |hi| < 1``."""
-  finite = jnp.isfinite(hi)
+  finite = lax.is_finite(hi)
   k = exponent(hi)
-  zero = k == ZERO_EXPONENT
+  zero = lax.eq(k, np.int32(ZERO_EXPONENT))
   shift = select(zero, 0, k)
-  exp = select(zero, ZERO_EXPONENT, select(finite, exp + shift, 0))
-  first, second = power_of_two_factors(-shift)
-  return hi * first * second, lo * first * second, exp
+  exp, shift = lax_operands(exp, shift)
+  exp = select(zero, ZERO_EXPONENT, select(finite, lax.add(exp, shift), 0))
+  first, second = power_of_two_factors(lax.neg(shift))
+  return times_powers(hi, first, second), times_powers(lo, first, second), exp
 
 
 @register_accumulator
@@ -413,12 +418,13 @@ class ExactSum(Accumulator):
     return self._make(self.hi[index], self.lo[index], self.exponent[index])
 
   def merge(self, other: ExactSum) -> ExactSum:
-    exp = jnp.maximum(self.exponent, other.exponent)
-    mine, theirs = self.exponent - exp, other.exponent - exp
+    mine, theirs = lax_operands(self.exponent, other.exponent)
+    exp = lax.max(mine, theirs)
+    mine, theirs = lax.sub(mine, exp), lax.sub(theirs, exp)
     a_hi, a_lo = scale_down(self.hi, mine), scale_down(self.lo, mine)
     b_hi, b_lo = scale_down(other.hi, theirs), scale_down(other.lo, theirs)
     hi, lo = two_sum(a_hi, b_hi)
-    return self._make(*_normalized(hi, lo + (a_lo + b_lo), exp))
+    return self._make(*_normalized(hi, lax.add(lo, lax.add(a_lo, b_lo)), exp))
 
   def _combine(self, total, maximum, n, spread=None):
     # Scale every part to the largest exponent, then split it at a quantum common to all

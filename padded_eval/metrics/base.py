@@ -714,25 +714,29 @@ def batch_totals(totals: list, counts: list) -> tuple[list, list]:
   ):
     float_sums, int_sums = _one_reduction(totals, flags)
   else:
-    float_sums = [compensated_sum(t.astype(jnp.float32)) for t in totals]
+    pairs = [compensated_sum(t.astype(jnp.float32)) for t in totals]
+    float_sums = tuple(jnp.stack(part) for part in zip(*pairs)) if pairs else None
     int_sums = list(_stacked_counts(flags))
   found = iter(range(len(int_sums)))
   zero = jnp.zeros((), jnp.int32)
-  float_sums = [ExactSum.of_pair(hi, lo) for hi, lo in float_sums]
+  # one ExactSum of every total, normalized as a vector (the same bits as one by one, in a
+  # fraction of the step's operations), then split
+  stacked = None if float_sums is None else ExactSum.of_pair(*float_sums)
+  float_sums = [stacked[i] for i in range(len(totals))]
   return float_sums, [zero if c is None else int_sums[next(found)] for c in counts]
 
 
 @jax.jit
-def _one_reduction(totals: list, flags: list) -> tuple[list, list]:
-  """Compensated float32 sums ``(hi, lo)`` of ``totals`` and int32 counts of ``flags`` (all of
-  one shape), from one reduction of their stack. Jitted: one dispatch when called eagerly,
-  inlined under jit."""
+def _one_reduction(totals: list, flags: list) -> tuple[tuple | None, list]:
+  """Compensated float32 sums of ``totals`` and int32 counts of ``flags`` (all of one shape),
+  from one reduction of their stack: ``((hi [n], lo [n]) or None without totals, counts)``.
+  Jitted: one dispatch when called eagerly, inlined under jit."""
   stacked = jnp.stack(
     [t.astype(jnp.float32) for t in totals] + [f.astype(jnp.float32) for f in flags]
   )
   sums, errors = compensated_sum(stacked, axis=tuple(range(1, stacked.ndim)))
   counts = sums[len(totals) :].astype(jnp.int32)  # exact: integers below 2**24
-  pairs = [(sums[i], errors[i]) for i in range(len(totals))]
+  pairs = (sums[: len(totals)], errors[: len(totals)]) if totals else None
   return pairs, [counts[i] for i in range(len(flags))]
 
 
