@@ -7,7 +7,10 @@ transformations), which the fusion emitters compile about 1.5x slower than XLA's
 to the same bits (``tests/exact/test_numerics_regressions.py`` checks the error-free
 transformations compiled both ways, ``tests/eval/test_compiling.py`` the models of
 ``examples/from_flax``). A ``--xla_cpu_use_fusion_emitters`` in ``XLA_FLAGS`` is the user's
-choice, and wins.
+choice, and wins. And XLA splits a program's machine code into as many parts as there are
+cores to compile them (``xla_cpu_parallel_codegen_split_count``, at most 32): on 2 cores, Flax
+mnist's converted step then compiled with about a fifth less CPU time (0.24-0.27 s instead of
+0.27-0.39 s), the same bits. Each option the user's ``XLA_FLAGS`` names is left to it.
 
 `Compiling` compiles a lowered program on a worker thread: programs whose shapes are known before
 the first step (the logs of the final metric, the combination of the partial states) compile
@@ -22,7 +25,17 @@ from typing import Any
 
 __all__ = ["CPU_COMPILER_OPTIONS", "Compiling", "compiler_options"]
 
-CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+def _cores() -> int:
+  """The CPU cores this process may run on."""
+  affinity = getattr(os, "sched_getaffinity", None)
+  return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
+CPU_COMPILER_OPTIONS = {
+  "xla_cpu_use_fusion_emitters": False,
+  "xla_cpu_parallel_codegen_split_count": max(1, min(_cores(), 32)),
+}
 """The XLA options of the driver's programs on CPU (see the module's docstring)."""
 
 
@@ -33,13 +46,14 @@ def compiler_options(platform: str) -> dict | None:
     platform: the devices' platform (``"cpu"``, ``"gpu"``, ``"tpu"``).
 
   Returns:
-    `CPU_COMPILER_OPTIONS` on CPU, unless ``XLA_FLAGS`` sets one of them (the user's choice
-    wins); None (XLA's defaults) elsewhere.
+    On CPU, `CPU_COMPILER_OPTIONS` less the ones ``XLA_FLAGS`` sets (the user's choice wins), or
+    None if it sets them all; None (XLA's defaults) elsewhere.
   """
-  flags = os.environ.get("XLA_FLAGS", "")
-  if platform != "cpu" or any(name in flags for name in CPU_COMPILER_OPTIONS):
+  if platform != "cpu":
     return None
-  return dict(CPU_COMPILER_OPTIONS)
+  flags = os.environ.get("XLA_FLAGS", "")
+  options = {name: value for name, value in CPU_COMPILER_OPTIONS.items() if name not in flags}
+  return options or None
 
 
 class Compiling:

@@ -7,6 +7,8 @@ padded rows hold NaN, inf and out-of-range labels. The error-free transformation
 both ways are checked in ``tests/exact/test_numerics_regressions.py``.
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,10 +23,16 @@ FEATURES, CLASSES = 6, 5
 
 def test_options_are_set_on_cpu_only_and_the_users_xla_flags_win(monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-  assert compiling.compiler_options("cpu") == {"xla_cpu_use_fusion_emitters": False}
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  split = {"xla_cpu_parallel_codegen_split_count": min(cores, 32)}
+  assert compiling.compiler_options("cpu") == {"xla_cpu_use_fusion_emitters": False, **split}
   assert compiling.compiler_options("gpu") is None
   assert compiling.compiler_options("tpu") is None
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true")
+  assert compiling.compiler_options("cpu") == split  # the user's flag is left to XLA_FLAGS
+  monkeypatch.setenv(
+    "XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true --xla_cpu_parallel_codegen_split_count=3"
+  )
   assert compiling.compiler_options("cpu") is None
   monkeypatch.delenv("XLA_FLAGS")
   assert compiling.compiler_options("cpu") == compiling.CPU_COMPILER_OPTIONS
