@@ -9,8 +9,8 @@ transformations compiled both ways, ``tests/eval/test_compiling.py`` the models 
 ``examples/from_flax``). A ``--xla_cpu_use_fusion_emitters`` in ``XLA_FLAGS`` is the user's
 choice, and wins. And XLA splits a program's machine code into as many parts as there are
 cores to compile them (``xla_cpu_parallel_codegen_split_count``, at most 32): on 2 cores, Flax
-mnist's converted step then compiled with about a fifth less CPU time (0.24-0.27 s instead of
-0.27-0.39 s), the same bits. Each option the user's ``XLA_FLAGS`` names is left to it.
+mnist's converted step then compiled with about a fifth less CPU time (0.24-0.27 s in 6 runs of
+7, against 0.27-0.39 s), the same bits. Each option the user's ``XLA_FLAGS`` names is left to it.
 
 `Compiling` compiles a lowered program on a worker thread: programs whose shapes are known before
 the first step (the logs of the final metric, the combination of the partial states) compile
