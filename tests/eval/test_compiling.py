@@ -1,7 +1,8 @@
 """The XLA options masked_eval compiles its programs with (padded_eval.eval.compiling).
 
 On CPU the driver turns XLA's fusion emitters off (they compile a small evaluation's step about
-1.5x slower). That must not change a single bit: the results here are compared bit for bit
+1.5x slower) and splits each program's machine code into one part per core. That must not
+change a single bit: the results here are compared bit for bit
 with the same programs compiled with XLA's defaults, and against numpy float64, on data whose
 padded rows hold NaN, inf and out-of-range labels. The error-free transformations compiled
 both ways are checked in ``tests/exact/test_numerics_regressions.py``.
