@@ -34,7 +34,7 @@ def _cores() -> int:
 
 CPU_COMPILER_OPTIONS = {
   "xla_cpu_use_fusion_emitters": False,
-  "xla_cpu_parallel_codegen_split_count": max(1, min(_cores(), 32)),
+  "xla_cpu_parallel_codegen_split_count": min(_cores(), 32),
 }
 """The XLA options of the driver's programs on CPU (see the module's docstring)."""
 
