@@ -215,6 +215,28 @@ def test_tf_data_iterator_is_released_off_the_evaluating_thread(monkeypatch, end
     assert got and deleted_on and threading.current_thread() not in deleted_on
 
 
+@pytest.mark.parametrize("where", ["the step", "the loop"])
+def test_an_error_over_tf_data_ends_the_process(where):
+  """An exception out of masked_eval (or out of a loop over pad_batches) that nothing catches,
+  with a tf.data iterator still open: the process prints it and exits. The iterator's
+  generator is closed while the interpreter shuts down, when no thread can start (Python 3.11
+  then waited forever in Thread.start)."""
+  pytest.importorskip("tensorflow")
+  raising = (
+    "pe.masked_eval(step, None, pe.pad_batches(ds, 128), backend='jit')\n"
+    if where == "the step"
+    else "batches = iter(pe.pad_batches(ds, 128)); next(batches); raise RuntimeError('boom')\n"
+  )
+  code = (
+    "import numpy as np, tensorflow as tf, padded_eval as pe\n"
+    "ds = tf.data.Dataset.from_tensor_slices({'x': np.arange(1003, dtype=np.float32)}).batch(100)\n"
+    "def step(params, batch):\n"
+    "  raise RuntimeError('boom')\n" + raising
+  )
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+  assert done.returncode == 1 and "RuntimeError: boom" in done.stderr, done.stderr[-2000:]
+
+
 def data_batched(tf, data):
   return tf.data.Dataset.from_tensor_slices(data).batch(8).prefetch(1)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections.abc as cabc
 import re
+import sys
 import threading
 import weakref
 from collections.abc import Generator, Iterator
@@ -353,11 +354,22 @@ def release_iterator(held: list) -> threading.Thread:
   interpreter waits for it at exit (what the deletion would have cost here) rather than
   tearing TensorFlow down under it.
 
+  While the interpreter shuts down (a generator left open by an uncaught exception is closed
+  then) no thread can start: Python 3.11 waits forever in ``Thread.start`` and 3.12 raises, so
+  the iterator is dropped here.
+
   Returns:
-    The thread (started), for tests.
+    The thread (started), for tests; None when the iterator was dropped on this thread.
   """
+  if sys.is_finalizing():
+    held.clear()
+    return None
   thread = threading.Thread(target=held.clear, name="padded_eval-release-tf-iterator")
-  thread.start()
+  try:
+    thread.start()
+  except RuntimeError:  # "can't create new thread at interpreter shutdown" (Python 3.12+)
+    held.clear()
+    return None
   return thread
 
 
