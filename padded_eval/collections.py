@@ -48,7 +48,14 @@ import jax.numpy as jnp
 
 from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.losses.base import Loss, safe_mean
-from padded_eval.metrics.base import Metric, empty_count, empty_sum, is_state, state
+from padded_eval.metrics.base import (
+  Metric,
+  empty_count,
+  empty_sum,
+  finished_together,
+  is_state,
+  state,
+)
 
 # --- names -------------------------------------------------------------------------------
 
@@ -194,9 +201,16 @@ class _Collection(Metric):
     """The child metric for ``value`` found at ``path`` (raises ValueError if none)."""
 
   def _batch_state(self, **kwargs):
-    return {
-      "children": {key: child.batch_updates(**kwargs) for key, child in self.children.items()}
-    }
+    # the members' totals of one shape are summed together (one reduction; `finished_together`);
+    # members are checked in order, so the first bad one raises
+    children, pending = {}, {}
+    for key, child in self.children.items():
+      if child._gathers_totals():
+        pending[key] = child._pending(child._checked_inputs(child.routed(kwargs)))
+      else:
+        children[key] = child.batch_updates(**kwargs)
+    children.update(zip(pending, finished_together(list(pending.values()))))
+    return {"children": {key: children[key] for key in self.children}}
 
   def compute(self) -> dict[str, Any]:
     """``{key: value}``, flat (nested results joined with "/"); see the module docstring."""

@@ -180,17 +180,24 @@ class Metric(KeywordReader, abc.ABC):
 
   def _statistics(self, kwargs: dict[str, Any]) -> Metric:
     """The batch's state from checked inputs (see :meth:`batch_updates`)."""
+    return finished_together([self._pending(kwargs)])[0]
+
+  def _pending(self, kwargs: dict[str, Any]) -> _Pending:
+    """The batch's statistics from checked inputs, before its `Totals` are summed (a collection
+    sums the totals of its members together: `finished_together`)."""
     counts_rows = ROWS_FIELD in self._state_fields
     rows = _RowsToCount(kwargs, self.row_inputs()) if counts_rows else None
-    batch_state = self._batch_state(**kwargs)
-    if isinstance(batch_state, Totals):  # declared totals: one reduction, with the real rows
-      batch_state, counted = batch_state.reduced(None if rows is None else rows.flags)
-      if counted is not None:
-        rows.counted = counted
-    batch_state = dict(batch_state)
-    if counts_rows and ROWS_FIELD not in batch_state:
-      batch_state[ROWS_FIELD] = ExactCount.of(rows.count())
-    return self.replace_state(**batch_state)
+    return _Pending(self, self._batch_state(**kwargs), rows)
+
+  def _gathers_totals(self) -> bool:
+    """Whether a collection may take this member's batch statistics from `_pending` (its
+    ``batch_updates`` is the base class's), to sum them with its other members'."""
+    cls = type(self)
+    return (
+      cls.batch_updates is Metric.batch_updates
+      and cls._batch_updates is Metric._batch_updates
+      and cls._statistics is Metric._statistics
+    )
 
   # --- inputs ---------------------------------------------------------------------------
 
@@ -671,13 +678,95 @@ class Totals:
   def reduced(self, row_flags: jax.Array | None) -> tuple[Any, jax.Array | None]:
     """``(build(sums, counts), real rows)``; the rows (int32) are counted in the same reduction
     when ``row_flags`` (bool ``[B]``) has the shape of every summed array, else None."""
+    sums, counts = self.summed(row_flags)
+    return self.built(*batch_totals(sums, counts), row_flags)
+
+  def summed(self, row_flags: jax.Array | None) -> tuple[list, list]:
+    """``(sums, counts)`` to pass to `batch_totals`: ``counts`` ends with ``row_flags`` when it
+    has the shape of every summed array (the rows are then counted in the same reduction)."""
+    return list(self.sums), self.counts + ([row_flags] if self._claims(row_flags) else [])
+
+  def built(self, sums: list, counts: list, row_flags: jax.Array | None) -> tuple[Any, Any]:
+    """``(build(sums, counts), real rows or None)`` from the totals of `summed`'s arrays."""
+    counts = list(counts)
+    rows = counts.pop() if self._claims(row_flags) else None
+    return self.build(sums, counts), rows
+
+  def shape(self, row_flags: jax.Array | None) -> tuple | None:
+    """The one shape of every summed array (`summed`), or None if they differ or there are none:
+    totals of one shape share a reduction with other metrics' (`finished_together`)."""
+    sums, counts = self.summed(row_flags)
+    shapes = {np.shape(a) for a in sums + [c for c in counts if c is not None]}
+    return shapes.pop() if len(shapes) == 1 else None
+
+  def _claims(self, row_flags: jax.Array | None) -> bool:
     arrays = [jnp.asarray(a) for a in self.sums + [c for c in self.counts if c is not None]]
-    claim = (
+    return (
       row_flags is not None and bool(arrays) and all(a.shape == row_flags.shape for a in arrays)
     )
-    sums, counts = batch_totals(self.sums, self.counts + ([row_flags] if claim else []))
-    rows = counts.pop() if claim else None
-    return self.build(sums, counts), rows
+
+
+class _Pending:
+  """One metric's statistics of a batch before its `Totals` (if it declared some) are summed.
+
+  Attributes:
+    metric: the metric whose update this is.
+    state: what its ``_batch_state`` returned: a state dict or `Totals`.
+    rows: its `_RowsToCount`, or None (the metric does not count rows).
+  """
+
+  def __init__(self, metric: Metric, state: Mapping[str, Any] | Totals, rows: Any):
+    self.metric, self.state, self.rows = metric, state, rows
+
+  @property
+  def row_flags(self) -> jax.Array | None:
+    return None if self.rows is None else self.rows.flags
+
+  def finished(self, totals: tuple[list, list] | None = None) -> Metric:
+    """The metric holding the batch's state; ``totals``: `batch_totals` of this update's
+    `Totals.summed` arrays (None: summed here, or no `Totals`)."""
+    batch_state = self.state
+    if isinstance(batch_state, Totals):  # declared totals: one reduction, with the real rows
+      if totals is None:
+        totals = batch_totals(*batch_state.summed(self.row_flags))
+      batch_state, counted = batch_state.built(*totals, self.row_flags)
+      if counted is not None:
+        self.rows.counted = counted
+    batch_state = dict(batch_state)
+    if self.rows is not None and ROWS_FIELD not in batch_state:
+      batch_state[ROWS_FIELD] = ExactCount.of(self.rows.count())
+    return self.metric.replace_state(**batch_state)
+
+
+def finished_together(pending: list[_Pending]) -> list[Metric]:
+  """The metrics of ``pending`` updates, the `Totals` of one shape summed together.
+
+  A collection's members each declare a few totals of one batch (Accuracy its hits and weights,
+  Mean its weighted values and weights, each with its real rows): summed together they are one
+  reduction (under a sharded jit one all-reduce per step, not one per member), normalized as
+  one vector (`batch_totals`). Each total is summed as alone (the same compensated sum of the
+  same elements).
+  """
+  groups: dict[tuple, list[int]] = {}
+  for i, update in enumerate(pending):
+    if isinstance(update.state, Totals):
+      shape = update.state.shape(update.row_flags)
+      groups.setdefault(("alone", i) if shape is None else ("shape", shape), []).append(i)
+  totals: dict[int, tuple[list, list]] = {}
+  for members in groups.values():
+    if len(members) == 1:
+      continue  # summed by `_Pending.finished`
+    parts = [pending[i].state.summed(pending[i].row_flags) for i in members]
+    sums, counts = batch_totals(
+      [a for part in parts for a in part[0]], [c for part in parts for c in part[1]]
+    )
+    sums, counts = iter(sums), iter(counts)
+    for i, (part_sums, part_counts) in zip(members, parts):
+      totals[i] = (
+        [next(sums) for _ in part_sums],
+        [next(counts) for _ in part_counts],
+      )
+  return [update.finished(totals.get(i)) for i, update in enumerate(pending)]
 
 
 FLOAT_COUNT_LIMIT = 1 << 24

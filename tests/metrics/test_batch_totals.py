@@ -140,3 +140,68 @@ def test_masks_with_holes_are_counted_exactly_on_every_backend(backend):
   xs, ys = np.concatenate([b["x"] for b in batches]), np.concatenate([b["y"] for b in batches])
   assert got["num_examples"] == int(mask.sum())
   assert round(got["accuracy"] * mask.sum()) == int(np.sum((xs.argmax(-1) == ys)[mask]))
+
+
+COLLECTION = pe.Metrics({"accuracy": pe.metrics.Accuracy(), "loss": pe.metrics.Mean("loss")})
+
+
+def collection_step(params, batch):
+  logits = batch["x"] @ params
+  return COLLECTION.batch_updates(
+    preds=logits, target=batch["y"], loss=logits[:, 0], mask=batch["mask"]
+  )
+
+
+def test_a_collections_members_of_one_shape_are_summed_in_one_reduction():
+  """Accuracy and Mean in one collection: their totals and real rows are one stacked array
+  (one pair of gathers per step under a sharded jit, not one per member), and each member's
+  numbers are numpy's over the real rows (padded rows hold NaN, labels out of range)."""
+  rng = np.random.default_rng(6)
+  x = rng.normal(size=(75, 3)).astype(np.float32)
+  y = rng.integers(-1, 4, 75)  # -1 and 3 are out of range for 3 classes
+  params = rng.normal(size=(3, 3)).astype(np.float32)
+  batches = list(pe.pad_batches({"x": x, "y": y}, 32))
+  for batch in batches:
+    batch["x"][~batch["mask"]] = np.nan
+  with pytest.warns(pe.InvalidValuesWarning, match="31 x 'target out of range'"):
+    got = pe.masked_eval(collection_step, params, batches, backend="jit", on_invalid="warn")
+  logits = x.astype(np.float64) @ params.astype(np.float64)
+  valid = (y >= 0) & (y < 3)
+  assert got["num_examples"] == 75
+  assert got["accuracy"] == pytest.approx(np.mean((logits.argmax(-1) == y)[valid]), abs=1e-7)
+  assert got["loss"] == pytest.approx(np.mean(logits[:, 0]), rel=1e-6)
+  batch = COLLECTION.batch_updates(
+    preds=batches[2]["x"] @ params,
+    target=batches[2]["y"],
+    loss=batches[2]["x"][:, 0],
+    mask=batches[2]["mask"],
+  )
+  real = batches[2]["mask"]
+  accuracy = batch.children["accuracy"]
+  assert accuracy.invalid_counts()["target out of range"] == int(
+    np.sum(real & ~((batches[2]["y"] >= 0) & (batches[2]["y"] < 3)))
+  )
+  assert accuracy.example_count() == batch.children["loss"].example_count() == int(real.sum())
+  runner = backends.make_backend("jit", "batch", None)
+  cached = step_cache.cached_step(collection_step, runner, RowMask("mask"), False)
+  placed = runner.place_batch(backends.StepInput(batches[0]))
+  placed_params = runner.place_params(params)
+  empty = cached.empty_state(placed_params, placed.batch)
+  _, step, packed = cached.packed(empty, count_rows=False)
+  text = step.lower(placed_params, packed, placed).compile().as_text()
+  assert re.findall(ALL_REDUCE, text) == []
+  gathers = re.findall(ALL_GATHER, text)
+  assert len(gathers) == 2 and all("(" not in shape for shape in gathers), gathers
+
+
+def test_members_of_other_shapes_are_summed_apart():
+  """A member whose totals have another shape (per-token values) is summed on its own; each
+  member equals numpy."""
+  rng = np.random.default_rng(7)
+  tokens = rng.normal(size=(40, 5)).astype(np.float32)
+  mask = rng.random(40) < 0.7
+  tokens[~mask] = np.nan
+  metrics = pe.Metrics({"rows": pe.metrics.Mean("a"), "tokens": pe.metrics.Mean("b")})
+  got = metrics.batch_updates(a=tokens[:, 0], b=tokens, mask=mask).compute()
+  assert got["rows"] == pytest.approx(np.mean(tokens[mask, 0].astype(np.float64)), rel=1e-6)
+  assert got["tokens"] == pytest.approx(np.mean(tokens[mask].astype(np.float64)), rel=1e-6)
