@@ -160,14 +160,20 @@ class CachedStep:
     Raises:
       ValueError: the metric's ``empty()`` does not have the updated state's structure.
     """
+    return self.first_state(params, batch)[0]
+
+  def first_state(self, params: Any, batch: Any) -> tuple[Any, bool]:
+    """``(empty_state(params, batch), new)``: ``new`` when the input shapes are new to this
+    step, so that the step for them compiles on this call."""
     key = _shapes_key((params, batch))
     found = self._empty.get(key)
-    if found is None:
-      _count_compile((*self._origin, key))
-      empty = _checked_empty(self.compiled.state_shapes(params, batch))
-      found = self._empty[key] = jax.tree.map(np.asarray, empty)
-      _bound(self._empty, ENTRY_SIZE)
-    return found
+    if found is not None:
+      return found, False
+    _count_compile((*self._origin, key))
+    empty = _checked_empty(self.compiled.state_shapes(params, batch))
+    found = self._empty[key] = jax.tree.map(np.asarray, empty)
+    _bound(self._empty, ENTRY_SIZE)
+    return found, True
 
   def packed(self, empty: Any, count_rows: bool) -> tuple[Any, Callable, Any]:
     """``(packing, step, placed state)`` carrying ``empty`` packed (`padded_eval.eval._packing`).
@@ -176,15 +182,21 @@ class CachedStep:
     compiled step (which does not donate the state) and the packed empty state, placed once and
     handed to every call (it is never donated, so it stays empty).
     """
+    return self.packed_entry(empty, count_rows)[:3]
+
+  def packed_entry(self, empty: Any, count_rows: bool) -> tuple[Any, Callable, Any, bool]:
+    """`packed`'s ``(packing, step, placed state)`` and whether they were made now (the
+    step then compiles on this call)."""
     key = (id(empty), count_rows)
     found = self._packed.get(key)
-    if found is None or found[0] is not empty or _deleted(found[3]):
+    new = found is None or found[0] is not empty or _deleted(found[3])
+    if new:
       packing = _packing.StatePacking(empty)
       step = self.compiled.packed_step(packing, count_rows)
       placed = self.backend.place_state(packing.empty)
       found = self._packed[key] = (empty, packing, step, placed)
       _bound(self._packed, ENTRY_SIZE)
-    return found[1:]
+    return (*found[1:], new)
 
 
 def _deleted(tree: Any) -> bool:

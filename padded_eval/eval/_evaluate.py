@@ -240,7 +240,6 @@ def masked_eval(
   run = _run.start(compiled, params, first, saver, feed.wait_final)
   if run.stored is not None:  # a finished checkpoint_dir asked the same question: its answer
     return _checked(run.stored, run.stored[NUM_EXAMPLES], options.on_invalid)
-  _cache.prepare_logs(run.empty[0])  # compiles while the first step traces and compiles
   hooks = _hooks(options, run, batches, num_batches, saver)
   state = _run_steps(run, feed, first, hooks)
   metric, num_examples = run.finish(state, feed.wait_final)
@@ -334,6 +333,8 @@ def _run_steps(run: _run.CompiledRun, feed, first, hooks: list[Hook]) -> Any:
   in_flight: collections.deque = collections.deque()  # (index, token) not waited for
   host, placed, state = first, run.first, run.initial_state
   try:
+    run.compile_ahead()  # the step compiles on a worker thread while the logs program lowers
+    _cache.prepare_logs(run.empty[0])
     for index in itertools.count():
       state, token, per_row = run.step(state, placed)  # dispatch step t
       in_flight.append((index, token))

@@ -122,6 +122,11 @@ class StatePacking:
       words.extend(_words(jnp.asarray(leaf)).reshape(-1) for leaf in jax.tree.leaves(merged))
     return _concatenate(words)
 
+  def last_part(self, packed: jax.Array) -> Any:
+    """The state's last part (the row count of ``(metric, count)``), read from ``packed`` alone:
+    the step reads its count without tracing a slice of every other leaf."""
+    return self._unpack_part(packed, len(self._part_leaves) - 1)
+
   def _part_shape(self, part: int) -> tuple:
     """The shape of part ``part``'s first leaf (a group member's fields all have it)."""
     return self.specs[self._part_leaves[part][0]][0]

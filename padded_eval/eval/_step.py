@@ -138,7 +138,7 @@ def merge_step(
       state = (metric_total.merge(metric), count_total)
     else:
       state = packing.merge(state, (metric, count))
-      count_total = packing.unpack(state)[1]
+      count_total = packing.last_part(state)
     token = (count_total.total(), tuple(sync_total(flag) for flag in inputs.sync))
     return state, token, per_row
 

@@ -1,9 +1,10 @@
-"""masked_eval's programs compiled ahead of the steps: the final ``compute_logs`` program
+"""masked_eval's programs compiled on worker threads: the step itself
+(padded_eval.eval._run.CompiledRun.compile_ahead), the final ``compute_logs`` program
 (padded_eval.eval._cache.prepare_logs, metric_logs) and the combination of the partial states
 (padded_eval.eval._packing.prepare_aggregate, aggregate_packed).
 
 Each is traced and lowered on the calling thread before the first step, and compiled on a worker
-thread while the step compiles; the answer must be the same as computing at the end: every
+thread while the others compile; the answer must be the same as computing at the end: every
 result here is checked against numpy float64 or scikit-learn, with NaN/inf and out-of-range
 labels in the padded rows.
 """
@@ -20,7 +21,7 @@ from _padding_reference import garbage_padded
 from sklearn.metrics import roc_auc_score
 
 import padded_eval as pe
-from padded_eval.eval import _cache, _packing
+from padded_eval.eval import _cache, _packing, _run
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 FEATURES, CLASSES = 5, 4
@@ -139,8 +140,9 @@ def test_the_partial_states_combination_compiles_on_a_worker_while_the_step_comp
     assert ahead == []
     return
   assert len(ahead) == 1, compiles  # compiled once, on the worker
-  on_caller = [c for c in compiles if c[0] == threading.current_thread().name]
-  assert ahead[0][1] < max(end for _, _, end in on_caller)  # while the step compiled
+  steps = [c for c in compiles if c[0] == _run.STEP_COMPILE_THREAD]
+  assert len(steps) == 1, compiles  # the step, compiled once, on its own worker (compile_ahead)
+  assert ahead[0][1] < steps[0][2]  # while the step compiled
   assert not any(t.name == _packing.AGGREGATE_COMPILE_THREAD for t in threading.enumerate())
   compiles.clear()
   again = dataset(53, seed=8)
@@ -169,3 +171,48 @@ def test_a_metric_whose_final_shapes_depend_on_the_data_is_compiled_at_the_end(c
   scores = 1 / (1 + np.exp(-(data["x"].astype(np.float64) @ W.astype(np.float64))[:, 0]))
   np.testing.assert_allclose(result["auroc"], roc_auc_score(data["y"] == 0, scores), atol=1e-6)
   assert worker_compiles(compiles) == []  # its score buffer is trimmed to what it saw first
+
+
+@pytest.mark.parametrize("backend", ("jit", "pmap", "shard_map"))
+def test_the_step_compiles_once_on_a_worker_and_a_warm_call_compiles_nothing(backend, compiles):
+  pe.clear_caches()
+  jax.clear_caches()
+  data = dataset(203, seed=11)
+  result = pe.masked_eval(step, W, garbage_padded(data, 32), backend=backend)
+  accuracy, mean = reference(data)
+  assert result["num_examples"] == 203
+  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
+  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+  steps = [c for c in compiles if c[0] == _run.STEP_COMPILE_THREAD]
+  assert len(steps) == 1, compiles  # the step: one compile, on the worker
+  logs = worker_compiles(compiles)
+  assert len(logs) == 1 and logs[0][1] < steps[0][2], compiles  # the logs program beside it
+  assert not any(t.name == _run.STEP_COMPILE_THREAD for t in threading.enumerate())
+  compiles.clear()
+  again = dataset(45, seed=12)  # a warm call: no compile, nothing started on a worker
+  threads = threading.active_count()
+  result = pe.masked_eval(step, W, garbage_padded(again, 32), backend=backend)
+  assert compiles == [] and threading.active_count() == threads
+  accuracy, mean = reference(again)
+  assert result["num_examples"] == 45
+  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
+  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+
+
+def test_a_checkpointed_run_compiles_its_step_ahead_too(compiles, tmp_path):
+  pe.clear_caches()
+  jax.clear_caches()
+  data = dataset(150, seed=13)
+  result = pe.masked_eval(
+    step,
+    W,
+    garbage_padded(data, 16),
+    backend="jit",
+    checkpoint_dir=tmp_path / "ckpt",
+    checkpoint_every=3,
+  )
+  accuracy, mean = reference(data)
+  assert result["num_examples"] == 150
+  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
+  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+  assert len([c for c in compiles if c[0] == _run.STEP_COMPILE_THREAD]) == 1, compiles

@@ -139,18 +139,18 @@ class StateSpy:
 
   def __init__(self, monkeypatch):
     self.states = []
-    original = step_cache.CachedStep.packed
+    original = step_cache.CachedStep.packed_entry
 
-    def packed(cached, empty, count_rows):
-      layout, compiled, state = original(cached, empty, count_rows)
+    def packed_entry(cached, empty, count_rows):
+      layout, compiled, state, new = original(cached, empty, count_rows)
 
       def spied(params, state, inputs):
         self.states.append(state)
         return compiled(params, state, inputs)
 
-      return layout, spied, state
+      return layout, spied, state, new
 
-    monkeypatch.setattr(step_cache.CachedStep, "packed", packed)
+    monkeypatch.setattr(step_cache.CachedStep, "packed_entry", packed_entry)
 
 
 def test_masked_eval_carries_one_word_vector_and_stays_exact(backend, monkeypatch):
