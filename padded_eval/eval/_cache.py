@@ -26,7 +26,7 @@ import numpy as np
 
 from padded_eval.data.sources import tf_data
 from padded_eval.eval import _packing, _placement, backends
-from padded_eval.eval.compiling import Compiling, compiler_options
+from padded_eval.eval.compiling import Compiling, logs_compiler_options
 from padded_eval.exact.accumulate import ExactCount
 from padded_eval.metrics.base import clear_eager_programs, full_state_shapes, trimmed
 
@@ -308,8 +308,9 @@ LOGS_COMPILE_THREAD = "padded_eval-compile-logs"
 
 
 def _logs_program() -> Any:
-  """A new ``jax.jit`` of ``compute_logs``, with the driver's options for the default device."""
-  options = compiler_options(jax.default_backend())
+  """A new ``jax.jit`` of ``compute_logs``, with the logs program's options for the default
+  device (`padded_eval.eval.compiling.logs_compiler_options`)."""
+  options = logs_compiler_options(jax.default_backend())
   return jax.jit(lambda m: m.compute_logs(), compiler_options=options)
 
 

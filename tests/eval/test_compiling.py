@@ -39,6 +39,15 @@ def test_options_are_set_on_cpu_only_and_the_users_xla_flags_win(monkeypatch):
   assert compiling.compiler_options("cpu") == compiling.CPU_COMPILER_OPTIONS
 
 
+def test_the_logs_program_adds_its_option_on_cpu_and_the_users_flag_wins(monkeypatch):
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  want = {**compiling.CPU_COMPILER_OPTIONS, "xla_backend_optimization_level": 0}
+  assert compiling.logs_compiler_options("cpu") == want
+  assert compiling.logs_compiler_options("gpu") is None
+  monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=2")
+  assert compiling.logs_compiler_options("cpu") == compiling.CPU_COMPILER_OPTIONS
+
+
 def _data(rows, seed):
   rng = np.random.default_rng(seed)
   return {
@@ -149,3 +158,85 @@ def test_a_flax_models_outputs_are_the_same_bits():
   defaults = jax.jit(outputs)(state, images)
   for a, b in zip(ours, defaults, strict=True):
     assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def _logs_cases(rng):
+  """``(metric, update keywords, numpy float64 reference)`` of metrics whose ``compute`` does
+  more than one division: Chan's merge, correlations, confusion-matrix scores, an ``exp``."""
+  from sklearn import metrics as sk
+
+  n = 509  # neither the batch (24) nor the devices (8) divide it
+  x = (rng.normal(size=n) * 3 + 1e3).astype(np.float32)
+  y = (0.7 * x + rng.normal(size=n)).astype(np.float32)
+  logits = (rng.normal(size=(n, CLASSES)) * 2).astype(np.float32)
+  labels = rng.integers(0, CLASSES, n).astype(np.int32)
+  x64, y64 = x.astype(np.float64), y.astype(np.float64)
+  predicted = np.argmax(logits, -1)
+  log_probs = logits - np.log(np.exp(logits.astype(np.float64)).sum(-1, keepdims=True))
+  return [
+    (pe.metrics.Std(), {"values": x}, np.std(x64)),
+    (pe.metrics.PearsonCorrelation(), {"preds": x, "target": y}, np.corrcoef(x64, y64)[0, 1]),
+    (pe.metrics.R2Score(), {"preds": x, "target": y}, sk.r2_score(y64, x64)),
+    (
+      pe.metrics.ExplainedVariance(),
+      {"preds": x, "target": y},
+      sk.explained_variance_score(y64, x64),
+    ),
+    (
+      pe.metrics.MatthewsCorrCoef(num_classes=CLASSES),
+      {"preds": logits, "target": labels},
+      sk.matthews_corrcoef(labels, predicted),
+    ),
+    (
+      pe.metrics.CohenKappa(num_classes=CLASSES),
+      {"preds": logits, "target": labels},
+      sk.cohen_kappa_score(labels, predicted),
+    ),
+    (
+      pe.metrics.F1Score(num_classes=CLASSES, average="macro"),
+      {"preds": logits, "target": labels},
+      sk.f1_score(labels, predicted, average="macro"),
+    ),
+    (
+      pe.metrics.Perplexity(),
+      {"preds": logits[:, None], "target": labels[:, None]},
+      np.exp(-np.mean(log_probs[np.arange(n), labels])),
+    ),
+  ]
+
+
+def _padded_rows(data, batch_size):
+  """``pe.pad_batches`` of ``data`` with NaN (floats) and 10**6 (ints) in the padded rows."""
+  for batch in pe.pad_batches(data, batch_size):
+    padded = ~batch["mask"]
+    out = dict(batch)
+    for key, value in data.items():
+      value = batch[key].copy()
+      value[padded] = np.nan if value.dtype.kind == "f" else 10**6
+      out[key] = value
+    yield out
+
+
+def test_the_logs_program_gives_the_eager_bits_and_xla_defaults_bits():
+  """The logs program, compiled without LLVM's optimizations (`compiling.logs_compiler_options`),
+  computes each metric's formula as written: the same bits as ``compute_logs()`` run eagerly,
+  and as a ``jax.jit`` of it with XLA's defaults, and numpy float64 to float32 precision."""
+  for metric, inputs, want in _logs_cases(np.random.default_rng(5)):
+    keys = sorted(inputs)
+
+    def step(params, batch, metric=metric, keys=keys):
+      del params
+      return metric.batch_updates(**{k: batch[k] for k in keys}, mask=batch["mask"])
+
+    pe.clear_caches()
+    results = pe.masked_eval(step, None, _padded_rows(inputs, 24), backend="jit")
+    assert results["num_examples"] == 509
+    name = next(k for k in results if k != "num_examples")
+    final = results.metric
+    eager = final.compute_logs()[name]
+    defaults = jax.jit(lambda m: m.compute_logs())(final)[name]
+    got = np.asarray(results[name], np.float32)
+    assert got.tobytes() == np.asarray(eager, np.float32).tobytes(), type(metric).__name__
+    assert got.tobytes() == np.asarray(defaults, np.float32).tobytes(), type(metric).__name__
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6, err_msg=type(metric).__name__)
+  pe.clear_caches()
