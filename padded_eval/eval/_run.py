@@ -77,7 +77,8 @@ class CompiledRun:
     fails there is redone by the step's own call, which raises. Flax mnist's first call: about
     0.02 s less, the logs program's tracing and lowering off its critical path."""
     lower = getattr(self._step, "lower", None)  # None: a step wrapped by a test
-    if self._fresh and lower is not None and self.initial_state is not None:
+    ahead = self._fresh and lower is not None and not jax.config.jax_disable_jit
+    if ahead and self.initial_state is not None:
       if jax.process_count() == 1:
         lowered = lower(self._params, self.initial_state, self.first)
         self._compiling = Compiling(lowered, STEP_COMPILE_THREAD)

@@ -22,6 +22,7 @@ from sklearn.metrics import roc_auc_score
 
 import padded_eval as pe
 from padded_eval.eval import _cache, _packing, _run
+from padded_eval.exact.accumulate import ExactCount
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 FEATURES, CLASSES = 5, 4
@@ -216,3 +217,43 @@ def test_a_checkpointed_run_compiles_its_step_ahead_too(compiles, tmp_path):
   np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
   np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
   assert len([c for c in compiles if c[0] == _run.STEP_COMPILE_THREAD]) == 1, compiles
+
+
+def test_masked_eval_runs_under_disable_jit(compiles):
+  """Under ``jax.disable_jit()`` (a user debugging their step) nothing is compiled ahead."""
+  pe.clear_caches()
+  data = dataset(61, seed=21)
+  accuracy, mean = reference(data)
+  with jax.disable_jit():
+    result = pe.masked_eval(step, W, garbage_padded(data, 16), backend="jit")
+  assert result["num_examples"] == 61
+  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
+  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+  assert not [c for c in compiles if c[0] == _run.STEP_COMPILE_THREAD]
+  pe.clear_caches()
+
+
+def test_the_partial_states_combine_under_disable_jit():
+  """pmap's and shard_map's packed partial states, combined under ``jax.disable_jit()``: it used
+  to raise "Disable jit is not supported in the AOT path" (the combination is a compiled
+  program); now it runs op by op, to the bits of the compiled combination. (A whole pmap or
+  shard_map evaluation under disable_jit takes about 25 s here: each op runs alone per device.)"""
+  pe.clear_caches()
+  rng = np.random.default_rng(22)
+  values = [(rng.normal(size=13) * 10 + 1e4).astype(np.float32) for _ in range(8)]
+  metric = pe.metrics.Mean()
+  parts = [
+    (jax.device_get(metric.batch_updates(values=v)), jax.device_get(ExactCount.of(v.size)))
+    for v in values
+  ]
+  packing = _packing.StatePacking(parts[0])
+  packed = np.stack([packing.pack_host(part) for part in parts])
+  compiled = np.asarray(_packing.aggregate_packed(packed, packing))
+  with jax.disable_jit():
+    eager = np.asarray(_packing.aggregate_packed(packed, packing))
+  assert eager.tobytes() == compiled.tobytes()
+  total, count = packing.unpack_host(eager)
+  want = np.mean(np.concatenate(values).astype(np.float64))
+  np.testing.assert_allclose(float(total.compute()), want, rtol=1e-7)
+  assert int(count.to_numpy()) == 8 * 13
+  pe.clear_caches()
