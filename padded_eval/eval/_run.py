@@ -56,7 +56,8 @@ class CompiledRun:
     self._backend, self._params, self._step = backend, params, step
     self._packing, self._host_mask = packing, host_mask  # host_mask: rows counted on the host
     self._host_rows = 0
-    self._fresh, self._compiling = False, None  # see compile_ahead
+    self._fresh = False  # see compile_ahead
+    self._compiling: Compiling | None = None
     self.initial_state, self.row_axes = state, backend.row_axes
     self.first = self.stored = self.empty = None  # set by `start`
 
@@ -77,11 +78,10 @@ class CompiledRun:
     fails there is redone by the step's own call, which raises. Flax mnist's first call: about
     0.02 s less, the logs program's tracing and lowering off its critical path."""
     lower = getattr(self._step, "lower", None)  # None: a step wrapped by a test
-    ahead = self._fresh and lower is not None and not jax.config.jax_disable_jit
-    if ahead and self.initial_state is not None:
-      if jax.process_count() == 1:
-        lowered = lower(self._params, self.initial_state, self.first)
-        self._compiling = Compiling(lowered, STEP_COMPILE_THREAD)
+    ahead = self._fresh and lower is not None and self.initial_state is not None
+    if ahead and not jax.config.jax_disable_jit and jax.process_count() == 1:
+      lowered = lower(self._params, self.initial_state, self.first)
+      self._compiling = Compiling(lowered, STEP_COMPILE_THREAD)
     self._fresh = False
 
   def step(self, state: Any, placed: Any) -> tuple[Any, Any, Any]:
