@@ -96,6 +96,13 @@ def compiles():
   unregister(listener)
 
 
+def check(result, data):
+  """``result``'s accuracy and mean against numpy float64 over every row of ``data``."""
+  accuracy, mean = reference(data)
+  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
+  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+
+
 def worker_compiles(seen):
   return [c for c in seen if c[0] == _cache.LOGS_COMPILE_THREAD]
 
@@ -105,10 +112,8 @@ def test_the_logs_program_compiles_on_a_worker_while_the_step_compiles(backend, 
   pe.clear_caches()
   data = dataset(203, seed=1)
   result = pe.masked_eval(step, W, garbage_padded(data, 32), backend=backend)
-  accuracy, mean = reference(data)
   assert result["num_examples"] == 203
-  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
-  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+  check(result, data)
   on_worker = worker_compiles(compiles)
   assert len(on_worker) == 1, compiles  # the logs program, compiled once, on the worker
   elsewhere = [c for c in compiles if c[0] != _cache.LOGS_COMPILE_THREAD]
@@ -119,9 +124,7 @@ def test_the_logs_program_compiles_on_a_worker_while_the_step_compiles(backend, 
   again = dataset(41, seed=2)
   result = pe.masked_eval(step, W, garbage_padded(again, 32), backend=backend)
   assert compiles == []  # the compiled logs program is reused, nothing compiles
-  accuracy, mean = reference(again)
-  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
-  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+  check(result, again)
 
 
 @pytest.mark.parametrize("backend", ("jit", "pmap", "shard_map"))
@@ -132,10 +135,8 @@ def test_the_partial_states_combination_compiles_on_a_worker_while_the_step_comp
   jax.clear_caches()  # JAX keeps compiled programs of its own, keyed by the lowered module
   data = dataset(117, seed=7)
   result = pe.masked_eval(step, W, garbage_padded(data, 24), backend=backend)
-  accuracy, mean = reference(data)
   assert result["num_examples"] == 117
-  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
-  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+  check(result, data)
   ahead = [c for c in compiles if c[0] == _packing.AGGREGATE_COMPILE_THREAD]
   if backend == "jit":  # one global state: nothing to combine
     assert ahead == []
@@ -149,9 +150,7 @@ def test_the_partial_states_combination_compiles_on_a_worker_while_the_step_comp
   again = dataset(53, seed=8)
   result = pe.masked_eval(step, W, garbage_padded(again, 24), backend=backend)
   assert compiles == []  # the compiled combination is reused
-  accuracy, mean = reference(again)
-  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
-  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+  check(result, again)
 
 
 def test_a_compute_logs_that_does_not_trace_runs_eagerly(compiles):
@@ -182,10 +181,8 @@ def test_the_step_compiles_once_on_a_worker_and_a_warm_call_compiles_nothing(
   jax.clear_caches()
   data = dataset(203, seed=11)
   result = pe.masked_eval(step, W, garbage_padded(data, 32), backend=backend)
-  accuracy, mean = reference(data)
   assert result["num_examples"] == 203
-  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
-  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+  check(result, data)
   steps = [c for c in compiles if c[0] == _run.STEP_COMPILE_THREAD]
   assert len(steps) == 1, compiles  # the step: one compile, on the worker
   logs = worker_compiles(compiles)
@@ -197,10 +194,8 @@ def test_the_step_compiles_once_on_a_worker_and_a_warm_call_compiles_nothing(
   monkeypatch.setattr(_run, "Compiling", lambda *args: started.append(args))
   result = pe.masked_eval(step, W, garbage_padded(again, 32), backend=backend)
   assert compiles == [] and started == []
-  accuracy, mean = reference(again)
   assert result["num_examples"] == 45
-  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
-  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+  check(result, again)
 
 
 def test_a_checkpointed_run_compiles_its_step_ahead_too(compiles, tmp_path):
@@ -215,10 +210,8 @@ def test_a_checkpointed_run_compiles_its_step_ahead_too(compiles, tmp_path):
     checkpoint_dir=tmp_path / "ckpt",
     checkpoint_every=3,
   )
-  accuracy, mean = reference(data)
   assert result["num_examples"] == 150
-  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
-  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+  check(result, data)
   assert len([c for c in compiles if c[0] == _run.STEP_COMPILE_THREAD]) == 1, compiles
 
 
@@ -226,12 +219,10 @@ def test_masked_eval_runs_under_disable_jit(compiles):
   """Under ``jax.disable_jit()`` (a user debugging their step) nothing is compiled ahead."""
   pe.clear_caches()
   data = dataset(61, seed=21)
-  accuracy, mean = reference(data)
   with jax.disable_jit():
     result = pe.masked_eval(step, W, garbage_padded(data, 16), backend="jit")
   assert result["num_examples"] == 61
-  np.testing.assert_allclose(result["accuracy"], accuracy, rtol=1e-7)
-  np.testing.assert_allclose(result["mean"], mean, rtol=1e-6)
+  check(result, data)
   assert not [c for c in compiles if c[0] == _run.STEP_COMPILE_THREAD]
   pe.clear_caches()
 
