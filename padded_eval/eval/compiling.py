@@ -68,11 +68,13 @@ def compiler_options(platform: str) -> dict | None:
     On CPU, `CPU_COMPILER_OPTIONS` less the ones ``XLA_FLAGS`` sets (the user's choice wins), or
     None if it sets them all; None (XLA's defaults) elsewhere.
   """
-  if platform != "cpu":
-    return None
+  return _left_by_xla_flags(CPU_COMPILER_OPTIONS) if platform == "cpu" else None
+
+
+def _left_by_xla_flags(options: dict) -> dict | None:
+  """``options`` less the ones ``XLA_FLAGS`` names (the user's choice wins); None if none is left."""
   flags = os.environ.get("XLA_FLAGS", "")
-  options = {name: value for name, value in CPU_COMPILER_OPTIONS.items() if name not in flags}
-  return options or None
+  return {name: value for name, value in options.items() if name not in flags} or None
 
 
 CPU_LOGS_OPTIONS = {"xla_backend_optimization_level": 0}
@@ -98,10 +100,7 @@ def logs_compiler_options(platform: str) -> dict | None:
   """
   if platform != "cpu":
     return None
-  flags = os.environ.get("XLA_FLAGS", "")
-  options = dict(compiler_options(platform) or {})
-  options.update((name, value) for name, value in CPU_LOGS_OPTIONS.items() if name not in flags)
-  return options or None
+  return _left_by_xla_flags({**CPU_COMPILER_OPTIONS, **CPU_LOGS_OPTIONS})
 
 
 class Compiling:
