@@ -23,6 +23,7 @@ __all__ = [
   "anchor",
   "clear_cache",
   "combined_on_one_device",
+  "fetched",
   "is_small_state",
   "stacked",
 ]
@@ -47,6 +48,18 @@ def stacked(state: Any, copies: int) -> Any:
   Every leaf gets its own buffers (``np.array`` copies), so none is donated twice.
   """
   return jax.tree.map(lambda x: np.stack([np.array(x)] * copies), state)
+
+
+def fetched(tree: Any) -> Any:
+  """``jax.device_get(tree)``, every zero-size leaf a numpy array of zeros of its shape and dtype.
+
+  A zero-size leaf has no values to fetch, and fetching one can fail: under ``jax.disable_jit()``,
+  ``jax.pmap`` returns zero-size outputs whose per-device buffers keep the whole array's shape
+  (jax 0.10: "could not broadcast input array from shape (8,4,0) into shape (1,4,0)").
+  """
+  return jax.device_get(
+    jax.tree.map(lambda x: np.zeros(np.shape(x), x.dtype) if np.size(x) == 0 else x, tree)
+  )
 
 
 @functools.cache
@@ -76,7 +89,7 @@ def combined_on_one_device(state: Any, keep_axis: bool = False) -> Any | None:
   shards = max(len(jax.tree.leaves(state)[0]), 1) if jax.tree.leaves(state) else 1
   if sum(x.nbytes for x in jax.tree.leaves(state)) > SMALL_STATE_BYTES * shards:
     return None
-  return _aggregate(jax.device_get(state), keep_axis)
+  return _aggregate(fetched(state), keep_axis)
 
 
 @functools.partial(jax.jit, static_argnums=1)

@@ -183,6 +183,39 @@ def test_combined_on_one_device_declines_large_states(monkeypatch):
   assert placement.combined_on_one_device(state) is None
 
 
+def test_pmap_partial_states_with_zero_size_leaves_combine_under_disable_jit():
+  """Under ``jax.disable_jit()`` (a user debugging a checkpointed pmap run, whose state is carried
+  as a tree), pmap returns zero-size leaves (Accuracy's empty per-class weights) that cannot be
+  fetched: "could not broadcast input array from shape (8,4,0) into shape (1,4,0)". The partial
+  states are combined all the same, to numpy's float64 totals, and a zero-size leaf is saved as
+  zeros of its shape."""
+  rng = np.random.default_rng(23)
+  values = [(rng.normal(size=9) * 10 + 1e4).astype(np.float32) for _ in range(8)]
+  logits = [rng.normal(size=(9, CLASSES)).astype(np.float32) for _ in range(8)]
+  labels = [rng.integers(0, CLASSES, 9) for _ in range(8)]
+  metrics = pe.collections.Metrics([pe.metrics.Accuracy(), pe.metrics.Mean()])
+  parts = [
+    jax.device_get(metrics.batch_updates(preds=p, target=t, values=v))
+    for p, t, v in zip(logits, labels, values)
+  ]
+  host = jax.tree.map(lambda *x: np.stack(x), *parts)
+  assert any(np.size(x) == 0 for x in jax.tree.leaves(host))
+  with jax.disable_jit():
+    mapped = jax.pmap(lambda state: state)(host)
+    combined = placement.combined_on_one_device(mapped, keep_axis=True)
+  assert all(np.shape(x)[0] == 1 for x in jax.tree.leaves(combined))
+  got = jax.tree.map(lambda x: x[0], combined).compute()
+  correct = sum(int(np.sum(np.argmax(p, -1) == t)) for p, t in zip(logits, labels))
+  assert round(float(got["accuracy"]) * 72) == correct
+  want = np.mean(np.concatenate(values).astype(np.float64))
+  np.testing.assert_allclose(float(got["mean"]), want, rtol=1e-7)
+  empty = next(x for x in jax.tree.leaves(mapped) if np.size(x) == 0)
+  from padded_eval.eval.backends import make_backend
+
+  saved = make_backend("pmap", "batch", None).local_part(empty)
+  assert saved.shape == empty.shape and saved.dtype == empty.dtype
+
+
 def test_the_reused_empty_state_is_never_donated_or_changed(backend):
   data = dataset(90, seed=8)
   w, b = weights(9)
