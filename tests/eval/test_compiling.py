@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _padding_reference import garbage_padded
+from _xla_defaults import XLA_DEFAULTS
 
 import padded_eval as pe
 from padded_eval.eval import _cache, _packing, backends, compiling
@@ -103,7 +104,7 @@ def _evaluate(backend, data, options, monkeypatch):
 def test_results_are_the_same_bits_with_xla_defaults(backend, monkeypatch):
   data = _data(203, seed={"jit": 1, "pmap": 2, "shard_map": 3}[backend])  # 203: not 24k, not 8k
   ours = _evaluate(backend, data, {"xla_cpu_use_fusion_emitters": False}, monkeypatch)
-  defaults = _evaluate(backend, data, {}, monkeypatch)
+  defaults = _evaluate(backend, data, XLA_DEFAULTS, monkeypatch)
   assert ours["num_examples"] == defaults["num_examples"] == 203
   for name in ("accuracy", "offset_mean", "mse"):
     assert np.asarray(ours[name]).tobytes() == np.asarray(defaults[name]).tobytes(), name
@@ -155,7 +156,7 @@ def test_a_flax_models_outputs_are_the_same_bits():
     return logits, -jnp.take_along_axis(log_probs, labels[:, None], -1), jnp.exp(log_probs)
 
   ours = jax.jit(outputs, compiler_options=compiling.CPU_COMPILER_OPTIONS)(state, images)
-  defaults = jax.jit(outputs)(state, images)
+  defaults = jax.jit(outputs, compiler_options=XLA_DEFAULTS)(state, images)
   for a, b in zip(ours, defaults, strict=True):
     assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
@@ -234,7 +235,7 @@ def test_the_logs_program_gives_the_eager_bits_and_xla_defaults_bits():
     name = next(k for k in results if k != "num_examples")
     final = results.metric
     eager = final.compute_logs()[name]
-    defaults = jax.jit(lambda m: m.compute_logs())(final)[name]
+    defaults = jax.jit(lambda m: m.compute_logs(), compiler_options=XLA_DEFAULTS)(final)[name]
     got = np.asarray(results[name], np.float32)
     assert got.tobytes() == np.asarray(eager, np.float32).tobytes(), type(metric).__name__
     assert got.tobytes() == np.asarray(defaults, np.float32).tobytes(), type(metric).__name__

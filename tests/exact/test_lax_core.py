@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _xla_defaults import XLA_DEFAULTS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +25,7 @@ from padded_eval.eval.compiling import CPU_COMPILER_OPTIONS
 from padded_eval.exact._floats import two_sum
 from padded_eval.exact.accumulate import ExactSum
 
-OPTIONS = {"driver": CPU_COMPILER_OPTIONS, "xla_defaults": None}
+OPTIONS = {"driver": CPU_COMPILER_OPTIONS, "xla_defaults": XLA_DEFAULTS}
 SEEDS = st.integers(0, 2**32 - 1)
 
 

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _xla_defaults import XLA_DEFAULTS
 from sklearn.metrics import r2_score
 
 import padded_eval as pe
@@ -125,7 +126,9 @@ def test_error_free_transformations_under_jit(transform, context, options):
     head, tail = fn(x, y)
     return head, tail, x, y
 
-  run = jax.jit(run, compiler_options=None if options == "defaults" else CPU_COMPILER_OPTIONS)
+  run = jax.jit(
+    run, compiler_options=XLA_DEFAULTS if options == "defaults" else CPU_COMPILER_OPTIONS
+  )
 
   head, tail, x, y = (np.asarray(v, F64) for v in run(a, b, c))
   exact = x + y if transform == "two_sum" else x * y  # exact in float64 (<= 48 bits)

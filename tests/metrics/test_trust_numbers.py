@@ -4,12 +4,14 @@ Every dataset goes through jitted updates in padded batches whose padding rows h
 inf or huge garbage; sizes divide neither the batch size nor the device count.
 """
 
+import functools
 import math
 
 import jax
 import numpy as np
 import pytest
 import scipy.special
+from _xla_defaults import XLA_DEFAULTS
 from metric_cases import CASES
 
 import padded_eval as pe
@@ -278,7 +280,7 @@ def test_compensated_sum_is_error_free_under_jit(sharded):
   x = (rng.standard_normal(n) * 10.0 ** rng.uniform(-6, 6, n)).astype(np.float32)
   shift = np.float32(0.75)
 
-  @jax.jit
+  @functools.partial(jax.jit, compiler_options=XLA_DEFAULTS)
   def run(x):
     operands = x * shift + 1e3  # products and sums that XLA may fuse into the reduction
     return compensated_sum(operands), operands
