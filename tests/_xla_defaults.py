@@ -3,8 +3,9 @@
 The suite compiles with XLA's fusion emitters off (``--xla_cpu_use_fusion_emitters=false``, set by
 the repository's conftest.py), as masked_eval compiles its own programs
 (`padded_eval.eval.compiling`): its thousands of small programs compile faster (files of the suite
-ran 15-30% faster). A test that checks a promise at XLA's defaults (error-free transformations that XLA could
-contract or reassociate, results bit for bit with XLA's defaults) compiles with `XLA_DEFAULTS`.
+ran 15-30% faster). A test that checks a promise at XLA's defaults (error-free transformations
+that XLA could contract or reassociate, results bit for bit with XLA's defaults) compiles with
+`XLA_DEFAULTS`.
 """
 
 XLA_DEFAULTS = {"xla_cpu_use_fusion_emitters": True}
