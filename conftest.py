@@ -16,7 +16,7 @@ import os
 # aborts, and XLA's warning at 20 s names the stuck program.
 _COLLECTIVE_TIMEOUT = "--xla_cpu_collective_call_terminate_timeout_seconds=300"
 # The suite compiles thousands of small programs: with XLA's fusion emitters off (as masked_eval
-# compiles its own, padded_eval/eval/compiling.py) they compile faster (its files ran 15-30% faster).
+# compiles its own, padded_eval/eval/compiling.py) they compile faster; files ran 15-30% faster.
 # The tests of a promise at XLA's defaults ask for them (tests/_xla_defaults.py). An XLA_FLAGS that
 # names the option wins: XLA_FLAGS=--xla_cpu_use_fusion_emitters=true runs the suite on XLA's own.
 _EMITTERS = "xla_cpu_use_fusion_emitters"
