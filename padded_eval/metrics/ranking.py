@@ -95,8 +95,9 @@ def rank_lists(preds, target, real) -> RankedLists:
   places = jnp.arange(scores.shape[1], dtype=jnp.int32)
   differs = (sorted_key[:, 1:] != sorted_key[:, :-1]) | (sorted_nan[:, 1:] != sorted_nan[:, :-1])
   differs |= sorted_dropped[:, 1:] != sorted_dropped[:, :-1]
-  first = jnp.concatenate([jnp.ones_like(differs[:, :1]), differs], axis=1)  # starts a group
-  last = jnp.concatenate([differs, jnp.ones_like(differs[:, :1])], axis=1)  # ends a group
+  edge = jnp.ones((scores.shape[0], 1), bool)  # not differs[:, :1]: empty for one candidate
+  first = jnp.concatenate([edge, differs], axis=1)  # starts a group
+  last = jnp.concatenate([differs, edge], axis=1)  # ends a group
   group_start = jax.lax.cummax(jnp.where(first, places, 0), axis=1)
   group_end = jax.lax.cummin(jnp.where(last, places, places[-1]), axis=1, reverse=True)
   return RankedLists(sorted_relevance, kept, group_start, group_end)

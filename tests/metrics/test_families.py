@@ -186,6 +186,22 @@ def test_ranking_query_weights_with_candidate_mask():
   np.testing.assert_allclose(float(got), fam.ranking_reference("ndcg", 4)([batch]), rtol=1e-6)
 
 
+@pytest.mark.parametrize("k", [None, 1, 3])
+def test_ndcg_of_one_candidate_lists(k):
+  # L = 1: a query whose one candidate is relevant is ranked ideally (NDCG 1). scikit-learn
+  # refuses one document, so each list gets a candidate of relevance 0 ranked after it,
+  # which changes neither its DCG nor its ideal DCG.
+  preds = np.array([[0.3], [-2.0], [0.7]], np.float32)
+  target = np.array([[1.0], [2.0], [0.0]], np.float32)
+  got = pe.metrics.NDCGAtK(k).update(preds=preds, target=target).compute()
+  padded_target = np.concatenate([target, np.zeros_like(target)], axis=1)
+  padded_preds = np.concatenate([preds, np.full_like(preds, -1e9)], axis=1)
+  want = np.mean(
+    [skm.ndcg_score(t[None], p[None], k=k) for t, p in zip(padded_target, padded_preds)]
+  )
+  np.testing.assert_allclose(float(got), want, rtol=1e-6)
+
+
 # --- the classification report ------------------------------------------------------------
 
 
