@@ -145,8 +145,12 @@ class TweedieDevianceScore(WeightedMean):
     real = broadcast_mask(mask, preds.shape, "preds")
     good = in_domain(preds, target, self.power)
     invalid = self.count_invalid(**{OUTSIDE: real & ~good})
-    values = unit_deviance(preds, target, self.power)
-    totals = weighted_totals(values, real & good, weights, "preds")
+    if self.power == 0:  # the squared error, squared on scaled errors as MSE (no overflow)
+      totals = weighted_totals(preds - target, real & good, weights, "preds", power=2)
+    else:
+      totals = weighted_totals(
+        unit_deviance(preds, target, self.power), real & good, weights, "preds"
+      )
     return totals.then(lambda pair: {"total": pair[0], "weight": pair[1], "invalid": invalid})
 
 
@@ -215,9 +219,13 @@ class D2TweedieScore(Metric):
     w = jnp.where(used, w, 0.0)
     y = jnp.where(used, target, 1.0)
     total = lambda x: ExactSum.of_sum(jnp.where(used, x, 0.0), where=used, weights=w)
-    deviance = unit_deviance(jnp.where(used, preds, 1.0), y, self.power)
+    mu = jnp.where(used, preds, 1.0)
+    if self.power == 0:  # squared on scaled errors (R2Score's residual): no over- or underflow
+      deviance = ExactSum.of_sum(mu - y, where=used, weights=w, power=2)
+    else:
+      deviance = total(unit_deviance(mu, y, self.power))
     return {
-      "deviance": total(deviance),
+      "deviance": deviance,
       "weight": ExactSum.of_sum(w),
       "target_total": total(y),
       "target_statistic": total(_null_statistic(y, self.power)),
@@ -226,8 +234,7 @@ class D2TweedieScore(Metric):
     }
 
   def _null_deviance(self) -> jax.Array:
-    if self.power == 0:
-      return self.target_moments.comoment[0, 0].total()
+    """The null deviance for ``p != 0`` (``p = 0``: the moments' co-moment, in ``compute``)."""
     p = self.power
     weight = self.weight.total()
     c = self.target_total.ratio(self.weight)
@@ -241,6 +248,11 @@ class D2TweedieScore(Metric):
 
   def compute(self) -> jax.Array:
     """float32 scalar; NaN when empty or when the null deviance is not positive."""
+    seen = self.weight.total() > 0
+    if self.power == 0:  # R2Score's form: a ratio of the scaled totals (finite if it fits)
+      null = self.target_moments.comoment[0, 0]
+      varies = (null.frexp()[0] > 0) & ~self.target_moments.constant()[0]
+      return jnp.where(seen & varies, 1.0 - self.deviance.ratio(null), jnp.nan)
     null = self._null_deviance()
     fraction = self.deviance.total() / jnp.where(null > 0, null, 1.0)
-    return jnp.where((self.weight.total() > 0) & (null > 0), 1.0 - fraction, jnp.nan)
+    return jnp.where(seen & (null > 0), 1.0 - fraction, jnp.nan)

@@ -145,6 +145,27 @@ def test_tweedie_keeps_precision_near_the_target(power):
   assert abs(got / expected - 1) < 1e-5  # the textbook float32 formula: no digit right
 
 
+def test_tweedie_power_0_is_the_squared_error_at_any_scale():
+  # power 0 is the squared error: as MSE, no overflow of a batch's squares (1e19 errors)
+  rng = np.random.default_rng(12)
+  target = (5e18 * rng.standard_normal(16)).astype(np.float32)
+  preds = (target + 1e19 * rng.standard_normal(16)).astype(np.float32)
+  got = float(M.TweedieDevianceScore(power=0).update(preds=preds, target=target).compute())
+  expected = skm.mean_tweedie_deviance(target.astype(np.float64), preds.astype(np.float64), power=0)
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [1e-25, 5e18])
+def test_d2_tweedie_power_0_at_any_scale(scale):
+  # power 0 is R2Score: the ratio of two sums of squares neither under- nor overflows
+  rng = np.random.default_rng(13)
+  target = (scale * rng.standard_normal(16)).astype(np.float32)
+  preds = (target + 0.5 * scale * rng.standard_normal(16)).astype(np.float32)
+  got = float(M.D2TweedieScore(power=0).update(preds=preds, target=target).compute())
+  expected = skm.d2_tweedie_score(target.astype(np.float64), preds.astype(np.float64), power=0)
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
 def test_deviance_counts_elements_outside_the_domain():
   preds = np.array([1.0, -1.0, 2.0, 1.0], np.float32)
   target = np.array([1.0, 1.0, -1.0, 0.0], np.float32)
