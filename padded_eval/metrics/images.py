@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
+from padded_eval.exact._floats import frexp, ldexp
 from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import broadcast_mask, broadcast_prefix
 from padded_eval.metrics.base import (
@@ -102,6 +103,9 @@ class ImageMean(Metric):
     return self.total.ratio(self.weight)
 
 
+_DB_PER_BIT = 20.0 * math.log10(2.0)  # 10 log10(4): the dB of a factor 2 in the error
+
+
 class PSNR(ImageMean):
   """Peak signal-to-noise ratio in dB, the mean over images of each image's PSNR.
 
@@ -124,8 +128,12 @@ class PSNR(ImageMean):
 
   def _image_values(self, preds, target):
     axes = tuple(range(1, preds.ndim))
-    mse = jnp.mean(jnp.square(preds - target), axis=axes)
-    return 20.0 * math.log10(float(self.data_range)) - 10.0 * jnp.log10(mse)
+    # each image's errors scaled by a power of two 2**e before squaring: no over- or underflow
+    error = preds - target
+    _, e = frexp(jnp.max(jnp.abs(error), axis=axes, keepdims=True))
+    mse = jnp.mean(jnp.square(ldexp(error, -e)), axis=axes)  # the MSE / 4**e
+    e = jnp.squeeze(e, axes).astype(jnp.float32)
+    return 20.0 * math.log10(float(self.data_range)) - 10.0 * jnp.log10(mse) - _DB_PER_BIT * e
 
 
 def gaussian_kernel(size: int, sigma: float) -> np.ndarray:

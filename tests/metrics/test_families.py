@@ -14,6 +14,7 @@ import family_references as fam
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import skimage.metrics
 import sklearn.metrics as skm
 
 import padded_eval as pe
@@ -119,6 +120,22 @@ def test_masked_eval_every_backend_one_trace(backend):
   for name, want in _references(data).items():
     rtol = 1e-5 if name.startswith("ssim") else 1e-6
     np.testing.assert_allclose(result[name], want, rtol=rtol, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("data_range", [1e-25, 1e21])
+def test_psnr_at_any_scale(data_range):
+  # the squared errors neither underflow (1e-26 errors) nor overflow (1e20 errors)
+  rng = np.random.default_rng(7)
+  target = (data_range * rng.random((3, 8, 8, 2))).astype(np.float32)
+  preds = (target + 0.1 * data_range * rng.standard_normal(target.shape)).astype(np.float32)
+  got = pe.metrics.PSNR(data_range).update(preds=preds, target=target).compute()
+  want = np.mean(
+    [
+      skimage.metrics.peak_signal_noise_ratio(t, p, data_range=data_range)
+      for t, p in zip(target.astype(np.float64), preds.astype(np.float64))
+    ]
+  )
+  np.testing.assert_allclose(float(got), want, rtol=1e-5)
 
 
 # --- invalid values -----------------------------------------------------------------------
