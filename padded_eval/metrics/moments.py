@@ -25,6 +25,7 @@ co-moments (Pearson NaN, Std 0, R2 by scikit-learn's zero-variance rule).
 from __future__ import annotations
 
 import functools
+import math
 from typing import ClassVar
 
 import jax
@@ -271,8 +272,9 @@ class Std(Metric):
     return (self.argname,)
 
   def _check_config(self):
-    if isinstance(self.ddof, bool) or not isinstance(self.ddof, (int, float)) or self.ddof < 0:
-      raise ValueError(f"ddof must be a non-negative number; got {self.ddof!r}")
+    ddof = self.ddof
+    if isinstance(ddof, bool) or not isinstance(ddof, (int, float)) or not 0 <= ddof < math.inf:
+      raise ValueError(f"ddof must be a non-negative finite number; got {ddof!r}")
 
   def _batch_state(self, *, mask=None, weights=None, **kwargs):
     values = _values_of(kwargs, self.argname, f"Std(argname={self.argname!r})")

@@ -268,6 +268,8 @@ BAD = [
   (lambda: M.ExplainedVariance(num_outputs=2, multioutput=(1.0,)), "shape (2,)"),
   (lambda: M.from_fun(3), "from_fun wraps a function"),
   (lambda: M.from_fun(abs, metric="mean"), "from_fun feeds a Metric"),
+  (lambda: M.Std(ddof=float("nan")), "ddof must be a non-negative finite number"),
+  (lambda: M.Std(ddof=float("inf")), "ddof must be a non-negative finite number"),
 ]
 
 
