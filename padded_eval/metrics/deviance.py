@@ -253,6 +253,7 @@ class D2TweedieScore(Metric):
       null = self.target_moments.comoment[0, 0]
       varies = (null.frexp()[0] > 0) & ~self.target_moments.constant()[0]
       return jnp.where(seen & varies, 1.0 - self.deviance.ratio(null), jnp.nan)
-    null = self._null_deviance()
+    # a constant target's null deviance is exactly 0 (the sums' difference only rounds)
+    null = jnp.where(self.target_moments.constant()[0], 0.0, self._null_deviance())
     fraction = self.deviance.total() / jnp.where(null > 0, null, 1.0)
     return jnp.where(seen & (null > 0), 1.0 - fraction, jnp.nan)

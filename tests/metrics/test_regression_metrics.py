@@ -166,6 +166,18 @@ def test_d2_tweedie_power_0_at_any_scale(scale):
   np.testing.assert_allclose(got, expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("power", [-1.0, 1.0, 1.5, 2.0, 3.0])
+def test_d2_tweedie_of_a_constant_target_is_nan(power):
+  # a constant target is its own mean: its null deviance is exactly 0, so D2 is undefined
+  # (NaN, as documented); the sums of the Jensen-gap form round to noise under weights
+  rng = np.random.default_rng(14)
+  target = np.full(6, 3.5, np.float32)
+  weights = rng.uniform(0.1, 2.0, 6).astype(np.float32)
+  for preds in (target, (target * rng.uniform(0.5, 1.5, 6)).astype(np.float32)):
+    metric = M.D2TweedieScore(power=power).update(preds=preds, target=target, weights=weights)
+    assert np.isnan(float(metric.compute()))
+
+
 def test_deviance_counts_elements_outside_the_domain():
   preds = np.array([1.0, -1.0, 2.0, 1.0], np.float32)
   target = np.array([1.0, 1.0, -1.0, 0.0], np.float32)
