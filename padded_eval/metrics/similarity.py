@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval import validation
+from padded_eval.exact._floats import frexp, ldexp
 from padded_eval.exact.accumulate import ExactCount, upcast
 from padded_eval.masking import broadcast_mask
 from padded_eval.metrics.averages import WeightedMean, weighted_totals
@@ -34,6 +35,14 @@ def _vectors(preds, target) -> tuple[jax.Array, jax.Array]:
       f"axis); got {preds.shape} and {target.shape}"
     )
   return preds, target
+
+
+def _scaled(x: jax.Array) -> jax.Array:
+  """Each vector (last axis) times the power of two that brings its largest magnitude into
+  ``[0.5, 1)``: exact, unlike a division by it (XLA's CPU backend multiplies by the
+  reciprocal, which flushes to 0 for magnitudes above 2**126)."""
+  _, exponent = frexp(jnp.max(jnp.abs(x), axis=-1, keepdims=True))
+  return ldexp(x, -exponent)
 
 
 class _RowReduction(WeightedMean):
@@ -88,8 +97,7 @@ class CosineSimilarity(_RowReduction):
 
   def _values(self, *, preds, target, **_):
     preds, target = _vectors(preds, target)
-    scaled = lambda x: x / jnp.max(jnp.abs(x), axis=-1, keepdims=True)
-    p, t = scaled(preds), scaled(target)
+    p, t = _scaled(preds), _scaled(target)
     norms = jnp.sqrt(jnp.sum(p * p, -1)) * jnp.sqrt(jnp.sum(t * t, -1))
     return jnp.sum(p * t, -1) / norms, "preds"
 
@@ -133,6 +141,7 @@ class KLDivergence(_RowReduction):
     if self.log_prob:
       return jnp.sum(jnp.exp(p) * (p - q), -1), "preds"
     bad = jnp.any((p < 0) | (q < 0), -1) | (jnp.sum(p, -1) <= 0) | (jnp.sum(q, -1) <= 0)
+    p, q = _scaled(p), _scaled(q)  # no sum overflows
     p = p / jnp.sum(p, -1, keepdims=True)
     q = q / jnp.sum(q, -1, keepdims=True)
     terms = jnp.where(p > 0, p * (jnp.log(p) - jnp.log(q)), jnp.where(p == 0, 0.0, jnp.nan))

@@ -200,6 +200,26 @@ def test_cosine_and_kl_count_rows_without_a_value():
   assert float(infinite.compute()) == np.inf  # scipy.stats.entropy: inf
 
 
+def test_cosine_of_huge_vectors():
+  # vectors near float32's largest values (3e38) are scaled, not divided into 0 or inf
+  preds = np.array([[3e38, 1e38, 0.0], [1e37, 2e37, 5e36]], np.float32)
+  target = np.array([[1.0, 2.0, 3.0], [2e38, 1.0, 3e38]], np.float32)
+  got = M.CosineSimilarity().update(preds=preds, target=target).compute()
+  want = np.mean(np.diag(skm.pairwise.cosine_similarity(preds.astype(float), target.astype(float))))
+  np.testing.assert_allclose(float(got), want, rtol=1e-5)
+
+
+def test_kl_normalises_rows_of_any_scale():
+  # rows whose sum overflows float32 (3e38 entries) are still distributions
+  target = np.array([[3e38, 3e38, 1e38], [1.0, 2.0, 3.0]], np.float32)
+  preds = np.array([[1.0, 2.0, 3.0], [3e38, 1e38, 2e38]], np.float32)
+  got = M.KLDivergence().update(preds=preds, target=target).compute()
+  want = np.mean(
+    [scipy.stats.entropy(t, p) for t, p in zip(target.astype(float), preds.astype(float))]
+  )
+  np.testing.assert_allclose(float(got), want, rtol=1e-5)
+
+
 def test_last_value_matches_clu_sequence_and_keeps_through_padding():
   clu_metrics = pytest.importorskip("clu.metrics")
   rng = np.random.default_rng(5)
