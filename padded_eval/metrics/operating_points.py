@@ -99,7 +99,15 @@ def _best(values, candidates) -> jax.Array:
 
 
 def _ratio(numerator, denominator) -> jax.Array:
-  return numerator / jnp.where(denominator > 0, denominator, 1.0)
+  """``numerator / denominator`` (the numerator where the denominator is 0), correctly rounded.
+
+  XLA on CPU makes a division by a broadcast total (``[L, 1]``) a reciprocal multiply, one
+  ulp off (``20 / 25 = 0.79999995``), which leaves out a point whose rate equals the required
+  one; the barrier keeps a true division.
+  """
+  safe = jnp.where(denominator > 0, denominator, 1.0)
+  shape = jnp.broadcast_shapes(jnp.shape(numerator), jnp.shape(safe))
+  return numerator / jax.lax.optimization_barrier(jnp.broadcast_to(safe, shape))
 
 
 class RecallAtFixedPrecision(OperatingPoint):

@@ -165,6 +165,27 @@ def test_operating_points_without_a_qualifying_point_are_0_and_undefined_nan():
   )
 
 
+@pytest.mark.parametrize("exact", [True, False])
+def test_operating_points_keep_a_rate_equal_to_the_required_one(exact):
+  """A point whose rate is exactly the required one qualifies (20 of 25 negatives below the
+  threshold is a specificity of 0.8): XLA must not make the division by the class total a
+  reciprocal multiply, whose float32 result (20 / 25 = 0.79999995) left the point out."""
+  positives, negatives = [0.95] * 9 + [0.3] * 6, [0.8] * 5 + [0.1] * 20
+  preds = np.array(positives + negatives, np.float32)
+  target = np.array([1] * 15 + [0] * 25, np.int32)
+  mode = {"exact": True, "capacity": 64} if exact else {"thresholds": THRESHOLDS}
+  thresholds = None if exact else THRESHOLDS
+  metrics = {
+    "sensitivity": (M.SensitivityAtSpecificity, "min_specificity", 20 / 25),
+    "specificity": (M.SpecificityAtSensitivity, "min_sensitivity", 9 / 15),
+    "precision_at_recall": (M.PrecisionAtFixedRecall, "min_recall", 9 / 15),
+  }
+  for kind, (cls, argname, rate) in metrics.items():
+    got = float(cls(**mode, **{argname: rate}).update(preds=preds, target=target).compute())
+    expected = operating_point(kind, rate, target, preds, thresholds)
+    assert abs(got - expected) < 1e-6, (kind, got, expected)
+
+
 TRACES = []
 
 
