@@ -28,7 +28,14 @@ class id in ``[0, C)``). The invalid kinds, counted over considered elements:
 * ``"probability outside [0, 1]"``: a finite or infinite probability outside ``[0, 1]``
   where ``preds`` are read as probabilities (``from_logits=False``; binary and
   multilabel always, multiclass scores for curves and calibration), e.g. logits passed
-  without ``from_logits=True``.
+  without ``from_logits=True``;
+* ``"preds look like probabilities, not logits"``: with ``from_logits=True``, probabilities
+  passed as logits. Binary and multilabel: every considered score of the *whole evaluation*
+  is in ``[0, 1]`` (more than one; each is counted). The scores outside ``[0, 1]`` are
+  counted too, under `LOGIT_EVIDENCE`, a kind that is never reported: one of them anywhere,
+  on any device, clears the report (`reported_invalid_counts`), so the verdict does not
+  depend on how the rows were batched or split over devices. Multiclass scores: each row
+  that is a distribution (all in ``[0, 1]``, summing to 1), more than one in all.
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ PRED_ID_OUT_OF_RANGE = "pred id out of range"
 NAN_SCORE = "nan score"
 PROBABILITY_OUT_OF_RANGE = "probability outside [0, 1]"
 PROBABILITIES_AS_LOGITS = "preds look like probabilities, not logits"
+#: Scores outside ``[0, 1]`` with ``from_logits=True``: counted, never reported; any of them
+#: clears `PROBABILITIES_AS_LOGITS` (see `reported_invalid_counts`).
+LOGIT_EVIDENCE = "score outside [0, 1] (logits)"
 #: Every kind an input formatter can report, in the order metrics declare them.
 INVALID_KINDS = (
   TARGET_OUT_OF_RANGE,
@@ -53,6 +63,7 @@ INVALID_KINDS = (
   NAN_SCORE,
   PROBABILITY_OUT_OF_RANGE,
   PROBABILITIES_AS_LOGITS,
+  LOGIT_EVIDENCE,
 )
 #: The kinds of score-only metrics (curves, calibration): no class-id predictions.
 SCORE_INVALID_KINDS = (
@@ -60,7 +71,22 @@ SCORE_INVALID_KINDS = (
   NAN_SCORE,
   PROBABILITY_OUT_OF_RANGE,
   PROBABILITIES_AS_LOGITS,
+  LOGIT_EVIDENCE,
 )
+
+
+def reported_invalid_counts(counts: dict[str, int]) -> dict[str, int]:
+  """A metric's ``{kind: count}`` as reported: without `LOGIT_EVIDENCE`, and with
+  `PROBABILITIES_AS_LOGITS` 0 unless no score outside ``[0, 1]`` was seen and more than one
+  looked like a probability (the verdict of the whole evaluation, see the module docstring).
+  Counts of a metric that does not declare `LOGIT_EVIDENCE` are returned as they are."""
+  if LOGIT_EVIDENCE not in counts:
+    return counts
+  counts = dict(counts)
+  evidence = counts.pop(LOGIT_EVIDENCE)
+  if PROBABILITIES_AS_LOGITS in counts and (evidence or counts[PROBABILITIES_AS_LOGITS] < 2):
+    counts[PROBABILITIES_AS_LOGITS] = 0
+  return counts
 
 
 class LabelElements(NamedTuple):
@@ -218,10 +244,11 @@ def label_elements(preds, target, mask, *, task, num_classes, from_logits, ignor
   }
   if not from_logits:
     invalid[PROBABILITY_OUT_OF_RANGE] = considered & _probability_out_of_range(scores)
-  else:  # probabilities passed as logits: sigmoid(p) >= 0.5 predicts every element positive
+  else:  # probabilities passed as logits: sigmoid(p) >= 0.5 predicts every element positive;
+    # decided over the whole evaluation from both counts (reported_invalid_counts)
     in_unit = (scores >= 0) & (scores <= 1)
-    every = jnp.all(in_unit | ~considered) & (jnp.sum(considered) > 1)
-    invalid[PROBABILITIES_AS_LOGITS] = considered & every
+    invalid[PROBABILITIES_AS_LOGITS] = considered & in_unit
+    invalid[LOGIT_EVIDENCE] = considered & ~in_unit & ~jnp.isnan(scores)
   elements = LabelElements(scores, target == 1, considered & is_label, invalid)
   if task == "binary":
     return LabelElements(

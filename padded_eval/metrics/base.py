@@ -39,6 +39,7 @@ from jax.typing import ArrayLike
 from padded_eval import validation
 from padded_eval.exact._floats import compensated_sum
 from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum, on_several_devices
+from padded_eval.metrics._formatting import reported_invalid_counts
 from padded_eval.routing import KeywordReader, dataclass_transform
 
 _STATE = "padded_eval_state"
@@ -265,7 +266,8 @@ class Metric(KeywordReader, abc.ABC):
     if not self.invalid_kinds:
       return {}
     counts = self.invalid.to_numpy()
-    return {kind: int(count) for kind, count in zip(self.invalid_kinds, counts)}
+    counts = {kind: int(count) for kind, count in zip(self.invalid_kinds, counts)}
+    return reported_invalid_counts(counts)
 
   def invalid_report(self) -> list[tuple[str, str, int]]:
     """``(metric name, kind, count)`` for every nonzero invalid count, members included.

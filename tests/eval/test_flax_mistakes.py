@@ -146,6 +146,23 @@ def test_probabilities_into_from_logits_recall_are_reported():
     pe.masked_eval(_recall_step, None, batches(probs.astype(np.float32)), backend="jit")
 
 
+def test_logits_in_unit_on_one_device_are_not_taken_for_probabilities(backend):
+  """Whether the scores look like probabilities is decided over the whole evaluation: under pmap
+  and shard_map, a device whose rows hold only logits in [0, 1] must not make a logit model raise
+  (it did: the check ran on each device's shard of 2 rows)."""
+  rows = 19
+  logits = np.array([0.3, 0.7] + [-2.0, 3.0] * 7 + [0.5, -0.25, 2.5], np.float32)
+  y = (np.arange(rows) % 3 == 0).astype(np.int32)
+  batches = pe.pad_batches({"score": logits, "y": y}, 16, pad_value={"score": np.nan, "y": -1})
+  result = pe.masked_eval(_recall_step, None, batches, backend=backend)
+  np.testing.assert_allclose(result["recall"], np.mean(logits[y == 1] > 0), rtol=1e-6)
+  # probabilities in every row, on any device layout, are still reported (every element)
+  probs = (1 / (1 + np.exp(-logits.astype(np.float64)))).astype(np.float32)
+  probabilities = pe.pad_batches({"score": probs, "y": y}, 16, pad_value={"score": np.nan, "y": -1})
+  with pytest.raises(ValueError, match=f"{rows} x 'preds look like probabilities, not logits'"):
+    pe.masked_eval(_recall_step, None, probabilities, backend=backend)
+
+
 def _multiclass_calibration_step(params, batch):
   metric = pe.metrics.CalibrationError(task="multiclass", num_classes=3, from_logits=True)
   return metric.batch_updates(preds=batch["score"], target=batch["y"], mask=batch["mask"])

@@ -287,13 +287,13 @@ def test_multilabel_weights_per_label():
 
 
 def test_unweighted_state_is_unchanged():
-  """weighted=False keeps the integer histograms and the four invalid kinds (checkpoints of
-  existing states stay readable); weighted=True adds the weights' kind and float sums."""
+  """weighted=False keeps the integer histograms and the score kinds (four reported, and the
+  logits' evidence); weighted=True adds the weights' kind and float sums."""
   plain, weighted = M.AUROC(), M.AUROC(weighted=True)
   assert isinstance(plain.empty().positives, pe.exact.ExactCount)
   assert isinstance(weighted.empty().positives, pe.exact.ExactSum)
-  assert plain.empty().invalid.shape == (4,) and INVALID_WEIGHT not in plain.invalid_kinds
-  assert weighted.empty().invalid.shape == (5,)
+  assert plain.empty().invalid.shape == (5,) and INVALID_WEIGHT not in plain.invalid_kinds
+  assert weighted.empty().invalid.shape == (6,)
 
 
 @pytest.mark.parametrize(
