@@ -242,6 +242,14 @@ def scale_exponent(magnitude):
   return select(lax.eq(e, np.int32(ZERO_EXPONENT)), 0, e)
 
 
+def scaled_to_unit(x, axis):
+  """``(x * 2**-e, e)``: ``x`` times the power of two that brings its largest magnitude along
+  ``axis`` into ``[0.5, 1)`` (exact, unlike a division by it, which XLA's CPU backend makes a
+  multiply by the reciprocal, 0 for magnitudes above 2**126); ``e`` keeps ``axis`` with size 1."""
+  _, e = frexp(jnp.max(jnp.abs(x), axis=axis, keepdims=True))
+  return ldexp(x, -e), e
+
+
 def frexp(x):
   """``(m, e)`` with ``x = m * 2**e`` and ``0.5 <= |m| < 1`` (``m = x``, ``e = 0`` for 0/inf/NaN)."""
   e = scale_exponent(jnp.abs(x))

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
-from padded_eval.exact._floats import frexp, ldexp
+from padded_eval.exact._floats import scaled_to_unit
 from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import broadcast_mask, broadcast_prefix
 from padded_eval.metrics.base import (
@@ -129,9 +129,8 @@ class PSNR(ImageMean):
   def _image_values(self, preds, target):
     axes = tuple(range(1, preds.ndim))
     # each image's errors scaled by a power of two 2**e before squaring: no over- or underflow
-    error = preds - target
-    _, e = frexp(jnp.max(jnp.abs(error), axis=axes, keepdims=True))
-    mse = jnp.mean(jnp.square(ldexp(error, -e)), axis=axes)  # the MSE / 4**e
+    scaled, e = scaled_to_unit(preds - target, axes)
+    mse = jnp.mean(jnp.square(scaled), axis=axes)  # the MSE / 4**e
     e = jnp.squeeze(e, axes).astype(jnp.float32)
     return 20.0 * math.log10(float(self.data_range)) - 10.0 * jnp.log10(mse) - _DB_PER_BIT * e
 

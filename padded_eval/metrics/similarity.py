@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval import validation
-from padded_eval.exact._floats import frexp, ldexp
+from padded_eval.exact._floats import scaled_to_unit
 from padded_eval.exact.accumulate import ExactCount, upcast
 from padded_eval.masking import broadcast_mask
 from padded_eval.metrics.averages import WeightedMean, weighted_totals
@@ -38,11 +38,8 @@ def _vectors(preds, target) -> tuple[jax.Array, jax.Array]:
 
 
 def _scaled(x: jax.Array) -> jax.Array:
-  """Each vector (last axis) times the power of two that brings its largest magnitude into
-  ``[0.5, 1)``: exact, unlike a division by it (XLA's CPU backend multiplies by the
-  reciprocal, which flushes to 0 for magnitudes above 2**126)."""
-  _, exponent = frexp(jnp.max(jnp.abs(x), axis=-1, keepdims=True))
-  return ldexp(x, -exponent)
+  """Each vector (last axis) scaled exactly by a power of two, its largest magnitude in [0.5, 1)."""
+  return scaled_to_unit(x, -1)[0]
 
 
 class _RowReduction(WeightedMean):
