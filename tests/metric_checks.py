@@ -136,32 +136,28 @@ def check_scan(case: MetricCase) -> None:
   assert_matches_reference(case, scan(case.make(), stacked), batches, "lax.scan")
 
 
-def check_pmap_reduce(case: MetricCase) -> None:
-  """pmap + ``reduce`` gives every device the total; merged over steps == reference."""
+def check_pmap(case: MetricCase) -> None:
+  """In one ``jax.pmap`` program: ``reduce`` gives every device the total,
+  ``all_gather(...).aggregate()`` too, and ``aggregate()`` of the per-device copies it returns
+  (on the host) as well; each merged over the steps == reference."""
   batches, n = case.batches(), _device_count()
-  step = jax.pmap(lambda b: case.make().batch_updates(**b).reduce(AXIS), axis_name=AXIS)
-  metric = case.make()
+
+  def per_device(batch):
+    part = case.make().batch_updates(**batch)
+    return part.reduce(AXIS), jax.lax.all_gather(part, AXIS).aggregate(), part
+
+  step = jax.pmap(per_device, axis_name=AXIS)
+  via_reduce, via_gather, via_copies = case.make(), case.make(), case.make()
   for batch in batches:
-    per_device = jax.device_get(step(_shard(batch, n)))  # waits: one collective program at a time
-    for leaf in jax.tree.leaves(per_device):
+    reduced, gathered, copies = step(_shard(batch, n))
+    reduced, gathered = jax.device_get((reduced, gathered))  # one collective program at a time
+    for leaf in jax.tree.leaves(reduced):
       np.testing.assert_array_equal(np.asarray(leaf), np.broadcast_to(leaf[0], leaf.shape))
-    metric = metric.merge(_first_copy(per_device))
-  assert_matches_reference(case, metric, batches, "pmap reduce")
-
-
-def check_pmap_gather_aggregate(case: MetricCase) -> None:
-  """``all_gather(...).aggregate()`` in pmap, and ``aggregate()`` of pmap's output copies."""
-  batches, n = case.batches(), _device_count()
-  gathered = jax.pmap(
-    lambda b: jax.lax.all_gather(case.make().batch_updates(**b), AXIS).aggregate(), axis_name=AXIS
-  )
-  copies = jax.pmap(lambda b: case.make().batch_updates(**b), axis_name=AXIS)
-  via_gather, via_copies = case.make(), case.make()
-  for batch in batches:
-    sharded = _shard(batch, n)
-    via_gather = via_gather.merge(_first_copy(jax.device_get(gathered(sharded))))
+    via_reduce = via_reduce.merge(_first_copy(reduced))
+    via_gather = via_gather.merge(_first_copy(gathered))
     # aggregate() of pmap's outputs fetches them to the host first (no cross-device programs)
-    via_copies = via_copies.merge(copies(sharded).aggregate())
+    via_copies = via_copies.merge(copies.aggregate())
+  assert_matches_reference(case, via_reduce, batches, "pmap reduce")
   assert_matches_reference(case, via_gather, batches, "pmap all_gather aggregate")
   assert_matches_reference(case, via_copies, batches, "aggregate of pmap output")
 
@@ -223,8 +219,7 @@ CHECKS = [
   check_merge_laws,
   check_jit_traces_once,
   check_scan,
-  check_pmap_reduce,
-  check_pmap_gather_aggregate,
+  check_pmap,
   check_shard_map,
   check_empty_state,
   check_bad_mask,

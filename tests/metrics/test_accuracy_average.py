@@ -18,7 +18,7 @@ from metric_checks import (
   check_eager,
   check_jit_traces_once,
   check_masked_eval_on_8_devices,
-  check_pmap_reduce,
+  check_pmap,
   check_shard_map,
 )
 
@@ -155,7 +155,7 @@ def test_matches_sklearn_eager(case):
 )
 def test_device_checks(name):
   case = next(c for c in CASES if c.name == name)
-  check_pmap_reduce(case)
+  check_pmap(case)
   check_shard_map(case)
   check_jit_traces_once(case)
 

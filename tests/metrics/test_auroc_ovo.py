@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import sklearn.metrics as skm
 from metric_cases import MetricCase, padded_batches, real
-from metric_checks import check_eager, check_jit_traces_once, check_pmap_reduce, check_shard_map
+from metric_checks import check_eager, check_jit_traces_once, check_pmap, check_shard_map
 
 import padded_eval as pe
 
@@ -98,7 +98,7 @@ def test_default_bins_match_sklearn_closely():
 )
 def test_device_checks(name):
   case = next(c for c in CASES if c.name == name)
-  check_pmap_reduce(case)
+  check_pmap(case)
   check_shard_map(case)
   check_jit_traces_once(case)
 

@@ -275,9 +275,9 @@ PROTOCOL = (
   [("f1_multiclass_macro_ignore_class", c) for c in _OTHER_CHECKS]
   + [
     ("confmat_multiclass", c)
-    for c in ("jit_traces_once", "scan", "pmap_reduce", "shard_map", "empty_state", "merge_laws")
+    for c in ("jit_traces_once", "scan", "pmap", "shard_map", "empty_state", "merge_laws")
   ]
-  + [("specificity_multilabel_weighted", c) for c in ("scan", "pmap_reduce")]
+  + [("specificity_multilabel_weighted", c) for c in ("scan", "pmap")]
   + [("kappa_binary", "jit_traces_once")]
 )
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import sklearn.metrics as skm
 from metric_cases import MetricCase, padded_batches, real
-from metric_checks import check_eager, check_jit_traces_once, check_pmap_reduce
+from metric_checks import check_eager, check_jit_traces_once, check_pmap
 
 import padded_eval as pe
 
@@ -135,7 +135,7 @@ def test_matches_sklearn_eager(case):
 )
 def test_device_checks(name):
   case = next(c for c in CASES if c.name == name)
-  check_pmap_reduce(case)
+  check_pmap(case)
   check_jit_traces_once(case)
 
 
@@ -277,7 +277,7 @@ def test_per_sample_matches_sklearn_eager(case):
 )
 def test_samplewise_device_checks(name):
   case = next(c for c in SAMPLEWISE_CASES if c.name == name)
-  check_pmap_reduce(case)
+  check_pmap(case)
   check_jit_traces_once(case)
 
 
@@ -429,7 +429,7 @@ def test_weighted_matches_sklearn_eager(case):
 )
 def test_weighted_device_checks_and_masked_eval(name):
   case = next(c for c in WEIGHTED_CASES if c.name == name)
-  check_pmap_reduce(case)
+  check_pmap(case)
   check_jit_traces_once(case)
   make = case.make
 

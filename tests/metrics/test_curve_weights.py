@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import sklearn.metrics as skm
 from metric_cases import MetricCase, padded_batches, real
-from metric_checks import check_eager, check_jit_traces_once, check_pmap_reduce, check_shard_map
+from metric_checks import check_eager, check_jit_traces_once, check_pmap, check_shard_map
 from sklearn.preprocessing import label_binarize
 
 import padded_eval as pe
@@ -159,7 +159,7 @@ def test_matches_sklearn_sample_weight(case):
 )
 def test_device_checks(name):
   case = next(c for c in CASES + EXACT_CASES if c.name == name)
-  check_pmap_reduce(case)
+  check_pmap(case)
   check_shard_map(case)
   check_jit_traces_once(case)
 

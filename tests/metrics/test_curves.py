@@ -205,7 +205,7 @@ _OTHER_CHECKS = {c.__name__.removeprefix("check_"): c for c in CHECKS if c is no
 PROTOCOL = (
   [("auroc_binary_macro_logits", c) for c in _OTHER_CHECKS]
   + [("auprc_multilabel_None_ignore_exact", c) for c in _OTHER_CHECKS]
-) + [("ece_multiclass_l1_logits_ignore", c) for c in ("scan", "pmap_reduce", "empty_state")]
+) + [("ece_multiclass_l1_logits_ignore", c) for c in ("scan", "pmap", "empty_state")]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)

@@ -16,7 +16,7 @@ from metric_checks import (
   check_eager,
   check_jit_traces_once,
   check_masked_eval_on_8_devices,
-  check_pmap_reduce,
+  check_pmap,
 )
 
 import padded_eval as pe
@@ -91,7 +91,7 @@ def test_matches_sklearn(case):
 )
 def test_device_checks(name):
   case = next(c for c in CASES if c.name == name)
-  check_pmap_reduce(case)
+  check_pmap(case)
   check_jit_traces_once(case)
 
 

@@ -13,7 +13,7 @@ from metric_checks import (
   check_eager,
   check_jit_traces_once,
   check_masked_eval_on_8_devices,
-  check_pmap_reduce,
+  check_pmap,
 )
 
 import padded_eval as pe
@@ -126,7 +126,7 @@ def test_matches_torchmetrics_definition(case):
 )
 def test_device_checks(name):
   case = next(c for c in CASES if c.name == name)
-  check_pmap_reduce(case)
+  check_pmap(case)
   check_jit_traces_once(case)
 
 

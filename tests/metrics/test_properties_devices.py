@@ -111,7 +111,7 @@ def _device_batches(data, devices, rng):
 @pytest.mark.parametrize("devices", [1, 3, 8])
 def test_pmap_reduce_over_a_subset_of_devices(devices):
   """pmap over the first ``devices`` devices, ``reduce`` inside; every device holds the
-  total. (``all_gather(...).aggregate()`` in pmap: ``metric_checks.check_pmap_gather_aggregate``.)"""
+  total. (``all_gather(...).aggregate()`` in pmap: ``metric_checks.check_pmap``.)"""
   rng = np.random.default_rng(devices)
   data, metric = _data(rng, 29), _collection()
 
