@@ -306,7 +306,8 @@ class R2Score(Metric):
   ``SS_tot`` is taken around the dataset's (weighted) mean of ``target``, kept as
   mergeable moments, so the result equals one pass over the whole dataset. As in
   scikit-learn (``force_finite=True``), an output with ``SS_tot == 0`` scores 1 if
-  ``SS_res == 0`` and else 0. Empty: NaN.
+  ``SS_res == 0`` and else 0. Fewer than two real observations (elements of an output,
+  whatever their weights): NaN, as in scikit-learn (torchmetrics raises there).
 
   Args:
     num_outputs: 1 (every element of ``preds`` is one observation) or ``D`` for
@@ -341,6 +342,7 @@ class R2Score(Metric):
   force_finite: bool = True
   target_moments: Moments = state(lambda self: Moments.zeros(self._output_shape(), 1))
   residual: ExactSum = state(lambda self: ExactSum.zeros(self._output_shape()))
+  observations: ExactCount = state(lambda self: ExactCount.zeros(self._output_shape()))
   example_rows: ExactCount = state(empty_count)
 
   def number_inputs(self) -> tuple[str, ...]:
@@ -358,7 +360,11 @@ class R2Score(Metric):
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     preds, target, real, w, axes = _pair(preds, target, self.num_outputs, mask, weights)
     residual = ExactSum.of_sum(preds - target, axis=axes, where=real, weights=w, power=2)
-    return {"target_moments": Moments.of(target[..., None], real, w, axes), "residual": residual}
+    return {
+      "target_moments": Moments.of(target[..., None], real, w, axes),
+      "residual": residual,
+      "observations": ExactCount.of(jnp.sum(real, axis=axes, dtype=jnp.int32)),
+    }
 
   def compute(self) -> jax.Array:
     """The score: a float32 scalar, or ``[D]`` with ``multioutput="raw_values"``."""
@@ -370,7 +376,7 @@ class R2Score(Metric):
     if not self.force_finite:
       constant = jnp.where(residual == 0, jnp.nan, -jnp.inf)
     scores = jnp.where(spread, 1.0 - ratio, constant)
-    scores = jnp.where(seen, scores, jnp.nan)
+    scores = jnp.where(seen & (self.observations.total() >= 2), scores, jnp.nan)
     # SS_tot relative to the largest one (exact powers of two: no overflow).
     mantissa, exp = ss_tot.frexp()
     largest = jnp.max(jnp.where(spread, exp, ZERO_EXPONENT))

@@ -235,6 +235,44 @@ def test_r2_constant_target_follows_sklearn(seed, n, exact, level):
 
 @given(
   seed=SEEDS,
+  weighted=st.booleans(),
+  outputs=st.sampled_from([1, 3]),
+  force_finite=st.booleans(),
+  exact=st.booleans(),
+)
+def test_r2_of_one_observation_is_nan_as_sklearn(seed, weighted, outputs, force_finite, exact):
+  """scikit-learn: R2 is undefined (NaN) on fewer than two samples; a single real row used to
+  score 1 or 0 (or NaN / -inf) as a constant target. torchmetrics raises there."""
+  rng = np.random.default_rng(seed)
+  shape = () if outputs == 1 else (outputs,)
+  target = _values(rng, 1, 2.0, 1e6 * rng.integers(0, 2), shape=shape)
+  preds = target if exact else (target + rng.standard_normal(target.shape)).astype(np.float32)
+  metric = pe.metrics.R2Score(
+    num_outputs=outputs, multioutput="raw_values", force_finite=force_finite
+  )
+  fields = _fields(_weights(rng, 1, weighted), preds=preds, target=target)
+  got = evaluate_randomly(metric, fields, rng)
+  with pytest.warns(sklearn.exceptions.UndefinedMetricWarning, match="less than two samples"):
+    expected = sklearn.metrics.r2_score(
+      _seen(target), _seen(preds), multioutput="raw_values", force_finite=force_finite
+    )
+  assert np.isnan(expected)
+  np.testing.assert_array_equal(np.asarray(got), np.full(shape, np.nan, np.float32))
+
+
+def test_r2_of_one_row_of_several_elements_is_defined():
+  """With ``num_outputs=1`` every element is an observation: one row of 3 real elements is three
+  samples for scikit-learn (the flattened values), and scores."""
+  target = np.array([[1.0, 2.0, 4.0], [np.nan, 7.0, -1e30]], np.float32)
+  preds = np.array([[1.5, 2.0, 3.0], [np.inf, 0.0, 1e30]], np.float32)
+  mask = np.array([True, False])
+  got = pe.metrics.R2Score().update(preds=preds, target=target, mask=mask).compute()
+  expected = sklearn.metrics.r2_score(target[0].astype(np.float64), preds[0].astype(np.float64))
+  assert_close(got, expected, atol=1e-6)
+
+
+@given(
+  seed=SEEDS,
   n=st.integers(2, 40),
   multioutput=st.sampled_from(["raw_values", "uniform_average", "variance_weighted"]),
 )
