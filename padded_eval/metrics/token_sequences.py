@@ -124,8 +124,16 @@ class TokenMetric(Metric):
   several_references: ClassVar[bool] = True
 
   def _check_config(self):
-    if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, numbers.Integral):
-      raise ValueError(f"pad_id must be an int token id; got {self.pad_id!r}")
+    int32 = jnp.iinfo(jnp.int32)
+    if (
+      isinstance(self.pad_id, bool)
+      or not isinstance(self.pad_id, numbers.Integral)
+      or not int32.min <= self.pad_id <= int32.max
+    ):
+      raise ValueError(
+        f"pad_id must be an int token id in int32's range [{int32.min}, {int32.max}] (ids are "
+        f"int32); got {self.pad_id!r}"
+      )
     validation.check_positive_int("vocab_size", self.vocab_size, allow_none=True)
 
   def token_batch(self, preds, target, mask, weights=None) -> TokenBatch:
@@ -180,7 +188,7 @@ def sentences(
 
 def _bad(tokens: jax.Array, pad_id: int, vocab_size: int | None) -> jax.Array:
   bad = tokens < 0
-  if vocab_size is not None:
+  if vocab_size is not None and vocab_size <= jnp.iinfo(jnp.int32).max:  # else no id reaches it
     bad = bad | (tokens >= vocab_size)
   return bad & (tokens != pad_id)
 

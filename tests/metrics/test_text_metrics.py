@@ -186,6 +186,11 @@ def test_bad_inputs_raise_naming_the_argument(metric, kwargs, match):
     (lambda: pe.metrics.RougeN(0), "n must be a positive int"),
     (lambda: pe.metrics.RougeL(vocab_size=0), "vocab_size must be a positive int or None"),
     (lambda: pe.metrics.WordErrorRate(pad_id=True), "pad_id must be an int"),
+    (
+      lambda: pe.metrics.BLEU(pad_id=2**40),
+      r"pad_id must be an int token id in int32.*1099511627776",
+    ),
+    (lambda: pe.metrics.RougeL(pad_id=-(2**31) - 1), r"pad_id must be an int token id in int32"),
   ],
 )
 def test_bad_configuration_raises(make, match):
@@ -227,3 +232,22 @@ def test_weights_are_refused_so_a_bootstrap_resamples_rows_through_the_mask():
     boot = boot.update(**batch, index=np.arange(24))
     low, high = (float(x) for x in boot.compute_interval())
     assert low < high, make  # replicas differ: rows were resampled, not ignored
+
+
+def test_vocab_size_beyond_int32_leaves_every_nonnegative_id_in_range():
+  """No int32 id reaches 2**31 or 2**40: only negative ids are out of range, as without a
+  vocabulary size, and the scores are sacrebleu's / jiwer's (was an OverflowError)."""
+  rng = np.random.default_rng(13)
+  preds, target = sentences(rng, (12,), 8, vocab=5), sentences(rng, (12,), 8, vocab=5)
+  target[:, 0] = np.where(target[:, 0] == 0, 3, target[:, 0])  # jiwer refuses empty references
+  preds[0, 0], target[1, 1] = 2**31 - 1, -3
+  batch = {"preds": preds, "target": target, "mask": np.ones(12, bool)}
+  for vocab_size in (2**31 - 1, 2**31, 2**40):
+    update = lambda m: jax.jit(lambda m, b: m.update(**b))(m, batch)  # noqa: E731
+    bleu = update(pe.metrics.BLEU(max_order=2, vocab_size=vocab_size))
+    np.testing.assert_allclose(float(bleu.compute()), _bleu([batch], max_order=2), rtol=1e-5)
+    wer = update(pe.metrics.WordErrorRate(vocab_size=vocab_size))
+    np.testing.assert_allclose(float(wer.compute()), _wer([batch]), rtol=1e-6)
+    expected = 1 + (vocab_size == 2**31 - 1)  # the -3, and 2**31 - 1 for a vocabulary of 2**31 - 1
+    assert bleu.invalid_counts()["token id out of range"] == expected, vocab_size
+    assert wer.invalid_counts() == {"token id out of range": expected}, vocab_size
