@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import ClassVar
 
 import jax
@@ -74,10 +75,16 @@ class Perplexity(WeightedMean):
   invalid_kinds: ClassVar[tuple[str, ...]] = (TARGET_OUT_OF_RANGE, PROBABILITIES_AS_LOGITS)
 
   def _check_config(self):
-    if self.ignore_index is not None and (
-      isinstance(self.ignore_index, bool) or not isinstance(self.ignore_index, int)
-    ):
+    if self.ignore_index is None:
+      return
+    if isinstance(self.ignore_index, bool) or not isinstance(self.ignore_index, numbers.Integral):
       raise ValueError(f"ignore_index must be None or an int; got {self.ignore_index!r}")
+    int32 = jnp.iinfo(jnp.int32)
+    if not int32.min <= self.ignore_index <= int32.max:
+      raise ValueError(
+        f"ignore_index must be None or an int in int32's range [{int32.min}, {int32.max}] "
+        f"(target ids are int32); got {self.ignore_index!r}"
+      )
 
   def number_inputs(self) -> tuple[str, ...]:
     return ()  # target holds token ids

@@ -215,6 +215,37 @@ def test_perplexity_counts_targets_outside_vocabulary(ignore_index):
   assert metric.invalid_report() == [("perplexity", "target out of range", expected)]
 
 
+def test_perplexity_ignore_index_may_be_a_numpy_int():
+  """``ignore_index=np.int64(-100)`` ignores -100 like ``-100`` (was refused as not an int)."""
+  rng = np.random.default_rng(8)
+  logits = rng.standard_normal((5, 4, 6)).astype(np.float32)
+  target = rng.integers(0, 6, (5, 4)).astype(np.int32)
+  target[rng.random((5, 4)) < 0.3] = -100
+  keep = target != -100
+  log_probs = logits.astype(F64) - scipy.special.logsumexp(logits.astype(F64), -1, keepdims=True)
+  picked = np.take_along_axis(log_probs, np.where(keep, target, 0)[..., None], -1)[..., 0]
+  metric = pe.metrics.Perplexity(ignore_index=np.int64(-100))
+  got = metric.update(preds=logits, target=target)
+  np.testing.assert_allclose(float(got.compute()), np.exp(-np.mean(picked[keep])), rtol=1e-5)
+  assert got.invalid_counts()["target out of range"] == 0
+
+
+@pytest.mark.parametrize(
+  "make, match",
+  [
+    (
+      lambda: pe.metrics.Perplexity(ignore_index=2**40),
+      r"ignore_index must be .*int32.*1099511627776",
+    ),
+    (lambda: pe.metrics.Perplexity(ignore_index=1.0), r"ignore_index must be None or an int"),
+    (lambda: pe.metrics.Perplexity(ignore_index=True), r"ignore_index must be None or an int"),
+  ],
+)
+def test_perplexity_bad_ignore_index_is_refused_naming_it(make, match):
+  with pytest.raises(ValueError, match=match):
+    make()
+
+
 # --- int64 inputs beyond int32: exact or refused, never wrapped ----------------------------
 
 
