@@ -100,6 +100,11 @@ class Perplexity(WeightedMean):
         f"preds has shape {logits.shape} and target {target.shape}; expected "
         "preds [B, T, V] logits for target [B, T] (target's shape + [V])"
       )
+    if logits.shape[-1] == 0:
+      raise ValueError(
+        f"preds has shape {logits.shape}: logits over V = 0 classes; expected at least one class "
+        "(the last axis of preds [B, T, V])"
+      )
     return token_cross_entropy(logits, target), "target"
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):

@@ -246,6 +246,15 @@ def test_perplexity_bad_ignore_index_is_refused_naming_it(make, match):
     make()
 
 
+def test_perplexity_logits_over_no_class_are_refused_naming_preds():
+  """``preds [B, T, 0]``: no class to pick (was numpy's 'zero-size array to reduction')."""
+  batch = {"preds": np.zeros((2, 3, 0), np.float32), "target": np.zeros((2, 3), np.int32)}
+  with pytest.raises(ValueError, match=r"preds has shape \(2, 3, 0\).*at least one class"):
+    pe.metrics.Perplexity().update(**batch)
+  with pytest.raises(ValueError, match=r"preds has shape \(2, 3, 0\).*at least one class"):
+    jax.jit(lambda m, b: m.update(**b))(pe.metrics.Perplexity(), batch)
+
+
 # --- int64 inputs beyond int32: exact or refused, never wrapped ----------------------------
 
 
