@@ -122,8 +122,11 @@ def keyword_parameters(*readers) -> tuple[tuple[str, ...], tuple[str, ...]]:
     for p in inspect.signature(reader).parameters.values()
     if p.kind is inspect.Parameter.KEYWORD_ONLY
   ]
-  required = tuple(p.name for p in keywords if p.default is inspect.Parameter.empty)
-  optional = tuple(p.name for p in keywords if p.default is not inspect.Parameter.empty)
+  # each name once, in order of first appearance (several readers may take the same keyword)
+  required = tuple(dict.fromkeys(p.name for p in keywords if p.default is inspect.Parameter.empty))
+  optional = tuple(
+    dict.fromkeys(p.name for p in keywords if p.default is not inspect.Parameter.empty)
+  )
   return required, optional
 
 

@@ -255,6 +255,22 @@ def test_perplexity_logits_over_no_class_are_refused_naming_preds():
     jax.jit(lambda m, b: m.update(**b))(pe.metrics.Perplexity(), batch)
 
 
+def test_a_missing_keyword_is_named_once():
+  """Perplexity reads preds and target in two methods: 'target' was named twice in the error
+  and required_inputs() listed ('preds', 'target', 'preds', 'target')."""
+  metric = pe.metrics.Perplexity()
+  assert metric.required_inputs() == ("preds", "target")
+  with pytest.raises(
+    ValueError, match=r"needs the keyword\(s\) 'target'; got keywords \['preds'\]"
+  ):
+    metric.update(preds=np.zeros((1, 2, 4), np.float32))
+  for name in dir(pe.metrics):
+    cls = getattr(pe.metrics, name)
+    if isinstance(cls, type) and issubclass(cls, pe.metrics.Metric):
+      for names in (cls._required_inputs, cls._optional_inputs):
+        assert len(set(names)) == len(names), (name, names)
+
+
 # --- int64 inputs beyond int32: exact or refused, never wrapped ----------------------------
 
 
