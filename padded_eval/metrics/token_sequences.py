@@ -13,9 +13,10 @@ everywhere:
 
 ``pad_id`` marks padding anywhere in a row: a sentence is its ids other than ``pad_id``,
 in order (what a detokenizer that skips padding prints). A reference that is all padding
-is absent (sacrebleu drops empty references); a row whose references are all padding has
-one empty reference. Ids that are negative, or ``>= vocab_size`` when a vocabulary size
-is given, are counted as invalid (``"token id out of range"``) and still compared as ids.
+is absent (sacrebleu drops empty references); a row whose references are all padding (every
+row, for a ``[B, 0, S]`` target) has one empty reference. Ids that are negative, or
+``>= vocab_size`` when a vocabulary size is given, are counted as invalid
+(``"token id out of range"``) and still compared as ids.
 """
 
 from __future__ import annotations
@@ -166,6 +167,8 @@ class TokenMetric(Metric):
       )
     if target.ndim == 2:
       target = target[:, None, :]
+    if target.shape[1] == 0:  # no reference: as all padding (one empty reference per row)
+      target = jnp.full((target.shape[0], 1, target.shape[2]), self.pad_id, jnp.int32)
     real = _row_mask(mask, preds.shape[0], owner)
     return sentences(preds, target, real, pad_id=self.pad_id, vocab_size=self.vocab_size)
 

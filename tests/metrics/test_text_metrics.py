@@ -251,3 +251,23 @@ def test_vocab_size_beyond_int32_leaves_every_nonnegative_id_in_range():
     expected = 1 + (vocab_size == 2**31 - 1)  # the -3, and 2**31 - 1 for a vocabulary of 2**31 - 1
     assert bleu.invalid_counts()["token id out of range"] == expected, vocab_size
     assert wer.invalid_counts() == {"token id out of range": expected}, vocab_size
+
+
+def test_target_with_no_reference_axis_scores_rows_without_a_reference():
+  """``target [B, 0, S]``: every row lacks a reference, as an all-padding one (each row has one
+  empty reference, counted as "row without a reference"); was an IndexError."""
+  rng = np.random.default_rng(17)
+  preds = sentences(rng, (10,), 6, vocab=4)
+  preds[0] = 0  # an empty hypothesis: it matches the empty reference
+  empty = {"preds": preds, "target": np.zeros((10, 0, 5), np.int32), "mask": np.ones(10, bool)}
+  as_padding = {**empty, "target": np.zeros((10, 1, 5), np.int32)}  # the references' view
+  update = jax.jit(lambda m, b: m.update(**b))
+  bleu = update(pe.metrics.BLEU(max_order=2, smooth=True), empty)
+  want = _bleu([as_padding], max_order=2, smooth=True)
+  np.testing.assert_allclose(float(bleu.compute()), want, rtol=1e-5, atol=1e-7)
+  assert bleu.invalid_counts()["row without a reference"] == 10
+  for metric, key in ((pe.metrics.RougeN(1), "rouge1"), (pe.metrics.RougeL(), "rougeL")):
+    got = float(metric.update(**empty).compute())
+    np.testing.assert_allclose(got, _rouge([as_padding], key), atol=1e-7)
+  got = float(pe.metrics.ExactMatch().update(**empty).compute())
+  np.testing.assert_allclose(got, _exact_match([as_padding]), rtol=1e-6)
