@@ -219,6 +219,12 @@ class SSIM(ImageMean):
         f"W at least {smallest} (kernel_size={self.kernel_size}); got preds of shape "
         f"{preds.shape}"
       )
+    # SSIM is scale-free once C1 and C2 scale with data_range: divide the pixels and
+    # data_range by a power of two near data_range (exact), so that the squares and
+    # products below neither underflow (data_range 1e-25) nor overflow (1e18) in float32
+    exponent = -math.frexp(float(self.data_range))[1]
+    preds, target = jnp.ldexp(preds, exponent), jnp.ldexp(target, exponent)
+    data_range = math.ldexp(float(self.data_range), exponent)
     # deviations from each image's (and channel's) mean: the window's variances are then
     # small differences of small numbers, not of large ones
     center_x = jnp.mean(preds, axis=(1, 2), keepdims=True)
@@ -234,8 +240,8 @@ class SSIM(ImageMean):
     var_y = jnp.maximum(yy - mean_y**2, 0.0)
     cov = xy - mean_x * mean_y
     mu_x, mu_y = mean_x + center_x, mean_y + center_y
-    c1 = (float(self.k1) * float(self.data_range)) ** 2
-    c2 = (float(self.k2) * float(self.data_range)) ** 2
+    c1 = (float(self.k1) * data_range) ** 2
+    c2 = (float(self.k2) * data_range) ** 2
     ssim = ((2.0 * mu_x * mu_y + c1) * (2.0 * cov + c2)) / (
       (mu_x**2 + mu_y**2 + c1) * (var_x + var_y + c2)
     )

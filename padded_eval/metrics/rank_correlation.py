@@ -18,6 +18,7 @@ scipy nor torchmetrics weighs ranks): ``weights=`` raises. A real element with N
 
 from __future__ import annotations
 
+import numbers
 from typing import ClassVar
 
 import jax
@@ -57,7 +58,7 @@ class _RankCorrelation(Metric):
     limit = _pair_buffer.MAX_CAPACITY
     if (
       isinstance(self.capacity, bool)
-      or not isinstance(self.capacity, int)
+      or not isinstance(self.capacity, numbers.Integral)
       or not 1 <= self.capacity <= limit
     ):
       raise ValueError(

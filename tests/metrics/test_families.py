@@ -138,6 +138,23 @@ def test_psnr_at_any_scale(data_range):
   np.testing.assert_allclose(float(got), want, rtol=1e-5)
 
 
+@pytest.mark.parametrize("padding", ["reflect", "valid"])
+@pytest.mark.parametrize("data_range", [1e-25, 1e18])
+def test_ssim_at_any_scale(data_range, padding):
+  # SSIM of images scaled with their data_range is scale-free: the float32 squares and
+  # products of 1e-25 (underflow) or 1e18 (overflow) pixels must not turn it into NaN
+  rng = np.random.default_rng(11)
+  target = (data_range * rng.random((2, 13, 12, 2))).astype(np.float32)
+  noisy = target + 0.1 * data_range * rng.standard_normal(target.shape)
+  preds = np.stack([noisy[0], target[1]]).astype(np.float32)  # one noisy, one equal image
+  got = pe.metrics.SSIM(data_range, padding=padding).update(preds=preds, target=target)
+  per_image = fam.ssim_skimage if padding == "valid" else fam.ssim_numpy
+  want = fam.ssim_reference(data_range, per_image)(
+    [{"preds": preds, "target": target, "mask": np.ones(2, bool)}]
+  )
+  np.testing.assert_allclose(float(got.compute()), want, rtol=1e-5)
+
+
 # --- invalid values -----------------------------------------------------------------------
 
 

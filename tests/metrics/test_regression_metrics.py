@@ -118,6 +118,20 @@ def test_rank_correlations_match_scipy_with_heavy_ties(n):
     assert abs(float(metric.compute()) - expected) < 1e-6, (cls.__name__, n)
 
 
+@pytest.mark.parametrize("capacity", [np.int64(6), np.int32(6)])
+def test_rank_correlations_take_a_numpy_int_capacity(capacity):
+  # capacity is an int like the other int settings (k, num_outputs): numpy's ints count too
+  x = np.array([1.0, 2.0, 2.0, 5.0, 0.5], np.float32)
+  y = np.array([1.0, 3.0, 2.0, 0.0, 0.2], np.float32)
+  for cls, ref in (
+    (M.SpearmanCorrelation, scipy.stats.spearmanr),
+    (M.KendallTau, scipy.stats.kendalltau),
+  ):
+    got = jax.jit(lambda m, b: m.update(**b))(cls(capacity=capacity), {"preds": x, "target": y})
+    expected = ref(x.astype(np.float64), y.astype(np.float64)).statistic
+    np.testing.assert_allclose(float(got.compute()), expected, rtol=1e-6)
+
+
 def test_rank_correlations_nan_capacity_and_constants():
   x, y = np.array([1.0, 2.0, 3.0, 4.0], np.float32), np.array([1.0, 3.0, 2.0, 4.0], np.float32)
   for cls in (M.SpearmanCorrelation, M.KendallTau):
