@@ -167,15 +167,18 @@ class CalibrationError(ClassificationMetric):
 
 class BrierScore(WeightedMean):
   """Brier score: the weighted mean over rows of ``sum_c (p_c - y_c)**2`` (scikit-learn's
-  ``brier_score_loss``, default ``scale_by_half="auto"``).
+  ``brier_score_loss``, with its ``scale_by_half``).
 
   * ``task="multiclass"``: ``preds`` ``[..., C]`` probabilities (or logits with
     ``from_logits=True``: softmax), ``target`` ``[...]`` class ids; the squared distance to
-    the one-hot target, in ``[0, 2]`` (scikit-learn's multiclass value; torchmetrics has no
-    Brier score).
+    the one-hot target, in ``[0, 2]`` (torchmetrics has no Brier score).
   * ``task="binary"``: ``preds`` ``[...]`` probabilities of class 1 (or logits: sigmoid),
-    ``target`` ``[...]`` 0/1; ``(p - y)**2`` in ``[0, 1]`` (scikit-learn halves the
-    two-column sum for binary, which is this).
+    ``target`` ``[...]`` 0/1; the two-column sum is ``2 (p - y)**2``.
+
+  Args:
+    scale_by_half: scikit-learn's: ``"auto"`` (default) halves the sum for two columns (binary,
+      or multiclass with ``num_classes=2``: ``(p - y)**2`` in ``[0, 1]``) and not for more;
+      True always halves it, False never.
 
   Update keywords: ``preds``, ``target``, ``mask``, ``weights`` (sample weights, a prefix of
   ``target``'s shape, scikit-learn's ``sample_weight``). Elements are left out, and counted by
@@ -188,8 +191,8 @@ class BrierScore(WeightedMean):
     >>> import jax.numpy as jnp
     >>> m = BrierScore(num_classes=2).update(preds=jnp.array([[0.8, 0.2], [0.4, 0.6]]),
     ...                                      target=jnp.array([0, 0]))
-    >>> round(float(m.compute()), 4)
-    0.4
+    >>> round(float(m.compute()), 4)  # two classes: halved, as scikit-learn's "auto"
+    0.2
   """
 
   higher_is_better: ClassVar[bool | None] = False
@@ -198,6 +201,7 @@ class BrierScore(WeightedMean):
   num_classes: int | None = config_field(None)
   from_logits: bool = config_field(False)
   ignore_index: int | None = config_field(None)
+  scale_by_half: bool | str = config_field("auto")
   invalid: ExactCount = state(invalid_state)
 
   invalid_kinds: ClassVar[tuple[str, ...]] = SCORE_INVALID_KINDS
@@ -206,6 +210,21 @@ class BrierScore(WeightedMean):
     check_task(self.task, self.num_classes, tasks=("binary", "multiclass"))
     check_flag("from_logits", self.from_logits)
     check_ignore_index(self.ignore_index)
+    if not (
+      self.scale_by_half is True or self.scale_by_half is False or self.scale_by_half == "auto"
+    ):
+      raise ValueError(
+        f"scale_by_half must be 'auto', True or False (scikit-learn's); got {self.scale_by_half!r}"
+      )
+
+  def _factor(self) -> float:
+    """What the row's sum of squares is multiplied by: 1/2 where it is halved (binary rows
+    hold the halved two-column sum already)."""
+    two_columns = self.task == "binary" or self.num_classes == 2
+    halved = two_columns if self.scale_by_half == "auto" else self.scale_by_half
+    if self.task == "binary":
+      return 1.0 if halved else 2.0
+    return 0.5 if halved else 1.0
 
   def number_inputs(self) -> tuple[str, ...]:
     return ("preds",)  # target holds class ids
@@ -234,6 +253,7 @@ class BrierScore(WeightedMean):
       probs = probabilities(elements.scores[..., 0], self.from_logits)[..., None]
       truth, valid = elements.truth, elements.valid[..., 0] & ~jnp.isnan(probs[..., 0])
     squares = jnp.sum(jnp.square(jnp.where(valid[..., None], probs, 0.0) - truth), -1)
+    squares = squares * self._factor()  # a power of two: exact
     kinds = {k: v for k, v in elements.invalid.items() if k in self.invalid_kinds}
     if self.task == "binary":
       kinds = {k: v[..., 0] for k, v in kinds.items()}

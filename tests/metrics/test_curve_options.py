@@ -253,3 +253,46 @@ def test_error_bound_refused_for_thresholds():
   )
   with pytest.raises(ValueError, match="thresholds"):
     metric.error_bound()
+
+
+@pytest.mark.parametrize("scale_by_half", ["auto", True, False])
+@pytest.mark.parametrize(
+  "task,num_classes", [("binary", None), ("multiclass", 2), ("multiclass", 4)]
+)
+def test_brier_scale_by_half_matches_sklearn(task, num_classes, scale_by_half):
+  """scikit-learn's ``scale_by_half``: "auto" halves the two-column sum (binary, or multiclass
+  with two classes), True always, False never; padded rows hold NaN."""
+  rng = np.random.default_rng(3)
+  n, b = 37, 8
+  classes = num_classes or 2
+  target = rng.integers(0, classes, n)
+  probs = rng.dirichlet(np.ones(classes), n).astype(np.float32)
+  preds = probs[:, 1] if task == "binary" else probs
+  weights = rng.uniform(0.1, 2.0, n).astype(np.float32)
+  metric = M.BrierScore(task=task, num_classes=num_classes, scale_by_half=scale_by_half)
+  for start in range(0, n, b):
+    rows = slice(start, start + b)
+    real = preds[rows].shape[0]
+    pad = lambda x, fill: np.concatenate([x, np.full((b - real,) + x.shape[1:], fill, x.dtype)])
+    metric = metric.update(
+      preds=pad(preds[rows], np.nan),
+      target=pad(target[rows].astype(np.int32), 7),
+      weights=pad(weights[rows], np.nan),
+      mask=np.arange(b) < real,
+    )
+  proba = preds.astype(np.float64)
+  if task == "multiclass":  # the float32 rows, renormalized: scikit-learn checks they sum to 1
+    proba = proba / proba.sum(-1, keepdims=True)
+  expected = skm.brier_score_loss(
+    target,
+    proba,
+    sample_weight=weights.astype(np.float64),
+    scale_by_half=scale_by_half,
+    labels=range(classes),
+  )
+  np.testing.assert_allclose(float(metric.compute()), expected, rtol=2e-6)
+
+
+def test_brier_scale_by_half_refuses_other_values():
+  with pytest.raises(ValueError, match="scale_by_half"):
+    M.BrierScore(num_classes=3, scale_by_half="yes")

@@ -88,17 +88,23 @@ def test_operating_points_match_torchmetrics_formulas(seed, n, step, rate, exact
     assert_close(value, expected, rtol=4 * EPS, atol=4 * EPS, what=kind)
 
 
-@given(seed=SEEDS, n=st.integers(1, 40), logits=st.booleans())
-def test_brier_score_matches_sklearn(seed, n, logits):
+@given(
+  seed=SEEDS,
+  n=st.integers(1, 40),
+  logits=st.booleans(),
+  c=st.integers(2, 5),
+  scale_by_half=st.sampled_from(["auto", True, False]),
+)
+def test_brier_score_matches_sklearn(seed, n, logits, c, scale_by_half):
+  """scikit-learn's formula; ``scale_by_half="auto"`` halves two columns only."""
   rng = np.random.default_rng(seed)
-  c = 4
   raw = (rng.standard_normal((n, c)) * 3).astype(np.float32)
   probs = np.exp(raw.astype(np.float64) - raw.max(-1, keepdims=True))
   probs /= probs.sum(-1, keepdims=True)
   preds = raw if logits else probs.astype(np.float32)
   target = rng.integers(0, c, n).astype(np.int32)
   weights = rng.uniform(0.0, 3.0, n).astype(np.float32)
-  metric = M.BrierScore(num_classes=c, from_logits=logits)
+  metric = M.BrierScore(num_classes=c, from_logits=logits, scale_by_half=scale_by_half)
   fields = {"preds": preds, "target": target, "weights": weights}
   got = evaluate_randomly(metric, fields, rng)
   reference = probs if logits else preds.astype(np.float64)
@@ -106,6 +112,8 @@ def test_brier_score_matches_sklearn(seed, n, logits):
     return
   onehot = np.eye(c)[target]
   expected = np.sum(weights * np.sum((reference - onehot) ** 2, -1)) / np.sum(weights)
+  if scale_by_half is True or (scale_by_half == "auto" and c == 2):
+    expected /= 2
   assert_close(got, expected, rtol=(c + 8) * 1e-6 if logits else (c + 8) * EPS, atol=EPS)
 
 
