@@ -183,6 +183,14 @@ def test_bad_beta_names_the_argument(bad):
     M.FBetaScore(bad, num_classes=3)
 
 
+@pytest.mark.parametrize("beta", [np.int64(2), np.int32(2), np.float32(2.0), 2])
+def test_numpy_number_beta_is_accepted(beta):
+  preds, target = np.array([0, 1, 1, 2, 2, 0]), np.array([0, 1, 2, 2, 1, 1])
+  got = M.FBetaScore(beta, num_classes=3).update(preds=preds, target=target).compute()
+  want = skm.fbeta_score(target, preds, beta=2.0, average="macro")
+  np.testing.assert_allclose(float(got), want, rtol=1e-6)
+
+
 # --- multidim_average="samplewise" (torchmetrics) and multilabel average="samples" (sklearn) ---
 
 T = 6  # elements per sample (the extra axis)
