@@ -459,3 +459,15 @@ def test_weights_need_weighted_true():
     M.F1Score(num_classes=3, weighted=True, multidim_average="samplewise")
   with pytest.raises(ValueError, match="weighted"):
     M.F1Score(num_classes=3, weighted=1)
+
+
+@pytest.mark.parametrize("zero_division", [np.int64(1), np.int32(0), np.float32(1.0)])
+def test_numpy_number_zero_division_is_accepted(zero_division):
+  # class 2 is predicted but never true: its recall's denominator is 0
+  preds, target = np.array([0, 1, 2, 1]), np.array([0, 1, 1, 1])
+  got = M.Recall(num_classes=3, average=None, zero_division=zero_division)
+  got = got.update(preds=preds, target=target).compute()
+  want = skm.recall_score(
+    target, preds, labels=[0, 1, 2], average=None, zero_division=float(zero_division)
+  )
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
