@@ -60,9 +60,18 @@ def check_flag(argname: str, value) -> None:
 
 
 def check_ignore_index(ignore_index) -> None:
-  """Raises ValueError unless ``ignore_index`` is None or an int."""
-  if ignore_index is not None and not validation.is_int(ignore_index):
+  """Raises ValueError unless ``ignore_index`` is None or an int in int32's range (the
+  target ids' type: a larger one would overflow at the first update)."""
+  if ignore_index is None:
+    return
+  if not validation.is_int(ignore_index):
     raise ValueError(f"ignore_index must be None or an int; got {ignore_index!r}")
+  int32 = np.iinfo(np.int32)
+  if not int32.min <= int(ignore_index) <= int32.max:
+    raise ValueError(
+      f"ignore_index must be None or an int in int32's range [{int32.min}, {int32.max}] "
+      f"(target ids are int32); got {ignore_index!r}"
+    )
 
 
 def check_no_weights(weights, metric) -> None:

@@ -471,3 +471,18 @@ def test_numpy_number_zero_division_is_accepted(zero_division):
     target, preds, labels=[0, 1, 2], average=None, zero_division=float(zero_division)
   )
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("ignore_index", [2**40, -(2**31) - 1, np.uint64(2**63)])
+@pytest.mark.parametrize(
+  "make",
+  [
+    lambda ig: M.Precision(num_classes=3, ignore_index=ig),
+    lambda ig: M.ConfusionMatrix(num_classes=3, ignore_index=ig),
+    lambda ig: M.Accuracy(num_classes=3, ignore_index=ig),
+  ],
+)
+def test_ignore_index_outside_int32_is_refused_naming_it(make, ignore_index):
+  """Target ids are int32: such an ignore_index was an OverflowError at the first update."""
+  with pytest.raises(ValueError, match=rf"ignore_index must be .*int32.*{ignore_index}"):
+    make(ignore_index)
