@@ -60,9 +60,18 @@ def check_flag(argname: str, value) -> None:
 
 
 def check_ignore_index(ignore_index) -> None:
-  """Raises ValueError unless ``ignore_index`` is None or an int."""
-  if ignore_index is not None and not validation.is_int(ignore_index):
+  """Raises ValueError unless ``ignore_index`` is None or an int in int32's range (the
+  target ids' type: a larger one would overflow at the first update)."""
+  if ignore_index is None:
+    return
+  if not validation.is_int(ignore_index):
     raise ValueError(f"ignore_index must be None or an int; got {ignore_index!r}")
+  int32 = np.iinfo(np.int32)
+  if not int32.min <= int(ignore_index) <= int32.max:
+    raise ValueError(
+      f"ignore_index must be None or an int in int32's range [{int32.min}, {int32.max}] "
+      f"(target ids are int32); got {ignore_index!r}"
+    )
 
 
 def check_no_weights(weights, metric) -> None:
@@ -216,8 +225,8 @@ def divide(numerator, denominator, zero_division: float = 0.0) -> jax.Array:
 
 def check_zero_division(zero_division, *, allow_nan: bool = True) -> None:
   """Raises ValueError unless ``zero_division`` is 0, 1 or (``allow_nan``) NaN."""
-  real = isinstance(zero_division, (int, float, np.floating)) and not isinstance(
-    zero_division, bool
+  real = isinstance(zero_division, (int, float, np.integer, np.floating)) and not isinstance(
+    zero_division, (bool, np.bool_)
   )
   if not real or not (zero_division in (0, 1) or (allow_nan and np.isnan(zero_division))):
     choices = "0, 1 or float('nan')" if allow_nan else "0 or 1"

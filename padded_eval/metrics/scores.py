@@ -288,10 +288,12 @@ class FBetaScore(ClassScore):
   def _check_config(self):
     super()._check_config()
     beta = self.beta
-    if isinstance(beta, bool) or not isinstance(beta, (int, float, np.floating)) or not beta >= 0:
+    number = isinstance(beta, (int, float, np.integer, np.floating))
+    if isinstance(beta, (bool, np.bool_)) or not number or not beta >= 0:
       raise ValueError(
         f"beta must be a number >= 0 (0: precision, float('inf'): recall); got {beta!r}"
       )
+    object.__setattr__(self, "beta", float(beta))  # numpy numbers too: one jit cache key
 
   def _score(self, tp, fp, fn, tn):
     return f_beta(tp, fp, fn, float(self.beta), float(self.zero_division))

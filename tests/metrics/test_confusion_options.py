@@ -183,6 +183,14 @@ def test_bad_beta_names_the_argument(bad):
     M.FBetaScore(bad, num_classes=3)
 
 
+@pytest.mark.parametrize("beta", [np.int64(2), np.int32(2), np.float32(2.0), 2])
+def test_numpy_number_beta_is_accepted(beta):
+  preds, target = np.array([0, 1, 1, 2, 2, 0]), np.array([0, 1, 2, 2, 1, 1])
+  got = M.FBetaScore(beta, num_classes=3).update(preds=preds, target=target).compute()
+  want = skm.fbeta_score(target, preds, beta=2.0, average="macro")
+  np.testing.assert_allclose(float(got), want, rtol=1e-6)
+
+
 # --- multidim_average="samplewise" (torchmetrics) and multilabel average="samples" (sklearn) ---
 
 T = 6  # elements per sample (the extra axis)
@@ -451,3 +459,30 @@ def test_weights_need_weighted_true():
     M.F1Score(num_classes=3, weighted=True, multidim_average="samplewise")
   with pytest.raises(ValueError, match="weighted"):
     M.F1Score(num_classes=3, weighted=1)
+
+
+@pytest.mark.parametrize("zero_division", [np.int64(1), np.int32(0), np.float32(1.0)])
+def test_numpy_number_zero_division_is_accepted(zero_division):
+  # class 2 is predicted but never true: its recall's denominator is 0
+  preds, target = np.array([0, 1, 2, 1]), np.array([0, 1, 1, 1])
+  got = M.Recall(num_classes=3, average=None, zero_division=zero_division)
+  got = got.update(preds=preds, target=target).compute()
+  want = skm.recall_score(
+    target, preds, labels=[0, 1, 2], average=None, zero_division=float(zero_division)
+  )
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("ignore_index", [2**40, -(2**31) - 1, np.uint64(2**63)])
+@pytest.mark.parametrize(
+  "make",
+  [
+    lambda ig: M.Precision(num_classes=3, ignore_index=ig),
+    lambda ig: M.ConfusionMatrix(num_classes=3, ignore_index=ig),
+    lambda ig: M.Accuracy(num_classes=3, ignore_index=ig),
+  ],
+)
+def test_ignore_index_outside_int32_is_refused_naming_it(make, ignore_index):
+  """Target ids are int32: such an ignore_index was an OverflowError at the first update."""
+  with pytest.raises(ValueError, match=rf"ignore_index must be .*int32.*{ignore_index}"):
+    make(ignore_index)

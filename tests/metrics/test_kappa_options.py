@@ -110,3 +110,15 @@ def test_nan_is_one_configuration():
 def test_bad_replace_undefined_by_names_the_argument(bad):
   with pytest.raises(ValueError, match="replace_undefined_by"):
     M.CohenKappa(num_classes=3, replace_undefined_by=bad)
+
+
+@pytest.mark.parametrize("value", [np.int64(1), np.int32(0), np.int64(-1)])
+def test_numpy_integer_replace_undefined_by_is_accepted(value):
+  # one class in preds and target: kappa is undefined
+  preds, target = np.array([0, 0, 0]), np.array([0, 0, 0])
+  got = M.CohenKappa(num_classes=3, replace_undefined_by=value)
+  got = got.update(preds=preds, target=target).compute()
+  with warnings.catch_warnings():  # sklearn warns that kappa is undefined here
+    warnings.simplefilter("ignore")
+    want = skm.cohen_kappa_score(target, preds, replace_undefined_by=float(value))
+  assert float(got) == want
