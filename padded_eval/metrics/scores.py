@@ -46,7 +46,10 @@ class ClassScore(ConfusionState):
   ``weighted=True``: each element counts with its sample ``weights`` (the update
   keyword, a prefix of ``target``'s shape; scikit-learn's ``sample_weight``), in
   compensated float sums (:class:`~padded_eval.exact.accumulate.ExactSum`) instead of
-  integer counts; without it, ``weights`` are refused.
+  integer counts; without it, ``weights`` are refused. An element of weight 0 is not seen:
+  a class that occurs only in rows of weight 0 is left out of the ``"macro"`` average, where
+  scikit-learn (which reads the classes off the data, whatever their weights) keeps it;
+  ``labels=`` names the classes to average over.
 
   ``zero_division``: the score of an undefined ratio (a zero denominator): 0 (default),
   1 or ``float("nan")``, scikit-learn's meaning; NaN scores are left out of the
