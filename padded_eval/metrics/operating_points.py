@@ -114,11 +114,12 @@ class RecallAtFixedPrecision(OperatingPoint):
   """The highest recall at a threshold whose precision is ``>= min_precision`` (torchmetrics'
   ``RecallAtFixedPrecision``; 0 if no threshold qualifies, NaN without positives).
 
+  ``num_thresholds``, ``thresholds``, ``exact``, ``capacity``, ``task``, ``num_classes``,
+  ``average``, ``from_logits`` and ``ignore_index`` are as for :class:`~padded_eval.metrics.AUROC`
+  (see the module docstring for the points each mode gives).
+
   Args:
     min_precision: float in ``[0, 1]`` (keyword).
-    num_thresholds, thresholds, exact, capacity, task, num_classes, average, from_logits,
-      ignore_index: as for :class:`~padded_eval.metrics.AUROC` (see the module docstring
-      for the points each mode gives).
 
   Example:
     >>> import jax.numpy as jnp
@@ -272,12 +273,14 @@ class LogAUC(OperatingPoint):
   segment is cut at ``lo`` / ``hi`` here, the same value. NaN without positives or without
   negatives (torchmetrics divides by zero).
 
+  ``num_thresholds``, ``thresholds``, ``exact``, ``capacity``, ``task``, ``num_classes``,
+  ``average``, ``from_logits`` and ``ignore_index`` are as for :class:`~padded_eval.metrics.AUROC`
+  (the module docstring says which points each mode gives; ``exact=True`` is torchmetrics'
+  ``thresholds=None``).
+
   Args:
     fpr_range: ``(lo, hi)`` with ``0 < lo < hi <= 1`` (default ``(0.001, 0.1)``;
       torchmetrics also takes ``lo = 0``, whose logarithm makes its value NaN).
-    num_thresholds, thresholds, exact, capacity, task, num_classes, average, from_logits,
-      ignore_index: as for :class:`~padded_eval.metrics.AUROC` (the module docstring says
-      which points each mode gives; ``exact=True`` is torchmetrics' ``thresholds=None``).
 
   Examples:
     >>> import numpy as np
