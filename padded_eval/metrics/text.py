@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import ClassVar
 
 import jax
@@ -10,6 +9,7 @@ import jax.numpy as jnp
 
 from padded_eval.exact.accumulate import ExactCount, upcast
 from padded_eval.masking import broadcast_mask
+from padded_eval.metrics._classification_inputs import check_ignore_index
 from padded_eval.metrics._formatting import (
   PROBABILITIES_AS_LOGITS,
   TARGET_OUT_OF_RANGE,
@@ -75,16 +75,7 @@ class Perplexity(WeightedMean):
   invalid_kinds: ClassVar[tuple[str, ...]] = (TARGET_OUT_OF_RANGE, PROBABILITIES_AS_LOGITS)
 
   def _check_config(self):
-    if self.ignore_index is None:
-      return
-    if isinstance(self.ignore_index, bool) or not isinstance(self.ignore_index, numbers.Integral):
-      raise ValueError(f"ignore_index must be None or an int; got {self.ignore_index!r}")
-    int32 = jnp.iinfo(jnp.int32)
-    if not int32.min <= self.ignore_index <= int32.max:
-      raise ValueError(
-        f"ignore_index must be None or an int in int32's range [{int32.min}, {int32.max}] "
-        f"(target ids are int32); got {self.ignore_index!r}"
-      )
+    check_ignore_index(self.ignore_index)
 
   def number_inputs(self) -> tuple[str, ...]:
     return ()  # target holds token ids
