@@ -64,6 +64,11 @@ def is_int(value: Any) -> bool:
   return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def is_number(value: Any) -> bool:
+  """Whether ``value`` is a real number (Python or numpy, integer or float; ``bool`` is not one)."""
+  return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def check_int(argname: str, value: Any, *, minimum: int | None = None) -> int:
   """``value`` as an int; ValueError unless it is an integer (numpy ones too; ``bool`` is refused)
   of at least ``minimum`` when given.

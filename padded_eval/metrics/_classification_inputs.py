@@ -225,10 +225,9 @@ def divide(numerator, denominator, zero_division: float = 0.0) -> jax.Array:
 
 def check_zero_division(zero_division, *, allow_nan: bool = True) -> None:
   """Raises ValueError unless ``zero_division`` is 0, 1 or (``allow_nan``) NaN."""
-  real = isinstance(zero_division, (int, float, np.integer, np.floating)) and not isinstance(
-    zero_division, (bool, np.bool_)
-  )
-  if not real or not (zero_division in (0, 1) or (allow_nan and np.isnan(zero_division))):
+  if not validation.is_number(zero_division) or not (
+    zero_division in (0, 1) or (allow_nan and np.isnan(zero_division))
+  ):
     choices = "0, 1 or float('nan')" if allow_nan else "0 or 1"
     raise ValueError(
       f"zero_division must be {choices} (scikit-learn's choices); got {zero_division!r}"

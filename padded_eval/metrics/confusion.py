@@ -387,10 +387,7 @@ class CohenKappa(ConfusionState):
     super()._check_config()
     validation.check_choice("weights", self.weights, KAPPA_WEIGHTS)
     value = self.replace_undefined_by
-    number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-      value, (bool, np.bool_)
-    )
-    if not number or not (np.isnan(value) or -1.0 <= value <= 1.0):
+    if not validation.is_number(value) or not (np.isnan(value) or -1.0 <= value <= 1.0):
       raise ValueError(
         "replace_undefined_by must be a float in [-1, 1] or float('nan') (scikit-learn's "
         f"choices); got {value!r}"

@@ -291,8 +291,7 @@ class FBetaScore(ClassScore):
   def _check_config(self):
     super()._check_config()
     beta = self.beta
-    number = isinstance(beta, (int, float, np.integer, np.floating))
-    if isinstance(beta, (bool, np.bool_)) or not number or not beta >= 0:
+    if not validation.is_number(beta) or not beta >= 0:
       raise ValueError(
         f"beta must be a number >= 0 (0: precision, float('inf'): recall); got {beta!r}"
       )
