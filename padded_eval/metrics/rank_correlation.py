@@ -18,7 +18,6 @@ scipy nor torchmetrics weighs ranks): ``weights=`` raises. A real element with N
 
 from __future__ import annotations
 
-import numbers
 from typing import ClassVar
 
 import jax
@@ -56,11 +55,7 @@ class _RankCorrelation(Metric):
   def _check_config(self):
     validation.check_positive_int("num_outputs", self.num_outputs)
     limit = _pair_buffer.MAX_CAPACITY
-    if (
-      isinstance(self.capacity, bool)
-      or not isinstance(self.capacity, numbers.Integral)
-      or not 1 <= self.capacity <= limit
-    ):
+    if not validation.is_int(self.capacity) or not 1 <= self.capacity <= limit:
       raise ValueError(
         f"{type(self).__name__} keeps every counted pair: capacity must be an int in [1, "
         f"{limit}], the most elements one output sees over the whole evaluation (memory "

@@ -24,7 +24,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
-import numbers
 from typing import ClassVar
 
 import jax
@@ -126,11 +125,7 @@ class TokenMetric(Metric):
 
   def _check_config(self):
     int32 = jnp.iinfo(jnp.int32)
-    if (
-      isinstance(self.pad_id, bool)
-      or not isinstance(self.pad_id, numbers.Integral)
-      or not int32.min <= self.pad_id <= int32.max
-    ):
+    if not validation.is_int(self.pad_id) or not int32.min <= self.pad_id <= int32.max:
       raise ValueError(
         f"pad_id must be an int token id in int32's range [{int32.min}, {int32.max}] (ids are "
         f"int32); got {self.pad_id!r}"
