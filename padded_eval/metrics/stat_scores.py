@@ -105,7 +105,8 @@ class BalancedAccuracy(ConfusionState):
 
   Binary: the mean of recall and specificity (scikit-learn on labels ``{0, 1}``; a
   class absent from the target is left out). With ``adjusted=True`` chance scores 0:
-  ``(score - 1 / K) / (1 - 1 / K)`` over the ``K`` classes in the target.
+  ``(score - 1 / K) / (1 - 1 / K)`` over the ``K`` classes in the target; with one class in
+  the target that divides by 0, as in scikit-learn: -inf, or NaN when every row is right.
 
   Examples:
     >>> import numpy as np
@@ -135,9 +136,9 @@ class BalancedAccuracy(ConfusionState):
     recall = jnp.where(present, hits / jnp.where(present, support, 1.0), 0.0)
     classes = jnp.sum(present)
     value = jnp.sum(recall) / jnp.maximum(classes, 1)
-    if self.adjusted:
+    if self.adjusted:  # one class: 1 - chance is 0, so -inf (or NaN if every row is right)
       chance = 1.0 / jnp.maximum(classes, 1)
-      value = jnp.where(classes > 1, (value - chance) / (1.0 - chance), 0.0)
+      value = jnp.where(classes > 0, (value - chance) / (1.0 - chance), 0.0)
     return jnp.where(self.seen(), value, jnp.nan)
 
 

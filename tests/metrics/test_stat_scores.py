@@ -233,3 +233,25 @@ def test_weights_are_refused_with_the_fix():
     M.ZeroOneLoss(num_classes=3).update(
       preds=np.array([0, 1]), target=np.array([0, 1]), weights=np.ones(2)
     )
+
+
+@pytest.mark.parametrize(
+  "target,preds",
+  [
+    ([1, 1, 1], [1, 0, 1]),  # one class in the target, a miss: scikit-learn gives -inf
+    ([1, 1, 1], [1, 1, 1]),  # one class, every row right: 0 / 0, NaN
+    ([2, 2, 2, 2], [2, 0, 1, 2]),
+  ],
+)
+def test_adjusted_with_one_class_in_the_target_follows_sklearn(target, preds):
+  # chance is 1 / 1 with one class in the target: scikit-learn divides by 1 - chance = 0
+  target, preds = np.array(target, np.int32), np.array(preds, np.int32)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    want = skm.balanced_accuracy_score(target, preds, adjusted=True)
+  pad_t, pad_p = np.array([0, 1, 2**30], np.int32), np.array([2, 0, -7], np.int32)
+  mask = np.r_[np.ones(len(target), bool), np.zeros(3, bool)]
+  metric = M.BalancedAccuracy(num_classes=3, adjusted=True).update(
+    preds=np.r_[preds, pad_p], target=np.r_[target, pad_t], mask=mask
+  )
+  np.testing.assert_equal(float(metric.compute()), want)
