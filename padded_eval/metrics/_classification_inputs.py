@@ -38,6 +38,10 @@ def config_field(default):
 # --- configuration ---------------------------------------------------------------------
 
 
+MAX_CLASSES = 2**31
+"""The most classes a metric takes: class ids are int32, ``0 .. 2**31 - 1``."""
+
+
 def check_task(task, num_classes, *, tasks=TASKS) -> None:
   """Raises ValueError for a bad ``task`` / ``num_classes`` pair."""
   validation.check_choice("task", task, tasks)
@@ -49,6 +53,11 @@ def check_task(task, num_classes, *, tasks=TASKS) -> None:
       )
     return
   validation.check_positive_int("num_classes", num_classes)
+  if num_classes > MAX_CLASSES:
+    raise ValueError(
+      f"num_classes={num_classes} is more classes than int32 class ids can name; expected at "
+      f"most {MAX_CLASSES} (2**31)"
+    )
   if task == "multiclass" and num_classes < 2:
     raise ValueError(f"task='multiclass' needs num_classes, an int >= 2; got {num_classes!r}")
 

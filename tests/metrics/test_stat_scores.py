@@ -255,3 +255,19 @@ def test_adjusted_with_one_class_in_the_target_follows_sklearn(target, preds):
     preds=np.r_[preds, pad_p], target=np.r_[target, pad_t], mask=mask
   )
   np.testing.assert_equal(float(metric.compute()), want)
+
+
+@pytest.mark.parametrize(
+  "make",
+  [
+    lambda n: M.Precision(num_classes=n),
+    lambda n: M.Accuracy(num_classes=n, average="macro"),
+    lambda n: M.ConfusionMatrix(num_classes=n),
+    lambda n: M.BalancedAccuracy(num_classes=n),
+  ],
+)
+def test_num_classes_beyond_int32_ids_is_a_value_error(make):
+  # class ids are int32: class 2**31 cannot be named (was RESOURCE_EXHAUSTED at the update)
+  with pytest.raises(ValueError, match=r"num_classes.*2\*\*40|num_classes.*1099511627776"):
+    make(2**40)
+  make(5)
