@@ -354,3 +354,8 @@ def test_a_dataset_is_not_kept_alive_by_what_pad_batches_built():
   assert (
     alive() is None
   )  # the weakly keyed table kept every dataset alive through its own pipelines
+
+
+def test_batched_true_with_a_scalar_leaf_is_a_value_error():  # was an IndexError
+  with pytest.raises(ValueError, match=r"batched=True.*key 'x' is a scalar"):
+    pe.pad_batches(slices({"x": np.arange(3)}), 2, num_devices=1, batched=True)

@@ -134,6 +134,7 @@ class TfDataSource(Source):
       tf_pipeline.infer_batched(obj, self._tensor_specs) if batched is None else bool(batched)
     )
     if self._batched:
+      _check_batch_ranks(self._tensor_specs)
       _check_static_leading_sizes(self._tensor_specs)
     skip = 1 if self._batched else 0
     self._spec = BatchSpec(
@@ -405,6 +406,16 @@ def _disagreeing_sizes(a: tuple, a_rows: int, b: tuple, b_rows: int) -> str:
     f"leading sizes disagree within a batch: key {path_name(a)} has {a_rows} rows, "
     f"key {path_name(b)} has {b_rows}; expected every key to have the same rows"
   )
+
+
+def _check_batch_ranks(specs: dict) -> None:
+  """Raises ValueError if a leaf of batched elements (``batched=True``) is a scalar: it has no rows."""
+  for path, spec in specs.items():
+    if spec.shape.rank == 0:
+      raise ValueError(
+        f"batched=True takes each element as a batch, but key {path_name(path)} is a scalar; expected a "
+        "leading row dimension on every key, or batched=False (elements are rows)"
+      )
 
 
 def _check_static_leading_sizes(specs: dict) -> None:
