@@ -184,15 +184,18 @@ class TfDataSource(Source):
     """The elements as numpy chunks (an unbatched dataset in chunks of `CHUNK_ROWS`; with `shape_fitter`,
     unbatched rows of varying lengths are batched with ``padded_batch``, padded with the pad value)."""
     if self._batched:
-      for flat in self._numpy(self._dataset):
-        yield flat, _leading_rows(flat)
-      return
-    if self.shape_fitter is None:
+      dataset = self._dataset
+    elif self.shape_fitter is None:
       dataset = self._dataset.batch(CHUNK_ROWS)
     else:
       dataset = self._dataset.padded_batch(CHUNK_ROWS, padding_values=self._padding_values())
-    for flat in self._numpy(dataset):
-      yield flat, len(next(iter(flat.values())))
+    first = None
+    for index, flat in enumerate(self._numpy(dataset)):
+      if first is None:
+        first = BatchSpec.of_rows(flat)
+      elif self.shape_fitter is None:  # trailing sizes the static spec leaves open may vary
+        first.check_rows(flat, index)
+      yield flat, _leading_rows(flat)
 
   def _padding_values(self) -> dict:
     """``padded_batch``'s padding values: each key's pad value (see `BatchSpec.fills`)."""
@@ -217,24 +220,28 @@ class TfDataSource(Source):
     """Re-chunks and pads in the tf.data graph (the row ids too); see `Source.padded`. Batches before
     `start_batch` are skipped in the graph (``Dataset.skip``), before padding.
 
-    With `shape_fitter` (``pad_shapes``), batches of varying shapes are re-chunked and padded in numpy
-    (`Source.padded`), since ``Dataset.rebatch`` cannot join them.
+    With `shape_fitter` (``pad_shapes``), or batches whose static spec leaves a trailing size open, batches
+    of varying shapes are re-chunked and padded in numpy (`Source.padded`), since ``Dataset.rebatch`` cannot
+    join them (without `shape_fitter` a batch whose shapes differ from the first's raises ValueError).
 
     Returns:
       (as the generator's return value) the row spec of the first batch (real sizes), else the static one.
     """
 
-    if self.shape_fitter is not None or self._fills_batches(batch_size):  # padded in numpy
+    varying = self._batched and self._spec.has_unknown_sizes  # rebatch cannot join two shapes
+    if self.shape_fitter is not None or varying or self._fills_batches(batch_size):  # in numpy
       return (yield from super().padded(batch_size, mask_key, pad_value, ids, start_batch))
     if ids is not None:
       check_index_key(self._tensor_specs, ids.key)
     dataset = self._padded_pipeline(batch_size, mask_key, pad_value, ids, start_batch)
     first_spec, first_id = None, 0 if ids is None else ids.offset + start_batch * batch_size
     added = () if ids is None else ((ids.key,),)
-    for flat in self._numpy(dataset):
+    for index, flat in enumerate(self._numpy(dataset)):
+      rows = {path: leaf for path, leaf in flat.items() if path not in ((mask_key,), *added)}
       if first_spec is None:  # real shapes replace the static spec's unknown sizes
-        rows = {path: leaf for path, leaf in flat.items() if path not in ((mask_key,), *added)}
         first_spec = BatchSpec.of_rows(rows, unknown_rows=True)
+      else:  # rows of sizes the static spec leaves open may vary between batches
+        first_spec.check_rows(rows, start_batch + index)
       if ids is not None:
         _check_id_range(first_id + batch_size - 1)
         first_id += batch_size
