@@ -150,7 +150,8 @@ def shard(tree: Any, num_devices: int | None = None) -> Any:
     jax arrays.
 
   Raises:
-    ValueError: a leaf is a scalar or its leading size is not divisible by `num_devices` (the leaf's path is named).
+    ValueError: `num_devices` is not an int >= 1, or a leaf is a scalar or its leading size is not divisible by
+      `num_devices` (the leaf's path is named).
 
   Examples:
     >>> import numpy as np
@@ -159,6 +160,7 @@ def shard(tree: Any, num_devices: int | None = None) -> Any:
   """
   if num_devices is None:
     num_devices = jax.local_device_count()
+  num_devices = check_int("num_devices", num_devices, minimum=1)
 
   def split(path, leaf):
     shape = _check_divisible(path, leaf, num_devices, f"{num_devices} devices")
