@@ -220,8 +220,8 @@ def prefetch_to_device(
     An iterator of pytrees with leaves ``jax.Array [len(devices), B // len(devices), ...]``.
 
   Raises:
-    ValueError: `size` < 1, a leading size not divisible by the device count, or a string leaf (which cannot live
-      on a device: drop it from the batch first).
+    ValueError: `size` < 1, `devices` empty, a leading size not divisible by the device count, or a string leaf
+      (which cannot live on a device: drop it from the batch first).
 
   Examples:
     >>> import jax
@@ -235,6 +235,8 @@ def prefetch_to_device(
   """
   check_int("size", size, minimum=1)
   devices = list(jax.local_devices() if devices is None else devices)
+  if not devices:
+    raise ValueError(f"devices must be a non-empty sequence of devices; got {devices!r}")
   mesh = jax.sharding.Mesh(np.array(devices), (_PMAP_AXIS,))
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(_PMAP_AXIS))
 
