@@ -242,8 +242,8 @@ class TfDataSource(Source):
         first_spec = BatchSpec.of_rows(rows, unknown_rows=True)
       else:  # rows of sizes the static spec leaves open may vary between batches
         first_spec.check_rows(rows, start_batch + index)
-      if ids is not None:
-        _check_id_range(first_id + batch_size - 1)
+      if ids is not None:  # the last real row's id (padding rows hold -1)
+        _check_id_range(first_id + int(np.count_nonzero(flat[(mask_key,)])) - 1)
         first_id += batch_size
       yield flat
     return self._spec if first_spec is None else first_spec
