@@ -127,6 +127,16 @@ def test_ragged_lists_and_varying_batches_evaluate_exactly():
   assert lengths_seen.tolist() == lengths.tolist()
 
 
+def test_an_empty_ragged_list_row_keeps_the_dtype_of_the_other_rows():
+  # np.asarray([]) is float64: an empty row of a list of token lists made its batch float64,
+  # so that the next batch (int64) raised "dtype changed", or the ids came out as floats
+  source = [{"tokens": [[5, 6], [7]]}, {"tokens": [[], [2**53 + 1]]}]
+  batches = list(pe.pad_batches(source, 2, num_devices=1, pad_shapes={"tokens": (3,)}))
+  expected = np.array([[5, 6, 0], [7, 0, 0], [0, 0, 0], [2**53 + 1, 0, 0]], np.int64)
+  assert [b["tokens"].dtype for b in batches] == [np.int64, np.int64]
+  np.testing.assert_array_equal(np.concatenate([b["tokens"] for b in batches]), expected)
+
+
 def test_lengths_field_gives_the_token_mask():
   """A per-sequence metric from the lengths field: mean over sequences of the mean score per sequence."""
   tokens, scores, lengths = sequences(21, seed=3)
