@@ -389,3 +389,18 @@ def test_row_lengths_that_vary_between_batches_are_refused(pipeline, batch_size)
 def test_batched_true_with_a_scalar_leaf_is_a_value_error():  # was an IndexError
   with pytest.raises(ValueError, match=r"batched=True.*key 'x' is a scalar"):
     pe.pad_batches(slices({"x": np.arange(3)}), 2, num_devices=1, batched=True)
+
+
+@pytest.mark.parametrize(
+  "element, match",
+  [  # were an AttributeError ('tuple' object has no attribute 'shape') and TensorFlow's TypeError
+    ({"t": (np.arange(3), np.arange(3))}, r"key 't' holds a tuple; expected a tensor"),
+    (
+      {"g": {"t": tf.sparse.from_dense(np.eye(3))}},
+      r"key 'g/t' holds a SparseTensorSpec; expected a tensor",
+    ),
+  ],
+)
+def test_fields_that_are_not_tensors_are_refused_naming_the_key(element, match):
+  with pytest.raises(ValueError, match=match):
+    pe.pad_batches(tf.data.Dataset.from_tensor_slices(element), 2, num_devices=1)

@@ -101,7 +101,7 @@ class TfDataSource(Source):
       keys: the names of the fields of tuple elements, in order (see `name_fields`).
 
     Raises:
-      ValueError: elements that are not dicts (without `keys`), tuples that do not fit `keys`, a key equal to `mask_key`, no tensors, a leaf of unknown rank
+      ValueError: elements that are not dicts (without `keys`), tuples that do not fit `keys`, a key equal to `mask_key`, no tensors, a leaf that is not a tensor (a tuple, a SparseTensor), a leaf of unknown rank
         (with `batched` None), static leading sizes that disagree (batched); a pipeline that never ends
         (infinite cardinality), repeats rows (``.repeat(n)``, n other than 1) or drops them
         (``drop_remainder=True``).
@@ -130,6 +130,7 @@ class TfDataSource(Source):
     self._tensor_specs = flatten(element_spec, convert=False)
     if not self._tensor_specs:
       raise ValueError("expected a dataset of dicts with at least one tensor, got no tensors")
+    _check_tensor_specs(self._tensor_specs)
     self._batched = (
       tf_pipeline.infer_batched(obj, self._tensor_specs) if batched is None else bool(batched)
     )
@@ -413,6 +414,18 @@ def _disagreeing_sizes(a: tuple, a_rows: int, b: tuple, b_rows: int) -> str:
     f"leading sizes disagree within a batch: key {path_name(a)} has {a_rows} rows, "
     f"key {path_name(b)} has {b_rows}; expected every key to have the same rows"
   )
+
+
+def _check_tensor_specs(specs: dict) -> None:
+  """Raises ValueError naming a leaf that is not a (dense or ragged) tensor: a tuple, a SparseTensor."""
+  import tensorflow as tf
+
+  for path, spec in specs.items():
+    if not isinstance(spec, (tf.TensorSpec, tf.RaggedTensorSpec)):
+      raise ValueError(
+        f"key {path_name(path)} holds a {type(spec).__name__}; expected a tensor: map the elements to dicts "
+        "of dense tensors first (nested dicts allowed, not tuples; tf.sparse.to_dense for a SparseTensor)"
+      )
 
 
 def _check_batch_ranks(specs: dict) -> None:
