@@ -404,3 +404,19 @@ def test_batched_true_with_a_scalar_leaf_is_a_value_error():  # was an IndexErro
 def test_fields_that_are_not_tensors_are_refused_naming_the_key(element, match):
   with pytest.raises(ValueError, match=match):
     pe.pad_batches(tf.data.Dataset.from_tensor_slices(element), 2, num_devices=1)
+
+
+@pytest.mark.parametrize("batch", [None, 2])
+def test_ragged_tensor_rows_are_refused_without_pad_shapes_and_padded_with_them(batch):
+  # unbatched: tf.pad's TypeError (no pad_shapes) and padded_batch's (pad_shapes); batched: object
+  # arrays of rows came out unpadded, or a message about shape (1, 1)
+  rows = [[1], [2, 3], [4]]
+  source = tf.data.Dataset.from_tensor_slices({"t": tf.ragged.constant(rows)})
+  source = source if batch is None else source.batch(batch)
+  with pytest.raises(ValueError, match=r"key 't' holds ragged rows .*pad_shapes=\{'t': \(2,\)\}"):
+    list(pe.pad_batches(source, 2, num_devices=1, batched=batch is not None))
+  padded = pe.pad_batches(
+    source, 2, num_devices=1, batched=batch is not None, pad_shapes={"t": (3,)}, pad_value=-1
+  )
+  tokens = np.concatenate([b["t"][b["mask"]] for b in padded])
+  np.testing.assert_array_equal(tokens, [[1, -1, -1], [2, 3, -1], [4, -1, -1]])

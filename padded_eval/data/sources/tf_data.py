@@ -25,12 +25,13 @@ from typing import Any
 import numpy as np
 
 from padded_eval.data._batch_spec import BatchSpec, FlatBatch, LeafSpec, Path
-from padded_eval.data._tree import flatten, path_name, unflatten
+from padded_eval.data._tree import flatten, path_name, ragged_message, unflatten
 from padded_eval.data.sources import tf_pipeline
 from padded_eval.data.sources.base import (
   ID_DTYPE,
   PADDING_ID,
   Chunk,
+  RaggedRowsError,
   RowIds,
   Source,
   check_index_key,
@@ -130,7 +131,7 @@ class TfDataSource(Source):
     self._tensor_specs = flatten(element_spec, convert=False)
     if not self._tensor_specs:
       raise ValueError("expected a dataset of dicts with at least one tensor, got no tensors")
-    _check_tensor_specs(self._tensor_specs)
+    self._ragged = _check_tensor_specs(self._tensor_specs)
     self._batched = (
       tf_pipeline.infer_batched(obj, self._tensor_specs) if batched is None else bool(batched)
     )
@@ -183,15 +184,25 @@ class TfDataSource(Source):
 
   def chunks(self) -> Iterator[Chunk]:
     """The elements as numpy chunks (an unbatched dataset in chunks of `CHUNK_ROWS`; with `shape_fitter`,
-    unbatched rows of varying lengths are batched with ``padded_batch``, padded with the pad value)."""
+    unbatched rows of varying lengths are batched with ``padded_batch``, padded with the pad value, or, with a
+    `tf.RaggedTensor` field, with ``ragged_batch``, for `shape_fitter` to pad).
+
+    Raises:
+      RaggedRowsError: without `shape_fitter`, a field of ragged rows (a `tf.RaggedTensor`'s, which numpy
+        holds as an object array of rows), naming the key and the `pad_shapes` that pads them.
+    """
     if self._batched:
       dataset = self._dataset
     elif self.shape_fitter is None:
       dataset = self._dataset.batch(CHUNK_ROWS)
+    elif self._ragged:
+      dataset = self._dataset.ragged_batch(CHUNK_ROWS)
     else:
       dataset = self._dataset.padded_batch(CHUNK_ROWS, padding_values=self._padding_values())
     first = None
     for index, flat in enumerate(self._numpy(dataset)):
+      if self.shape_fitter is None and self._ragged:
+        _check_not_ragged(flat)
       if first is None:
         first = BatchSpec.of_rows(flat)
       elif self.shape_fitter is None:  # trailing sizes the static spec leaves open may vary
@@ -229,7 +240,8 @@ class TfDataSource(Source):
       (as the generator's return value) the row spec of the first batch (real sizes), else the static one.
     """
 
-    varying = self._batched and self._spec.has_unknown_sizes  # rebatch cannot join two shapes
+    # rebatch cannot join batches of two shapes, nor tf.pad pad a RaggedTensor
+    varying = (self._batched and self._spec.has_unknown_sizes) or self._ragged
     if self.shape_fitter is not None or varying or self._fills_batches(batch_size):  # in numpy
       return (yield from super().padded(batch_size, mask_key, pad_value, ids, start_batch))
     if ids is not None:
@@ -416,8 +428,12 @@ def _disagreeing_sizes(a: tuple, a_rows: int, b: tuple, b_rows: int) -> str:
   )
 
 
-def _check_tensor_specs(specs: dict) -> None:
-  """Raises ValueError naming a leaf that is not a (dense or ragged) tensor: a tuple, a SparseTensor."""
+def _check_tensor_specs(specs: dict) -> bool:
+  """Raises ValueError naming a leaf that is not a (dense or ragged) tensor: a tuple, a SparseTensor.
+
+  Returns:
+    Whether a leaf is a `tf.RaggedTensor`.
+  """
   import tensorflow as tf
 
   for path, spec in specs.items():
@@ -426,6 +442,15 @@ def _check_tensor_specs(specs: dict) -> None:
         f"key {path_name(path)} holds a {type(spec).__name__}; expected a tensor: map the elements to dicts "
         "of dense tensors first (nested dicts allowed, not tuples; tf.sparse.to_dense for a SparseTensor)"
       )
+  return any(isinstance(spec, tf.RaggedTensorSpec) for spec in specs.values())
+
+
+def _check_not_ragged(flat: FlatBatch) -> None:
+  """Raises RaggedRowsError naming a leaf of ragged rows (an object array of rows of different shapes)."""
+  for path, leaf in flat.items():
+    message = ragged_message(path, leaf)
+    if message is not None:
+      raise RaggedRowsError(f"the tf.data.Dataset: {message}")
 
 
 def _check_batch_ranks(specs: dict) -> None:
