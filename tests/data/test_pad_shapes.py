@@ -281,6 +281,15 @@ def test_batch_size_none_takes_the_first_batch_rounded_up_to_the_devices():
   assert pe.pad_batches(source, None, num_devices=3).batch_size == 6
 
 
+def test_batch_size_none_with_too_small_num_batches_names_the_batch_size_taken():
+  # the message said "batch_size None"; 6 rows round up to 8 on 4 devices: 11 rows, 2 batches
+  source = [{"x": np.arange(6)}, {"x": np.arange(5)}]
+  with pytest.raises(
+    ValueError, match=r"num_batches=1 but the source holds 2 batches of batch_size 8;"
+  ):
+    pe.pad_batches(source, None, num_devices=4, num_batches=1)
+
+
 def test_batch_size_none_with_a_generator_keeps_its_first_batch():
   source = ({"x": np.full(5, i, np.float32)} for i in range(3))
   batches = pe.pad_batches(source, None, num_devices=1)
