@@ -6,8 +6,8 @@ format is respected: its selected columns, and what a ``with_format("torch" | "j
 ``with_transform(...)`` yields (leaves are then turned into numpy arrays). A dataset without a format (or with
 "arrow", "pandas" or "polars", containers of the same columns) is read with the "numpy" format of the same
 columns: features such as images are decoded, integer columns come as int64 and floating ones as float32 (that
-format's choice), strings as unicode arrays, which pad with empty strings. A struct column (rows of dicts) is a
-nested dict of its fields' columns.
+format's choice), strings as unicode arrays, which pad with empty strings. A struct column (rows of dicts, which the
+numpy format gives row by row) is a nested dict of its fields' columns.
 
 A `Dataset` knows its length (`len()` of the padded batches is known); an `IterableDataset` does not, and one
 that repeats its rows (``.repeat(None)`` never ends) is refused. For
