@@ -219,8 +219,8 @@ def fill_value(pad_value: Any, path: Path, dtype: np.dtype) -> Any:
     A numpy scalar of `dtype` (or str/bytes for a string leaf).
 
   Raises:
-    ValueError: a dict where a scalar belongs, a string for a number, or a value that does not fit `dtype` (a
-      finite float that overflows to inf included).
+    ValueError: a dict or an array (a list) where a scalar belongs, a string for a number, or a value that does
+      not fit `dtype` (a finite float that overflows to inf included).
   """
   value = pad_value
   for key in path:
@@ -229,6 +229,11 @@ def fill_value(pad_value: Any, path: Path, dtype: np.dtype) -> Any:
     value = value.get(key, 0)
   if isinstance(value, cabc.Mapping):
     raise ValueError(f"pad_value for key {path_name(path)} is a dict; expected a scalar")
+  if np.ndim(value):
+    raise ValueError(
+      f"pad_value {value!r} for key {path_name(path)} is not a scalar (shape {np.shape(value)}); "
+      "expected a scalar, or a dict of per-key scalars"
+    )
   if dtype.kind in STRING_KINDS:
     if isinstance(value, (str, bytes)):
       return value

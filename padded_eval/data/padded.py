@@ -244,7 +244,7 @@ class PaddedBatches(cabc.Iterable):
     real = None if num_batches is None else self._num_real_batches()
     if real is not None and real > num_batches:
       raise ValueError(
-        f"num_batches={num_batches} but the source holds {real} batches of batch_size {batch_size}; "
+        f"num_batches={num_batches} but the source holds {real} batches of batch_size {self.batch_size}; "
         f"pass num_batches >= {real}"
       )
 

@@ -150,7 +150,8 @@ def shard(tree: Any, num_devices: int | None = None) -> Any:
     jax arrays.
 
   Raises:
-    ValueError: a leaf is a scalar or its leading size is not divisible by `num_devices` (the leaf's path is named).
+    ValueError: `num_devices` is not an int >= 1, or a leaf is a scalar or its leading size is not divisible by
+      `num_devices` (the leaf's path is named).
 
   Examples:
     >>> import numpy as np
@@ -159,6 +160,7 @@ def shard(tree: Any, num_devices: int | None = None) -> Any:
   """
   if num_devices is None:
     num_devices = jax.local_device_count()
+  num_devices = check_int("num_devices", num_devices, minimum=1)
 
   def split(path, leaf):
     shape = _check_divisible(path, leaf, num_devices, f"{num_devices} devices")
@@ -218,8 +220,8 @@ def prefetch_to_device(
     An iterator of pytrees with leaves ``jax.Array [len(devices), B // len(devices), ...]``.
 
   Raises:
-    ValueError: `size` < 1, a leading size not divisible by the device count, or a string leaf (which cannot live
-      on a device: drop it from the batch first).
+    ValueError: `size` < 1, `devices` empty, a leading size not divisible by the device count, or a string leaf
+      (which cannot live on a device: drop it from the batch first).
 
   Examples:
     >>> import jax
@@ -233,6 +235,8 @@ def prefetch_to_device(
   """
   check_int("size", size, minimum=1)
   devices = list(jax.local_devices() if devices is None else devices)
+  if not devices:
+    raise ValueError(f"devices must be a non-empty sequence of devices; got {devices!r}")
   mesh = jax.sharding.Mesh(np.array(devices), (_PMAP_AXIS,))
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(_PMAP_AXIS))
 

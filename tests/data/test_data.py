@@ -410,6 +410,10 @@ def test_ragged_lists_name_the_key_and_suggest_pad_shapes():  # issue 26: numpy'
       r"pad with inf; pass a value within the dtype's range",
     ),
     ({"x": 1e39}, r"pad_value 1e\+39 for key 'x' overflows dtype float32"),
+    # not scalars: these raised numpy's "truth value ... ambiguous", or padded with the list's value
+    ([1, 2], r"pad_value \[1, 2\] for key 'x' is not a scalar \(shape \(2,\)\); expected a scalar"),
+    ({"label": [7]}, r"pad_value \[7\] for key 'label' is not a scalar"),
+    ({"x": np.array([1.0, 2.0])}, r"pad_value array\(\[1\., 2\.\]\) for key 'x' is not a scalar"),
   ],
 )
 def test_bad_pad_values(pad_value, match):
@@ -466,3 +470,9 @@ def test_docstring_example():
 
   result = doctest.testmod(padded_eval.data.padded)
   assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_list_pad_value_is_refused_not_spread_over_a_row():
+  data = {"x": np.arange(6, dtype=np.float32).reshape(3, 2)}
+  with pytest.raises(ValueError, match=r"pad_value \[1.0, 2.0\] for key 'x' is not a scalar"):
+    list(pe.pad_batches(data, 4, num_devices=1, pad_value=[1.0, 2.0]))

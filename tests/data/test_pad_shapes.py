@@ -127,6 +127,16 @@ def test_ragged_lists_and_varying_batches_evaluate_exactly():
   assert lengths_seen.tolist() == lengths.tolist()
 
 
+def test_an_empty_ragged_list_row_keeps_the_dtype_of_the_other_rows():
+  # np.asarray([]) is float64: an empty row of a list of token lists made its batch float64,
+  # so that the next batch (int64) raised "dtype changed", or the ids came out as floats
+  source = [{"tokens": [[5, 6], [7]]}, {"tokens": [[], [2**53 + 1]]}]
+  batches = list(pe.pad_batches(source, 2, num_devices=1, pad_shapes={"tokens": (3,)}))
+  expected = np.array([[5, 6, 0], [7, 0, 0], [0, 0, 0], [2**53 + 1, 0, 0]], np.int64)
+  assert [b["tokens"].dtype for b in batches] == [np.int64, np.int64]
+  np.testing.assert_array_equal(np.concatenate([b["tokens"] for b in batches]), expected)
+
+
 def test_lengths_field_gives_the_token_mask():
   """A per-sequence metric from the lengths field: mean over sequences of the mean score per sequence."""
   tokens, scores, lengths = sequences(21, seed=3)
@@ -269,6 +279,15 @@ def test_batch_size_none_takes_the_first_batch_rounded_up_to_the_devices():
   real = np.concatenate([b["x"][b["mask"]] for b in got])
   np.testing.assert_array_equal(real, data["x"])
   assert pe.pad_batches(source, None, num_devices=3).batch_size == 6
+
+
+def test_batch_size_none_with_too_small_num_batches_names_the_batch_size_taken():
+  # the message said "batch_size None"; 6 rows round up to 8 on 4 devices: 11 rows, 2 batches
+  source = [{"x": np.arange(6)}, {"x": np.arange(5)}]
+  with pytest.raises(
+    ValueError, match=r"num_batches=1 but the source holds 2 batches of batch_size 8;"
+  ):
+    pe.pad_batches(source, None, num_devices=4, num_batches=1)
 
 
 def test_batch_size_none_with_a_generator_keeps_its_first_batch():

@@ -180,6 +180,18 @@ def test_ids_beyond_int32_are_refused(kind):
     )
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_ids_up_to_the_int32_limit_are_accepted_in_a_short_last_batch(kind, columns_registered):
+  # tf.data checked the id of the last padding row (-1 in the batch), and refused these
+  offset = np.iinfo(np.int32).max - 5  # rows 0..5 fit: the last real id is the int32 maximum
+  data = dataset(6)
+  got = pe.pad_batches(
+    make_source(kind, data), 4, num_devices=1, index_key="i", index_offset=offset
+  )
+  ids = np.concatenate([b["i"][b["mask"]] for b in got])
+  np.testing.assert_array_equal(ids, offset + data["meta"]["position"])
+
+
 def test_ids_do_not_change_the_other_leaves():
   data = dataset(13)
   plain = list(pe.pad_batches(data, 4, num_devices=1))

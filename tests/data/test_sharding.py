@@ -54,6 +54,20 @@ def test_shard_errors_name_the_leaf():
     pe.unshard({"x": np.zeros(8)})
 
 
+@pytest.mark.parametrize("num_devices", [0, -2, 2.0, True])
+def test_shard_refuses_a_bad_num_devices(num_devices):
+  # were ZeroDivisionError, numpy's "can only specify one unknown dimension", or TypeError
+  with pytest.raises(ValueError, match=rf"num_devices must be an int >= 1; got {num_devices!r}"):
+    pe.shard({"x": np.zeros(8)}, num_devices=num_devices)
+
+
+def test_prefetch_to_device_refuses_no_devices():  # was a ZeroDivisionError
+  with pytest.raises(
+    ValueError, match=r"devices must be a non-empty sequence of devices; got \[\]"
+  ):
+    list(pe.prefetch_to_device([{"x": np.zeros(8)}], devices=[]))
+
+
 @pytest.mark.parametrize("size", [1, 2, 3])
 def test_prefetch_to_device_places_shards_in_pmap_layout(size):
   batches = [batch() for _ in range(4)]

@@ -159,6 +159,17 @@ def test_ragged_rows_name_the_key_and_suggest_pad_shapes():  # issue 26: grain's
   np.testing.assert_array_equal(tokens, [[0, -1, -1], [0, 1, -1], [0, 1, 2]] * 3 + [[0, -1, -1]])
 
 
+def test_ragged_rows_past_the_first_batch_name_the_key():
+  # the rows were searched only up to batch_size, so a longer row later in the failing chunk left
+  # grain's (or numpy's) message, which names no key
+  rows = [{"tokens": np.arange(length, dtype=np.int32)} for length in (1, 1, 1, 3)]
+  source = grain.MapDataset.source(rows)
+  match = r"key 'tokens' holds ragged rows \(row 0 has shape \(1,\), row 3 has shape \(3,\)\).*pad_shapes=\{'tokens': \(3,\)\}"
+  for dataset in (source, source.to_iter_dataset(), loader(rows)):
+    with pytest.raises(ValueError, match=match):
+      list(pe.pad_batches(dataset, 2, num_devices=1))
+
+
 def test_rows_that_are_not_dicts_say_how_to_name_the_fields():
   data = make_data(5)
   tuples = [(row["x"], row["label"]) for row in rows_of(data)]

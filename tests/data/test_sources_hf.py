@@ -127,6 +127,28 @@ def test_a_ragged_column_is_named_ragged_not_strings():  # issue 26: it was "hol
   assert [b["tokens"].tolist() for b in padded] == [[[1, 2, 3], [4, -1, -1], [5, 6, -1], [-1] * 3]]
 
 
+@pytest.mark.parametrize("iterable", [False, True])
+def test_a_struct_column_becomes_a_nested_dict(iterable):
+  # the numpy format gives a struct column as an object array of dicts: it came out as such,
+  # padded with b'' (or raised an IndexError when it was the only column)
+  rng = np.random.default_rng(0)
+  ids, scores = rng.integers(0, 100, 5), rng.normal(size=5)
+  rows = [{"id": int(i), "score": float(s)} for i, s in zip(ids, scores)]
+  for columns in ({"meta": rows}, {"meta": rows, "x": list(range(5))}):
+    source = datasets.Dataset.from_dict(columns)
+    source = source.to_iterable_dataset() if iterable else source
+    batches = list(pe.pad_batches(source, 4, num_devices=1))
+    assert all(isinstance(b["meta"], dict) for b in batches)
+    meta = {
+      key: np.concatenate([b["meta"][key][b["mask"]] for b in batches]) for key in ("id", "score")
+    }
+    np.testing.assert_array_equal(meta["id"], ids)
+    np.testing.assert_array_equal(meta["score"], scores)
+    assert (
+      batches[1]["meta"]["id"].shape == (4,) and batches[1]["meta"]["id"][1:].tolist() == [0] * 3
+    )
+
+
 def test_iterable_dataset_that_repeats_is_refused_and_repeat_once_is_read_once():  # issue 26
   data = make_data(N)
   iterable = hf_dataset(data).to_iterable_dataset()

@@ -354,3 +354,69 @@ def test_a_dataset_is_not_kept_alive_by_what_pad_batches_built():
   assert (
     alive() is None
   )  # the weakly keyed table kept every dataset alive through its own pipelines
+
+
+def _rows_of_lengths(lengths):
+  rows = [{"tokens": np.arange(length, dtype=np.int32)} for length in lengths]
+  spec = {"tokens": tf.TensorSpec([None], tf.int32)}
+  return tf.data.Dataset.from_generator(lambda: iter(rows), output_signature=spec)
+
+
+@pytest.mark.parametrize(
+  "pipeline, batch_size",
+  [
+    (lambda ds: ds, 2),  # unbatched rows: lengths 2, 2 | 1, 1 (each batch one shape)
+    (lambda ds: ds.padded_batch(2), 2),  # each batch padded to its longest row, passed through
+    (lambda ds: ds.padded_batch(2), 1),  # ... split by rebatch
+    (lambda ds: ds.padded_batch(2), 4),  # ... joined by rebatch (was tf's FailedPreconditionError)
+  ],
+)
+def test_row_lengths_that_vary_between_batches_are_refused(pipeline, batch_size):
+  # these gave batches of different shapes (the step compiles again, and the batches of a pass
+  # disagree), or a TensorFlow error; the rows vary across batches, so tf.data's ragged check
+  # within a batch never saw them
+  source = pipeline(_rows_of_lengths([2, 2, 1, 1]))
+  batched = None if source.element_spec["tokens"].shape.rank == 2 else False
+  with pytest.raises(ValueError, match=r"key 'tokens' has shape .*pad_shapes=\{'tokens': \(2,\)\}"):
+    list(pe.pad_batches(source, batch_size, num_devices=1, batched=batched))
+  padded = pe.pad_batches(
+    source, batch_size, num_devices=1, batched=batched, pad_shapes={"tokens": (2,)}
+  )
+  tokens = np.concatenate([b["tokens"][b["mask"]] for b in padded])
+  np.testing.assert_array_equal(tokens, [[0, 1], [0, 1], [0, 0], [0, 0]])
+
+
+def test_batched_true_with_a_scalar_leaf_is_a_value_error():  # was an IndexError
+  with pytest.raises(ValueError, match=r"batched=True.*key 'x' is a scalar"):
+    pe.pad_batches(slices({"x": np.arange(3)}), 2, num_devices=1, batched=True)
+
+
+@pytest.mark.parametrize(
+  "element, match",
+  [  # were an AttributeError ('tuple' object has no attribute 'shape') and TensorFlow's TypeError
+    ({"t": (np.arange(3), np.arange(3))}, r"key 't' holds a tuple; expected a tensor"),
+    (
+      {"g": {"t": tf.sparse.from_dense(np.eye(3))}},
+      r"key 'g/t' holds a SparseTensorSpec; expected a tensor",
+    ),
+  ],
+)
+def test_fields_that_are_not_tensors_are_refused_naming_the_key(element, match):
+  with pytest.raises(ValueError, match=match):
+    pe.pad_batches(tf.data.Dataset.from_tensor_slices(element), 2, num_devices=1)
+
+
+@pytest.mark.parametrize("batch", [None, 2])
+def test_ragged_tensor_rows_are_refused_without_pad_shapes_and_padded_with_them(batch):
+  # unbatched: tf.pad's TypeError (no pad_shapes) and padded_batch's (pad_shapes); batched: object
+  # arrays of rows came out unpadded, or a message about shape (1, 1)
+  rows = [[1], [2, 3], [4]]
+  source = tf.data.Dataset.from_tensor_slices({"t": tf.ragged.constant(rows)})
+  source = source if batch is None else source.batch(batch)
+  with pytest.raises(ValueError, match=r"key 't' holds ragged rows .*pad_shapes=\{'t': \(2,\)\}"):
+    list(pe.pad_batches(source, 2, num_devices=1, batched=batch is not None))
+  padded = pe.pad_batches(
+    source, 2, num_devices=1, batched=batch is not None, pad_shapes={"t": (3,)}, pad_value=-1
+  )
+  tokens = np.concatenate([b["t"][b["mask"]] for b in padded])
+  np.testing.assert_array_equal(tokens, [[1, -1, -1], [2, 3, -1], [4, -1, -1]])

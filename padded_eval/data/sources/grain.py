@@ -126,6 +126,7 @@ class GrainSource(Source):
     `MapDataset`, whose reader threads each build one chunk). With `shape_fitter` (``pad_shapes``), unbatched
     rows are stacked here (the keys to pad as ragged lists), not by grain's ``.batch``."""
     keys = self._keys
+    chunk_rows = batch_size
     if self._batched:
       elements = iter(self._data)
     elif self._kind == "DataLoader" or self.shape_fitter is not None:
@@ -133,23 +134,28 @@ class GrainSource(Source):
       ragged = () if self.shape_fitter is None else tuple(self.shape_fitter.sizes)
       elements, keys = _stacked(iter(self._data), batch_size, ragged, keys), None  # rows named
     elif self._kind == "MapDataset" and not self._filtered:
-      elements = iter(self._data.batch(batch_size * max(1, CHUNK_ROWS // batch_size)))
+      chunk_rows = batch_size * max(1, CHUNK_ROWS // batch_size)
+      elements = iter(self._data.batch(chunk_rows))
     else:  # grain batches a filtered MapDataset only as an IterDataset
       data = self._data.to_iter_dataset() if self._kind == "MapDataset" else self._data
       elements = iter(data.batch(batch_size))
     if not self._batched:
-      elements = self._ragged_named(elements, batch_size)
+      elements = self._ragged_named(elements, chunk_rows)
     return self._checked(elements, keys)
 
-  def _ragged_named(self, elements: Iterator[Any], batch_size: int) -> Iterator[Any]:
-    """`elements` (grain's batches of the rows); grain's error for rows of different shapes becomes ours,
-    naming the key (the rows are read again, unbatched, to find it)."""
+  def _ragged_named(self, elements: Iterator[Any], chunk_rows: int) -> Iterator[Any]:
+    """`elements` (grain's batches of `chunk_rows` rows); grain's error for rows of different shapes becomes
+    ours, naming the key (the rows up to the failing chunk's end are read again, unbatched, to find it:
+    those of the chunks before it have the first row's shapes, or `checked_chunks` had raised)."""
+    read = 0
     try:
-      yield from elements
+      for element in elements:
+        yield element
+        read += chunk_rows
     except ValueError:
       rows = [
         flatten(_named(row, i, self._keys), convert=False)
-        for i, row in zip(range(batch_size), self._data)
+        for i, row in zip(range(read + chunk_rows), self._data)
       ]
       for path in rows[0] if rows else ():
         message = ragged_message(path, [to_numpy(row[path]) for row in rows if path in row])

@@ -6,7 +6,8 @@ format is respected: its selected columns, and what a ``with_format("torch" | "j
 ``with_transform(...)`` yields (leaves are then turned into numpy arrays). A dataset without a format (or with
 "arrow", "pandas" or "polars", containers of the same columns) is read with the "numpy" format of the same
 columns: features such as images are decoded, integer columns come as int64 and floating ones as float32 (that
-format's choice), strings as unicode arrays, which pad with empty strings.
+format's choice), strings as unicode arrays, which pad with empty strings. A struct column (rows of dicts, which the
+numpy format gives row by row) is a nested dict of its fields' columns.
 
 A `Dataset` knows its length (`len()` of the padded batches is known); an `IterableDataset` does not, and one
 that repeats its rows (``.repeat(None)`` never ends) is refused. For
@@ -22,6 +23,8 @@ from __future__ import annotations
 import collections.abc as cabc
 from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
 
 from padded_eval.data.sources.base import Chunk, Source
 
@@ -122,14 +125,36 @@ def _check_read_once(dataset: Any) -> None:
 
 
 def _mappings(batches: Iterator[Any]) -> Iterator[cabc.Mapping]:
-  """The chunks, each checked to be a Mapping of columns."""
+  """The chunks, each checked to be a Mapping of columns; struct columns become nested dicts of columns."""
   for index, batch in enumerate(batches):
     if not isinstance(batch, cabc.Mapping):
       raise ValueError(
         f"chunk {index} of the Hugging Face dataset is a {type(batch).__name__}; expected a dict of columns "
         "(a format or transform that returns one)"
       )
-    yield batch
+    yield _structs_nested(batch)
+
+
+def _structs_nested(columns: cabc.Mapping) -> cabc.Mapping:
+  """`columns` with each struct column (a list or 1-D object array of dicts, as the numpy format gives it) as a
+  dict of its fields' columns, nested like the struct (lists of the rows' values, turned into arrays later)."""
+  if not any(_is_struct(column) for column in columns.values()):
+    return columns
+  return {
+    key: _structs_nested({field: [row[field] for row in column] for field in column[0]})
+    if _is_struct(column)
+    else column
+    for key, column in columns.items()
+  }
+
+
+def _is_struct(column: Any) -> bool:
+  if isinstance(column, np.ndarray):
+    if column.dtype != object or column.ndim != 1:
+      return False
+  elif not isinstance(column, list):
+    return False
+  return len(column) > 0 and all(isinstance(row, cabc.Mapping) for row in column)
 
 
 def _numpy_formatted(dataset: Any, kind: str) -> Any:

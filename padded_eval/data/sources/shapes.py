@@ -200,7 +200,10 @@ class ShapeFitter:
 
   def _stacked(self, path: Path, rows: list, sizes: Sizes, first_row: int):
     """Ragged rows (each an array ``[length, ...]``) stacked at `sizes`; and their lengths."""
-    dtype = np.result_type(*rows) if rows else np.dtype(np.float32)
+    # the rows' values decide: an empty row (``[]`` reads as float64) holds none
+    dtype = (
+      np.result_type(*([row for row in rows if row.size] or rows)) if rows else np.dtype(np.float32)
+    )
     fill = fill_value(self.pad_value, path, dtype)
     ranks = {row.ndim for row in rows}
     if len(ranks) > 1 or (rows and rows[0].ndim < len(sizes)):

@@ -25,12 +25,13 @@ from typing import Any
 import numpy as np
 
 from padded_eval.data._batch_spec import BatchSpec, FlatBatch, LeafSpec, Path
-from padded_eval.data._tree import flatten, path_name, unflatten
+from padded_eval.data._tree import flatten, path_name, ragged_message, unflatten
 from padded_eval.data.sources import tf_pipeline
 from padded_eval.data.sources.base import (
   ID_DTYPE,
   PADDING_ID,
   Chunk,
+  RaggedRowsError,
   RowIds,
   Source,
   check_index_key,
@@ -101,7 +102,7 @@ class TfDataSource(Source):
       keys: the names of the fields of tuple elements, in order (see `name_fields`).
 
     Raises:
-      ValueError: elements that are not dicts (without `keys`), tuples that do not fit `keys`, a key equal to `mask_key`, no tensors, a leaf of unknown rank
+      ValueError: elements that are not dicts (without `keys`), tuples that do not fit `keys`, a key equal to `mask_key`, no tensors, a leaf that is not a tensor (a tuple, a SparseTensor), a leaf of unknown rank
         (with `batched` None), static leading sizes that disagree (batched); a pipeline that never ends
         (infinite cardinality), repeats rows (``.repeat(n)``, n other than 1) or drops them
         (``drop_remainder=True``).
@@ -130,10 +131,12 @@ class TfDataSource(Source):
     self._tensor_specs = flatten(element_spec, convert=False)
     if not self._tensor_specs:
       raise ValueError("expected a dataset of dicts with at least one tensor, got no tensors")
+    self._ragged = _check_tensor_specs(self._tensor_specs)
     self._batched = (
       tf_pipeline.infer_batched(obj, self._tensor_specs) if batched is None else bool(batched)
     )
     if self._batched:
+      _check_batch_ranks(self._tensor_specs)
       _check_static_leading_sizes(self._tensor_specs)
     skip = 1 if self._batched else 0
     self._spec = BatchSpec(
@@ -181,17 +184,30 @@ class TfDataSource(Source):
 
   def chunks(self) -> Iterator[Chunk]:
     """The elements as numpy chunks (an unbatched dataset in chunks of `CHUNK_ROWS`; with `shape_fitter`,
-    unbatched rows of varying lengths are batched with ``padded_batch``, padded with the pad value)."""
+    unbatched rows of varying lengths are batched with ``padded_batch``, padded with the pad value, or, with a
+    `tf.RaggedTensor` field, with ``ragged_batch``, for `shape_fitter` to pad).
+
+    Raises:
+      RaggedRowsError: without `shape_fitter`, a field of ragged rows (a `tf.RaggedTensor`'s, which numpy
+        holds as an object array of rows), naming the key and the `pad_shapes` that pads them.
+    """
     if self._batched:
-      for flat in self._numpy(self._dataset):
-        yield flat, _leading_rows(flat)
-      return
-    if self.shape_fitter is None:
+      dataset = self._dataset
+    elif self.shape_fitter is None:
       dataset = self._dataset.batch(CHUNK_ROWS)
+    elif self._ragged:
+      dataset = self._dataset.ragged_batch(CHUNK_ROWS)
     else:
       dataset = self._dataset.padded_batch(CHUNK_ROWS, padding_values=self._padding_values())
-    for flat in self._numpy(dataset):
-      yield flat, len(next(iter(flat.values())))
+    first = None
+    for index, flat in enumerate(self._numpy(dataset)):
+      if self.shape_fitter is None and self._ragged:
+        _check_not_ragged(flat)
+      if first is None:
+        first = BatchSpec.of_rows(flat)
+      elif self.shape_fitter is None:  # trailing sizes the static spec leaves open may vary
+        first.check_rows(flat, index)
+      yield flat, _leading_rows(flat)
 
   def _padding_values(self) -> dict:
     """``padded_batch``'s padding values: each key's pad value (see `BatchSpec.fills`)."""
@@ -216,26 +232,31 @@ class TfDataSource(Source):
     """Re-chunks and pads in the tf.data graph (the row ids too); see `Source.padded`. Batches before
     `start_batch` are skipped in the graph (``Dataset.skip``), before padding.
 
-    With `shape_fitter` (``pad_shapes``), batches of varying shapes are re-chunked and padded in numpy
-    (`Source.padded`), since ``Dataset.rebatch`` cannot join them.
+    With `shape_fitter` (``pad_shapes``), or batches whose static spec leaves a trailing size open, batches
+    of varying shapes are re-chunked and padded in numpy (`Source.padded`), since ``Dataset.rebatch`` cannot
+    join them (without `shape_fitter` a batch whose shapes differ from the first's raises ValueError).
 
     Returns:
       (as the generator's return value) the row spec of the first batch (real sizes), else the static one.
     """
 
-    if self.shape_fitter is not None or self._fills_batches(batch_size):  # padded in numpy
+    # rebatch cannot join batches of two shapes, nor tf.pad pad a RaggedTensor
+    varying = (self._batched and self._spec.has_unknown_sizes) or self._ragged
+    if self.shape_fitter is not None or varying or self._fills_batches(batch_size):  # in numpy
       return (yield from super().padded(batch_size, mask_key, pad_value, ids, start_batch))
     if ids is not None:
       check_index_key(self._tensor_specs, ids.key)
     dataset = self._padded_pipeline(batch_size, mask_key, pad_value, ids, start_batch)
     first_spec, first_id = None, 0 if ids is None else ids.offset + start_batch * batch_size
     added = () if ids is None else ((ids.key,),)
-    for flat in self._numpy(dataset):
+    for index, flat in enumerate(self._numpy(dataset)):
+      rows = {path: leaf for path, leaf in flat.items() if path not in ((mask_key,), *added)}
       if first_spec is None:  # real shapes replace the static spec's unknown sizes
-        rows = {path: leaf for path, leaf in flat.items() if path not in ((mask_key,), *added)}
         first_spec = BatchSpec.of_rows(rows, unknown_rows=True)
-      if ids is not None:
-        _check_id_range(first_id + batch_size - 1)
+      else:  # rows of sizes the static spec leaves open may vary between batches
+        first_spec.check_rows(rows, start_batch + index)
+      if ids is not None:  # the last real row's id (padding rows hold -1)
+        _check_id_range(first_id + int(np.count_nonzero(flat[(mask_key,)])) - 1)
         first_id += batch_size
       yield flat
     return self._spec if first_spec is None else first_spec
@@ -405,6 +426,41 @@ def _disagreeing_sizes(a: tuple, a_rows: int, b: tuple, b_rows: int) -> str:
     f"leading sizes disagree within a batch: key {path_name(a)} has {a_rows} rows, "
     f"key {path_name(b)} has {b_rows}; expected every key to have the same rows"
   )
+
+
+def _check_tensor_specs(specs: dict) -> bool:
+  """Raises ValueError naming a leaf that is not a (dense or ragged) tensor: a tuple, a SparseTensor.
+
+  Returns:
+    Whether a leaf is a `tf.RaggedTensor`.
+  """
+  import tensorflow as tf
+
+  for path, spec in specs.items():
+    if not isinstance(spec, (tf.TensorSpec, tf.RaggedTensorSpec)):
+      raise ValueError(
+        f"key {path_name(path)} holds a {type(spec).__name__}; expected a tensor: map the elements to dicts "
+        "of dense tensors first (nested dicts allowed, not tuples; tf.sparse.to_dense for a SparseTensor)"
+      )
+  return any(isinstance(spec, tf.RaggedTensorSpec) for spec in specs.values())
+
+
+def _check_not_ragged(flat: FlatBatch) -> None:
+  """Raises RaggedRowsError naming a leaf of ragged rows (an object array of rows of different shapes)."""
+  for path, leaf in flat.items():
+    message = ragged_message(path, leaf)
+    if message is not None:
+      raise RaggedRowsError(f"the tf.data.Dataset: {message}")
+
+
+def _check_batch_ranks(specs: dict) -> None:
+  """Raises ValueError if a leaf of batched elements (``batched=True``) is a scalar: it has no rows."""
+  for path, spec in specs.items():
+    if spec.shape.rank == 0:
+      raise ValueError(
+        f"batched=True takes each element as a batch, but key {path_name(path)} is a scalar; expected a "
+        "leading row dimension on every key, or batched=False (elements are rows)"
+      )
 
 
 def _check_static_leading_sizes(specs: dict) -> None:
