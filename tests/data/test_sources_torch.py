@@ -131,10 +131,18 @@ def test_loader_every_row_once_in_order_len_from_the_sampler(kind):
 
 
 @pytest.mark.parametrize("kind", LOADERS)
-def test_drop_last_counts_whole_batches_only(kind):
-  data = bf16_data()
-  kept = {key: values[: N // PER_BATCH * PER_BATCH] for key, values in data.items()}
-  check_padded(LOADERS[kind](data, batch_size=PER_BATCH, drop_last=True), kept, known_len=True)
+def test_drop_last_that_drops_rows_is_refused_naming_it(kind):
+  # 37 rows in batches of 5: drop_last=True would lose the last 2 rows without a word, as
+  # tf.data's drop_remainder=True, which pad_batches refuses too
+  loader = LOADERS[kind](bf16_data(), batch_size=PER_BATCH, drop_last=True)
+  with pytest.raises(ValueError, match=r"drop_last.*2 of its 37 rows"):
+    pe.pad_batches(loader, PER_BATCH, num_devices=1)
+
+
+@pytest.mark.parametrize("kind", LOADERS)
+def test_drop_last_that_drops_nothing_is_read_whole(kind):
+  data = bf16_data(35)  # 7 whole batches of 5: nothing to drop
+  check_padded(LOADERS[kind](data, batch_size=PER_BATCH, drop_last=True), data, known_len=True)
 
 
 @pytest.mark.parametrize("kind", LOADERS)

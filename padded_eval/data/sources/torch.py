@@ -61,10 +61,12 @@ class TorchLoaderSource(Source):
       keys: the names of the fields of tuple batches, in order (see `name_fields`).
 
     Raises:
-      ValueError: a `DistributedSampler` over a dataset its replicas do not divide (it repeats or drops rows).
+      ValueError: a `DistributedSampler` over a dataset its replicas do not divide (it repeats or drops rows);
+        ``drop_last=True`` when the last batch would be short (or of unknown size): it drops rows.
     """
     del batched
     _check_sampler(getattr(obj, "sampler", None))
+    _check_drop_last(obj)
     self._loader = obj
     self._mask_key = mask_key
     self._keys = keys
@@ -74,7 +76,7 @@ class TorchLoaderSource(Source):
     return None  # known once the first batch is read
 
   def num_rows(self) -> int | None:
-    """Rows per pass from the sampler: ``len(sampler)``, or whole batches only with ``drop_last``."""
+    """Rows per pass from the sampler: ``len(sampler)`` (a ``drop_last`` that would drop rows is refused)."""
     loader = self._loader
     if _is_iterable_style(loader.dataset) or loader.batch_size is None:
       return None  # iterable-style, or a custom batch_sampler / no automatic batching
@@ -82,7 +84,7 @@ class TorchLoaderSource(Source):
       indices = len(loader.sampler)
     except TypeError:  # a sampler without a length
       return None
-    return indices // loader.batch_size * loader.batch_size if loader.drop_last else indices
+    return indices
 
   def chunks(self) -> Iterator[Chunk]:
     """Starts a new pass over the loader (its workers, if any, start again).
@@ -127,6 +129,30 @@ def _check_sampler(sampler: Any) -> None:
       "its rows instead: DataLoader(torch.utils.data.Subset(dataset, range(len(dataset))"
       "[pe.process_slice(len(dataset))]), ...) with the default sampler"
     )
+
+
+def _check_drop_last(loader: Any) -> None:
+  """Refuses ``drop_last=True`` unless the sampler's rows fill every batch: it would drop the short last
+  batch's rows without a word (as tf.data's ``drop_remainder=True``, refused too)."""
+  if not getattr(loader, "drop_last", False) or loader.batch_size is None:
+    return
+  rows = None
+  if not _is_iterable_style(loader.dataset):
+    try:
+      rows = len(loader.sampler)
+    except TypeError:  # a sampler without a length
+      rows = None
+  if rows is not None and rows % loader.batch_size == 0:
+    return
+  dropped = (
+    "its last, short batch (of a size not known before reading)"
+    if rows is None
+    else f"{rows % loader.batch_size} of its {rows} rows (a short last batch of {loader.batch_size})"
+  )
+  raise ValueError(
+    f"the DataLoader has drop_last=True, which drops {dropped}; pass drop_last=False: pad_batches pads "
+    "the last batch with masked rows, so every row is evaluated once"
+  )
 
 
 def _is_iterable_style(dataset: Any) -> bool:
