@@ -100,8 +100,8 @@ def pad_batches(
       list of non-dicts as `source` (refused at the call); `batch_size` None for a source that is not batched
       (a Mapping, an unbatched pipeline) or holds no batch; `pad_shapes` naming an unknown key, more axes than a
       key has, or sizes that are not ints >= 1; a row longer than its fixed size (naming the key, the row and
-      both lengths); bad `length_keys` (a new key a source key already takes included); `index_key` not a string, equal to `mask_key` or to
-      a source key; `index_offset` negative or ids beyond int32; leading sizes that disagree within a batch; a source
+      both lengths); bad `length_keys` (a new key a source key already takes included); `index_key` not a non-empty string, equal to `mask_key` or to
+      a source key; `index_offset` negative, or given without `index_key`, or ids beyond int32; leading sizes that disagree within a batch; a source
       key equal to `mask_key`; keys, trailing shapes or dtypes that change between batches; a `pad_value` that does
       not fit a leaf's dtype (a finite float that would become inf included) or names an unknown key; a source holding more than `num_batches` batches (raised as
       soon as it is seen: at the call when the length is known, else during iteration); a pipeline that drops
@@ -179,9 +179,14 @@ def _row_ids(index_key: Any, index_offset: Any, mask_key: str) -> RowIds | None:
   """The checked `index_key` / `index_offset` of `pad_batches` (None: no ids)."""
   index_offset = check_int("index_offset", index_offset, minimum=0)
   if index_key is None:
+    if index_offset:
+      raise ValueError(
+        f"index_offset={index_offset} without index_key: the offset shifts row ids that are not made; "
+        "pass index_key= (e.g. index_key='index') to get them, or drop index_offset"
+      )
     return None
-  if not isinstance(index_key, str):
-    raise ValueError(f"index_key must be a string or None; got {index_key!r}")
+  if not isinstance(index_key, str) or not index_key:
+    raise ValueError(f"index_key must be a non-empty string or None; got {index_key!r}")
   if index_key == mask_key:
     raise ValueError(
       f"index_key {index_key!r} equals mask_key; expected two different keys (e.g. index_key='index')"

@@ -159,9 +159,12 @@ def test_index_key_taken_by_a_source_key_is_refused(kind):
   "kwargs,message",
   [
     ({"index_key": "mask"}, r"index_key 'mask' equals mask_key"),
-    ({"index_key": 3}, r"index_key must be a string or None; got 3"),
+    ({"index_key": 3}, r"index_key must be a non-empty string or None; got 3"),
     ({"index_key": "i", "index_offset": -1}, r"index_offset must be an int >= 0; got -1"),
     ({"index_key": "i", "index_offset": 1.5}, r"index_offset must be an int >= 0; got 1.5"),
+    ({"index_key": ""}, r"index_key must be a non-empty string or None; got ''"),
+    # an offset without ids is a no-op: the caller meant to get global ids
+    ({"index_offset": 100}, r"index_offset=100 without index_key"),
   ],
 )
 def test_bad_index_arguments_are_refused(kwargs, message):
