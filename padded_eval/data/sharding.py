@@ -288,9 +288,12 @@ def global_batch(
   """
   if mesh is None:
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("batch",))
-  axes = (
-    (mesh.axis_names[0],) if axis is None else (axis,) if isinstance(axis, str) else tuple(axis)
-  )
+  if axis is None:
+    axes = (mesh.axis_names[0],)
+  elif isinstance(axis, str):
+    axes = (axis,)
+  else:  # a sequence of names (an int, say, is not one)
+    axes = tuple(axis) if isinstance(axis, Sequence) else ()
   if not axes or not set(axes) <= set(mesh.axis_names):
     raise ValueError(f"axis {axis!r} is not an axis of the mesh; expected one of {mesh.axis_names}")
   sharding = jax.sharding.NamedSharding(mesh, partition_spec(axes))

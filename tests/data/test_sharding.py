@@ -157,6 +157,8 @@ def test_global_batch_default_mesh_and_errors():
   mesh = Mesh(np.array(jax.devices()), ("batch",))
   with pytest.raises(ValueError, match=r"axis 'rows' is not an axis of the mesh"):
     pe.global_batch({"x": np.arange(8)}, mesh, "rows")
+  with pytest.raises(ValueError, match=r"axis 0 is not an axis of the mesh"):  # an int, not a name
+    pe.global_batch({"x": np.arange(8)}, mesh, 0)
   with pytest.raises(
     ValueError, match=r"leaf \['x'\] of shape \(12,\): leading size 12 is not divisible by 8, this"
   ):
