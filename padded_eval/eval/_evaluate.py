@@ -155,8 +155,9 @@ def masked_eval(
       the same directory resumes where the last saved step ended, with the exact same
       result as an uninterrupted run; a finished evaluation stores its result (values and
       final metric), and calling again returns it after reading only the first batch (which,
-      with the params, shows the question: the same metric, batch spec, batch size and
-      params, by value, or a ValueError). See `padded_eval.eval.checkpoint`. Not with
+      with the params, shows the question: the same metric, batch spec, batch size,
+      params by value, number of batches when both calls know it, and first batch's real
+      rows by value, or a ValueError). See `padded_eval.eval.checkpoint`. Not with
       ``outputs=True``.
     checkpoint_every: steps between two saves (>= 1).
     mask_fn: ``mask_fn(batch) -> bool [rows, ...]``: the real elements of a batch that
@@ -232,8 +233,8 @@ def masked_eval(
     checkpoint=(checkpoint_dir, checkpoint_every),
   )
   runner = backends.make_backend(*options.layout)
-  saver = _saver(options, runner, params)  # None without a checkpoint_dir
   num_batches = _length(batches)  # before iterating
+  saver = _saver(options, runner, params, num_batches)  # None without a checkpoint_dir
   feed = _step_feed(batches, num_batches, runner, options, saver)
   first = _first_input(feed)
   compiled = _cache.cached_step(step_fn, runner, options.mask, options.outputs)
@@ -249,12 +250,19 @@ def masked_eval(
   return results
 
 
-def _saver(options: EvalOptions, runner: Any, params: Any) -> checkpoint.Saver | None:
+def _saver(
+  options: EvalOptions, runner: Any, params: Any, num_batches: int | None
+) -> checkpoint.Saver | None:
   """The `padded_eval.eval.checkpoint.Saver` of ``options.checkpoint_dir``, or None."""
   if options.checkpoint_dir is None:
     return None
   return checkpoint.Saver.open(
-    options.checkpoint_dir, options.checkpoint_every, runner, params, options.timeout
+    options.checkpoint_dir,
+    options.checkpoint_every,
+    runner,
+    params,
+    options.timeout,
+    num_batches,
   )
 
 

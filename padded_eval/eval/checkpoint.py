@@ -4,7 +4,8 @@ A checkpoint directory identifies ONE evaluation (one model checkpoint on one da
 ``process_{p}/step_{n}.state``: this process's part of the carried state (every device's partial state, and the exact
 row count) after ``n`` steps, with a JSON header: the steps and this process's real batches consumed (the multi-host
 lockstep's position) and a fingerprint of the evaluation (process count, backend layout, params structure, the
-params' values (`params_checksum`), batch spec, metric state structure). A finished evaluation writes
+params' values (`params_checksum`), the number of batches when known, batch spec, the first batch's real rows
+(`batch_checksum`), metric state structure). A finished evaluation writes
 ``process_{p}/result.state`` instead: the fingerprint, the result's values and the final (reduced) metric's leaves,
 returned by a later call only if it asks the same question (the whole fingerprint matches).
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import hashlib
 import json
 import os
 import re
@@ -49,6 +51,7 @@ from padded_eval.validation import check_positive_int
 
 __all__ = [
   "CheckpointDir",
+  "batch_checksum",
   "Restored",
   "Saver",
   "fingerprint",
@@ -67,8 +70,10 @@ FINGERPRINT_NAMES = {
   "backend": "the backend layout",
   "params": "the params structure",
   "params_checksum": "the params checksum (the params' values: another model checkpoint?)",
+  "num_batches": "the number of batches (another dataset, or more or fewer rows?)",
   "batch_size": "the batch size",
   "batch": "the batch structure",
+  "first_batch": "the first batch (its real rows' values: another dataset, or a pipeline that shuffles?)",
   "metric": "the metric",
 }
 
@@ -89,8 +94,12 @@ def fingerprint(
   batch_spec: dict | None,
   state_shapes: Any | None,
   checksum: str | None = None,
+  num_batches: int | None = None,
+  first_batch: str | None = None,
 ) -> dict:
   """What a checkpoint must match to be resumed: a JSON dict of the evaluation.
+
+  Two directories' fingerprints are compared on the parts both have (`CheckpointDir.check`).
 
   Args:
     backend: the backend's name and layout (mesh shape, data axis, shards).
@@ -98,6 +107,8 @@ def fingerprint(
     batch_spec: `BatchSpec.to_json()` of the first batch, or None when not read yet.
     state_shapes: the metric state's ``ShapeDtypeStruct`` pytree, or None when not traced.
     checksum: `params_checksum` of the placed params, or None when not computed yet.
+    num_batches: ``len(batches)``, or None when the batches do not know it.
+    first_batch: `batch_checksum` of the first batch (batch 0), or None when it is not read.
   """
   found = {
     "process_count": jax.process_count(),
@@ -106,12 +117,40 @@ def fingerprint(
   }
   if checksum is not None:
     found["params_checksum"] = checksum
+  if num_batches is not None:
+    found["num_batches"] = num_batches
   if batch_spec is not None:
     found["batch_size"] = batch_spec["batch_size"]
     found["batch"] = batch_spec
+  if first_batch is not None:
+    found["first_batch"] = first_batch
   if state_shapes is not None:
     found["metric"] = tree_fingerprint(state_shapes)
   return found
+
+
+def batch_checksum(batch: Any, mask_key: str) -> str:
+  """A checksum of a host batch's real rows (``batch[mask_key]`` True): every leaf's path, dtype and
+  the bytes of its real rows (strings and other objects by their ``repr``), and the mask. Padding
+  rows are left out: their fill (``pad_value``) does not change the question.
+
+  Args:
+    batch: a dict batch of host arrays ``[B, ...]`` with the bool ``[B]`` mask at ``mask_key``.
+    mask_key: the mask's key.
+
+  Returns:
+    32 hex digits (BLAKE2b).
+  """
+  mask = np.asarray(batch[mask_key], bool)
+  digest = hashlib.blake2b(mask.tobytes(), digest_size=16)
+  for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
+    rows = np.asarray(leaf)[mask]
+    digest.update(f"{jax.tree_util.keystr(path)} {rows.dtype.str} {rows.shape}".encode())
+    if rows.dtype.kind == "O":
+      digest.update(repr(rows.tolist()).encode())
+    else:
+      digest.update(np.ascontiguousarray(rows).tobytes())
+  return digest.hexdigest()
 
 
 def _dtype_name(leaf: Any) -> str:
@@ -513,7 +552,13 @@ class Saver(Hook):
 
   @classmethod
   def open(
-    cls, directory: Any, every: int, runner: Any, params: Any, timeout: float | None
+    cls,
+    directory: Any,
+    every: int,
+    runner: Any,
+    params: Any,
+    timeout: float | None,
+    num_batches: int | None = None,
   ) -> Saver:
     """Reads ``directory``: a stored result, the checkpoint to resume from, or nothing.
 
@@ -521,12 +566,26 @@ class Saver(Hook):
     exchange): a stored result is used only when every process has it, and the run
     resumes from the latest step every process saved.
 
+    Args:
+      directory: the checkpoint directory.
+      every: steps between two saves.
+      runner: the backend.
+      params: the params as given.
+      timeout: seconds to wait for other processes.
+      num_batches: ``len(batches)`` when known (compared with the directory's, when it knows it).
+
     Raises:
-      ValueError: the directory was written for another process count, backend layout or
-        params structure (the rest is checked at `verify`).
+      ValueError: the directory was written for another process count, backend layout,
+        params structure or number of batches (the rest is checked at `verify`).
     """
     directory = CheckpointDir(directory, every)
-    partial = fingerprint(backend=runner.layout, params=params, batch_spec=None, state_shapes=None)
+    partial = fingerprint(
+      backend=runner.layout,
+      params=params,
+      batch_spec=None,
+      state_shapes=None,
+      num_batches=num_batches,
+    )
     steps, stored = directory.saved_steps(), directory.result()
     if jax.process_count() > 1:
       steps, everyone_done = _agree(steps, stored is not None, timeout)
@@ -568,8 +627,11 @@ class Saver(Hook):
 
     The whole fingerprint is compared: the saved one against this call's process count,
     backend layout, params structure and values (`params_checksum` of the ``placed``
-    params, computed on the devices), batch spec of the first ``batch`` and size, and
-    the structure of the ``empty`` state (the metric, its configuration included).
+    params, computed on the devices), number of batches (when both calls know it), batch
+    spec of the first ``batch`` and size, the values of batch 0's real rows
+    (`batch_checksum`; a resumed call does not read batch 0 again and carries the
+    checksum of the call it resumes), and the structure of the ``empty`` state (the
+    metric, its configuration included).
 
     Args:
       empty: the empty carried state ``(metric, count)`` of one shard (host arrays).
@@ -588,12 +650,18 @@ class Saver(Hook):
       ValueError: the directory was written for another evaluation (naming what differs).
     """
     spec = BatchSpec.from_batch(batch, self._mask_key).to_json()
+    if self._restored is None:  # batch is batch 0
+      first_batch = batch_checksum(batch, self._mask_key)
+    else:  # batch 0 was not read again: the resumed run's, carried to its result
+      first_batch = self._restored.fingerprint.get("first_batch")
     self._found = fingerprint(
       backend=runner.layout,
       params=params,
       batch_spec=spec,
       state_shapes=empty,
       checksum=params_checksum(placed, wait),
+      num_batches=self._found.get("num_batches"),
+      first_batch=first_batch,
     )
     if self.result is None:
       if self._restored is not None:

@@ -270,6 +270,13 @@ def _case_step(name, params, batch):
   return case.make().batch_updates(**{k: v for k, v in batch.items() if k != "rows"})
 
 
+def _read_once(batches):
+  """``batches`` as a generator (its length unknown) that fails if a batch past the first is read."""
+  for index, batch in enumerate(batches):
+    assert index == 0, f"batch {index} was read"
+    yield batch
+
+
 @pytest.mark.parametrize("case", metric_cases.CASES, ids=lambda case: case.name)
 def test_the_stored_metric_is_the_final_metric(case, tmp_path):
   batches = case.batches()
@@ -279,7 +286,7 @@ def test_the_stored_metric_is_the_final_metric(case, tmp_path):
   # cases may count invalid values on purpose (a row without a reference): not this test's point
   common = dict(backend="jit", mask_key="rows", checkpoint_dir=tmp_path, on_invalid="ignore")
   first = pe.masked_eval(step, None, batches, **common)
-  stored = pe.masked_eval(step, None, batches[:1], **common)  # one batch: only the question
+  stored = pe.masked_eval(step, None, _read_once(batches), **common)  # only the question
   assert type(stored.metric) is type(first.metric)
   for got, want in zip(jax.tree.leaves(stored.metric), jax.tree.leaves(first.metric), strict=True):
     np.testing.assert_array_equal(got, want)
@@ -294,3 +301,68 @@ def test_the_stored_metric_is_the_final_metric(case, tmp_path):
   assert sorted(stored) == sorted(first)
   for key in first:
     np.testing.assert_array_equal(stored[key], first[key])
+
+
+class _Listed(list):
+  """A list of padded batches (its length known) whose iteration raises at batch ``fail_at``."""
+
+  def __init__(self, batches, fail_at=None):
+    super().__init__(batches)
+    self.fail_at = fail_at
+
+  def __iter__(self):
+    for index, batch in enumerate(super().__iter__()):
+      if index == self.fail_at:
+        raise RuntimeError("preempted")
+      yield batch
+
+
+def _listed(data, fail_at=None):
+  pad = {"x": np.nan, "label": 99, "binary": -3, "score": np.inf}
+  return _Listed(pe.pad_batches(data, BATCH, pad_value=pad), fail_at)
+
+
+def _grown(data, rows):
+  """``data`` with ``rows`` more rows at the end (its first batches unchanged)."""
+  more = _data(seed=7)
+  return {key: np.concatenate([values, more[key][:rows]]) for key, values in data.items()}
+
+
+@pytest.mark.parametrize("backend", ["pmap", "jit"])
+def test_a_finished_directory_refuses_other_data_of_the_same_shapes(backend, tmp_path):
+  data, params = _data(), _params()
+  common = dict(backend=backend, checkpoint_dir=tmp_path)
+  first = pe.masked_eval(accuracy_step, params, _listed(data), **common)
+  assert first["accuracy"] == pytest.approx(_sklearn_accuracy(data, params), abs=1e-7)
+  # other rows, the same batch spec and count: the first batch's values tell them apart
+  with pytest.raises(
+    ValueError, match=r"the first batch \(its real rows' values.*\) differs"
+  ) as error:
+    pe.masked_eval(accuracy_step, params, _batches(_data(seed=3)), **common)
+  assert "one evaluation" in str(error.value)
+  # the same first batches and 16 rows more: one batch more than the directory's
+  with pytest.raises(
+    ValueError, match=r"the number of batches \(.*\) differs \(saved 13, now (14|10)\)"
+  ):
+    pe.masked_eval(accuracy_step, params, _listed(_grown(data, BATCH)), **common)
+  # the same data: the stored answer (a generator's length is unknown: not compared)
+  again = pe.masked_eval(accuracy_step, params, _batches(data, stop_after=0), **common)
+  assert again == first
+
+
+def test_an_unfinished_directory_refuses_more_or_fewer_batches(tmp_path):
+  data, params = _data(), _params()
+  common = dict(checkpoint_dir=tmp_path, checkpoint_every=2)
+  with pytest.raises(RuntimeError, match="preempted"):
+    pe.masked_eval(accuracy_step, params, _listed(data, fail_at=7), **common)
+  for other in (_grown(data, BATCH), {key: values[:150] for key, values in data.items()}):
+    with pytest.raises(
+      ValueError, match=r"the number of batches \(.*\) differs \(saved 13, now (14|10)\)"
+    ):
+      pe.masked_eval(accuracy_step, params, _listed(other), **common)
+  resumed = pe.masked_eval(accuracy_step, params, _listed(data), **common)
+  assert resumed["accuracy"] == pytest.approx(_sklearn_accuracy(data, params), abs=1e-7)
+  assert resumed["num_examples"] == ROWS
+  # the resumed run stored the first batch's checksum of the run it resumed: other rows refused
+  with pytest.raises(ValueError, match=r"the first batch \(its real rows' values.*\) differs"):
+    pe.masked_eval(accuracy_step, params, _batches(_data(seed=3)), **common)
