@@ -366,9 +366,17 @@ def skipped(batches: cabc.Iterable, count: int) -> Iterator:
   failure surfaces where the multi-host pre-flight reports it to every process).
 
   Raises:
-    ValueError: ``batches`` holds fewer than ``count`` batches (the data changed).
+    ValueError: ``batches`` holds fewer than ``count`` batches (the data changed): read, or for a
+      `PaddedBatches` that seeks, known from its ``len()`` (one of unknown length that seeks past its
+      end yields nothing).
   """
   if isinstance(batches, PaddedBatches):
+    try:
+      held = len(batches)
+    except TypeError:  # unknown without reading the source
+      held = count
+    if held < count:
+      raise ValueError(_changed(count, held))
     return batches.skip(count)
   return _dropped(iter(batches), count)
 
@@ -376,11 +384,15 @@ def skipped(batches: cabc.Iterable, count: int) -> Iterator:
 def _dropped(batches: Iterator, count: int) -> Iterator:
   for index in range(count):
     if next(batches, None) is None:
-      raise ValueError(
-        f"the checkpoint consumed {count} batches but batches holds only {index}: the data "
-        "changed since the checkpoint was saved; a checkpoint_dir identifies one evaluation"
-      )
+      raise ValueError(_changed(count, index))
   yield from batches
+
+
+def _changed(count: int, held: int) -> str:
+  return (
+    f"the checkpoint consumed {count} batches but batches holds only {held}: the data "
+    "changed since the checkpoint was saved; a checkpoint_dir identifies one evaluation"
+  )
 
 
 def padding_fills(batches: Any) -> dict:
