@@ -198,11 +198,11 @@ def _mean_step(params, batch):
   return pe.metrics.Mean().batch_updates(values=batch["x"], mask=batch["mask"])
 
 
-@pytest.mark.parametrize("shorter", ["mapping", "list"])
+@pytest.mark.parametrize("shorter", ["mapping", "list", "generator"])
 def test_a_resume_over_fewer_batches_than_consumed_is_refused(shorter, tmp_path):
   """Fuzzing: a checkpoint of 7 consumed batches resumed over a pe.pad_batches of a shorter
-  Mapping returned the old rows' partial result (mean 27.5 over 56 rows, where numpy's mean of
-  the 30 rows given is 14.5); a list of batches raised. Both raise now."""
+  Mapping or generator returned the old rows' partial result (mean 27.5 over 56 rows, where numpy's
+  mean of the 30 rows given is 14.5); a list of batches raised. All raise now."""
   rows = np.arange(80, dtype=np.float32)
 
   def first_seven():
@@ -217,8 +217,13 @@ def test_a_resume_over_fewer_batches_than_consumed_is_refused(shorter, tmp_path)
     )
   assert _saved_steps(tmp_path) == [7]
   short = pe.pad_batches({"x": rows[:30]}, 8, num_devices=8)  # 4 batches
-  batches = short if shorter == "mapping" else list(short)
-  with pytest.raises(ValueError, match="consumed 7 batches but batches holds only 4"):
+  batches = {
+    "mapping": short,
+    "list": list(short),
+    "generator": pe.pad_batches((chunk for chunk in [{"x": rows[:30]}]), 8, num_devices=8),
+  }[shorter]
+  held = "fewer" if shorter == "generator" else "only 4"
+  with pytest.raises(ValueError, match=f"consumed 7 batches but batches holds {held}"):
     pe.masked_eval(_mean_step, None, batches, backend="jit", checkpoint_dir=tmp_path)
 
 
