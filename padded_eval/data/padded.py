@@ -372,21 +372,44 @@ def skipped(batches: cabc.Iterable, count: int) -> Iterator:
   failure surfaces where the multi-host pre-flight reports it to every process).
 
   Raises:
-    ValueError: ``batches`` holds fewer than ``count`` batches (the data changed).
+    ValueError: ``batches`` holds fewer than ``count`` batches (the data changed): read, or for a
+      `PaddedBatches` that seeks, known from its ``len()``, or (of unknown length) from batch
+      ``count - 1``, which it seeks to and drops (every batch it yields then holds a real row).
   """
   if isinstance(batches, PaddedBatches):
-    return batches.skip(count)
+    return _sought(batches, count)
   return _dropped(iter(batches), count)
+
+
+def _sought(batches: PaddedBatches, count: int) -> Iterator:
+  try:
+    held = len(batches)
+  except TypeError:  # unknown without reading the source: seek to the last batch consumed
+    held = None
+  if held is not None and held < count:
+    raise ValueError(_changed(count, held))
+  if held is not None or not count:
+    yield from batches.skip(count)
+    return
+  rest = batches.skip(count - 1)
+  if next(rest, None) is None:
+    raise ValueError(_changed(count, None))
+  yield from rest
 
 
 def _dropped(batches: Iterator, count: int) -> Iterator:
   for index in range(count):
     if next(batches, None) is None:
-      raise ValueError(
-        f"the checkpoint consumed {count} batches but batches holds only {index}: the data "
-        "changed since the checkpoint was saved; a checkpoint_dir identifies one evaluation"
-      )
+      raise ValueError(_changed(count, index))
   yield from batches
+
+
+def _changed(count: int, held: int | None) -> str:
+  holds = "fewer" if held is None else f"only {held}"
+  return (
+    f"the checkpoint consumed {count} batches but batches holds {holds}: the data "
+    "changed since the checkpoint was saved; a checkpoint_dir identifies one evaluation"
+  )
 
 
 def padding_fills(batches: Any) -> dict:

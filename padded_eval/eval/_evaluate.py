@@ -189,7 +189,8 @@ def masked_eval(
 
   Raises:
     ValueError: ``step_fn`` not callable; ``batches`` not an iterable of batches (None, or one dict batch);
-      ``mask_key`` not a non-empty string (without ``mask_fn``); an unknown backend; a mesh or ``data_axes``
+      ``mask_key`` not a non-empty string (without ``mask_fn``); an unknown backend;
+      ``axis_name`` not a non-empty string; a mesh or ``data_axes``
       with ``"pmap"``; ``data_axes``
       naming axes the mesh does not have; no batches; a batch
       without ``mask_key`` or with a batch size not divisible by the devices (or

@@ -357,6 +357,17 @@ def test_bad_arguments_are_named(kwargs, match):
     pe.masked_eval(step_fn, None, batches, backend="jit", **arguments)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("axis_name", (3, None, "", b"batch"))
+def test_bad_axis_name_is_named(backend, axis_name):
+  """Fuzzing: a TypeError from MLIR, a squeeze error or a mesh error before, naming no argument
+  ('' ran under shard_map and jit but not under pmap)."""
+  with pytest.raises(
+    ValueError, match=rf"^axis_name must be a non-empty string.*; got {axis_name!r}$"
+  ):
+    pe.masked_eval(_step_mean, None, _batches(), backend=backend, axis_name=axis_name)
+
+
 def test_no_batches():
   with pytest.raises(ValueError, match="batches yielded no batch"):
     pe.masked_eval(_step_mean, None, [], backend="jit")

@@ -194,6 +194,39 @@ def test_a_finished_directory_of_other_params_is_refused(data, params, tmp_path)
     pe.masked_eval(w.step_fn, {"v": params["w"]}, w.batches(data), checkpoint_dir=tmp_path)
 
 
+def _mean_step(params, batch):
+  return pe.metrics.Mean().batch_updates(values=batch["x"], mask=batch["mask"])
+
+
+@pytest.mark.parametrize("shorter", ["mapping", "list", "generator"])
+def test_a_resume_over_fewer_batches_than_consumed_is_refused(shorter, tmp_path):
+  """Fuzzing: a checkpoint of 7 consumed batches resumed over a pe.pad_batches of a shorter
+  Mapping or generator returned the old rows' partial result (mean 27.5 over 56 rows, where numpy's
+  mean of the 30 rows given is 14.5); a list of batches raised. All raise now."""
+  rows = np.arange(80, dtype=np.float32)
+
+  def first_seven():
+    for index, batch in enumerate(pe.pad_batches({"x": rows}, 8, num_devices=8)):
+      if index == 7:
+        raise RuntimeError("preempted")
+      yield batch
+
+  with pytest.raises(RuntimeError, match="preempted"):
+    pe.masked_eval(
+      _mean_step, None, first_seven(), backend="jit", checkpoint_dir=tmp_path, checkpoint_every=7
+    )
+  assert _saved_steps(tmp_path) == [7]
+  short = pe.pad_batches({"x": rows[:30]}, 8, num_devices=8)  # 4 batches
+  batches = {
+    "mapping": short,
+    "list": list(short),
+    "generator": pe.pad_batches((chunk for chunk in [{"x": rows[:30]}]), 8, num_devices=8),
+  }[shorter]
+  held = "fewer" if shorter == "generator" else "only 4"
+  with pytest.raises(ValueError, match=f"consumed 7 batches but batches holds {held}"):
+    pe.masked_eval(_mean_step, None, batches, backend="jit", checkpoint_dir=tmp_path)
+
+
 def test_stray_temporary_files_are_never_read(data, params, uninterrupted, tmp_path):
   with pytest.raises(RuntimeError, match="preempted"):
     pe.masked_eval(

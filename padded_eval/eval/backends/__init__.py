@@ -38,9 +38,14 @@ def make_backend(name: str, axis_name: str, mesh: Mesh | None, data_axes: Any = 
   Raises:
     ValueError: ``name`` is not in `BACKENDS`; a mesh or data_axes with ``"pmap"``; a mesh that
       is not a ``jax.sharding.Mesh``; data_axes that are not axes of the mesh; ``axis_name`` a
-      mesh axis that the default rule does not split the batch over.
+      mesh axis that the default rule does not split the batch over, or not a non-empty string.
   """
   check_choice("backend", name, tuple(BACKENDS))
+  if not isinstance(axis_name, str) or not axis_name:
+    raise ValueError(
+      "axis_name must be a non-empty string, the mapped axis name step_fn's collectives use "
+      f"(default 'batch'); got {axis_name!r}"
+    )
   try:  # keyed by the context mesh too: under jax.set_mesh the jit backend traces on it
     return _made_backend(name, axis_name, mesh, data_axes, _context_mesh())
   except TypeError:  # unhashable settings (a list of data axes): not cached
