@@ -189,7 +189,7 @@ def masked_eval(
 
   Raises:
     ValueError: ``step_fn`` not callable; ``batches`` not an iterable of batches (None, or one dict batch);
-      ``mask_key`` not a non-empty string (without ``mask_fn``); an unknown backend;
+      ``mask_key`` not a non-empty string (without ``mask_fn``); ``progress`` not a bool; an unknown backend;
       ``axis_name`` not a non-empty string; a mesh or ``data_axes``
       with ``"pmap"``; ``data_axes``
       naming axes the mesh does not have; no batches; a batch

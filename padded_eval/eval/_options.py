@@ -70,8 +70,9 @@ class EvalOptions:
     (steps_in_flight, timeout), (progress, on_invalid, outputs) = feeding, reporting
     directory, every = checkpoint
     check_choice("on_invalid", on_invalid, ON_INVALID)
-    if not isinstance(outputs, bool):
-      raise ValueError(f"outputs must be True or False; got {outputs!r}")
+    for name, flag in (("progress", progress), ("outputs", outputs)):
+      if not isinstance(flag, bool):
+        raise ValueError(f"{name} must be True or False; got {flag!r}")
     if steps_in_flight is None:
       steps_in_flight = STEPS_IN_FLIGHT
     steps_in_flight = check_int("steps_in_flight", steps_in_flight, minimum=1)
@@ -80,7 +81,7 @@ class EvalOptions:
     if directory is not None:
       check_positive_int("checkpoint_every", every)
     options = cls(
-      tuple(layout), RowMask.of_call(*mask), steps_in_flight, timeout, bool(progress),
+      tuple(layout), RowMask.of_call(*mask), steps_in_flight, timeout, progress,
       on_invalid, outputs, directory, every,
     )  # fmt: skip
     options.check_combinations()

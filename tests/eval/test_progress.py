@@ -96,3 +96,11 @@ def test_only_process_0_draws_the_bar(capsys, monkeypatch):
   result = pe.masked_eval(mean_step, None, batches, backend="jit", progress=True)
   np.testing.assert_allclose(result["mean"], x.astype(np.float64).mean(), rtol=1e-6)
   assert not bar_lines(capsys.readouterr().err)  # another process draws nothing
+
+
+@pytest.mark.parametrize("progress", ["false", 1, None])
+def test_progress_must_be_a_bool(progress):
+  # progress="false" drew a bar (bool("false") is True), as outputs= refuses anything but a bool
+  batches = pe.pad_batches({"x": values(5)}, 4, num_devices=1)
+  with pytest.raises(ValueError, match=rf"progress must be True or False; got {progress!r}"):
+    pe.masked_eval(mean_step, None, batches, backend="jit", progress=progress)
