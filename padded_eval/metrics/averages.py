@@ -15,8 +15,24 @@ import jax.numpy as jnp
 from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import element_weights
 from padded_eval.metrics._multioutput import check_multioutput, combine
-from padded_eval.metrics.base import Metric, Totals, empty_count, state
+from padded_eval.metrics.base import Metric, Totals, empty_count, invalid_state, state
 from padded_eval.validation import check_positive_int
+
+
+NAN_VALUE = "nan value"
+"""The invalid kind of the weighted means: a real element of nonzero weight whose value is NaN."""
+
+
+def nan_elements(values, mask, weights, ref) -> jax.Array:
+  """Bool, ``values``' shape: the real elements of nonzero weight whose value is NaN."""
+  values = upcast(jnp.asarray(values))
+  real, w = element_weights(mask, weights, values.shape, ref)
+  return real & (w != 0) & jnp.isnan(values)
+
+
+def _counted(counts) -> ExactCount:
+  """The invalid counts of `weighted_totals` (one int32 scalar per counted array) as a state."""
+  return ExactCount.of(jnp.stack(counts))
 
 
 def zero_total(_metric=None) -> ExactSum:
@@ -66,7 +82,9 @@ class WeightedMean(Metric):
 
   A subclass defines ``_values(**kwargs) -> (values, name for errors)`` and may set
   ``power = 2`` (the mean of squares, formed without overflow). ``compute()`` is
-  ``total / weight``, NaN if no real element was seen.
+  ``total / weight``, NaN if no real element was seen. A real element of nonzero weight
+  whose value is NaN is counted in ``invalid`` (``"nan value"``) and makes the result NaN
+  (a subclass with its own ``_batch_state`` declares its own kinds).
   """
 
   higher_is_better: ClassVar[bool | None] = None
@@ -75,6 +93,8 @@ class WeightedMean(Metric):
   total: ExactSum = state(zero_total)
   weight: ExactSum = state(zero_total)
   example_rows: ExactCount = state(empty_count)
+  invalid: ExactCount = state(invalid_state)
+  invalid_kinds: ClassVar[tuple[str, ...]] = (NAN_VALUE,)
 
   @abc.abstractmethod
   def _values(self, **kwargs) -> tuple[jax.Array, str]:
@@ -82,8 +102,15 @@ class WeightedMean(Metric):
 
   def _batch_state(self, *, mask=None, weights=None, **kwargs):
     values, ref = self._values(**kwargs)
+    nan = nan_elements(values, mask, weights, ref)
+    if self.power == 1:  # counted in the sums' reduction
+      totals = weighted_totals(values, mask, weights, ref, invalid=[nan])
+      return totals.then(
+        lambda built: {"total": built[0], "weight": built[1], "invalid": _counted(built[2])}
+      )
     totals = weighted_totals(values, mask, weights, ref, self.power)
-    return totals.then(lambda pair: {"total": pair[0], "weight": pair[1]})
+    invalid = self.count_invalid(**{NAN_VALUE: nan})
+    return totals.then(lambda pair: {"total": pair[0], "weight": pair[1], "invalid": invalid})
 
   def number_inputs(self) -> tuple[str, ...]:
     return self.required_inputs()
@@ -164,7 +191,8 @@ class _PerOutputMean(WeightedMean):
     used = real & (w != 0)
     total = ExactSum.of_sum(values, axis=axes, where=used, weights=w, power=self.power)
     weight = ExactSum.of_sum(jnp.where(used, w, 0.0), axis=axes)
-    return {"total": total, "weight": weight}
+    invalid = self.count_invalid(**{NAN_VALUE: used & jnp.isnan(upcast(values))})
+    return {"total": total, "weight": weight, "invalid": invalid}
 
   def _per_output(self) -> jax.Array:
     return self.total.ratio(self.weight)

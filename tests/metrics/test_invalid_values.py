@@ -8,6 +8,7 @@ References are numpy float64 sums and counts over the real rows.
 import warnings
 from typing import ClassVar
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -141,3 +142,68 @@ def test_bad_on_invalid():
     ValueError, match="on_invalid must be one of 'raise', 'warn', 'ignore'; got 'loud'"
   ):
     pe.masked_eval(step_fn, None, make_batches(clean_values()), on_invalid="loud")
+
+
+# --- the weighted means count NaN in real elements (as MAPE and the other metrics do) ------------
+
+_MEANS = {
+  "mean": lambda: pe.metrics.Mean(),
+  "mse": lambda: pe.metrics.MSE(),
+  "mae": lambda: pe.metrics.MAE(),
+  "rmse": lambda: pe.metrics.RMSE(),
+  "mse_two_outputs": lambda: pe.metrics.MSE(num_outputs=2, multioutput="raw_values"),
+}
+
+
+def _nan_rows(rng, n, shape=()):
+  """preds, target with NaN in some real elements, weights with some zeros (a NaN there unseen)."""
+  preds = rng.normal(size=(n, *shape)).astype(np.float32)
+  target = rng.normal(size=(n, *shape)).astype(np.float32)
+  preds[rng.random(preds.shape) < 0.15] = np.nan
+  target[rng.random(target.shape) < 0.1] = np.nan
+  weights = np.where(rng.random(n) < 0.2, 0.0, rng.uniform(0.5, 2.0, n)).astype(np.float32)
+  return preds, target, weights
+
+
+@pytest.mark.parametrize("name", _MEANS)
+def test_weighted_means_count_nan_in_real_elements(name):
+  rng = np.random.default_rng(5)
+  shape = (2,) if name == "mse_two_outputs" else ()
+  preds, target, weights = _nan_rows(rng, 21, shape)
+  pad = 5  # padded rows: NaN and inf, never counted
+  garbage = np.full((pad, *shape), np.nan, np.float32)
+  mask = np.r_[np.ones(21, bool), np.zeros(pad, bool)]
+  metric = _MEANS[name]()
+  args = {
+    "preds": np.concatenate([preds, garbage]),
+    "target": np.concatenate([target, np.full_like(garbage, np.inf)]),
+    "weights": np.r_[weights, np.ones(pad, np.float32)],
+    "mask": mask,
+  }
+  if name == "mean":  # Mean averages one keyword: the errors, NaN where either side is NaN
+    args = {"values": args["preds"] - args["target"], "weights": args["weights"], "mask": mask}
+  first = {k: v[:13] for k, v in args.items()}
+  second = {k: v[13:] for k, v in args.items()}
+  parts = [jax.jit(lambda m, b: m.batch_updates(**b))(metric, b) for b in (first, second)]
+  merged = parts[0].merge(parts[1])
+  error = preds.astype(np.float64) - target
+  seen = np.broadcast_to((weights != 0).reshape(-1, *([1] * len(shape))), error.shape)
+  want = int(np.count_nonzero(np.isnan(error) & seen))
+  assert want > 0
+  assert merged.invalid_counts() == {"nan value": want}
+  assert np.all(np.isnan(np.asarray(merged.compute())))
+
+
+def test_a_nan_loss_in_a_real_row_is_reported_by_masked_eval():
+  values = np.arange(10, dtype=np.float32)
+  values[[3, 7]] = np.nan
+  batches = pe.pad_batches({"loss": values}, 8, pad_value=np.nan)
+
+  def step(params, batch):
+    del params
+    return pe.metrics.Mean("loss").batch_updates(loss=batch["loss"], mask=batch["mask"])
+
+  with pytest.raises(ValueError, match=r"'mean': 2 x 'nan value'"):
+    pe.masked_eval(step, None, batches, backend="jit")
+  ignored = pe.masked_eval(step, None, batches, backend="jit", on_invalid="ignore")
+  assert np.isnan(ignored["mean"]) and ignored["num_examples"] == 10
