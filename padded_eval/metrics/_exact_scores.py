@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from padded_eval.exact._floats import compensated_suffix_sums, two_sum
+from padded_eval.exact._floats import compensated_suffix_sums, scaled_to_unit, two_sum
 from padded_eval.exact.accumulate import Accumulator, on_several_devices
 
 MAX_CAPACITY = 1 << 29  # sizes of two merged buffers stay below 2**31
@@ -327,6 +327,11 @@ def groups(buffer: ScoreBuffer) -> Groups:
   scores, labels, weights = jax.lax.sort((keyed, labels, weights), num_keys=2)
   unused = jnp.isnan(scores).astype(jnp.int32)
   used = unused == 0
+  if kept_weights is not None:
+    # The areas are ratios of weight sums: each column's weights times the power of two that
+    # brings the largest into [0.5, 1) (exact), so products of sums neither overflow (weights
+    # of 1e18) nor underflow (1e-25).
+    weights = scaled_to_unit(jnp.where(used, weights, 0.0), -1)[0]
   positive, negative = used & (labels == 1), used & (labels == 0)
   differs = (scores[..., 1:] != scores[..., :-1]) | (unused[..., 1:] != unused[..., :-1])
   first = jnp.ones(differs.shape[:-1] + (1,), bool)
@@ -359,7 +364,7 @@ def groups(buffer: ScoreBuffer) -> Groups:
 
 def totals(g: Groups) -> tuple[jax.Array, jax.Array]:
   """float32 ``(P [L, 1], N [L, 1])``: the used positives' and negatives' counts (weighted:
-  weight sums, compensated)."""
+  weight sums, compensated, of the column's weights scaled by a power of two)."""
   return (
     compensated_sum(jnp.where(g.positive, g.weight, 0.0))[..., None],
     compensated_sum(jnp.where(g.negative, g.weight, 0.0))[..., None],

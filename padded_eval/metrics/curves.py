@@ -181,6 +181,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
+from padded_eval.exact._floats import frexp, ldexp
 from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.metrics import _curve_segments as segments
 from padded_eval.metrics import _exact_scores as exact_scores
@@ -806,7 +807,11 @@ class AUROC(ScoreHistogram):
 
   def _tie_share(self, positives, negatives):
     pos, neg = positives.total(), negatives.total()
-    pairs = column_totals(positives)[:, 0] * column_totals(negatives)[:, 0]
+    total_pos, total_neg = column_totals(positives), column_totals(negatives)
+    if self.weighted:  # weight sums times powers of two (exact): 1e18 or 1e-25 fit P * N
+      (total_pos, pos_exp), (total_neg, neg_exp) = frexp(total_pos), frexp(total_neg)
+      pos, neg = ldexp(pos, -pos_exp), ldexp(neg, -neg_exp)
+    pairs = total_pos[:, 0] * total_neg[:, 0]
     share = 0.5 * jnp.sum(pos * neg, -1) / jnp.where(pairs > 0, pairs, 1.0)
     return jnp.where(pairs > 0, share, jnp.nan)
 

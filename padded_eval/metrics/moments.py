@@ -180,7 +180,7 @@ def _batch_moments(values, real, w, axes) -> Moments:
   # of the deviations and products themselves.
   first, first_error = compensated_sum(weighted, axes, keepdims=True)
   products, products_error = compensated_sum(_outer(weighted, scaled), axes, keepdims=True)
-  comoment = products - _outer(first, first) / safe_count[..., None]
+  comoment = products - _outer(first, first / safe_count)
   squeeze = lambda x: jnp.squeeze(x, axes)
   # total = n * shift + sum(w * (x - shift)): the product exactly, the small rest rounded.
   total = ExactSum.of_product(squeeze(count), squeeze(shift))

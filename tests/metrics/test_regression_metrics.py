@@ -223,6 +223,23 @@ def test_cosine_of_huge_vectors():
   np.testing.assert_allclose(float(got), want, rtol=1e-5)
 
 
+def test_moment_metrics_take_huge_weights():
+  # weights of 1e30 (w * x**2 fits float32): the batch co-moment's correction
+  # first**2 / n overflowed (R2 0.0, Pearson NaN; Std 0.0, ExplainedVariance 1.0)
+  rng = np.random.default_rng(0)
+  target = rng.standard_normal(32).astype(np.float32)
+  preds = (target + 0.5 * rng.standard_normal(32)).astype(np.float32)
+  weights = np.full(32, 1e30, np.float32)
+  t, p, w = target.astype(float), preds.astype(float), weights.astype(float)
+  cases = [
+    (M.R2Score(), skm.r2_score(t, p, sample_weight=w)),
+    (M.PearsonCorrelation(), scipy.stats.pearsonr(p, t)[0]),
+  ]
+  for metric, want in cases:
+    got = metric.update(preds=preds, target=target, weights=weights).compute()
+    np.testing.assert_allclose(float(got), want, rtol=1e-5, err_msg=type(metric).__name__)
+
+
 def test_kl_normalises_rows_of_any_scale():
   # rows whose sum overflows float32 (3e38 entries) are still distributions
   target = np.array([[3e38, 3e38, 1e38], [1.0, 2.0, 3.0]], np.float32)
