@@ -18,7 +18,6 @@ from padded_eval.metrics._multioutput import check_multioutput, combine
 from padded_eval.metrics.base import Metric, Totals, empty_count, invalid_state, state
 from padded_eval.validation import check_positive_int
 
-
 NAN_VALUE = "nan value"
 """The invalid kind of the weighted means: a real element of nonzero weight whose value is NaN."""
 
