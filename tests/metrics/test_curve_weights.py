@@ -339,14 +339,20 @@ def test_exact_curve_is_sklearns_weighted_roc_curve():
   assert float(m.error_bound()) == 0.0
 
 
-@pytest.mark.parametrize("scale", [1e-25, 1e18])
-def test_exact_areas_of_weights_on_any_scale(scale):
-  # weights of 1e18 overflowed AUROC's w * W sums (NaN) and weights of 1e-25 underflowed
-  # them (AUROC and AUPRC 0.0); the areas are ratios, the same on any scale
+def _scaled_weights_data(scale):
+  """64 rows of binary targets, uniform scores and weights of 1, 2 or 3 times ``scale``."""
   rng = np.random.default_rng(0)
   target = rng.integers(0, 2, 64)
   preds = rng.random(64).astype(np.float32)
   weights = (scale * rng.choice([1.0, 2.0, 3.0], 64)).astype(np.float32)
+  return target, preds, weights
+
+
+@pytest.mark.parametrize("scale", [1e-25, 1e18])
+def test_exact_areas_of_weights_on_any_scale(scale):
+  # weights of 1e18 overflowed AUROC's w * W sums (NaN) and weights of 1e-25 underflowed
+  # them (AUROC and AUPRC 0.0); the areas are ratios, the same on any scale
+  target, preds, weights = _scaled_weights_data(scale)
   for name, reference in REFERENCES.items():
     m = getattr(M, name)(weighted=True, exact=True, capacity=64)
     got = m.update(preds=preds, target=target, weights=weights).compute()
@@ -358,10 +364,7 @@ def test_exact_areas_of_weights_on_any_scale(scale):
 def test_error_bound_holds_for_weights_on_any_scale(scale):
   # the shared-bin bound divided by P * N: it underflowed for weights of 1e-25 (NaN) and
   # overflowed for 1e18 (0.0, under the actual error 2e-4)
-  rng = np.random.default_rng(0)
-  target = rng.integers(0, 2, 64)
-  preds = rng.random(64).astype(np.float32)
-  weights = (scale * rng.choice([1.0, 2.0, 3.0], 64)).astype(np.float32)
+  target, preds, weights = _scaled_weights_data(scale)
   m = M.AUROC(num_thresholds=65, binning="linear", weighted=True)
   m = m.update(preds=preds, target=target, weights=weights)
   want = skm.roc_auc_score(target, preds.astype(float), sample_weight=weights.astype(float))
