@@ -48,8 +48,9 @@ def pad_batches(
       - a `tf.data.Dataset` (or a tfds dataset) of dicts, batched or unbatched. It is padded inside the tf.data
         graph and yields numpy arrays (strings as ``object`` arrays of ``bytes``).
       A pipeline that drops rows (``drop_remainder=True``; a torch DataLoader's ``drop_last=True`` with a
-      short last batch), repeats them (a repeat other than ``.repeat(1)``) or never ends (infinite
-      cardinality) is refused.
+      short last batch), repeats them (a repeat other than ``.repeat(1)``; for tf.data, only in a pipeline
+      of unknown cardinality: one of finite cardinality, ``ds.repeat(2)`` or ``ds.repeat().take(n)``, is
+      read as it is) or never ends (infinite cardinality) is refused.
     batch_size: rows per yielded batch; must be divisible by `num_devices`. None, for an already batched
       source (an iterable of batches, a batched tf.data or grain pipeline, a torch DataLoader): the rows of the
       source's first batch (read now: a re-iterable source is read once more, a one-shot iterator is peeked at),

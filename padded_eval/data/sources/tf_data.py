@@ -7,9 +7,11 @@ the short last batch (`tf.pad`, which forwards a full batch uncopied) and builds
 once, to turn it into numpy. TensorFlow is imported only here, and only once a dataset has been passed.
 
 A pipeline that would lose rows, repeat them or never end is refused when wrapped: infinite cardinality (a
-``.repeat()``), a ``.repeat(n)`` with ``n`` other than 1 anywhere in the pipeline, and a ``batch`` /
-``padded_batch`` / ``rebatch`` with ``drop_remainder=True`` unless its input is known to fill every batch. The
-pipeline is read through tf.data's private ``_inputs()``; a kind of dataset that hides its inputs is not searched.
+``.repeat()``), a ``.repeat(n)`` with ``n`` other than 1 in a pipeline of unknown cardinality (after a ``filter``),
+and a ``batch`` / ``padded_batch`` / ``rebatch`` with ``drop_remainder=True`` unless its input is known to fill
+every batch (or is infinite). A pipeline of finite cardinality (``ds.repeat(2)``, ``ds.repeat().take(n)``) reads
+exactly that many elements and is read as it is, repeats included. The pipeline is read through tf.data's private
+``_inputs()``; a kind of dataset that hides its inputs is not searched.
 """
 
 from __future__ import annotations
@@ -104,8 +106,8 @@ class TfDataSource(Source):
     Raises:
       ValueError: elements that are not dicts (without `keys`), tuples that do not fit `keys`, a key equal to `mask_key`, no tensors, a leaf that is not a tensor (a tuple, a SparseTensor), a leaf of unknown rank
         (with `batched` None), static leading sizes that disagree (batched); a pipeline that never ends
-        (infinite cardinality), repeats rows (``.repeat(n)``, n other than 1) or drops them
-        (``drop_remainder=True``).
+        (infinite cardinality), repeats rows (``.repeat(n)``, n other than 1, with an unknown cardinality) or
+        drops them (``drop_remainder=True``).
     """
     self._built, self._keys = _built_for(obj), None if keys is None else tuple(keys)
     if (
