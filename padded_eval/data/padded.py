@@ -63,7 +63,8 @@ def pad_batches(
     num_batches: if given, yield exactly this many batches, appending all-padding ones (mask all False).
     batched: tf.data sources only: whether elements are batches. Default: inferred from the element spec (a
       scalar leaf means unbatched, an unknown leading size means batched, else the pipeline is searched for a
-      batch op).
+      batch op). Rows of varying length (a ``from_generator`` whose spec is ``[None]``, no scalar key) are
+      thus taken as batches: pass ``batched=False``; a shape error then met names it.
     index_key: if given, every batch also carries ``batch[index_key]``: int32 ``[batch_size]``, each real row's
       0-based position in the source plus `index_offset`, and -1 on padding rows (all-padding batches included).
       Ids join per-row outputs (``masked_eval(..., outputs=True)``) with the data, and are the key of
@@ -246,7 +247,10 @@ class PaddedBatches(cabc.Iterable):
       if ids is not None:
         check_index_key(self._source.spec.leaves, ids.key)
       if fitter is not None:
-        fitter.check_spec(self._source.spec)
+        try:
+          fitter.check_spec(self._source.spec)
+        except ValueError as err:
+          raise ValueError(f"{err}{self._source.spec_hint}") from None
     self.batch_size = batch_size if batch_size is not None else self._source_batch_size(num_devices)
     real = None if num_batches is None else self._num_real_batches()
     if real is not None and real > num_batches:

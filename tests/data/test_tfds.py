@@ -459,3 +459,35 @@ def test_ragged_tensor_rows_are_refused_without_pad_shapes_and_padded_with_them(
   )
   tokens = np.concatenate([b["t"][b["mask"]] for b in padded])
   np.testing.assert_array_equal(tokens, [[1, -1, -1], [2, 3, -1], [4, -1, -1]])
+
+
+def test_rows_of_unknown_length_taken_as_batches_name_batched_false():
+  """``from_generator`` rows of spec ``[None]`` are taken as batches (an unknown leading size, the
+  documented rule); where that guess shows as an error, the message names ``batched=False``, and with
+  it the rows are numpy's rows exactly."""
+  lengths = [1, 3, 2, 3, 1]
+
+  def rows():
+    for i, n in enumerate(lengths):
+      yield {"tokens": np.arange(1, n + 1, dtype=np.int32), "w": np.full(2, i, np.float32)}
+
+  spec = {"tokens": tf.TensorSpec([None], tf.int32), "w": tf.TensorSpec([None], tf.float32)}
+  source = tf.data.Dataset.from_generator(rows, output_signature=spec)
+  guess = r"taken as batches \(key 'tokens' has an unknown leading size\).*batched=False"
+  with pytest.raises(
+    ValueError, match=r"^pad_shapes\['tokens'\] = \(3,\) names 1 trailing axes.*" + guess
+  ):
+    pe.pad_batches(source, 4, num_devices=1, pad_shapes={"tokens": (3,)})
+  with pytest.raises(ValueError, match=r"^leading sizes disagree within a batch.*" + guess):
+    list(pe.pad_batches(source, 4, num_devices=1))  # rebatched in the graph
+  matrices = source.map(  # a trailing size unknown (tf.reshape): padded on the host
+    lambda e: {"tokens": e["tokens"], "w": tf.reshape(e["w"], [2, -1])}
+  )
+  with pytest.raises(ValueError, match=r"^leading sizes disagree within a batch.*" + guess):
+    list(pe.pad_batches(matrices, 4, num_devices=1))
+  got = pe.pad_batches(source, 4, num_devices=1, pad_shapes={"tokens": (3,)}, batched=False)
+  want = {
+    "tokens": np.array([[1, 0, 0], [1, 2, 3], [1, 2, 0], [1, 2, 3], [1, 0, 0]], np.int32),
+    "w": np.repeat(np.arange(5, dtype=np.float32)[:, None], 2, axis=1),
+  }
+  assert_batches_equal(got, expected_batches(want, 4))

@@ -60,12 +60,17 @@ class Source(abc.ABC):
     shape_fitter: ``pad_batches(..., pad_shapes=...)``'s `padded_eval.data.sources.shapes.ShapeFitter`, set after
       the source is wrapped; None pads no axis.
     fits_shapes: whether `chunks` already applies `shape_fitter` (through `checked_chunks`).
+    spec_hint: a sentence ending the messages about the rows' shapes ("" for none): how the kind guessed
+      what a row is, when it guessed (a tf.data source whose `batched` was inferred).
     names_fields: whether the kind's ``__init__`` takes ``keys=`` (``pad_batches(..., keys=...)``: the names
       of the fields of tuple elements, applied with `name_fields`); a kind without it refuses ``keys=``.
   """
 
   description: str = "a data source"
   shape_fitter: ShapeFitter | None = None
+  spec_hint: str = (
+    ""  # appended to messages about the rows' shapes (tf.data: why elements are batches)
+  )
   fits_shapes: bool = False
   names_fields: bool = False
 
