@@ -42,7 +42,9 @@ def pad_batches(
 
   Args:
     source: one of
-      - a Mapping (nested dicts allowed) of arrays holding a whole dataset; every leaf is ``[N, ...]``;
+      - a Mapping (nested dicts allowed) of arrays holding a whole dataset; every leaf is ``[N, ...]``. A tuple
+        inside it is a group of arrays, as in a jax pytree: ``{"x": (a, b)}`` gives ``batch["x"]`` a tuple of
+        the padded ``a`` and ``b`` (a list holds rows);
       - an iterable of such Mappings with any, varying leading sizes; they are re-chunked in order. A batch that
         arrives aligned and already holds exactly `batch_size` rows is passed through without a copy;
       - a `tf.data.Dataset` (or a tfds dataset) of dicts, batched or unbatched. It is padded inside the tf.data
@@ -59,7 +61,7 @@ def pad_batches(
     num_devices: device count the batch is later split over; default ``jax.local_device_count()``, read now.
     mask_key: top-level key of the mask in each yielded batch; no source key may equal it.
     pad_value: value of padded rows: a scalar for every leaf, or a dict (nested like the source, missing keys
-      pad with 0) of per-key scalars. String/bytes leaves pad with empty strings unless given a string.
+      pad with 0, a tuple for a tuple's members) of per-key scalars. String/bytes leaves pad with empty strings unless given a string.
     num_batches: if given, yield exactly this many batches, appending all-padding ones (mask all False).
     batched: tf.data sources only: whether elements are batches. Default: inferred from the element spec (a
       scalar leaf means unbatched, an unknown leading size means batched, else the pipeline is searched for a

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from padded_eval.data._batch_spec import BatchSpec, FlatBatch
-from padded_eval.data._tree import flatten, path_name, ragged_message
+from padded_eval.data._tree import Index, flatten, path_name, ragged_message
 from padded_eval.data.sources.array_like import to_numpy
 
 if TYPE_CHECKING:
@@ -300,7 +300,7 @@ def flatten_rows(
     raise ValueError(
       f"{where} has a key {mask_key!r} equal to mask_key; rename it or pass another mask_key="
     )
-  flat = flatten(batch, convert=False)
+  flat = flatten(batch, convert=False, tuples=True)
   if fit is not None:
     flat = fit(flat)
   if convert:
@@ -311,8 +311,14 @@ def flatten_rows(
   for path, leaf in flat.items():
     shape = _shape(path, leaf, where)
     if not shape:
+      in_tuple = any(type(key) is Index for key in path)
       raise ValueError(
         f"{where}: key {path_name(path)} is a scalar; expected an array with a leading row dimension"
+        + (
+          " (a tuple in a batch is a group of arrays, as in a jax pytree: pass its rows as a list or an array)"
+          if in_tuple
+          else ""
+        )
       )
     sizes[path] = shape[0]
   if len(set(sizes.values())) > 1:
