@@ -48,7 +48,11 @@ def pad_batches(
       - an iterable of such Mappings with any, varying leading sizes; they are re-chunked in order. A batch that
         arrives aligned and already holds exactly `batch_size` rows is passed through without a copy;
       - a `tf.data.Dataset` (or a tfds dataset) of dicts, batched or unbatched. It is padded inside the tf.data
-        graph and yields numpy arrays (strings as ``object`` arrays of ``bytes``).
+        graph and yields numpy arrays (strings as ``object`` arrays of ``bytes``);
+      - a grain dataset or DataLoader, a Hugging Face dataset, a torch DataLoader (see `padded_eval.data.sources`);
+      - a pandas DataFrame: a Mapping of its columns (``column.to_numpy()``, rows in order, the index not read;
+        padded_eval never imports pandas itself). A column numpy holds no numbers for (strings, objects, dates, a
+        nullable column with missing values) raises ValueError naming it.
       A pipeline that drops rows (``drop_remainder=True``; a torch DataLoader's ``drop_last=True`` with a
       short last batch), repeats them (a repeat other than ``.repeat(1)``; for tf.data, only in a pipeline
       of unknown cardinality: one of finite cardinality, ``ds.repeat(2)`` or ``ds.repeat().take(n)``, is
