@@ -70,7 +70,7 @@ def pad_batches(
     batched: tf.data sources only: whether elements are batches. Default: inferred from the element spec (a
       scalar leaf means unbatched, an unknown leading size means batched, else the pipeline is searched for a
       batch op). Rows of varying length (a ``from_generator`` whose spec is ``[None]``, no scalar key) are
-      thus taken as batches: pass ``batched=False``; a shape error then met names it.
+      thus taken as batches: pass ``batched=False`` (the shape errors this guess leads to say so).
     index_key: if given, every batch also carries ``batch[index_key]``: int32 ``[batch_size]``, each real row's
       0-based position in the source plus `index_offset`, and -1 on padding rows (all-padding batches included).
       Ids join per-row outputs (``masked_eval(..., outputs=True)``) with the data, and are the key of
