@@ -48,7 +48,7 @@ class Index:
 
 
 def flatten(
-  tree: cabc.Mapping, convert: bool = True, prefix: Path = (), tuples: bool = False
+  tree: cabc.Mapping | tuple, convert: bool = True, prefix: Path = (), tuples: bool = False
 ) -> FlatBatch:
   """Flattens nested Mappings into ``{path: leaf}`` in key order; leaves become numpy arrays if `convert`.
 
