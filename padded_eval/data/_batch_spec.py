@@ -321,7 +321,7 @@ class BatchSpec:
     known = set()
     for path in self.leaves:
       known.update(path[:i] for i in range(1, len(path) + 1))
-    for path in flatten(pad_value, convert=False):
+    for path in flatten(pad_value, convert=False, tuples=True):
       if path not in known:
         raise ValueError(
           f"pad_value has key {path_name(path)}, which the source does not have; "

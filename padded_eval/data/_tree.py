@@ -1,13 +1,14 @@
 """Flat and tree views of batches: the helpers under `padded_eval.data._batch_spec` (which re-exports the public ones).
 
 A dict batch has flat views keyed by path, ``{("features", "image"): leaf}`` (`flatten`, `unflatten`,
-`path_name`); a pytree batch of ``masked_eval(mask_fn=...)`` is read with `tree_leaves`. Also: the scalar that pads
+`path_name`; a tuple inside a batch is a node too, its positions `Index` keys: ``("x", Index(0))``); a pytree batch of ``masked_eval(mask_fn=...)`` is read with `tree_leaves`. Also: the scalar that pads
 a leaf (`fill_value`), and the hint for batches whose trailing sizes vary (`pad_shapes_hint`).
 """
 
 from __future__ import annotations
 
 import collections.abc as cabc
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy as np
 __all__ = [
   "STRING_KINDS",
   "FlatBatch",
+  "Index",
   "Path",
   "check_mask_fn_result",
   "check_not_strings",
@@ -34,29 +36,61 @@ FlatBatch = dict[Path, Any]
 STRING_KINDS = "USO"  # unicode, bytes, object (tf.data yields bytes as object arrays)
 
 
-def flatten(tree: cabc.Mapping, convert: bool = True, prefix: Path = ()) -> FlatBatch:
-  """Flattens nested Mappings into ``{path: leaf}`` in key order; leaves become numpy arrays if `convert`."""
+@dataclasses.dataclass(frozen=True, order=True)
+class Index:
+  """A position in a tuple of a batch, as a key of a flat path (``("x", Index(1))``): unequal to a dict's int
+  key, so that `unflatten` gives the tuple back. Printed as the bare position (``'x/1'`` in messages)."""
+
+  position: int
+
+  def __str__(self) -> str:
+    return str(self.position)
+
+
+def flatten(
+  tree: cabc.Mapping | tuple, convert: bool = True, prefix: Path = (), tuples: bool = False
+) -> FlatBatch:
+  """Flattens nested Mappings into ``{path: leaf}`` in key order; leaves become numpy arrays if `convert`.
+
+  With `tuples`, a plain tuple (not a list, which holds rows, nor a namedtuple) is a node too, its members
+  keyed by `Index` (a batch's ``{"x": (a, b)}``: two leaves, given back as a tuple by `unflatten`); without,
+  a tuple is a leaf (a ``pad_shapes`` value, a tf.data spec).
+  """
   flat: FlatBatch = {}
-  for key, value in tree.items():
+  items = (
+    ((Index(i), value) for i, value in enumerate(tree)) if type(tree) is tuple else tree.items()
+  )
+  for key, value in items:
     path = prefix + (key,)
     if type(value) is np.ndarray:  # the common case, without the slower Mapping check
       flat[path] = value
-    elif isinstance(value, cabc.Mapping):
-      flat.update(flatten(value, convert, path))
+    elif isinstance(value, cabc.Mapping) or (tuples and type(value) is tuple):
+      flat.update(flatten(value, convert, path, tuples))
     else:
       flat[path] = np.asarray(value) if convert else value
   return flat
 
 
 def unflatten(flat: FlatBatch) -> dict:
-  """Inverse of `flatten`: nested plain dicts."""
+  """Inverse of `flatten`: nested plain dicts, and tuples where the keys are `Index` positions."""
   tree: dict = {}
+  tuples = False
   for path, leaf in flat.items():
     node = tree
     for key in path[:-1]:
       node = node.setdefault(key, {})
     node[path[-1]] = leaf
-  return tree
+    tuples = tuples or any(type(key) is Index for key in path)
+  return _with_tuples(tree) if tuples else tree
+
+
+def _with_tuples(node: Any) -> Any:
+  """`node` (a dict of `unflatten`) with each dict keyed by `Index` positions made a tuple, in order."""
+  if type(node) is not dict:
+    return node
+  if node and all(type(key) is Index for key in node):
+    return tuple(_with_tuples(node[key]) for key in sorted(node))
+  return {key: _with_tuples(value) for key, value in node.items()}
 
 
 def path_name(path: Path) -> str:
@@ -224,6 +258,9 @@ def fill_value(pad_value: Any, path: Path, dtype: np.dtype) -> Any:
   """
   value = pad_value
   for key in path:
+    if type(key) is Index and type(value) is tuple:  # per-member pad values of a tuple in the batch
+      value = value[key.position] if key.position < len(value) else 0
+      continue
     if not isinstance(value, cabc.Mapping):
       break
     value = value.get(key, 0)

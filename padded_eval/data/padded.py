@@ -42,14 +42,21 @@ def pad_batches(
 
   Args:
     source: one of
-      - a Mapping (nested dicts allowed) of arrays holding a whole dataset; every leaf is ``[N, ...]``;
+      - a Mapping (nested dicts allowed) of arrays holding a whole dataset; every leaf is ``[N, ...]``. A tuple
+        inside it is a group of arrays, as in a jax pytree: ``{"x": (a, b)}`` gives ``batch["x"]`` a tuple of
+        the padded ``a`` and ``b`` (a list holds rows);
       - an iterable of such Mappings with any, varying leading sizes; they are re-chunked in order. A batch that
         arrives aligned and already holds exactly `batch_size` rows is passed through without a copy;
       - a `tf.data.Dataset` (or a tfds dataset) of dicts, batched or unbatched. It is padded inside the tf.data
-        graph and yields numpy arrays (strings as ``object`` arrays of ``bytes``).
+        graph and yields numpy arrays (strings as ``object`` arrays of ``bytes``);
+      - a grain dataset or DataLoader, a Hugging Face dataset, a torch DataLoader (see `padded_eval.data.sources`);
+      - a pandas DataFrame: a Mapping of its columns (``column.to_numpy()``, rows in order, the index not read;
+        padded_eval never imports pandas itself). A column numpy holds no numbers for (strings, objects, dates, a
+        nullable column with missing values) raises ValueError naming it.
       A pipeline that drops rows (``drop_remainder=True``; a torch DataLoader's ``drop_last=True`` with a
-      short last batch), repeats them (a repeat other than ``.repeat(1)``) or never ends (infinite
-      cardinality) is refused.
+      short last batch), repeats them (a repeat other than ``.repeat(1)``; for tf.data, only in a pipeline
+      of unknown cardinality: one of finite cardinality, ``ds.repeat(2)`` or ``ds.repeat().take(n)``, is
+      read as it is) or never ends (infinite cardinality) is refused.
     batch_size: rows per yielded batch; must be divisible by `num_devices`. None, for an already batched
       source (an iterable of batches, a batched tf.data or grain pipeline, a torch DataLoader): the rows of the
       source's first batch (read now: a re-iterable source is read once more, a one-shot iterator is peeked at),
@@ -58,11 +65,12 @@ def pad_batches(
     num_devices: device count the batch is later split over; default ``jax.local_device_count()``, read now.
     mask_key: top-level key of the mask in each yielded batch; no source key may equal it.
     pad_value: value of padded rows: a scalar for every leaf, or a dict (nested like the source, missing keys
-      pad with 0) of per-key scalars. String/bytes leaves pad with empty strings unless given a string.
+      pad with 0, a tuple for a tuple's members) of per-key scalars. String/bytes leaves pad with empty strings unless given a string.
     num_batches: if given, yield exactly this many batches, appending all-padding ones (mask all False).
     batched: tf.data sources only: whether elements are batches. Default: inferred from the element spec (a
       scalar leaf means unbatched, an unknown leading size means batched, else the pipeline is searched for a
-      batch op).
+      batch op). Rows of varying length (a ``from_generator`` whose spec is ``[None]``, no scalar key) are
+      thus taken as batches: pass ``batched=False`` (the shape errors this guess leads to say so).
     index_key: if given, every batch also carries ``batch[index_key]``: int32 ``[batch_size]``, each real row's
       0-based position in the source plus `index_offset`, and -1 on padding rows (all-padding batches included).
       Ids join per-row outputs (``masked_eval(..., outputs=True)``) with the data, and are the key of
@@ -245,7 +253,10 @@ class PaddedBatches(cabc.Iterable):
       if ids is not None:
         check_index_key(self._source.spec.leaves, ids.key)
       if fitter is not None:
-        fitter.check_spec(self._source.spec)
+        try:
+          fitter.check_spec(self._source.spec)
+        except ValueError as err:
+          raise ValueError(f"{err}{self._source.spec_hint}") from None
     self.batch_size = batch_size if batch_size is not None else self._source_batch_size(num_devices)
     real = None if num_batches is None else self._num_real_batches()
     if real is not None and real > num_batches:

@@ -251,6 +251,68 @@ def test_tensorflow_is_imported_only_for_tf_sources():
   subprocess.run([sys.executable, "-c", code], check=True)
 
 
+# ---- pandas DataFrame -------------------------------------------------------------------------------------------
+
+
+def test_a_dataframe_is_padded_as_its_columns():
+  """A DataFrame is a Mapping of its columns (rows in order, the index ignored): 21 rows, dividing neither
+  the batch of 16 nor the 8 devices, give the numpy reference's batches, padded rows masked."""
+  pd = pytest.importorskip("pandas")
+  rng = np.random.default_rng(5)
+  data = {
+    "x": rng.normal(size=21).astype(np.float32),
+    "label": rng.integers(0, 3, 21),
+    "ok": rng.random(21) < 0.5,
+    "f": np.where(np.arange(21) % 4 == 0, np.nan, np.arange(21.0)),  # NaN kept, as numpy holds it
+  }
+  frame = pd.DataFrame(data, index=np.arange(21)[::-1] * 10)
+  pad = {"x": np.nan, "label": -1, "ok": False, "f": -2.0}
+  got = pe.pad_batches(frame, 16, num_devices=8, pad_value=pad)
+  assert len(got) == 2
+  assert_batches_equal(got, expected_batches(data, 16, pad=pad))
+  assert_batches_equal(got.skip(1), expected_batches(data, 16, pad=pad)[1:])  # seeks, as a Mapping
+  nullable = pd.DataFrame({"n": pd.array([1, 2, 3], dtype="Int64")})  # no NA: its numpy dtype
+  assert_batches_equal(
+    pe.pad_batches(nullable, 4, num_devices=1), expected_batches({"n": np.arange(1, 4)}, 4)
+  )
+
+
+@pytest.mark.parametrize(
+  ("columns", "match"),
+  [
+    (
+      {"x": [1.0, 2.0], "name": ["a", "b"]},
+      r"^the DataFrame's column 'name' has dtype (str|object)",
+    ),
+    (
+      {"x": [1.0, 2.0], "when": ["2020", "2021"]},
+      r"^the DataFrame's column 'when' has dtype datetime64",
+    ),
+    (
+      {"n": [1, None]},
+      r"^the DataFrame's column 'n' holds missing values \(NA\), which numpy int64",
+    ),
+    ({"mask": [1, 2]}, r"has a key 'mask' equal to mask_key"),
+  ],
+)
+def test_dataframe_columns_numpy_cannot_pad_are_refused_naming_them(columns, match):
+  pd = pytest.importorskip("pandas")
+  frame = pd.DataFrame(columns)
+  if "when" in columns:
+    frame["when"] = pd.to_datetime(frame["when"])
+  if "n" in columns:
+    frame["n"] = frame["n"].astype("Int64")
+  with pytest.raises(ValueError, match=match):
+    pe.pad_batches(frame, 4, num_devices=1)
+
+
+def test_a_dataframe_with_repeated_column_names_is_refused():
+  pd = pytest.importorskip("pandas")
+  frame = pd.DataFrame([[1, 2]], columns=["a", "a"])
+  with pytest.raises(ValueError, match=r"^the DataFrame has repeated column names \['a'\]"):
+    pe.pad_batches(frame, 4, num_devices=1)
+
+
 # ---- registering a new kind -------------------------------------------------------------------------------------
 
 
@@ -301,7 +363,7 @@ def test_unregistered_kind_is_refused_with_the_list_of_kinds():
   with pytest.raises(
     TypeError,
     match=r"^source must be a Mapping of arrays, an iterable of Mappings, a tf.data.Dataset, a grain "
-    r"dataset or DataLoader, a Hugging Face dataset or a torch DataLoader; got Columns$",
+    r"dataset or DataLoader, a Hugging Face dataset, a torch DataLoader or a pandas DataFrame; got Columns$",
   ):
     pe.pad_batches(Columns(x=np.arange(3)), 4, num_devices=1)
   with pytest.raises(TypeError, match="subclass of padded_eval.data.sources.Source"):

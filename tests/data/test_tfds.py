@@ -1,5 +1,7 @@
 """pad_batches over tf.data and a real tfds dataset (scikit-learn digits, built offline)."""
 
+import operator
+
 import numpy as np
 import pytest
 from _padding_reference import assert_batches_equal, expected_batches
@@ -107,9 +109,14 @@ def test_drop_remainder_that_drops_nothing_is_read_whole():
     (lambda ds: ds.repeat(), r"infinite \(its cardinality is tf.data.INFINITE_CARDINALITY"),
     (lambda ds: ds.batch(16).repeat(), "infinite"),
     (lambda ds: ds.filter(lambda e: e["label"] >= 0).repeat(), "infinite"),
-    (lambda ds: ds.repeat(2), r"repeats its rows 2 times \(.repeat\(2\)\)"),
-    (lambda ds: ds.repeat().take(300), r"repeats its rows forever \(.repeat\(\)\)"),
-    (lambda ds: tf.data.Dataset.zip({"a": ds.repeat(3)}), r"repeats its rows 3 times"),
+    (  # unknown cardinality: how often the rows are read is not known
+      lambda ds: ds.filter(lambda e: e["label"] >= 0).repeat(2),
+      r"repeats its rows 2 times \(.repeat\(2\)\) and its cardinality is unknown",
+    ),
+    (
+      lambda ds: tf.data.Dataset.zip({"a": ds.filter(lambda e: e["label"] >= 0).repeat(3)}),
+      r"repeats its rows 3 times",
+    ),
   ],
 )
 @pytest.mark.parametrize("batch_size", [64, None])
@@ -144,6 +151,38 @@ def test_repeat_once_reads_every_row_once():  # gemma's grain pipeline calls .re
   for source in (slices(data).repeat(1), slices(data).batch(16).repeat(1)):
     got = pe.pad_batches(source, 64, num_devices=8, pad_value=pad)
     assert_batches_equal(got, expected_batches(data, 64, pad=pad))
+
+
+FINITE_REPEATS = {  # a pipeline of finite cardinality is read as it is: its rows, repeats included
+  "repeat(2)": (lambda ds: ds.repeat(2), lambda d: np.concatenate([d, d])),
+  "repeat().take(45)": (lambda ds: ds.repeat().take(45), lambda d: np.concatenate([d, d, d])[:45]),
+  "take(3).repeat(3)": (lambda ds: ds.take(3).repeat(3), lambda d: np.concatenate([d[:3]] * 3)),
+  "batch(4).repeat(2)": (lambda ds: ds.batch(4).repeat(2), lambda d: np.concatenate([d, d])),
+  "repeat().batch(4, drop_remainder=True).take(7)": (
+    lambda ds: ds.repeat().batch(4, drop_remainder=True).take(7),
+    lambda d: np.concatenate([d, d])[:28],
+  ),
+  "zip(repeat(2))": (
+    lambda ds: tf.data.Dataset.zip(ds.repeat(2)),
+    lambda d: np.concatenate([d, d]),
+  ),
+}
+
+
+@pytest.mark.parametrize("name", FINITE_REPEATS)
+@pytest.mark.parametrize("batch_size", [4, 8])
+def test_repeats_of_finite_cardinality_are_read_as_they_are(name, batch_size):
+  """``ds.repeat(2)``, ``ds.repeat().take(n)`` (n dividing neither batch size): the rows read are numpy's
+  repeated rows exactly, in count and values, padded rows masked; ``len()`` when the cardinality tells it."""
+  pipeline, rows = FINITE_REPEATS[name]
+  data = dataset(17)
+  want = {key: rows(value) for key, value in data.items()}
+  got = pe.pad_batches(pipeline(slices(data)), batch_size, num_devices=1, pad_value=-1)
+  assert_batches_equal(got, expected_batches(want, batch_size, pad=-1))
+  batches = -(-len(want["label"]) // batch_size)
+  assert operator.length_hint(got) == batches
+  if "batch(4)" not in name or "drop_remainder" in name:  # a static row count: len() known
+    assert len(got) == batches
 
 
 def test_filtered_unknown_cardinality():
@@ -420,3 +459,35 @@ def test_ragged_tensor_rows_are_refused_without_pad_shapes_and_padded_with_them(
   )
   tokens = np.concatenate([b["t"][b["mask"]] for b in padded])
   np.testing.assert_array_equal(tokens, [[1, -1, -1], [2, 3, -1], [4, -1, -1]])
+
+
+def test_rows_of_unknown_length_taken_as_batches_name_batched_false():
+  """``from_generator`` rows of spec ``[None]`` are taken as batches (an unknown leading size, the
+  documented rule); where that guess shows as an error, the message names ``batched=False``, and with
+  it the rows are numpy's rows exactly."""
+  lengths = [1, 3, 2, 3, 1]
+
+  def rows():
+    for i, n in enumerate(lengths):
+      yield {"tokens": np.arange(1, n + 1, dtype=np.int32), "w": np.full(2, i, np.float32)}
+
+  spec = {"tokens": tf.TensorSpec([None], tf.int32), "w": tf.TensorSpec([None], tf.float32)}
+  source = tf.data.Dataset.from_generator(rows, output_signature=spec)
+  guess = r"taken as batches \(key 'tokens' has an unknown leading size\).*batched=False"
+  with pytest.raises(
+    ValueError, match=r"^pad_shapes\['tokens'\] = \(3,\) names 1 trailing axes.*" + guess
+  ):
+    pe.pad_batches(source, 4, num_devices=1, pad_shapes={"tokens": (3,)})
+  with pytest.raises(ValueError, match=r"^leading sizes disagree within a batch.*" + guess):
+    list(pe.pad_batches(source, 4, num_devices=1))  # rebatched in the graph
+  matrices = source.map(  # a trailing size unknown (tf.reshape): padded on the host
+    lambda e: {"tokens": e["tokens"], "w": tf.reshape(e["w"], [2, -1])}
+  )
+  with pytest.raises(ValueError, match=r"^leading sizes disagree within a batch.*" + guess):
+    list(pe.pad_batches(matrices, 4, num_devices=1))
+  got = pe.pad_batches(source, 4, num_devices=1, pad_shapes={"tokens": (3,)}, batched=False)
+  want = {
+    "tokens": np.array([[1, 0, 0], [1, 2, 3], [1, 2, 0], [1, 2, 3], [1, 0, 0]], np.int32),
+    "w": np.repeat(np.arange(5, dtype=np.float32)[:, None], 2, axis=1),
+  }
+  assert_batches_equal(got, expected_batches(want, 4))

@@ -14,7 +14,7 @@ from _padding_reference import assert_batches_equal, expected_batches
 from _source_cases import GARBAGE, make_data, make_params, numeric, reference, step_fn
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_sources_torch import HAS_TORCH, fake_loader
+from test_sources_torch import HAS_TORCH, FakeLoader, fake_loader
 
 import padded_eval as pe
 
@@ -177,3 +177,58 @@ def test_property_tuple_batches_are_the_rows_in_order(n, chunk, batch_size, kind
     source = grain.MapDataset.source(tuple_rows(data)).batch(chunk)
   batches = pe.pad_batches(source, batch_size, num_devices=1, keys=KEYS, pad_value=GARBAGE)
   assert_batches_equal(batches, expected_batches(data, batch_size, pad=GARBAGE))
+
+
+TUPLE_LEAF_SOURCES = {  # a tuple of per-row arrays inside a dict batch is a pytree node, as jax has it
+  "Mapping": lambda d: d,
+  "list of batches of 9": lambda d: [
+    {"x": tuple(a[s : s + 9] for a in d["x"]), "y": d["y"][s : s + 9]} for s in range(0, N, 9)
+  ],
+  "grain MapDataset rows": lambda d: grain.MapDataset.source(pair_rows(d)),
+  "grain MapDataset.batch(5)": lambda d: grain.MapDataset.source(pair_rows(d)).batch(5),
+  "grain DataLoader rows": lambda d: grain_loader(pair_rows(d)),
+  "fake DataLoader": lambda d: PairLoader(
+    [{"x0": d["x"][0][i], "x1": d["x"][1][i], "y": d["y"][i]} for i in range(N)], batch_size=5
+  ),
+}
+
+
+def pair_rows(data):
+  return [{"x": (data["x"][0][i], data["x"][1][i]), "y": data["y"][i]} for i in range(N)]
+
+
+class PairLoader(FakeLoader):
+  """A DataLoader whose collate_fn gives ``{"x": (x0, x1), "y": y}``."""
+
+  def __iter__(self):
+    for batch in super().__iter__():
+      yield {"x": (batch["x0"], batch["x1"]), "y": batch["y"]}
+
+
+PairLoader.__name__, PairLoader.__module__ = FakeLoader.__name__, FakeLoader.__module__
+
+
+@pytest.mark.parametrize("name", TUPLE_LEAF_SOURCES)
+def test_a_tuple_inside_a_dict_batch_stays_a_tuple_of_padded_arrays(name):
+  """``{"x": (a, b)}``: ``batch["x"]`` is a tuple of padded arrays, each the numpy reference's rows
+  (before, the tuple was stacked into one array whose rows were its members); pad values per member."""
+  rng = np.random.default_rng(3)
+  a, b = rng.normal(size=(N, 2)).astype(np.float32), np.arange(N, dtype=np.int32)
+  data = {"x": (a, b), "y": np.arange(N, dtype=np.int64) * 2}
+  source = TUPLE_LEAF_SOURCES[name](data)
+  pad = {"x": (np.nan, -7), "y": -1}
+  got = list(pe.pad_batches(source, BATCH, num_devices=1, pad_value=pad))
+  want = expected_batches(
+    {"x0": a, "x1": b, "y": data["y"]}, BATCH, pad={"x0": np.nan, "x1": -7, "y": -1}
+  )
+  assert [type(batch["x"]) for batch in got] == [tuple] * len(want)
+  flat = [{"x0": g["x"][0], "x1": g["x"][1], "y": g["y"], "mask": g["mask"]} for g in got]
+  assert_batches_equal(flat, want)
+  assert [set(g) for g in got] == [{"x", "y", "mask"}] * len(want)
+
+
+def test_a_tuple_of_scalars_inside_a_dict_batch_says_it_is_a_group_of_arrays():
+  with pytest.raises(
+    ValueError, match=r"key 'y/0' is a scalar.*a tuple in a batch is a group of arrays"
+  ):
+    list(pe.pad_batches([{"x": np.arange(3), "y": (0, 1, 1)}], 4, num_devices=1))

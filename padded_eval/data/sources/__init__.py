@@ -4,7 +4,15 @@ A kind is a `Source` subclass (see `base.py`); kinds registered later are tried 
 with the subclass and add its `register(...)` line below (docs/architecture.md, "Adding a source").
 """
 
-from padded_eval.data.sources import grain, huggingface, iterable, mapping, tf_data, torch
+from padded_eval.data.sources import (
+  dataframe,
+  grain,
+  huggingface,
+  iterable,
+  mapping,
+  tf_data,
+  torch,
+)
 from padded_eval.data.sources.base import Chunk as Chunk
 from padded_eval.data.sources.base import RowIds as RowIds
 from padded_eval.data.sources.base import Source as Source
@@ -21,3 +29,6 @@ register(tf_data.TfDataSource)
 register(grain.GrainSource)
 register(huggingface.HuggingFaceSource)
 register(torch.TorchLoaderSource)
+register(
+  dataframe.DataFrameSource
+)  # tried before the iterables (a DataFrame iterates its column names)

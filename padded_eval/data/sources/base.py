@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from padded_eval.data._batch_spec import BatchSpec, FlatBatch
-from padded_eval.data._tree import flatten, path_name, ragged_message
+from padded_eval.data._tree import Index, flatten, path_name, ragged_message
 from padded_eval.data.sources.array_like import to_numpy
 
 if TYPE_CHECKING:
@@ -60,12 +60,17 @@ class Source(abc.ABC):
     shape_fitter: ``pad_batches(..., pad_shapes=...)``'s `padded_eval.data.sources.shapes.ShapeFitter`, set after
       the source is wrapped; None pads no axis.
     fits_shapes: whether `chunks` already applies `shape_fitter` (through `checked_chunks`).
+    spec_hint: a sentence ending the messages about the rows' shapes ("" for none): how the kind guessed
+      what a row is, when it guessed (a tf.data source whose `batched` was inferred).
     names_fields: whether the kind's ``__init__`` takes ``keys=`` (``pad_batches(..., keys=...)``: the names
       of the fields of tuple elements, applied with `name_fields`); a kind without it refuses ``keys=``.
   """
 
   description: str = "a data source"
   shape_fitter: ShapeFitter | None = None
+  spec_hint: str = (
+    ""  # appended to messages about the rows' shapes (tf.data: why elements are batches)
+  )
   fits_shapes: bool = False
   names_fields: bool = False
 
@@ -295,7 +300,7 @@ def flatten_rows(
     raise ValueError(
       f"{where} has a key {mask_key!r} equal to mask_key; rename it or pass another mask_key="
     )
-  flat = flatten(batch, convert=False)
+  flat = flatten(batch, convert=False, tuples=True)
   if fit is not None:
     flat = fit(flat)
   if convert:
@@ -306,8 +311,14 @@ def flatten_rows(
   for path, leaf in flat.items():
     shape = _shape(path, leaf, where)
     if not shape:
+      in_tuple = any(type(key) is Index for key in path)
       raise ValueError(
         f"{where}: key {path_name(path)} is a scalar; expected an array with a leading row dimension"
+        + (
+          " (a tuple in a batch is a group of arrays, as in a jax pytree: pass its rows as a list or an array)"
+          if in_tuple
+          else ""
+        )
       )
     sizes[path] = shape[0]
   if len(set(sizes.values())) > 1:

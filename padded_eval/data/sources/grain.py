@@ -154,7 +154,7 @@ class GrainSource(Source):
         read += chunk_rows
     except ValueError:
       rows = [
-        flatten(_named(row, i, self._keys), convert=False)
+        flatten(_named(row, i, self._keys), convert=False, tuples=True)
         for i, row in zip(range(read + chunk_rows), self._data)
       ]
       for path in rows[0] if rows else ():
@@ -304,7 +304,7 @@ def _stacked(
   short); the keys in `ragged` become lists of rows."""
   pending: list = []
   for index, row in enumerate(rows):
-    pending.append(flatten(_named(row, index, keys), convert=False))
+    pending.append(flatten(_named(row, index, keys), convert=False, tuples=True))
     if len(pending) == chunk_rows:
       yield _stack(pending, ragged)
       pending = []

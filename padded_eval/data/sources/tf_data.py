@@ -7,9 +7,11 @@ the short last batch (`tf.pad`, which forwards a full batch uncopied) and builds
 once, to turn it into numpy. TensorFlow is imported only here, and only once a dataset has been passed.
 
 A pipeline that would lose rows, repeat them or never end is refused when wrapped: infinite cardinality (a
-``.repeat()``), a ``.repeat(n)`` with ``n`` other than 1 anywhere in the pipeline, and a ``batch`` /
-``padded_batch`` / ``rebatch`` with ``drop_remainder=True`` unless its input is known to fill every batch. The
-pipeline is read through tf.data's private ``_inputs()``; a kind of dataset that hides its inputs is not searched.
+``.repeat()``), a ``.repeat(n)`` with ``n`` other than 1 in a pipeline of unknown cardinality (after a ``filter``),
+and a ``batch`` / ``padded_batch`` / ``rebatch`` with ``drop_remainder=True`` unless its input is known to fill
+every batch (or is infinite). A pipeline of finite cardinality (``ds.repeat(2)``, ``ds.repeat().take(n)``) reads
+exactly that many elements and is read as it is, repeats included. The pipeline is read through tf.data's private
+``_inputs()``; a kind of dataset that hides its inputs is not searched.
 """
 
 from __future__ import annotations
@@ -98,14 +100,15 @@ class TfDataSource(Source):
         in the graph, which keeps the cardinality and the pipeline's checks).
       mask_key: the mask's key; no dataset key may equal it.
       batched: whether elements are batches. None: a scalar leaf means unbatched, an unknown leading size
-        means batched, else the pipeline is searched for a batch op.
+        means batched, else the pipeline is searched for a batch op; the guess is named, with
+        ``batched=False``, at the end of a shape error (`spec_hint`).
       keys: the names of the fields of tuple elements, in order (see `name_fields`).
 
     Raises:
       ValueError: elements that are not dicts (without `keys`), tuples that do not fit `keys`, a key equal to `mask_key`, no tensors, a leaf that is not a tensor (a tuple, a SparseTensor), a leaf of unknown rank
         (with `batched` None), static leading sizes that disagree (batched); a pipeline that never ends
-        (infinite cardinality), repeats rows (``.repeat(n)``, n other than 1) or drops them
-        (``drop_remainder=True``).
+        (infinite cardinality), repeats rows (``.repeat(n)``, n other than 1, with an unknown cardinality) or
+        drops them (``drop_remainder=True``).
     """
     self._built, self._keys = _built_for(obj), None if keys is None else tuple(keys)
     if (
@@ -138,6 +141,8 @@ class TfDataSource(Source):
     if self._batched:
       _check_batch_ranks(self._tensor_specs)
       _check_static_leading_sizes(self._tensor_specs)
+    if batched is None and self._batched:
+      self.spec_hint = _batched_guess(self._tensor_specs)
     skip = 1 if self._batched else 0
     self._spec = BatchSpec(
       {
@@ -207,7 +212,7 @@ class TfDataSource(Source):
         first = BatchSpec.of_rows(flat)
       elif self.shape_fitter is None:  # trailing sizes the static spec leaves open may vary
         first.check_rows(flat, index)
-      yield flat, _leading_rows(flat)
+      yield flat, _leading_rows(flat, self.spec_hint)
 
   def _padding_values(self) -> dict:
     """``padded_batch``'s padding values: each key's pad value (see `BatchSpec.fills`)."""
@@ -360,7 +365,7 @@ class TfDataSource(Source):
     if not found:
       return f"the tf.data source failed: {message.strip()}"
     first, first_rows, other, other_rows = (int(g) for g in found.groups())
-    return _disagreeing_sizes(paths[first], first_rows, paths[other], other_rows)
+    return _disagreeing_sizes(paths[first], first_rows, paths[other], other_rows) + self.spec_hint
 
 
 def release_iterator(held: list) -> threading.Thread:
@@ -409,15 +414,29 @@ def _parsed_shape(text: str) -> tuple[int, ...]:
   return tuple(int(size) for size in text.strip("[]").split(",") if size.strip())
 
 
-def _leading_rows(flat: FlatBatch) -> int:
-  """The rows of a numpy batch; ValueError naming two keys whose leading sizes disagree."""
+def _leading_rows(flat: FlatBatch, hint: str = "") -> int:
+  """The rows of a numpy batch; ValueError naming two keys whose leading sizes disagree (`hint` appended)."""
   sizes = {path: len(leaf) for path, leaf in flat.items()}
   first, rows = next(iter(sizes.items()))
   for path, size in sizes.items():
     if size != rows:
       (a, a_rows), (b, b_rows) = sorted([(first, rows), (path, size)])
-      raise ValueError(_disagreeing_sizes(a, a_rows, b, b_rows))
+      raise ValueError(_disagreeing_sizes(a, a_rows, b, b_rows) + hint)
   return rows
+
+
+def _batched_guess(specs: dict) -> str:
+  """The end of a message about rows' shapes when ``batched`` was inferred as True: why, and the switch."""
+  unknown = next((path for path, spec in specs.items() if spec.shape[0] is None), None)
+  why = (
+    "the pipeline has a batch op"
+    if unknown is None
+    else f"key {path_name(unknown)} has an unknown leading size"
+  )
+  return (
+    f". The dataset's elements were taken as batches ({why}); if each element is one row (e.g. a "
+    "from_generator of rows of varying length, spec [None]), pass pe.pad_batches(..., batched=False)"
+  )
 
 
 def _disagreeing_sizes(a: tuple, a_rows: int, b: tuple, b_rows: int) -> str:

@@ -26,7 +26,8 @@ MAX_PIPELINE_DEPTH = 256
 
 def batches_hint(dataset: Any, batched: bool, batch_size: int) -> int | None:
   """A batched pipeline of known cardinality whose batch size is not static (``ds.batch(n)``): the rows
-  its nearest batch op reads (that op's input cardinality, else ``cardinality * n``) over `batch_size`,
+  its nearest batch op reads (that op's input cardinality, times k after a ``repeat(k)``, else
+  ``cardinality * n``, e.g. after a ``take``) over `batch_size`,
   an estimate (a map may change a batch's rows); else None. Nothing is read."""
   cardinality = int(dataset.cardinality())
   if not batched or cardinality < 0:
@@ -37,6 +38,11 @@ def batches_hint(dataset: Any, batched: bool, batch_size: int) -> int | None:
       continue
     parent = getattr(node, "_input_dataset", None)
     rows = -1 if parent is None else int(parent.cardinality())
+    batches = int(node.cardinality())
+    if (
+      rows >= 0 and batches != cardinality
+    ):  # a later repeat(k) (k times the batch op's rows) or take
+      rows = rows * (cardinality // batches) if batches > 0 and cardinality % batches == 0 else -1
     rows = rows if rows >= 0 else cardinality * int(size)
     return -(-rows // batch_size)
   return None
@@ -84,24 +90,32 @@ def infer_batched(dataset: Any, specs: dict) -> bool:
 
 
 def check_rows_read_once(dataset: Any) -> None:
-  """Refuses a pipeline that never ends, repeats its rows or drops some (``drop_remainder=True``)."""
+  """Refuses a pipeline that never ends, repeats its rows or drops some (``drop_remainder=True``).
+
+  A pipeline of finite cardinality reads exactly that many elements, so a repeat in it (``ds.repeat(2)``,
+  ``ds.repeat().take(n)``) is what the user asked for and is read as it is; only a pipeline of unknown
+  cardinality (a ``filter``, ``from_generator``) is searched for a repeat other than ``.repeat(1)``, since
+  how often it reads its rows is not known.
+  """
   import tensorflow as tf
 
-  if int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
+  cardinality = int(dataset.cardinality())
+  if cardinality == tf.data.INFINITE_CARDINALITY:
     raise ValueError(
       "the tf.data.Dataset is infinite (its cardinality is tf.data.INFINITE_CARDINALITY, e.g. after "
-      ".repeat()), so the evaluation would never end; evaluate a pipeline that reads every row once "
-      "(without .repeat())"
+      ".repeat()), so the evaluation would never end; evaluate a pipeline that ends: without .repeat(), "
+      "or bounded by .take(n)"
     )
   for node in pipeline(dataset):
     name = type(node).__name__
-    if "Repeat" in name and hasattr(node, "_count"):
+    if cardinality < 0 and "Repeat" in name and hasattr(node, "_count"):
       count = int(node._count)
       if count != 1:
         times = "forever (.repeat())" if count < 0 else f"{count} times (.repeat({count}))"
         raise ValueError(
-          f"the tf.data.Dataset repeats its rows {times}, so rows would not count exactly once; "
-          "evaluate a pipeline without repeat (or with .repeat(1))"
+          f"the tf.data.Dataset repeats its rows {times} and its cardinality is unknown (e.g. after a "
+          "filter), so rows would not count exactly once; evaluate a pipeline without repeat (or with "
+          ".repeat(1)), or one whose cardinality is known"
         )
     if "batch" in name.lower() and bool(getattr(node, "_drop_remainder", False)):
       lost = rows_dropped(node)
@@ -119,7 +133,11 @@ def rows_dropped(batch_node: Any) -> str:
   if size is None:  # a rebatch: its input's rows are not counted here
     return " (the rows of the short last batch)"
   size = int(size)
-  rows = -1 if parent is None else int(parent.cardinality())
+  rows = -2 if parent is None else int(parent.cardinality())
+  if (
+    rows == -1
+  ):  # tf.data.INFINITE_CARDINALITY: every batch is full (a later take bounds the pipeline)
+    return ""
   if rows < 0:
     return f" (up to {size - 1} rows of batches of {size}; the input's row count is unknown)"
   if rows % size == 0:

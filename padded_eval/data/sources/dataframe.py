@@ -1,0 +1,87 @@
+"""Source kind: a pandas DataFrame, one key per column, rows in order (the index is not read).
+
+Each column becomes a numpy array with ``Series.to_numpy()`` when the DataFrame is wrapped (a view of a numeric
+column where pandas allows it), and the DataFrame is then padded as a whole-dataset Mapping of them
+(`MappingSource`: full batches are views, ``len()`` is known, a resumed evaluation seeks). Columns numpy has no
+number for are refused, naming the column: strings and other objects, dates and times, and a nullable integer or
+bool column holding missing values (``pd.NA``, which numpy's int64 or bool cannot hold; a nullable float column
+gives NaN, as numpy holds it). pandas is never imported here: a DataFrame is recognised by its class's module and
+name, and read through its own methods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from padded_eval.data.sources.mapping import MappingSource
+
+__all__ = ["DataFrameSource", "is_dataframe"]
+
+_NUMBERS = "biufc"  # numpy kinds a device holds: bool, ints, floats, complex
+
+
+def is_dataframe(obj: Any) -> bool:
+  """Whether `obj` is a pandas DataFrame (a subclass included), decided without importing pandas."""
+  return any(
+    cls.__name__ == "DataFrame" and cls.__module__.split(".")[0] == "pandas"
+    for cls in type(obj).__mro__
+  )
+
+
+class DataFrameSource(MappingSource):
+  """A pandas DataFrame as the Mapping ``{column: column.to_numpy()}``."""
+
+  description = "a pandas DataFrame"
+
+  @classmethod
+  def accepts(cls, obj: Any) -> bool:
+    return is_dataframe(obj)
+
+  def __init__(self, obj: Any, *, mask_key: str, batched: bool | None = None):
+    """Reads the columns as numpy arrays.
+
+    Raises:
+      ValueError: repeated column names, a column numpy holds no numbers for (strings, objects, dates), a
+        nullable column whose missing values numpy cannot hold, or see `MappingSource` (a column named
+        `mask_key`, no columns).
+    """
+    super().__init__(_columns(obj), mask_key=mask_key, batched=batched)
+
+
+def _columns(frame: Any) -> dict:
+  """``{column: numpy array}`` of a DataFrame's columns, checked."""
+  if not frame.columns.is_unique:
+    repeated = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
+    raise ValueError(
+      f"the DataFrame has repeated column names {repeated}; expected one column per name (rename them, "
+      "e.g. frame.columns = [...])"
+    )
+  columns = {}
+  for name in frame.columns:
+    series = frame[name]
+    values = series.to_numpy()
+    numpy_dtype = getattr(series.dtype, "numpy_dtype", None)  # a nullable (masked) pandas dtype's
+    if numpy_dtype is not None and values.dtype != numpy_dtype and series.isna().any():
+      raise ValueError(
+        f"the DataFrame's column {name!r} holds missing values (NA), which numpy {numpy_dtype} cannot "
+        f"hold (pandas dtype {series.dtype}); fill them (frame[{name!r}].fillna(value)) or drop those rows "
+        "(frame.dropna(subset=[...])) before pad_batches"
+      )
+    if values.dtype.kind not in _NUMBERS:
+      what = {
+        "O": "strings or Python objects",
+        "U": "strings",
+        "S": "bytes",
+        "M": "dates",
+        "m": "times",
+      }
+      raise ValueError(
+        f"the DataFrame's column {name!r} has dtype {series.dtype} "
+        f"({what.get(values.dtype.kind, 'not numbers')}, which no device holds); expected numbers or bools: "
+        f"encode it as numbers (e.g. frame[{name!r}].astype('int64'), or .cat.codes of a category), or drop "
+        f"it (frame.drop(columns=[{name!r}]))"
+      )
+    columns[name] = np.asarray(values)
+  return columns
