@@ -19,6 +19,7 @@ import numpy as np
 
 from padded_eval.data._tree import (
   FlatBatch,
+  Index,
   Path,
   check_mask_fn_result,
   check_not_strings,
@@ -150,7 +151,7 @@ class BatchSpec:
     leaves = {}
     flat, structure = jax.tree_util.tree_flatten_with_path(batch)
     for key_path, leaf in flat:
-      path = tuple(getattr(key, "key", key) for key in key_path)  # dict keys as they are
+      path = tuple(map(_spec_key, key_path))
       shape, dtype = np.shape(leaf), leaf_dtype(leaf)
       if not shape or shape[0] != batch_size:
         raise ValueError(
@@ -274,17 +275,20 @@ class BatchSpec:
   def to_json(self) -> dict:
     """A JSON-ready dict (key paths as lists of strings, sorted; dtypes as ``np.dtype.str``)."""
     leaves = [
-      [[str(key) for key in path], list(leaf.shape), leaf.dtype.str]
+      [[_json_key(key) for key in path], list(leaf.shape), leaf.dtype.str]
       for path, leaf in self.leaves.items()
     ]
-    leaves.sort(key=lambda item: item[0])
+    leaves.sort(key=lambda item: [(type(key) is int, key) for key in item[0]])
     return {"batch_size": self.batch_size, "mask_key": self.mask_key, "leaves": leaves}
 
   @classmethod
   def from_json(cls, data: dict) -> BatchSpec:
-    """Inverse of `to_json` (dict keys come back as strings)."""
+    """Inverse of `to_json` (dict keys come back as strings, a tuple's positions as `Index` keys)."""
     leaves = {
-      tuple(path): LeafSpec(tuple(shape), np.dtype(dtype)) for path, shape, dtype in data["leaves"]
+      tuple(Index(key) if type(key) is int else key for key in path): LeafSpec(
+        tuple(shape), np.dtype(dtype)
+      )
+      for path, shape, dtype in data["leaves"]
     }
     return cls(leaves, data["batch_size"], data["mask_key"])
 
@@ -370,6 +374,21 @@ class BatchSpec:
     }
     flat[(self.mask_key or "mask",)] = np.zeros(size, dtype=bool)
     return unflatten(flat)
+
+
+def _spec_key(key: Any) -> Any:
+  """One key of a padded batch's JAX key path in a spec: a dict key as it is, a tuple's position as `Index`
+  (so that `padding_batch` gives the tuple back, from JSON too), another key (an attribute) as JAX's."""
+  if hasattr(key, "key"):
+    return key.key
+  if hasattr(key, "idx"):
+    return Index(key.idx)
+  return key
+
+
+def _json_key(key: Any) -> Any:
+  """A spec key in JSON: a tuple's position as an int (a dict key is written as a string)."""
+  return key.position if type(key) is Index else str(key)
 
 
 def _plain(path: Path) -> str:

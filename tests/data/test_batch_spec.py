@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from padded_eval.data._batch_spec import BatchSpec, LeafSpec
-from padded_eval.data._tree import flatten, unflatten
+from padded_eval.data._tree import Index, flatten, unflatten
 from padded_eval.data.sources.base import flatten_rows
 
 
@@ -35,10 +35,7 @@ def test_from_batch_records_rows_shapes_and_dtypes_without_the_mask():
   }
   tupled = {"pair": (np.zeros((4, 2)), np.ones(4, bool)), "valid": np.ones(4, bool)}
   spec = BatchSpec.from_batch(tupled, mask_key="valid")  # any pytree below the dict
-  assert sorted(map(str, spec.leaves)) == [
-    "('pair', SequenceKey(idx=0))",
-    "('pair', SequenceKey(idx=1))",
-  ]
+  assert sorted(spec.leaves) == [("pair", Index(0)), ("pair", Index(1))]  # a tuple's positions
   assert BatchSpec.from_batch(jax.tree.map(jax.numpy.asarray, padded())) == BatchSpec.from_batch(
     padded()
   )
@@ -319,3 +316,22 @@ def test_check_rows_is_check_same_on_flat_batches():
   for batch, match in changed:
     with pytest.raises(ValueError, match="^batch 4: " + match):
       first.check_rows(flatten(batch), 4)
+
+
+def test_a_tuple_in_a_dict_batch_survives_json():
+  """A checkpoint's spec (JSON) rebuilds a batch of the same tree: a tuple stays a tuple (its positions
+  were written as the strings "[0]", "[1]" and came back as dict keys)."""
+  batch = {
+    "x": (np.arange(8, dtype=np.float32), np.zeros((8, 2), np.int32)),
+    "mask": np.ones(8, bool),
+  }
+  spec = BatchSpec.from_batch(batch)
+  data = json.loads(json.dumps(spec.to_json()))
+  assert data["leaves"] == [[["x", 0], [], "<f4"], [["x", 1], [2], "<i4"]]
+  restored = BatchSpec.from_json(data)
+  assert restored == spec and restored.difference(spec) is None
+  empty = restored.padding_batch()
+  assert jax.tree.structure(empty) == jax.tree.structure(batch)
+  assert [leaf.shape for leaf in jax.tree.leaves(empty)] == [(8,), (8,), (8, 2)]
+  assert not empty["mask"].any()
+  spec.check(batch, 1)  # a live batch still matches the spec
