@@ -46,9 +46,9 @@ class MAPE(WeightedMean):
 
   ``eps`` is float64's machine epsilon, as in scikit-learn's
   ``mean_absolute_percentage_error``: a target of 0 gives a huge (finite) error, not
-  inf. The result is a fraction (0.1 is 10%). NaN when empty. A real element with a NaN
-  error (NaN in ``preds`` or ``target``) is counted in ``invalid`` (``"nan value"``) and
-  makes the result NaN.
+  inf. The result is a fraction (0.1 is 10%). NaN when empty. A real element of nonzero
+  weight with a NaN error (NaN in ``preds`` or ``target``) is counted in ``invalid``
+  (``"nan value"``) and makes the result NaN (one of weight 0 is not seen).
 
   Example:
     >>> import jax.numpy as jnp
@@ -59,19 +59,9 @@ class MAPE(WeightedMean):
 
   higher_is_better: ClassVar[bool | None] = False
 
-  invalid: ExactCount = state(invalid_state)
-  invalid_kinds: ClassVar[tuple[str, ...]] = ("nan value",)
-
   def _values(self, *, preds, target, **_):
     preds, target = _pair(preds, target)
     return jnp.abs(preds - target) / jnp.maximum(jnp.abs(target), MAPE_EPSILON), "preds"
-
-  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
-    values, ref = self._values(preds=preds, target=target)
-    nan = broadcast_mask(mask, values.shape, ref) & jnp.isnan(values)
-    invalid = self.count_invalid(**{"nan value": nan})
-    totals = weighted_totals(values, mask, weights, ref, self.power)
-    return totals.then(lambda pair: {"total": pair[0], "weight": pair[1], "invalid": invalid})
 
 
 class MSLE(WeightedMean):
