@@ -512,3 +512,31 @@ def test_nan_in_moment_metrics_is_reported_by_masked_eval(metric, keywords):
     pe.masked_eval(step, None, batches, backend="jit")
   ignored = pe.masked_eval(step, None, batches, backend="jit", on_invalid="ignore")
   assert np.isnan(ignored[metric.name]) and ignored["num_examples"] == 10
+
+
+def test_last_value_counts_nan_in_real_elements():
+  # every update's NaN of nonzero weight is counted (not only the last one's); the value stays
+  # the last update's mean (NaN when that update saw a NaN); padding and weight 0 never count
+  rng = np.random.default_rng(19)
+  values = rng.normal(size=(3, 8)).astype(np.float32)
+  weights = rng.uniform(0.5, 2.0, (3, 8)).astype(np.float32)
+  mask = np.ones((3, 8), bool)
+  mask[:, 6:] = False
+  values[:, 6:] = np.nan  # padding
+  values[0, [1, 4]] = np.nan  # seen
+  values[1, 2], weights[1, 2] = np.nan, 0.0  # not seen
+  values[2, 5] = np.nan
+  parts = [
+    _batch_updates(M.LastValue(), {"values": v, "weights": w, "mask": m})
+    for v, w, m in zip(values, weights, mask)
+  ]
+  seen = mask & (weights != 0)
+  want = int(np.count_nonzero(np.isnan(values) & seen))
+  assert want == 3
+  merged = parts[0].merge(parts[1]).merge(parts[2])
+  assert merged.invalid_counts() == {"nan value": want}
+  assert np.isnan(float(merged.compute()))
+  middle = parts[0].merge(parts[1])  # the last update: its weight-0 NaN unseen
+  assert middle.invalid_counts() == {"nan value": 2}
+  v, w = values[1][seen[1]].astype(np.float64), weights[1][seen[1]].astype(np.float64)
+  np.testing.assert_allclose(float(middle.compute()), np.sum(w * v) / np.sum(w), rtol=1e-6)
