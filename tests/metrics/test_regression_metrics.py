@@ -23,6 +23,7 @@ import padded_eval as pe
 
 M = pe.metrics
 N = 203  # divides neither the batch (32) nor the devices (8)
+_batch_updates = jax.jit(lambda m, b: m.batch_updates(**b))  # one program per metric and shape
 
 
 def _data(seed=0):
@@ -178,6 +179,26 @@ def test_d2_tweedie_power_0_at_any_scale(scale):
   got = float(M.D2TweedieScore(power=0).update(preds=preds, target=target).compute())
   expected = skm.d2_tweedie_score(target.astype(np.float64), preds.astype(np.float64), power=0)
   np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [1e-25, 5e18])
+@pytest.mark.parametrize("power", [-2.0, -1.0, -0.5, 1.5, 3.0])
+def test_d2_tweedie_at_any_scale(power, scale):
+  # the deviance is homogeneous of degree 2 - p: each batch forms it scaled by a power of two
+  # (p = -1 at 5e18: deviances near 1e56, beyond float32; at 1e-25 they underflowed to 0)
+  rng = np.random.default_rng(16)
+  target = (scale * rng.uniform(0.2, 2.0, 24)).astype(np.float32)
+  target[:12] *= np.float32(0.125)  # the two batches at different scales
+  preds = (target * rng.uniform(0.6, 1.6, 24)).astype(np.float32)
+  weights = rng.uniform(0.5, 2.0, 24).astype(np.float32)
+  parts = [
+    _batch_updates(M.D2TweedieScore(power=power), {"preds": p, "target": t, "weights": w})
+    for p, t, w in zip(np.split(preds, 2), np.split(target, 2), np.split(weights, 2))
+  ]
+  got = float(parts[0].merge(parts[1]).compute())
+  t, p, w = (x.astype(np.float64) for x in (target, preds, weights))
+  expected = skm.d2_tweedie_score(t, p, sample_weight=w, power=power)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("power", [-1.0, 1.0, 1.5, 2.0, 3.0])
@@ -427,9 +448,6 @@ _NAN_MOMENTS = {
     lambda p, t, w: skm.explained_variance_score(t, p, sample_weight=w),
   ),
 }
-
-
-_batch_updates = jax.jit(lambda m, b: m.batch_updates(**b))  # one program per metric and shape
 
 
 def _nan_batches(name, n=21, pad=5, nan_rows=True):
