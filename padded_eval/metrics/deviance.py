@@ -28,7 +28,9 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from padded_eval.exact._floats import compensated_sum, ldexp, scale_exponent
 from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import broadcast_mask, element_weights
 from padded_eval.metrics.averages import WeightedMean, weighted_totals, zero_total
@@ -163,6 +165,37 @@ def _null_statistic(target, power: float):
   return jnp.maximum(target, 0.0) ** (2.0 - power) / ((1.0 - power) * (2.0 - power))
 
 
+#: The exponents ``k`` `_power_of_two` tabulates: those of float32 magnitudes (subnormals too).
+_LOWEST_EXPONENT, _HIGHEST_EXPONENT = -160, 160
+
+
+def _power_of_two(k, a: float):
+  """``(n, m)`` with ``2**(k * a) = m * 2**n``: int32 ``n`` and float32 ``m`` in ``[1, 2)``
+  (``m`` rounded once), for int32 ``k`` (an exponent of a float32 magnitude) and a float ``a``.
+
+  Tabulated in float64 over every such ``k``: ``k * a`` in float32 would cost the factor
+  ``|k * a| * 2**-24`` of relative precision (1e-5 at ``k = 60``)."""
+  exponents = np.arange(_LOWEST_EXPONENT, _HIGHEST_EXPONENT + 1, dtype=np.float64)
+  whole = np.floor(exponents * a)
+  index = jnp.clip(k, _LOWEST_EXPONENT, _HIGHEST_EXPONENT) - _LOWEST_EXPONENT
+  factor = jnp.asarray(np.exp2(exponents * a - whole).astype(np.float32))
+  return jnp.asarray(whole.astype(np.int32))[index], factor[index]
+
+
+def _scaled_total(x, used, w, k, a: float) -> ExactSum:
+  """The ExactSum of ``sum w x 2**(k a)`` over ``used`` (``x`` a function of the data scaled by
+  ``2**-k``, homogeneous of degree ``a``): the data's own total, formed in range."""
+  n, m = _power_of_two(k, a)
+  return ExactSum.of_pair(*compensated_sum(jnp.where(used, w * (x * m), 0.0)), n)
+
+
+def _in_frame(total: ExactSum, k, a: float) -> jax.Array:
+  """float32 ``total * 2**-(k a)`` formed on the mantissa (in range where ``total`` is not)."""
+  n, m = _power_of_two(k, a)
+  mantissa, exp = total.frexp()
+  return ldexp(mantissa / m, exp - n)
+
+
 class D2TweedieScore(Metric):
   """D² of the Tweedie deviance: ``1 - D(target, preds) / D(target, mean(target))``
   (scikit-learn ``d2_tweedie_score``), the fraction of deviance explained.
@@ -174,8 +207,12 @@ class D2TweedieScore(Metric):
   :class:`R2Score`). For ``p != 0`` the two terms cancel by the Jensen gap: the relative
   error of the null deviance is about ``2**-24 * |2 - p| * sum w A(y) / D(y, c)`` (1e-6 for
   targets spread over a factor of a few; poor for nearly constant targets, where ``p = 0``
-  is exact). Elements outside the power's domain are counted in ``invalid`` and left out.
-  NaN when empty or when the null deviance is 0.
+  is exact). For ``p`` other than 0, 1 and 2 the deviance is homogeneous of degree ``2 - p``
+  (``d(s y, s mu) = s**(2-p) d(y, mu)``): each batch forms it on data scaled by a power of two
+  and ``compute`` on the totals scaled by the dataset's, so data near 1e18 or 1e-25 (whose
+  deviances leave float32's range for ``p < 0``) scores as at scale 1. Elements outside the
+  power's domain are counted in ``invalid`` and left out. NaN when empty or when the null
+  deviance is 0.
 
   Not offered: ``d2_absolute_error_score`` and ``d2_pinball_score``: their null model is the
   dataset's median / ``alpha``-quantile of ``target``, which no sum over batches gives (it
@@ -220,31 +257,44 @@ class D2TweedieScore(Metric):
     y = jnp.where(used, target, 1.0)
     total = lambda x: ExactSum.of_sum(jnp.where(used, x, 0.0), where=used, weights=w)
     mu = jnp.where(used, preds, 1.0)
+    statistic = total(_null_statistic(y, self.power))
     if self.power == 0:  # squared on scaled errors (R2Score's residual): no over- or underflow
       deviance = ExactSum.of_sum(mu - y, where=used, weights=w, power=2)
-    else:
+    elif self.power in (1.0, 2.0):
       deviance = total(unit_deviance(mu, y, self.power))
+    else:  # homogeneous of degree 2 - p: formed on the batch scaled into [0.5, 1)
+      magnitude = jnp.where(used, jnp.maximum(jnp.abs(y), jnp.abs(mu)), 0.0)
+      k, a = scale_exponent(jnp.max(magnitude, initial=0.0)), 2.0 - self.power
+      y_k, mu_k = ldexp(y, -k), ldexp(mu, -k)
+      deviance = _scaled_total(unit_deviance(mu_k, y_k, self.power), used, w, k, a)
+      statistic = _scaled_total(_null_statistic(y_k, self.power), used, w, k, a)
     return {
       "deviance": deviance,
       "weight": ExactSum.of_sum(w),
       "target_total": total(y),
-      "target_statistic": total(_null_statistic(y, self.power)),
+      "target_statistic": statistic,
       "target_moments": Moments.of(y[..., None], used, w, tuple(range(y.ndim))),
       "invalid": self.count_invalid(**{OUTSIDE: real & ~good}),
     }
 
+  def _frame(self):
+    """The exponent that brings the largest ``|target|`` seen into ``[0.5, 1)``."""
+    low, high = self.target_moments.low[0], self.target_moments.high[0]
+    return scale_exponent(jnp.maximum(jnp.abs(low), jnp.abs(high)))
+
   def _null_deviance(self) -> jax.Array:
-    """The null deviance for ``p != 0`` (``p = 0``: the moments' co-moment, in ``compute``)."""
+    """The null deviance for ``p != 0`` (``p = 0``: the moments' co-moment, in ``compute``);
+    for ``p`` other than 1 and 2 that of the data scaled by `_frame` (see the docstring)."""
     p = self.power
     weight = self.weight.total()
     c = self.target_total.ratio(self.weight)
     if p == 1:
-      term = c * jnp.log(c)
-    elif p == 2:
-      term = -jnp.log(c)
-    else:
-      term = c ** (2.0 - p) / ((1.0 - p) * (2.0 - p))
-    return 2.0 * (self.target_statistic.total() - weight * term)
+      return 2.0 * (self.target_statistic.total() - weight * (c * jnp.log(c)))
+    if p == 2:
+      return 2.0 * (self.target_statistic.total() - weight * -jnp.log(c))
+    k, a = self._frame(), 2.0 - p
+    term = ldexp(c, -k) ** a / ((1.0 - p) * a)
+    return 2.0 * (_in_frame(self.target_statistic, k, a) - weight * term)
 
   def compute(self) -> jax.Array:
     """float32 scalar; NaN when empty or when the null deviance is not positive."""
@@ -255,5 +305,9 @@ class D2TweedieScore(Metric):
       return jnp.where(seen & varies, 1.0 - self.deviance.ratio(null), jnp.nan)
     # a constant target's null deviance is exactly 0 (the sums' difference only rounds)
     null = jnp.where(self.target_moments.constant()[0], 0.0, self._null_deviance())
-    fraction = self.deviance.total() / jnp.where(null > 0, null, 1.0)
+    if self.power in (1.0, 2.0):
+      deviance = self.deviance.total()
+    else:
+      deviance = _in_frame(self.deviance, self._frame(), 2.0 - self.power)
+    fraction = deviance / jnp.where(null > 0, null, 1.0)
     return jnp.where(seen & (null > 0), 1.0 - fraction, jnp.nan)

@@ -41,7 +41,8 @@ from padded_eval.exact.accumulate import (
 )
 from padded_eval.masking import element_weights
 from padded_eval.metrics._multioutput import MULTIOUTPUT_NAMES, check_multioutput, combine
-from padded_eval.metrics.base import Metric, empty_count, state
+from padded_eval.metrics.averages import NAN_VALUE
+from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 from padded_eval.validation import check_choice, check_nonnegative_int
 
 
@@ -203,6 +204,12 @@ def _variance_parts(moments: Moments, column: int):
   return second, ~((mantissa <= 0) | moments.constant()[..., column])
 
 
+def nan_seen(real, w, *values) -> jax.Array:
+  """bool: the real elements of nonzero weight where any of ``values`` is NaN (``"nan value"``)."""
+  nan = functools.reduce(jnp.logical_or, [jnp.isnan(v) for v in values])
+  return real & (w != 0) & nan
+
+
 def _values_of(kwargs, argname: str, owner: str) -> jax.Array:
   if argname not in kwargs:
     raise ValueError(
@@ -249,7 +256,9 @@ class Std(Metric):
     argname: the update keyword whose elements are the data (default ``"values"``).
 
   Update keywords: ``values`` (``argname``) ``[...]`` float; ``mask`` / ``weights`` a
-  prefix of its shape. ``compute()`` is NaN when ``n - ddof <= 0`` (e.g. empty).
+  prefix of its shape. ``compute()`` is NaN when ``n - ddof <= 0`` (e.g. empty). A real
+  element of nonzero weight whose value is NaN is counted in ``invalid`` (``"nan value"``,
+  reported by ``masked_eval``) and makes the result NaN.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -264,6 +273,8 @@ class Std(Metric):
   argname: str = "values"
   moments: Moments = state(lambda self: Moments.zeros((), 1))
   example_rows: ExactCount = state(empty_count)
+  invalid: ExactCount = state(invalid_state)
+  invalid_kinds: ClassVar[tuple[str, ...]] = (NAN_VALUE,)
 
   def number_inputs(self) -> tuple[str, ...]:
     return self.required_inputs()
@@ -279,7 +290,10 @@ class Std(Metric):
   def _batch_state(self, *, mask=None, weights=None, **kwargs):
     values = _values_of(kwargs, self.argname, f"Std(argname={self.argname!r})")
     real, w = element_weights(mask, weights, values.shape, self.argname)
-    return {"moments": Moments.of(values[..., None], real, w, tuple(range(values.ndim)))}
+    return {
+      "moments": Moments.of(values[..., None], real, w, tuple(range(values.ndim))),
+      "invalid": self.count_invalid(**{NAN_VALUE: nan_seen(real, w, values)}),
+    }
 
   def _ratio(self, sqrt: bool) -> jax.Array:
     dof = self.moments.count.total() - self.ddof
@@ -324,7 +338,9 @@ class R2Score(Metric):
       ``SS_tot == 0`` scores NaN if ``SS_res == 0`` and else ``-inf``.
 
   Update keywords: ``preds``, ``target`` float of equal shape; ``mask`` / ``weights``
-  a prefix of their shape.
+  a prefix of their shape. A real element of nonzero weight with NaN in ``preds`` or
+  ``target`` is counted in ``invalid`` (``"nan value"``, reported by ``masked_eval``) and
+  makes its output's score NaN.
 
   Examples:
     >>> import numpy as np
@@ -344,6 +360,8 @@ class R2Score(Metric):
   residual: ExactSum = state(lambda self: ExactSum.zeros(self._output_shape()))
   observations: ExactCount = state(lambda self: ExactCount.zeros(self._output_shape()))
   example_rows: ExactCount = state(empty_count)
+  invalid: ExactCount = state(invalid_state)
+  invalid_kinds: ClassVar[tuple[str, ...]] = (NAN_VALUE,)
 
   def number_inputs(self) -> tuple[str, ...]:
     return self.required_inputs()
@@ -364,6 +382,7 @@ class R2Score(Metric):
       "target_moments": Moments.of(target[..., None], real, w, axes),
       "residual": residual,
       "observations": ExactCount.of(jnp.sum(real, axis=axes, dtype=jnp.int32)),
+      "invalid": self.count_invalid(**{NAN_VALUE: nan_seen(real, w, preds, target)}),
     }
 
   def compute(self) -> jax.Array:
@@ -395,7 +414,9 @@ class PearsonCorrelation(Metric):
   """Pearson correlation of ``preds`` and ``target`` over real elements.
 
   ``C_xy / sqrt(C_xx C_yy)`` from weighted co-moments around the dataset means,
-  merged exactly (Chan). NaN when empty or when either variable is constant.
+  merged exactly (Chan). NaN when empty or when either variable is constant. A real
+  element of nonzero weight with NaN in ``preds`` or ``target`` is counted in ``invalid``
+  (``"nan value"``, reported by ``masked_eval``) and makes its output's correlation NaN.
 
   Args:
     num_outputs: 1 (all elements one sample) or ``D`` for ``[batch, ..., D]`` inputs,
@@ -419,8 +440,9 @@ class PearsonCorrelation(Metric):
   moments: Moments = state(
     lambda self: Moments.zeros(() if self.num_outputs == 1 else (self.num_outputs,), 2)
   )
-
   example_rows: ExactCount = state(empty_count)
+  invalid: ExactCount = state(invalid_state)
+  invalid_kinds: ClassVar[tuple[str, ...]] = (NAN_VALUE,)
 
   def number_inputs(self) -> tuple[str, ...]:
     return self.required_inputs()
@@ -430,7 +452,10 @@ class PearsonCorrelation(Metric):
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     preds, target, real, w, axes = _pair(preds, target, self.num_outputs, mask, weights)
-    return {"moments": Moments.of(jnp.stack([preds, target], axis=-1), real, w, axes)}
+    return {
+      "moments": Moments.of(jnp.stack([preds, target], axis=-1), real, w, axes),
+      "invalid": self.count_invalid(**{NAN_VALUE: nan_seen(real, w, preds, target)}),
+    }
 
   def compute(self) -> jax.Array:
     """The correlation in ``[-1, 1]`` (float32 scalar or ``[D]``); NaN when undefined.

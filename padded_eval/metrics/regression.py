@@ -26,7 +26,7 @@ from padded_eval.masking import broadcast_mask, element_weights
 from padded_eval.metrics._multioutput import MULTIOUTPUT_NAMES, check_multioutput, combine
 from padded_eval.metrics.averages import WeightedMean, weighted_totals
 from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
-from padded_eval.metrics.moments import Moments
+from padded_eval.metrics.moments import Moments, nan_seen
 
 #: scikit-learn's floor on ``|target|`` in MAPE (``np.finfo(np.float64).eps``).
 MAPE_EPSILON = float(np.finfo(np.float64).eps)
@@ -46,9 +46,9 @@ class MAPE(WeightedMean):
 
   ``eps`` is float64's machine epsilon, as in scikit-learn's
   ``mean_absolute_percentage_error``: a target of 0 gives a huge (finite) error, not
-  inf. The result is a fraction (0.1 is 10%). NaN when empty. A real element with a NaN
-  error (NaN in ``preds`` or ``target``) is counted in ``invalid`` (``"nan value"``) and
-  makes the result NaN.
+  inf. The result is a fraction (0.1 is 10%). NaN when empty. A real element of nonzero
+  weight with a NaN error (NaN in ``preds`` or ``target``) is counted in ``invalid``
+  (``"nan value"``) and makes the result NaN (one of weight 0 is not seen).
 
   Example:
     >>> import jax.numpy as jnp
@@ -59,19 +59,9 @@ class MAPE(WeightedMean):
 
   higher_is_better: ClassVar[bool | None] = False
 
-  invalid: ExactCount = state(invalid_state)
-  invalid_kinds: ClassVar[tuple[str, ...]] = ("nan value",)
-
   def _values(self, *, preds, target, **_):
     preds, target = _pair(preds, target)
     return jnp.abs(preds - target) / jnp.maximum(jnp.abs(target), MAPE_EPSILON), "preds"
-
-  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
-    values, ref = self._values(preds=preds, target=target)
-    nan = broadcast_mask(mask, values.shape, ref) & jnp.isnan(values)
-    invalid = self.count_invalid(**{"nan value": nan})
-    totals = weighted_totals(values, mask, weights, ref, self.power)
-    return totals.then(lambda pair: {"total": pair[0], "weight": pair[1], "invalid": invalid})
 
 
 class MSLE(WeightedMean):
@@ -125,8 +115,9 @@ class ExplainedVariance(Metric):
   exactly (Chan). As scikit-learn's ``explained_variance_score`` (``force_finite=True``):
   an output whose residuals do not vary scores 1, and one whose target is constant
   (but residuals vary) scores 0; with ``force_finite=False`` a constant target scores
-  NaN if the residuals do not vary either, else ``-inf``. NaN when empty. A real element with NaN in ``preds`` or
-  ``target`` is counted in ``invalid`` (``"nan value"``) and makes the result NaN.
+  NaN if the residuals do not vary either, else ``-inf``. NaN when empty. A real element of
+  nonzero weight with NaN in ``preds`` or ``target`` is counted in ``invalid``
+  (``"nan value"``) and makes its output's score NaN (one of weight 0 is not seen).
 
   Args:
     num_outputs: 1 (every element of ``preds`` is one observation) or ``D`` for
@@ -171,10 +162,9 @@ class ExplainedVariance(Metric):
     real, w = element_weights(mask, weights, preds.shape, "preds")
     axes = tuple(range(preds.ndim - (self.num_outputs > 1)))
     variables = jnp.stack([target, target - preds], axis=-1)
-    nan = real & (jnp.isnan(preds) | jnp.isnan(target))
     return {
       "moments": Moments.of(variables, real, w, axes),
-      "invalid": self.count_invalid(**{"nan value": nan}),
+      "invalid": self.count_invalid(**{"nan value": nan_seen(real, w, preds, target)}),
     }
 
   def compute(self) -> jax.Array:

@@ -26,8 +26,8 @@ import jax.numpy as jnp
 from padded_eval.exact._floats import compensated_sum
 from padded_eval.exact.accumulate import Accumulator, ExactCount, register_accumulator, upcast
 from padded_eval.masking import element_weights
-from padded_eval.metrics.averages import Mean
-from padded_eval.metrics.base import Metric, empty_count, state
+from padded_eval.metrics.averages import NAN_VALUE, Mean
+from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 
 
 @register_accumulator
@@ -86,7 +86,10 @@ class LastValue(Metric):
   devices by ``reduce``, as CLU averages over the global batch); merging keeps the later
   update. One difference, for padding: an update with no real element (a batch of padding)
   leaves the value as it was (CLU's value becomes 0 / 0). NaN when no real element was seen.
-  See the module docstring for what "last" means across devices.
+  See the module docstring for what "last" means across devices. A real element of nonzero
+  weight whose value is NaN is counted in ``invalid`` (``"nan value"``, reported by
+  ``masked_eval``), in every update, not only the last; the last update's value stays NaN
+  if it held one.
 
   Args:
     argname: the update keyword (default ``"values"``), any shape ``[B, ...]``; ``mask`` and
@@ -106,6 +109,8 @@ class LastValue(Metric):
   argname: str = "values"
   last: LastBatch = state(lambda _: LastBatch.zeros())
   example_rows: ExactCount = state(empty_count)
+  invalid: ExactCount = state(invalid_state)
+  invalid_kinds: ClassVar[tuple[str, ...]] = (NAN_VALUE,)
 
   def required_inputs(self) -> tuple[str, ...]:
     return (self.argname,)
@@ -119,7 +124,10 @@ class LastValue(Metric):
     used = real & (w != 0)
     weighted = jnp.where(used, w * jnp.where(used, values, 0.0), 0.0)
     total, error = compensated_sum(weighted)
-    return {"last": LastBatch.of(total + error, jnp.sum(jnp.where(used, w, 0.0)))}
+    return {
+      "last": LastBatch.of(total + error, jnp.sum(jnp.where(used, w, 0.0))),
+      "invalid": self.count_invalid(**{NAN_VALUE: used & jnp.isnan(values)}),
+    }
 
   def compute(self) -> jax.Array:
     """float32 scalar: the last seen update's mean; NaN if none was seen."""

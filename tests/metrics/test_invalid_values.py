@@ -152,6 +152,7 @@ _MEANS = {
   "mae": lambda: pe.metrics.MAE(),
   "rmse": lambda: pe.metrics.RMSE(),
   "mse_two_outputs": lambda: pe.metrics.MSE(num_outputs=2, multioutput="raw_values"),
+  "mape": lambda: pe.metrics.MAPE(),  # a weighted mean too: a NaN of weight 0 is not seen
 }
 
 
@@ -162,6 +163,7 @@ def _nan_rows(rng, n, shape=()):
   preds[rng.random(preds.shape) < 0.15] = np.nan
   target[rng.random(target.shape) < 0.1] = np.nan
   weights = np.where(rng.random(n) < 0.2, 0.0, rng.uniform(0.5, 2.0, n)).astype(np.float32)
+  preds[np.flatnonzero(weights == 0)[:2]] = np.nan  # NaN nobody sees
   return preds, target, weights
 
 

@@ -23,6 +23,7 @@ import padded_eval as pe
 
 M = pe.metrics
 N = 203  # divides neither the batch (32) nor the devices (8)
+_batch_updates = jax.jit(lambda m, b: m.batch_updates(**b))  # one program per metric and shape
 
 
 def _data(seed=0):
@@ -178,6 +179,26 @@ def test_d2_tweedie_power_0_at_any_scale(scale):
   got = float(M.D2TweedieScore(power=0).update(preds=preds, target=target).compute())
   expected = skm.d2_tweedie_score(target.astype(np.float64), preds.astype(np.float64), power=0)
   np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [1e-25, 5e18])
+@pytest.mark.parametrize("power", [-2.0, -1.0, -0.5, 1.5, 3.0])
+def test_d2_tweedie_at_any_scale(power, scale):
+  # the deviance is homogeneous of degree 2 - p: each batch forms it scaled by a power of two
+  # (p = -1 at 5e18: deviances near 1e56, beyond float32; at 1e-25 they underflowed to 0)
+  rng = np.random.default_rng(16)
+  target = (scale * rng.uniform(0.2, 2.0, 24)).astype(np.float32)
+  target[:12] *= np.float32(0.125)  # the two batches at different scales
+  preds = (target * rng.uniform(0.6, 1.6, 24)).astype(np.float32)
+  weights = rng.uniform(0.5, 2.0, 24).astype(np.float32)
+  parts = [
+    _batch_updates(M.D2TweedieScore(power=power), {"preds": p, "target": t, "weights": w})
+    for p, t, w in zip(np.split(preds, 2), np.split(target, 2), np.split(weights, 2))
+  ]
+  got = float(parts[0].merge(parts[1]).compute())
+  t, p, w = (x.astype(np.float64) for x in (target, preds, weights))
+  expected = skm.d2_tweedie_score(t, p, sample_weight=w, power=power)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("power", [-1.0, 1.0, 1.5, 2.0, 3.0])
@@ -385,3 +406,155 @@ def test_last_value_and_from_fun_in_a_clu_collection_under_pmap():
     results.append(total.compute())
   for key in ("last", "mean"):
     np.testing.assert_allclose(float(results[0][key]), float(results[1][key]), rtol=1e-6)
+
+
+# --- NaN in a real element of nonzero weight is counted ("nan value"), the result stays NaN ------
+
+
+def _weighted_std(x, w, ddof):
+  mean = np.sum(w * x) / np.sum(w)
+  return np.sqrt(np.sum(w * (x - mean) ** 2) / (np.sum(w) - ddof))
+
+
+def _weighted_pearson(p, t, w):
+  dp, dt = p - np.sum(w * p) / np.sum(w), t - np.sum(w * t) / np.sum(w)
+  return np.sum(w * dp * dt) / np.sqrt(np.sum(w * dp**2) * np.sum(w * dt**2))
+
+
+def _per_output(ref, p, t, w):
+  """``ref(p, t, w)`` per column of ``[n, D]`` inputs (or once for ``[n]``); NaN for a column
+  holding a NaN (numpy's formulas give NaN there; scikit-learn refuses it)."""
+  column = lambda p, t: np.nan if np.isnan(p).any() or np.isnan(t).any() else ref(p, t, w)
+  if p.ndim == 1:
+    return np.float64(column(p, t))
+  return np.array([column(p[:, j], t[:, j]) for j in range(p.shape[1])])
+
+
+# name: (metric factory, element shape, float64 reference(preds, target, weights) per output)
+_NAN_MOMENTS = {
+  "std": (lambda: M.Std(), (), lambda p, t, w: _weighted_std(p, w, 0)),
+  "std_ddof1": (lambda: M.Std(ddof=1), (), lambda p, t, w: _weighted_std(p, w, 1)),
+  "r2": (lambda: M.R2Score(), (), lambda p, t, w: skm.r2_score(t, p, sample_weight=w)),
+  "r2_two_outputs": (
+    lambda: M.R2Score(num_outputs=2, multioutput="raw_values"),
+    (2,),
+    lambda p, t, w: skm.r2_score(t, p, sample_weight=w),
+  ),
+  "pearson": (lambda: M.PearsonCorrelation(), (), _weighted_pearson),
+  "pearson_two_outputs": (lambda: M.PearsonCorrelation(num_outputs=2), (2,), _weighted_pearson),
+  "explained_variance": (
+    lambda: M.ExplainedVariance(),
+    (),
+    lambda p, t, w: skm.explained_variance_score(t, p, sample_weight=w),
+  ),
+}
+
+
+def _nan_batches(name, n=21, pad=5, nan_rows=True):
+  """Two jitted ``batch_updates`` of ``name``'s metric merged, and the float64 references.
+
+  Real rows: NaN in some elements of ``preds`` and ``target`` (only in output 0 of two),
+  weights with zeros (a NaN there is not seen); ``pad`` padded rows full of NaN and inf.
+  ``nan_rows=False`` masks the real rows holding a NaN out too (then nothing is invalid).
+  """
+  make, shape, ref = _NAN_MOMENTS[name]
+  rng = np.random.default_rng(17)
+  preds = rng.normal(size=(n, *shape)).astype(np.float32)
+  target = (0.6 * preds + rng.normal(size=(n, *shape))).astype(np.float32)
+  weights = rng.uniform(0.5, 2.0, n).astype(np.float32)
+  weights[[1, 6, 9, 12]] = 0.0  # the NaN rows 1, 9 and 12 are not seen
+  column = (slice(None), 0) if shape else (slice(None),)
+  preds[column][[1, 4, 9, 15]] = np.nan
+  target[column][[4, 12, 19]] = np.nan
+  if name.startswith("std"):  # Std takes one keyword: the NaN of both
+    target = preds
+  nan = np.isnan(preds) | np.isnan(target)
+  row_nan = nan.reshape(n, -1).any(1)
+  real = np.ones(n, bool) if nan_rows else ~row_nan
+  seen = np.broadcast_to(((weights != 0) & real).reshape(-1, *([1] * len(shape))), nan.shape)
+  garbage = np.full((pad, *shape), np.nan, np.float32)
+  args = {
+    "preds": np.concatenate([preds, garbage]),
+    "target": np.concatenate([target, np.full_like(garbage, np.inf)]),
+    "weights": np.r_[weights, np.ones(pad, np.float32)],
+    "mask": np.r_[real, np.zeros(pad, bool)],
+  }
+  if name.startswith("std"):
+    args = {"values": args["preds"], "weights": args["weights"], "mask": args["mask"]}
+  first = {k: v[:13] for k, v in args.items()}
+  second = {k: v[13:] for k, v in args.items()}
+  parts = [_batch_updates(make(), b) for b in (first, second)]  # both 13 rows
+  used = (weights != 0) & real
+  p64, t64 = preds[used].astype(np.float64), target[used].astype(np.float64)
+  want = _per_output(ref, p64, t64, weights[used].astype(np.float64))
+  return parts[0].merge(parts[1]), int(np.count_nonzero(nan & seen)), want
+
+
+@pytest.mark.parametrize("name", _NAN_MOMENTS)
+def test_moment_metrics_count_nan_in_real_elements(name):
+  merged, count, want = _nan_batches(name)
+  assert count > 0
+  assert merged.invalid_counts() == {"nan value": count}
+  got, want = np.atleast_1d(np.asarray(merged.compute(), np.float64)), np.atleast_1d(want)
+  assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(want[0])
+  np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], rtol=2e-6)
+  clean, count, want = _nan_batches(name, nan_rows=False)  # the NaN rows masked out
+  assert count == 0 and clean.invalid_counts() == {"nan value": 0}
+  assert not np.any(np.isnan(want))
+  np.testing.assert_allclose(np.asarray(clean.compute(), np.float64), want, rtol=2e-6)
+
+
+@pytest.mark.parametrize(
+  "metric, keywords",
+  [
+    (M.Std(), ("values",)),
+    (M.R2Score(), ("preds", "target")),
+    (M.PearsonCorrelation(), ("target",)),
+  ],
+  ids=["std", "r2", "pearson"],
+)
+def test_nan_in_moment_metrics_is_reported_by_masked_eval(metric, keywords):
+  x = np.arange(10, dtype=np.float32)
+  y = (x % 3).astype(np.float32)
+  data = {"values": x.copy(), "preds": x.copy(), "target": y}
+  for keyword in keywords:
+    data[keyword][[3, 7]] = np.nan
+  batches = pe.pad_batches(data, 8, pad_value=np.nan)
+
+  def step(params, batch):
+    del params
+    keys = metric.required_inputs()
+    return metric.batch_updates(**{k: batch[k] for k in keys}, mask=batch["mask"])
+
+  with pytest.raises(ValueError, match=rf"'{metric.name}': 2 x 'nan value'"):
+    pe.masked_eval(step, None, batches, backend="jit")
+  ignored = pe.masked_eval(step, None, batches, backend="jit", on_invalid="ignore")
+  assert np.isnan(ignored[metric.name]) and ignored["num_examples"] == 10
+
+
+def test_last_value_counts_nan_in_real_elements():
+  # every update's NaN of nonzero weight is counted (not only the last one's); the value stays
+  # the last update's mean (NaN when that update saw a NaN); padding and weight 0 never count
+  rng = np.random.default_rng(19)
+  values = rng.normal(size=(3, 8)).astype(np.float32)
+  weights = rng.uniform(0.5, 2.0, (3, 8)).astype(np.float32)
+  mask = np.ones((3, 8), bool)
+  mask[:, 6:] = False
+  values[:, 6:] = np.nan  # padding
+  values[0, [1, 4]] = np.nan  # seen
+  values[1, 2], weights[1, 2] = np.nan, 0.0  # not seen
+  values[2, 5] = np.nan
+  parts = [
+    _batch_updates(M.LastValue(), {"values": v, "weights": w, "mask": m})
+    for v, w, m in zip(values, weights, mask)
+  ]
+  seen = mask & (weights != 0)
+  want = int(np.count_nonzero(np.isnan(values) & seen))
+  assert want == 3
+  merged = parts[0].merge(parts[1]).merge(parts[2])
+  assert merged.invalid_counts() == {"nan value": want}
+  assert np.isnan(float(merged.compute()))
+  middle = parts[0].merge(parts[1])  # the last update: its weight-0 NaN unseen
+  assert middle.invalid_counts() == {"nan value": 2}
+  v, w = values[1][seen[1]].astype(np.float64), weights[1][seen[1]].astype(np.float64)
+  np.testing.assert_allclose(float(middle.compute()), np.sum(w * v) / np.sum(w), rtol=1e-6)
