@@ -8,14 +8,14 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.exact.accumulate import ExactCount, upcast
-from padded_eval.masking import broadcast_mask
+from padded_eval.masking import broadcast_mask, element_weights
 from padded_eval.metrics._classification_inputs import check_ignore_index
 from padded_eval.metrics._formatting import (
   PROBABILITIES_AS_LOGITS,
   TARGET_OUT_OF_RANGE,
   looks_like_probabilities,
 )
-from padded_eval.metrics.averages import WeightedMean, weighted_totals
+from padded_eval.metrics.averages import NAN_VALUE, WeightedMean, weighted_totals
 from padded_eval.metrics.base import invalid_state, state
 
 
@@ -58,7 +58,9 @@ class Perplexity(WeightedMean):
   ``"target out of range"`` (:meth:`invalid_counts`, :meth:`invalid_report`). A real token
   whose ``preds`` row looks like probabilities (all in ``[0, 1]``, summing to 1: softmax
   outputs instead of logits, which give a wrong perplexity) is averaged as given and counted,
-  kind ``"preds look like probabilities, not logits"``, so `masked_eval` reports it.
+  kind ``"preds look like probabilities, not logits"``, so `masked_eval` reports it. A real
+  token of nonzero weight whose cross entropy is NaN (a NaN logit, or +inf logits) is counted,
+  kind ``"nan value"``, and makes the perplexity NaN (a weight-0 token is not seen).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -72,7 +74,11 @@ class Perplexity(WeightedMean):
   ignore_index: int | None = None
   invalid: ExactCount = state(invalid_state)
 
-  invalid_kinds: ClassVar[tuple[str, ...]] = (TARGET_OUT_OF_RANGE, PROBABILITIES_AS_LOGITS)
+  invalid_kinds: ClassVar[tuple[str, ...]] = (
+    TARGET_OUT_OF_RANGE,
+    PROBABILITIES_AS_LOGITS,
+    NAN_VALUE,
+  )
 
   def _check_config(self):
     check_ignore_index(self.ignore_index)
@@ -105,10 +111,12 @@ class Perplexity(WeightedMean):
     if self.ignore_index is not None:
       real = real & (target != self.ignore_index)
     in_vocabulary = (target >= 0) & (target < jnp.shape(preds)[-1])
+    seen = real & in_vocabulary & (element_weights(mask, weights, target.shape, ref)[1] != 0)
     bad = self.invalid_flags(
       **{
         TARGET_OUT_OF_RANGE: real & ~in_vocabulary,
         PROBABILITIES_AS_LOGITS: real & in_vocabulary & looks_like_probabilities(preds),
+        NAN_VALUE: seen & jnp.isnan(cross_entropy),
       }
     )
     totals = weighted_totals(cross_entropy, real & in_vocabulary, weights, ref, invalid=bad)

@@ -211,8 +211,52 @@ def test_perplexity_counts_targets_outside_vocabulary(ignore_index):
   assert metric.invalid_counts() == {
     "target out of range": expected,
     "preds look like probabilities, not logits": 0,
+    "nan value": 0,
   }
   assert metric.invalid_report() == [("perplexity", "target out of range", expected)]
+
+
+def test_perplexity_counts_nan_cross_entropy_of_real_tokens():
+  """A real token of nonzero weight whose cross entropy is NaN (a NaN logit, or +inf logits) is
+  counted, kind ``"nan value"``, and the perplexity is NaN; padding and weight 0 never count."""
+  rng = np.random.default_rng(23)
+  rows, length, vocab = 21, 4, 7
+  logits = rng.standard_normal((rows, length, vocab)).astype(np.float32)
+  target = rng.integers(0, vocab, (rows, length)).astype(np.int32)
+  weights = rng.uniform(0.5, 2.0, (rows, length)).astype(np.float32)
+  logits[2, 1, 3] = np.nan
+  logits[5, 0, :2] = np.inf
+  target[5, 0] = 1  # an inf target logit: inf - inf, NaN (another class's inf gives inf)
+  logits[9, 3, 0] = np.nan
+  weights[9, 3] = 0.0  # not seen
+  logits[13, 2, 6] = np.nan
+  target[13, 2] = vocab + 2  # out of range: counted as that, not twice
+  columns = {"preds": logits, "target": target, "weights": weights}
+  metric = _batched(pe.metrics.Perplexity(), columns, 8)
+  with np.errstate(invalid="ignore"):
+    log_probs = logits.astype(F64) - scipy.special.logsumexp(logits.astype(F64), -1, keepdims=True)
+  in_vocabulary = (target >= 0) & (target < vocab)
+  picked = np.take_along_axis(log_probs, np.where(in_vocabulary, target, 0)[..., None], -1)[..., 0]
+  expected = int(np.count_nonzero(np.isnan(picked) & in_vocabulary & (weights != 0)))
+  assert expected == 2
+  counts = metric.invalid_counts()
+  assert counts["nan value"] == expected and counts["target out of range"] == 1
+  assert np.isnan(float(metric.compute()))
+  clean = {k: np.delete(v, [2, 5], axis=0) for k, v in columns.items()}  # the seen NaN rows out
+  keep = np.delete(in_vocabulary & (weights != 0), [2, 5], axis=0)
+  w = clean["weights"].astype(F64)[keep]
+  reference = np.exp(-np.sum(w * np.delete(picked, [2, 5], axis=0)[keep]) / np.sum(w))
+  clean_metric = _batched(pe.metrics.Perplexity(), clean, 8)
+  np.testing.assert_allclose(float(clean_metric.compute()), reference, rtol=1e-5)
+  assert clean_metric.invalid_counts()["nan value"] == 0
+
+  def step(params, batch):
+    del params
+    return pe.metrics.Perplexity().batch_updates(**batch)
+
+  batches = pe.pad_batches(columns, 8, pad_value={"preds": np.nan, "target": -1, "weights": np.nan})
+  with pytest.raises(ValueError, match=r"'perplexity': 2 x 'nan value'"):
+    pe.masked_eval(step, None, batches, backend="jit")
 
 
 def test_perplexity_ignore_index_may_be_a_numpy_int():
