@@ -1,0 +1,67 @@
+"""A weight-0 element changes nothing (DESIGN.md, "Trust"): invalid counts included.
+
+An element of weight 0 holding a bad value (NaN, inf, a target out of range, a value outside a
+deviance's domain, probabilities passed as logits) is not seen: the value and
+``invalid_counts()`` equal those of the same batch with that element masked out. The same bad
+value at a nonzero weight is still counted (each test checks that it is, so it tests something).
+"""
+
+import jax
+import numpy as np
+import pytest
+
+import padded_eval as pe
+
+B = 8
+
+
+def _value(metric) -> np.ndarray:
+  return np.asarray(jax.device_get(metric.compute()), np.float64)
+
+
+def _assert_unseen_at_weight_zero(make, batch, bad_row):
+  """Row 0 of ``batch`` gets ``bad_row``'s values: counted at weight 1, unseen at weight 0."""
+  bad = {key: np.array(value, copy=True) for key, value in batch.items()}
+  for key, value in bad_row.items():
+    bad[key][0] = value
+  weights = np.array(bad.pop("weights"), np.float32, copy=True)
+  weights[0] = 1.0
+  seen = make().update(**bad, weights=weights, mask=np.ones(B, bool))
+  assert sum(seen.invalid_counts().values()) > 0, "the bad row is not invalid at weight 1"
+  weights[0] = 0.0
+  got = make().update(**bad, weights=weights, mask=np.ones(B, bool))
+  want = make().update(**bad, weights=weights, mask=np.arange(B) != 0)
+  assert got.invalid_counts() == want.invalid_counts()
+  np.testing.assert_array_equal(_value(got), _value(want))
+
+
+def _positive_pair(rng, *tail):
+  shape = (B,) + tail
+  return {
+    "preds": rng.uniform(0.5, 2.0, shape).astype(np.float32),
+    "target": rng.uniform(0.5, 2.0, shape).astype(np.float32),
+    "weights": rng.uniform(0.5, 2.0, B).astype(np.float32),
+  }
+
+
+# --- deviances: MSLE, TweedieDevianceScore, D2TweedieScore ("outside the domain") ----------
+
+_DOMAIN = [
+  ("msle", lambda: pe.metrics.MSLE(), {"preds": -2.0}),
+  ("msle", lambda: pe.metrics.MSLE(), {"target": np.nan}),
+  ("tweedie_0", lambda: pe.metrics.TweedieDevianceScore(power=0), {"preds": np.nan}),
+  ("tweedie_1", lambda: pe.metrics.TweedieDevianceScore(power=1), {"preds": -1.0}),
+  ("tweedie_1.5", lambda: pe.metrics.TweedieDevianceScore(power=1.5), {"target": -3.0}),
+  ("tweedie_2", lambda: pe.metrics.TweedieDevianceScore(power=2), {"target": 0.0}),
+  ("tweedie_-1", lambda: pe.metrics.TweedieDevianceScore(power=-1.0), {"preds": 0.0}),
+  ("d2_tweedie_0", lambda: pe.metrics.D2TweedieScore(power=0), {"target": np.nan}),
+  ("d2_tweedie_1.5", lambda: pe.metrics.D2TweedieScore(power=1.5), {"preds": -np.inf}),
+  ("d2_tweedie_2", lambda: pe.metrics.D2TweedieScore(power=2), {"target": 0.0}),
+  ("d2_tweedie_3", lambda: pe.metrics.D2TweedieScore(power=3), {"preds": -1.0}),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "bad_row"), _DOMAIN, ids=[c[0] for c in _DOMAIN])
+def test_deviance_domain_at_weight_zero(name, make, bad_row):
+  """Before: counted ("value <= -1", "outside the domain of power"), so masked_eval raised."""
+  _assert_unseen_at_weight_zero(make, _positive_pair(np.random.default_rng(0)), bad_row)
