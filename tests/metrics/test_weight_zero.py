@@ -65,3 +65,19 @@ _DOMAIN = [
 def test_deviance_domain_at_weight_zero(name, make, bad_row):
   """Before: counted ("value <= -1", "outside the domain of power"), so masked_eval raised."""
   _assert_unseen_at_weight_zero(make, _positive_pair(np.random.default_rng(0)), bad_row)
+
+
+# --- row reductions: CosineSimilarity, KLDivergence (a NaN row) ---------------------------
+
+_ROWS = [
+  ("cosine_zero", lambda: pe.metrics.CosineSimilarity(), {"preds": 0.0}),
+  ("cosine_nan_sum", lambda: pe.metrics.CosineSimilarity(reduction="sum"), {"target": np.nan}),
+  ("kl_negative", lambda: pe.metrics.KLDivergence(), {"preds": -1.0}),
+  ("kl_log_prob_nan", lambda: pe.metrics.KLDivergence(log_prob=True), {"target": np.nan}),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "bad_row"), _ROWS, ids=[c[0] for c in _ROWS])
+def test_row_reduction_at_weight_zero(name, make, bad_row):
+  """Before: counted ("zero vector or nan", "not a distribution"), so masked_eval raised."""
+  _assert_unseen_at_weight_zero(make, _positive_pair(np.random.default_rng(1), 5), bad_row)
