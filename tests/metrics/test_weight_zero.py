@@ -81,3 +81,29 @@ _ROWS = [
 def test_row_reduction_at_weight_zero(name, make, bad_row):
   """Before: counted ("zero vector or nan", "not a distribution"), so masked_eval raised."""
   _assert_unseen_at_weight_zero(make, _positive_pair(np.random.default_rng(1), 5), bad_row)
+
+
+# --- Perplexity: every kind, not only "nan value" -----------------------------------------
+
+
+def _tokens(rng):
+  return {
+    "preds": rng.standard_normal((B, 3, 5)).astype(np.float32),
+    "target": rng.integers(0, 5, (B, 3)).astype(np.int32),
+    "weights": rng.uniform(0.5, 2.0, B).astype(np.float32),
+  }
+
+
+_PERPLEXITY = [
+  ("target_out_of_range", {"target": 7}),
+  ("negative_target", {"target": -1}),
+  ("probabilities", {"preds": 0.2}),
+  ("nan_logit", {"preds": np.nan}),
+]
+
+
+@pytest.mark.parametrize(("name", "bad_row"), _PERPLEXITY, ids=[c[0] for c in _PERPLEXITY])
+def test_perplexity_at_weight_zero(name, bad_row):
+  """Before: "target out of range" and "preds look like probabilities, not logits" were counted
+  whatever the weight (only "nan value" left weight 0 out)."""
+  _assert_unseen_at_weight_zero(pe.metrics.Perplexity, _tokens(np.random.default_rng(2)), bad_row)
