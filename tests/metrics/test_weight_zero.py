@@ -107,3 +107,42 @@ def test_perplexity_at_weight_zero(name, bad_row):
   """Before: "target out of range" and "preds look like probabilities, not logits" were counted
   whatever the weight (only "nan value" left weight 0 out)."""
   _assert_unseen_at_weight_zero(pe.metrics.Perplexity, _tokens(np.random.default_rng(2)), bad_row)
+
+
+# --- ranking: a query of weight 0 --------------------------------------------------------
+
+
+def _queries(rng):
+  return {
+    "preds": rng.standard_normal((B, 6)).astype(np.float32),
+    "target": rng.integers(0, 4, (B, 6)).astype(np.float32),
+    "weights": rng.uniform(0.5, 2.0, B).astype(np.float32),
+  }
+
+
+_RANKING = [
+  ("recall_nan_score", lambda: pe.metrics.RecallAtK(k=3), {"preds": np.nan}),
+  ("precision_negative", lambda: pe.metrics.PrecisionAtK(k=2), {"target": -1.0}),
+  ("mrr_nan_relevance", lambda: pe.metrics.MRR(), {"target": np.nan}),
+  ("map_nan_score", lambda: pe.metrics.MAPAtK(k=4), {"preds": np.nan}),
+  ("ndcg_negative", lambda: pe.metrics.NDCGAtK(k=3), {"target": -2.0}),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "bad_row"), _RANKING, ids=[c[0] for c in _RANKING])
+def test_ranking_at_weight_zero(name, make, bad_row):
+  """Before: "negative relevance", "nan relevance", "nan score" were counted at weight 0."""
+  _assert_unseen_at_weight_zero(make, _queries(np.random.default_rng(3)), bad_row)
+
+
+def test_ndcg_query_of_weight_zero_with_a_nan_score():
+  """A query of weight 0 whose score is NaN (an infinite relevance: inf / inf) is not seen;
+  before, ``0 * NaN`` made the mean NaN."""
+  batch = _queries(np.random.default_rng(4))
+  batch["target"][0, 0] = np.inf
+  batch["weights"][0] = 0.0
+  mask = np.ones(B, bool)
+  got = pe.metrics.NDCGAtK(k=3).update(**batch, mask=mask)
+  want = pe.metrics.NDCGAtK(k=3).update(**batch, mask=np.arange(B) != 0)
+  assert np.isfinite(_value(want))
+  np.testing.assert_array_equal(_value(got), _value(want))
