@@ -146,3 +146,122 @@ def test_ndcg_query_of_weight_zero_with_a_nan_score():
   want = pe.metrics.NDCGAtK(k=3).update(**batch, mask=np.arange(B) != 0)
   assert np.isfinite(_value(want))
   np.testing.assert_array_equal(_value(got), _value(want))
+
+
+# --- classification: the one input formatter's kinds ---------------------------------------
+
+M = pe.metrics
+
+
+def _binary(rng, logits=False):
+  scores = rng.standard_normal(B) if logits else rng.uniform(0.0, 1.0, B)
+  return {
+    "preds": scores.astype(np.float32),
+    "target": rng.integers(0, 2, B).astype(np.int32),
+    "weights": rng.uniform(0.5, 2.0, B).astype(np.float32),
+  }
+
+
+def _multiclass(rng, classes=4, probabilities=False):
+  scores = rng.standard_normal((B, classes))
+  if probabilities:
+    scores = np.exp(scores) / np.sum(np.exp(scores), -1, keepdims=True)
+  return {
+    "preds": scores.astype(np.float32),
+    "target": rng.integers(0, classes, B).astype(np.int32),
+    "weights": rng.uniform(0.5, 2.0, B).astype(np.float32),
+  }
+
+
+def _multilabel(rng, labels=3):
+  return {
+    "preds": rng.uniform(0.0, 1.0, (B, labels)).astype(np.float32),
+    "target": rng.integers(0, 2, (B, labels)).astype(np.int32),
+    "weights": rng.uniform(0.5, 2.0, B).astype(np.float32),
+  }
+
+
+_CLASSIFICATION = [
+  ("accuracy_binary_probability", lambda: M.Accuracy(task="binary"), _binary, {"preds": 1.5}),
+  ("accuracy_binary_target", lambda: M.Accuracy(task="binary"), _binary, {"target": 2}),
+  ("accuracy_top2_nan", lambda: M.Accuracy(top_k=2, num_classes=4), _multiclass, {"preds": np.nan}),
+  ("accuracy_target", lambda: M.Accuracy(num_classes=4), _multiclass, {"target": 9}),
+  (
+    "accuracy_macro_target",
+    lambda: M.Accuracy(num_classes=4, average="macro"),
+    _multiclass,
+    {"target": -1},
+  ),
+  (
+    "accuracy_multilabel",
+    lambda: M.Accuracy(task="multilabel", num_classes=3),
+    _multilabel,
+    {"preds": -0.5},
+  ),
+  (
+    "f1_weighted_nan",
+    lambda: M.F1Score(num_classes=4, average="weighted", weighted=True),
+    _multiclass,
+    {"preds": np.nan},
+  ),
+  (
+    "precision_binary_weighted",
+    lambda: M.Precision(task="binary", weighted=True),
+    _binary,
+    {"preds": 3.0},
+  ),
+  (
+    "confusion_weighted_target",
+    lambda: M.ConfusionMatrix(num_classes=4, weighted=True),
+    _multiclass,
+    {"target": 4},
+  ),
+  ("brier_target", lambda: M.BrierScore(num_classes=4), _multiclass, {"target": 5}),
+  ("brier_binary_nan", lambda: M.BrierScore(task="binary"), _binary, {"preds": np.nan}),
+  (
+    "hinge_nan",
+    lambda: M.HingeLoss(task="multiclass", num_classes=4),
+    _multiclass,
+    {"preds": np.nan},
+  ),
+  (
+    "auroc_weighted_probability",
+    lambda: M.AUROC(task="binary", weighted=True),
+    _binary,
+    {"preds": -1.0},
+  ),
+  (
+    "auprc_multilabel_weighted_target",
+    lambda: M.AUPRC(task="multilabel", num_classes=3, weighted=True),
+    _multilabel,
+    {"target": 2},
+  ),
+]
+
+
+@pytest.mark.parametrize(
+  ("name", "make", "data", "bad_row"), _CLASSIFICATION, ids=[c[0] for c in _CLASSIFICATION]
+)
+def test_classification_at_weight_zero(name, make, data, bad_row):
+  """Before: every kind of the input formatter ("target out of range", "nan score",
+  "probability outside [0, 1]", ...) was counted whatever the weight."""
+  _assert_unseen_at_weight_zero(make, data(np.random.default_rng(5)), bad_row)
+
+
+def test_probabilities_as_logits_at_weight_zero():
+  """``from_logits=True``: a weight-0 row neither counts as probabilities passed as logits nor,
+  holding a logit outside [0, 1], clears that report (it is evidence of nothing)."""
+  rng = np.random.default_rng(6)
+  batch = _multiclass(rng, probabilities=True)
+  _assert_unseen_at_weight_zero(
+    lambda: M.BrierScore(num_classes=4, from_logits=True), batch, {"target": 7}
+  )
+  batch = _binary(rng)  # every score in [0, 1]: reported as probabilities passed as logits
+  weights = batch.pop("weights")
+  weights[0] = 0.0
+  batch["preds"][0] = 5.0  # a logit, of weight 0: no evidence that the others are logits
+  metric = M.AUROC(task="binary", from_logits=True, weighted=True)
+  got = metric.update(**batch, weights=weights, mask=np.ones(B, bool))
+  want = metric.update(**batch, weights=weights, mask=np.arange(B) != 0)
+  assert got.invalid_counts() == want.invalid_counts()
+  assert got.invalid_counts()["preds look like probabilities, not logits"] == B - 1
