@@ -226,13 +226,13 @@ _CLASSIFICATION = [
   ),
   (
     "auroc_weighted_probability",
-    lambda: M.AUROC(task="binary", weighted=True),
+    lambda: M.AUROC(101, task="binary", weighted=True),
     _binary,
     {"preds": -1.0},
   ),
   (
     "auprc_multilabel_weighted_target",
-    lambda: M.AUPRC(task="multilabel", num_classes=3, weighted=True),
+    lambda: M.AUPRC(11, task="multilabel", num_classes=3, weighted=True),
     _multilabel,
     {"target": 2},
   ),
@@ -260,7 +260,7 @@ def test_probabilities_as_logits_at_weight_zero():
   weights = batch.pop("weights")
   weights[0] = 0.0
   batch["preds"][0] = 5.0  # a logit, of weight 0: no evidence that the others are logits
-  metric = M.AUROC(task="binary", from_logits=True, weighted=True)
+  metric = M.AUROC(101, task="binary", from_logits=True, weighted=True)
   got = metric.update(**batch, weights=weights, mask=np.ones(B, bool))
   want = metric.update(**batch, weights=weights, mask=np.arange(B) != 0)
   assert got.invalid_counts() == want.invalid_counts()
