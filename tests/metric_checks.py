@@ -72,9 +72,35 @@ def check_eager(case: MetricCase) -> None:
   assert_matches_reference(case, _eager(case, batches), batches, "eager updates")
 
 
+_FLOAT_GARBAGE = (np.nan, -3.0, np.inf)
+_INT_GARBAGE = (-1, 2**20, 7)
+
+
+def weight_zero_row(batch: dict, step: int) -> tuple[dict, dict]:
+  """``(weight 0, masked)``: ``batch`` with its first real row given weight 0 and garbage (the
+  ``step``-th of NaN / -3 / inf, or of -1 / 2**20 / 7 for ints: NaN, values outside a domain,
+  ids out of range) in every input, and the same batch with that row masked out instead."""
+  mask = np.asarray(batch["mask"])
+  row = int(np.argmax(np.any(mask.reshape(len(mask), -1), axis=1)))
+  zero = {key: np.array(value, copy=True) for key, value in batch.items()}
+  for key, value in zero.items():
+    if key == "weights":
+      value[row] = 0
+    elif key != "mask" and np.issubdtype(value.dtype, np.floating):
+      with np.errstate(over="ignore"):  # inf in float16: garbage either way
+        value[row] = _FLOAT_GARBAGE[step % len(_FLOAT_GARBAGE)]
+    elif key != "mask" and np.issubdtype(value.dtype, np.integer):
+      value[row] = _INT_GARBAGE[step % len(_INT_GARBAGE)]
+  masked = dict(zero, mask=np.array(mask, copy=True))
+  masked["mask"][row] = False
+  return zero, masked
+
+
 def check_padding_changes_nothing(case: MetricCase) -> None:
   """Sequential eager updates match the reference (`check_eager`), and fresh garbage in padded
-  elements, and an extra all-padding batch, change no bit."""
+  elements, and an extra all-padding batch, change no bit. A case with ``weights``: a real row
+  of weight 0 per batch, holding garbage, changes nothing either (DESIGN.md, "Trust"): the value
+  (bitwise) and ``invalid_counts()`` are those of the batches with that row masked out."""
   batches = case.batches()
   rng = np.random.default_rng(1)
   repoisoned = [poison(b, rng) for b in batches]
@@ -84,6 +110,11 @@ def check_padding_changes_nothing(case: MetricCase) -> None:
   expected = _value(eager)
   np.testing.assert_array_equal(_value(_eager(case, repoisoned)), expected)
   np.testing.assert_array_equal(_value(_eager(case, repoisoned + [all_padding])), expected)
+  if "weights" in batches[0]:
+    zero, masked = zip(*(weight_zero_row(b, step) for step, b in enumerate(batches)))
+    zero, masked = _eager(case, zero), _eager(case, masked)
+    assert zero.invalid_counts() == masked.invalid_counts(), f"{case.name}: weight 0"
+    np.testing.assert_array_equal(_value(zero), _value(masked), err_msg=f"{case.name}: weight 0")
 
 
 def check_split_and_merge(case: MetricCase) -> None:

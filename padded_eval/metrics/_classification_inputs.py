@@ -137,8 +137,9 @@ class ClassificationMetric(Metric):
     check_flag("from_logits", self.from_logits)
     check_ignore_index(self.ignore_index)
 
-  def elements(self, preds, target, mask):
-    """``(elements, invalid counts)``: the formatted inputs and this batch's ``invalid``."""
+  def elements(self, preds, target, mask, weights=None):
+    """``(elements, invalid counts)``: the formatted inputs and this batch's ``invalid``
+    (an element of weight 0 in ``weights``, the update's sample weights, is not counted)."""
     elements = format_inputs(
       preds,
       target,
@@ -148,6 +149,7 @@ class ClassificationMetric(Metric):
       from_logits=self.from_logits,
       ignore_index=self.ignore_index,
       scores_only=self._scores_only,
+      weights=weights,
     )
     kinds = {k: v for k, v in elements.invalid.items() if k in self.invalid_kinds}
     return elements, self.count_invalid(**kinds)

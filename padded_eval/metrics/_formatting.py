@@ -36,6 +36,9 @@ class id in ``[0, C)``). The invalid kinds, counted over considered elements:
   on any device, clears the report (`reported_invalid_counts`), so the verdict does not
   depend on how the rows were batched or split over devices. Multiclass scores: each row
   that is a distribution (all in ``[0, 1]``, summing to 1), more than one in all.
+
+An element of weight 0 is not seen (``weights=`` of :func:`format_inputs`, see
+:func:`weighed_invalid`): it is counted under no kind, `LOGIT_EVIDENCE` included.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.exact.accumulate import upcast
-from padded_eval.masking import broadcast_mask
+from padded_eval.masking import broadcast_mask, broadcast_prefix
 
 TARGET_OUT_OF_RANGE = "target out of range"
 PRED_ID_OUT_OF_RANGE = "pred id out of range"
@@ -328,6 +331,27 @@ def class_elements(
   return ClassElements(labels, valid, scores, None, invalid)
 
 
+def weighed_invalid(invalid: dict, weights) -> dict:
+  """``invalid`` without the elements of weight 0: a weight-0 element changes nothing, so it
+  is counted under no kind (as the weighted sums leave it out).
+
+  Args:
+    invalid: ``{kind: bool array}`` of invalid real elements.
+    weights: None (every element counts) or the update's weights, a prefix of each array's
+      shape (NaN or negative weights are not 0: their elements are counted).
+
+  Raises:
+    ValueError: ``weights`` whose shape is not a prefix of the arrays'.
+  """
+  if weights is None:
+    return invalid
+  nonzero = jnp.asarray(weights) != 0
+  return {
+    kind: flags & broadcast_prefix(nonzero, flags.shape, "weights", "target")
+    for kind, flags in invalid.items()
+  }
+
+
 def format_inputs(
   preds,
   target,
@@ -338,14 +362,31 @@ def format_inputs(
   from_logits=False,
   ignore_index=None,
   scores_only=False,
+  weights=None,
 ):
   """The one entry point: :class:`LabelElements` (binary, multilabel) or
   :class:`ClassElements` (multiclass) of ``preds`` / ``target`` / ``mask``.
 
   ``scores_only`` (curves, calibration) refuses multiclass class ids and reads
-  multiclass scores as probabilities unless ``from_logits``. See :func:`label_elements`
-  and :func:`class_elements` for the arguments.
+  multiclass scores as probabilities unless ``from_logits``. ``weights`` (None or the
+  update's sample weights): the elements of weight 0 are counted under no invalid kind
+  (:func:`weighed_invalid`); the elements themselves are returned as they are. See
+  :func:`label_elements` and :func:`class_elements` for the other arguments.
   """
+  elements = _formatted(
+    preds,
+    target,
+    mask,
+    task=task,
+    num_classes=num_classes,
+    from_logits=from_logits,
+    ignore_index=ignore_index,
+    scores_only=scores_only,
+  )
+  return elements._replace(invalid=weighed_invalid(elements.invalid, weights))
+
+
+def _formatted(preds, target, mask, *, task, num_classes, from_logits, ignore_index, scores_only):
   if task == "multiclass":
     return class_elements(
       preds,

@@ -21,6 +21,7 @@ from padded_eval.metrics._formatting import (
   class_elements,
   label_elements,
   probabilities,
+  weighed_invalid,
 )
 from padded_eval.metrics._per_sample import weighted_counts
 from padded_eval.metrics.averages import zero_total
@@ -74,7 +75,7 @@ class Accuracy(Metric):
   probabilities or logits (positive above ``threshold``) with ``target`` ``[..., C]``
   int 0/1; ``mask`` and ``weights`` a prefix of ``target``'s shape.
 
-  Invalid real elements are counted by kind (:meth:`invalid_counts`, see
+  Invalid real elements of nonzero weight are counted by kind (:meth:`invalid_counts`, see
   :mod:`padded_eval.metrics._formatting`): ``"target out of range"`` (negative, ``>= C``
   with scores, not 0/1 for binary: not counted), ``"pred id out of range"`` (a negative
   class id: a miss), ``"nan score"`` (a miss unless another class ranks) and
@@ -150,6 +151,7 @@ class Accuracy(Metric):
       hits, valid, bad = self._label_hits(preds, target, mask)
     else:
       hits, valid, bad = self._class_hits(preds, target, mask)
+    bad = weighed_invalid(bad, weights)  # an element of weight 0 is not seen
     real, w = element_weights(valid, weights, hits.shape, "target")
     # hits, weights, invalid counts and real rows in one reduction (one all-reduce under jit)
     return Totals([jnp.where(real, w, 0.0) * hits, w], self.invalid_flags(**bad), _accuracy_state)
@@ -230,7 +232,7 @@ class Accuracy(Metric):
       "correct": zero_total(self),
       "weight": zero_total(self),
       "class_weights": ExactSum.of(counts),
-      "invalid": self.count_invalid(**elements.invalid),
+      "invalid": self.count_invalid(**weighed_invalid(elements.invalid, weights)),
     }
 
   def compute(self) -> jax.Array:

@@ -21,8 +21,8 @@ confidence of bin ``b`` (over non-empty bins):
 Inputs are read by the one formatter of :mod:`padded_eval.metrics._formatting`
 (int targets; multiclass ``preds`` are ``[..., C]`` scores). Elements are dropped when
 masked out, when the target is not a valid label (0/1, or a class id in ``[0, C)``) or
-equals ``ignore_index``, or when the confidence is NaN. Real elements that are invalid
-are counted by kind (:meth:`~padded_eval.metrics.base.Metric.invalid_counts`):
+equals ``ignore_index``, or when the confidence is NaN. Real elements of nonzero weight that
+are invalid are counted by kind (:meth:`~padded_eval.metrics.base.Metric.invalid_counts`):
 ``"target out of range"``, ``"nan score"`` (a multiclass row with any NaN) and
 ``"probability outside [0, 1]"`` (without ``from_logits``). No counted element: NaN.
 
@@ -242,6 +242,7 @@ class BrierScore(WeightedMean):
       from_logits=self.from_logits,
       ignore_index=self.ignore_index,
       scores_only=True,
+      weights=weights,
     )
     if self.task == "multiclass":
       probs = probabilities(elements.scores, self.from_logits, axis=-1)

@@ -27,9 +27,9 @@ Float targets are refused (``ValueError``). ``mask`` is a prefix of ``target``'s
 (``[B]`` or ``[B, H, W]``). An element counts when it is real, its target is a valid
 label (0/1, or a class id in ``[0, C)``) and its target is not ``ignore_index``.
 Padded elements are dropped from every count, with ``where``, so NaN or garbage there
-never arrives. Real elements that are invalid are counted by kind in the ``invalid``
-state (:meth:`~padded_eval.metrics.base.Metric.invalid_counts`; ``masked_eval`` reports
-them): ``"target out of range"`` (the element is not counted), ``"pred id out of
+never arrives. Real elements (of nonzero weight) that are invalid are counted by kind in
+the ``invalid`` state (:meth:`~padded_eval.metrics.base.Metric.invalid_counts`;
+``masked_eval`` reports them): ``"target out of range"`` (the element is not counted), ``"pred id out of
 range"`` (a class id outside ``[0, C)``: a wrong prediction, a miss of the true class
 that predicts no class), ``"nan score"`` and ``"probability outside [0, 1]"`` (binary
 and multilabel preds without ``from_logits``: logits passed as probabilities).
@@ -276,7 +276,7 @@ class ConfusionMatrix(ConfusionState):
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     if not self.weighted:
       return super()._batch_state(preds=preds, target=target, mask=mask, weights=weights)
-    elements, invalid = self.elements(preds, target, mask)
+    elements, invalid = self.elements(preds, target, mask, weights)
     if self.task == "multiclass":
       counts = per_sample.weighted_matrix(self, elements, weights)
     else:

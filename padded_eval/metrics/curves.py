@@ -55,7 +55,7 @@ without positives (so an empty metric is NaN). Inputs are read by the one format
 ``[..., C]`` scores). Elements are dropped when masked out, when the target is not a
 valid label (0/1, or a class id) or equals ``ignore_index`` (a multiclass class id
 ``ignore_index`` is also left out of every average), or when the score is NaN. Real
-elements that are invalid are counted by kind
+elements of nonzero weight that are invalid are counted by kind
 (:meth:`~padded_eval.metrics.base.Metric.invalid_counts`): ``"target out of range"``,
 ``"nan score"`` and ``"probability outside [0, 1]"`` (without ``from_logits``).
 Memory: ``16 * L * num_thresholds`` bytes. ``num_thresholds=None`` (default) is 65_537
@@ -247,14 +247,15 @@ def _empty_buffer(metric):
   return kind.zeros(num_columns(metric.task, metric.num_classes), capacity)
 
 
-def score_elements(metric, preds, target, mask):
+def score_elements(metric, preds, target, mask, weights=None):
   """``(scores float32, truth bool, valid bool, invalid counts)``, the first three ``[..., L]``.
 
   ``scores`` are ``preds`` as given (probabilities, or logits if ``from_logits``), except
   for multiclass logits, which become softmax probabilities (one-vs-rest columns).
-  Elements with a NaN score are not counted.
+  Elements with a NaN score are not counted; elements of weight 0 in ``weights`` are not
+  counted invalid.
   """
-  elements, invalid = metric.elements(preds, target, mask)
+  elements, invalid = metric.elements(preds, target, mask, weights)
   if metric.task == "multiclass":
     scores = probabilities(elements.scores, metric.from_logits, axis=-1)
     classes = jnp.arange(metric.num_classes)[(None,) * elements.labels.ndim]  # explicit rank
@@ -417,7 +418,7 @@ class ScoreHistogram(ClassificationMetric):
       check_no_weights(weights, self)
     if self.average == "ogb":
       target, mask = nan_missing_labels(target, mask)
-    scores, truth, valid, invalid = score_elements(self, preds, target, mask)
+    scores, truth, valid, invalid = score_elements(self, preds, target, mask, weights)
     if self.weighted:
       return self._weighted_state(scores, truth, valid, invalid, mask, weights)
     if self.exact:

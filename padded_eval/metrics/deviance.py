@@ -13,9 +13,9 @@ times a few float32 roundings (relative error up to 3e-6 measured at ``p = -1.5`
 uses the textbook form.
 
 Domains (scikit-learn): ``p < 0``: ``preds > 0``; ``p = 0``: any; ``1 <= p < 2``: ``target
->= 0`` and ``preds > 0``; ``p >= 2``: both ``> 0``. A real element outside the domain (or NaN)
-is counted in ``invalid`` (``"outside the domain of power"``, reported by ``masked_eval``)
-and left out (scikit-learn raises).
+>= 0`` and ``preds > 0``; ``p >= 2``: both ``> 0``. A real element of nonzero weight outside
+the domain (or NaN) is counted in ``invalid`` (``"outside the domain of power"``, reported by
+``masked_eval``) and left out (scikit-learn raises); an element of weight 0 is not seen.
 
 Update keywords: ``preds``, ``target`` float of equal shape ``[B, ...]``; ``mask`` and
 ``weights`` a prefix of their shape.
@@ -32,7 +32,7 @@ import numpy as np
 
 from padded_eval.exact._floats import compensated_sum, ldexp, scale_exponent
 from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
-from padded_eval.masking import broadcast_mask, element_weights
+from padded_eval.masking import element_weights
 from padded_eval.metrics.averages import WeightedMean, weighted_totals, zero_total
 from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 from padded_eval.metrics.moments import Moments
@@ -144,9 +144,9 @@ class TweedieDevianceScore(WeightedMean):
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     preds, target = _pair(preds, target)
-    real = broadcast_mask(mask, preds.shape, "preds")
+    real, w = element_weights(mask, weights, preds.shape, "preds")
     good = in_domain(preds, target, self.power)
-    invalid = self.count_invalid(**{OUTSIDE: real & ~good})
+    invalid = self.count_invalid(**{OUTSIDE: real & ~good & (w != 0)})  # weight 0: not seen
     if self.power == 0:  # the squared error, squared on scaled errors as MSE (no overflow)
       totals = weighted_totals(preds - target, real & good, weights, "preds", power=2)
     else:
@@ -252,7 +252,8 @@ class D2TweedieScore(Metric):
     preds, target = _pair(preds, target)
     real, w = element_weights(mask, weights, preds.shape, "preds")
     good = in_domain(preds, target, self.power)
-    used = real & good & (w != 0)
+    weighed = real & (w != 0)  # a weight-0 element is not seen, not even as invalid
+    used = weighed & good
     w = jnp.where(used, w, 0.0)
     y = jnp.where(used, target, 1.0)
     total = lambda x: ExactSum.of_sum(jnp.where(used, x, 0.0), where=used, weights=w)
@@ -274,7 +275,7 @@ class D2TweedieScore(Metric):
       "target_total": total(y),
       "target_statistic": statistic,
       "target_moments": Moments.of(y[..., None], used, w, tuple(range(y.ndim))),
-      "invalid": self.count_invalid(**{OUTSIDE: real & ~good}),
+      "invalid": self.count_invalid(**{OUTSIDE: weighed & ~good}),
     }
 
   def _frame(self):

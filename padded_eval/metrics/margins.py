@@ -107,6 +107,7 @@ class HingeLoss(Metric):
       from_logits=True,  # scores as given: no probability range
       ignore_index=self.ignore_index,
       scores_only=True,
+      weights=weights,
     )
     invalid = {k: v for k, v in elements.invalid.items() if k in self.invalid_kinds}
     if self.task == "binary":

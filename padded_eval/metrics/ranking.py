@@ -27,7 +27,8 @@ four, and orders ties by its sort.
 Invalid real candidates, counted by kind in ``invalid`` (``masked_eval`` reports them)
 and dropped from their query as if masked: ``"negative relevance"`` (e.g. the -1 that
 TF-Ranking uses for padding), ``"nan relevance"``. ``"nan score"`` is counted and the
-candidate kept (ranked last).
+candidate kept (ranked last). A query of weight 0 is not seen: none of its candidates is
+counted, and its score is not used.
 """
 
 from __future__ import annotations
@@ -150,11 +151,17 @@ class RankingMetric(Metric):
       w = jnp.where(
         query, broadcast_prefix(upcast(jnp.asarray(weights)), w.shape, "weights", "queries"), 0.0
       )
-    scores = jnp.where(query, self._query_scores(lists), 0.0)
+    weighed = query & (w != 0)  # a query of weight 0 is not seen: not counted, its score unused
+    scores = jnp.where(weighed, self._query_scores(lists), 0.0)
+    seen = weighed[:, None]
     invalid = self.count_invalid(
-      **{"negative relevance": negative, "nan relevance": nan_relevance, "nan score": nan_score}
+      **{
+        "negative relevance": negative & seen,
+        "nan relevance": nan_relevance & seen,
+        "nan score": nan_score & seen,
+      }
     )
-    sums = [jnp.where(query, w * scores, 0.0), w]  # one reduction with the real rows
+    sums = [jnp.where(weighed, w * scores, 0.0), w]  # one reduction with the real rows
     return Totals(sums, [], lambda s, _: {"total": s[0], "queries": s[1], "invalid": invalid})
 
   def compute(self) -> jax.Array:

@@ -22,7 +22,7 @@ import numpy as np
 from padded_eval import validation
 from padded_eval.exact._floats import ZERO_EXPONENT, ldexp
 from padded_eval.exact.accumulate import ExactCount, upcast
-from padded_eval.masking import broadcast_mask, element_weights
+from padded_eval.masking import element_weights
 from padded_eval.metrics._multioutput import MULTIOUTPUT_NAMES, check_multioutput, combine
 from padded_eval.metrics.averages import WeightedMean, weighted_totals
 from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
@@ -69,9 +69,10 @@ class MSLE(WeightedMean):
 
   The difference is formed as ``log1p((preds - target) / (1 + target))``, which does
   not cancel when ``preds`` is close to ``target``. Equals scikit-learn's
-  ``mean_squared_log_error``, which refuses values ``<= -1``: here a real element with
-  ``preds`` or ``target`` ``<= -1`` (or NaN) is counted in ``invalid``
-  (``"value <= -1"``, reported by ``masked_eval``) and left out. NaN when empty.
+  ``mean_squared_log_error``, which refuses values ``<= -1``: here a real element of nonzero
+  weight with ``preds`` or ``target`` ``<= -1`` (or NaN) is counted in ``invalid``
+  (``"value <= -1"``, reported by ``masked_eval``) and left out (an element of weight 0 is not
+  seen). NaN when empty.
 
   Example:
     >>> import jax.numpy as jnp
@@ -93,9 +94,9 @@ class MSLE(WeightedMean):
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     values, ref = self._values(preds=preds, target=target)
     preds, target = _pair(preds, target)
-    real = broadcast_mask(mask, values.shape, ref)
+    real, w = element_weights(mask, weights, values.shape, ref)
     bad = real & ~((preds > -1.0) & (target > -1.0))
-    invalid = self.count_invalid(**{"value <= -1": bad})
+    invalid = self.count_invalid(**{"value <= -1": bad & (w != 0)})  # weight 0: not seen
     totals = weighted_totals(values, real & ~bad, weights, ref, self.power)
     return totals.then(lambda pair: {"total": pair[0], "weight": pair[1], "invalid": invalid})
 

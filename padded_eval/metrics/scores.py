@@ -123,7 +123,7 @@ class ClassScore(ConfusionState):
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     if self.weighted:
-      elements, invalid = self.elements(preds, target, mask)
+      elements, invalid = self.elements(preds, target, mask, weights)
       counts = per_sample.weighted_counts(self, elements, weights)
       return {"confusion": ExactSum.of(counts), "invalid": invalid}
     if not self._per_sample():

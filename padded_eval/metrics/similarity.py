@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from padded_eval import validation
 from padded_eval.exact._floats import scaled_to_unit
 from padded_eval.exact.accumulate import ExactCount, upcast
-from padded_eval.masking import broadcast_mask
+from padded_eval.masking import element_weights
 from padded_eval.metrics.averages import WeightedMean, weighted_totals
 from padded_eval.metrics.base import invalid_state, state
 
@@ -44,8 +44,9 @@ def _scaled(x: jax.Array) -> jax.Array:
 
 class _RowReduction(WeightedMean):
   """A per-row value reduced by ``reduction``: ``"mean"`` (weighted) or ``"sum"`` (NaN, not
-  torchmetrics' 0, when no row was seen, as every metric here); a row whose
-  value is NaN is counted in ``invalid`` under ``invalid_kinds[0]`` and makes the result NaN."""
+  torchmetrics' 0, when no row was seen, as every metric here); a row of nonzero weight whose
+  value is NaN is counted in ``invalid`` under ``invalid_kinds[0]`` and makes the result NaN (a
+  row of weight 0 is not seen)."""
 
   reduction: str = "mean"
   invalid: ExactCount = state(invalid_state)
@@ -55,7 +56,8 @@ class _RowReduction(WeightedMean):
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     values, ref = self._values(preds=preds, target=target)
-    bad = broadcast_mask(mask, values.shape, ref) & jnp.isnan(values)
+    real, w = element_weights(mask, weights, values.shape, ref)
+    bad = real & (w != 0) & jnp.isnan(values)  # a row of weight 0 is not seen
     invalid = self.count_invalid(**{self.invalid_kinds[0]: bad})
     totals = weighted_totals(values, mask, weights, ref)
     return totals.then(lambda pair: {"total": pair[0], "weight": pair[1], "invalid": invalid})
@@ -73,7 +75,8 @@ class CosineSimilarity(_RowReduction):
   Equals torchmetrics ``CosineSimilarity(reduction="mean" | "sum")``. Each vector is
   scaled by its largest magnitude first, so huge or tiny vectors neither overflow nor
   underflow. A real row with a zero vector (or NaN) has no similarity: it is counted in
-  ``invalid`` (``"zero vector or nan"``) and makes the result NaN, as torchmetrics' 0 / 0.
+  ``invalid`` (``"zero vector or nan"``) and makes the result NaN, as torchmetrics' 0 / 0 (a
+  row of weight 0 is not seen).
 
   Args:
     reduction: ``"mean"`` (weighted by ``weights``) or ``"sum"`` over the real rows.
@@ -109,7 +112,7 @@ class KLDivergence(_RowReduction):
   ``rel_entr``; a 0 in ``preds`` where ``target > 0`` gives inf). With ``log_prob=True``
   both are log-probabilities: ``sum exp(t) (t - p)``. A real row with a negative entry or
   a zero sum (``log_prob=False``), or NaN, is counted in ``invalid`` (``"not a
-  distribution"``) and makes the result NaN.
+  distribution"``) and makes the result NaN (a row of weight 0 is not seen).
 
   Args:
     log_prob: inputs are log-probabilities (torchmetrics ``log_prob``).

@@ -53,14 +53,15 @@ class Perplexity(WeightedMean):
   ``target`` ``[B, T]`` int token ids; ``mask`` bool ``[B]`` or ``[B, T]``; ``weights``
   the same shape rule. ``compute()`` is NaN when no real token was seen.
 
-  A real token whose target is outside ``[0, V)`` (and is not ``ignore_index``: -100
-  without ``ignore_index=-100`` is one) is not averaged but counted as invalid, kind
-  ``"target out of range"`` (:meth:`invalid_counts`, :meth:`invalid_report`). A real token
-  whose ``preds`` row looks like probabilities (all in ``[0, 1]``, summing to 1: softmax
-  outputs instead of logits, which give a wrong perplexity) is averaged as given and counted,
-  kind ``"preds look like probabilities, not logits"``, so `masked_eval` reports it. A real
-  token of nonzero weight whose cross entropy is NaN (a NaN logit, or +inf logits) is counted,
-  kind ``"nan value"``, and makes the perplexity NaN (a weight-0 token is not seen).
+  A real token of nonzero weight whose target is outside ``[0, V)`` (and is not
+  ``ignore_index``: -100 without ``ignore_index=-100`` is one) is not averaged but counted as
+  invalid, kind ``"target out of range"`` (:meth:`invalid_counts`, :meth:`invalid_report`). A
+  real token of nonzero weight whose ``preds`` row looks like probabilities (all in ``[0, 1]``,
+  summing to 1: softmax outputs instead of logits, which give a wrong perplexity) is averaged
+  as given and counted, kind ``"preds look like probabilities, not logits"``, so `masked_eval`
+  reports it. A real token of nonzero weight whose cross entropy is NaN (a NaN logit, or +inf
+  logits) is counted, kind ``"nan value"``, and makes the perplexity NaN. A weight-0 token is
+  not seen: counted under no kind.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -111,11 +112,13 @@ class Perplexity(WeightedMean):
     if self.ignore_index is not None:
       real = real & (target != self.ignore_index)
     in_vocabulary = (target >= 0) & (target < jnp.shape(preds)[-1])
-    seen = real & in_vocabulary & (element_weights(mask, weights, target.shape, ref)[1] != 0)
+    # a weight-0 token is not seen: counted under no kind
+    weighed = real & (element_weights(mask, weights, target.shape, ref)[1] != 0)
+    seen = weighed & in_vocabulary
     bad = self.invalid_flags(
       **{
-        TARGET_OUT_OF_RANGE: real & ~in_vocabulary,
-        PROBABILITIES_AS_LOGITS: real & in_vocabulary & looks_like_probabilities(preds),
+        TARGET_OUT_OF_RANGE: weighed & ~in_vocabulary,
+        PROBABILITIES_AS_LOGITS: seen & looks_like_probabilities(preds),
         NAN_VALUE: seen & jnp.isnan(cross_entropy),
       }
     )
