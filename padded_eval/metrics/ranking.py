@@ -26,7 +26,8 @@ four, and orders ties by its sort.
 
 Invalid real candidates, counted by kind in ``invalid`` (``masked_eval`` reports them)
 and dropped from their query as if masked: ``"negative relevance"`` (e.g. the -1 that
-TF-Ranking uses for padding), ``"nan relevance"``. ``"nan score"`` is counted and the
+TF-Ranking uses for padding), ``"nan relevance"``, and for :class:`NDCGAtK`
+``"infinite relevance"``. ``"nan score"`` is counted and the
 candidate kept (ranked last). A query of weight 0 is not seen: none of its candidates is
 counted, and its score is not used.
 """
@@ -127,6 +128,12 @@ class RankingMetric(Metric):
 
   invalid_kinds: ClassVar[tuple[str, ...]] = ("negative relevance", "nan relevance", "nan score")
 
+  def _unusable_relevance(self, target: jax.Array) -> dict[str, jax.Array]:
+    """``{kind: bool [B, L]}``: relevances this metric cannot use beyond negative and NaN ones
+    (counted under ``kind`` and dropped as if masked); none here."""
+    del target
+    return {}
+
   @abc.abstractmethod
   def _query_scores(self, lists: RankedLists) -> jax.Array:
     """float32 ``[B]``: each query's score, from its sorted candidates."""
@@ -144,7 +151,11 @@ class RankingMetric(Metric):
     real = broadcast_mask(mask, preds.shape, "preds")
     negative, nan_relevance = real & (target < 0), real & jnp.isnan(target)
     nan_score = real & jnp.isnan(preds)
-    lists = rank_lists(preds, target, real & ~negative & ~nan_relevance)
+    unusable = {kind: real & bad for kind, bad in self._unusable_relevance(target).items()}
+    kept = real & ~negative & ~nan_relevance
+    for bad in unusable.values():
+      kept = kept & ~bad
+    lists = rank_lists(preds, target, kept)
     query = jnp.any(real, axis=1)
     w = jnp.where(query, 1.0, 0.0)
     if weights is not None:
@@ -159,6 +170,7 @@ class RankingMetric(Metric):
         "negative relevance": negative & seen,
         "nan relevance": nan_relevance & seen,
         "nan score": nan_score & seen,
+        **{kind: bad & seen for kind, bad in unusable.items()},
       }
     )
     sums = [jnp.where(weighed, w * scores, 0.0), w]  # one reduction with the real rows
@@ -293,7 +305,9 @@ class NDCGAtK(RankingMetric):
   ``DCG@k = sum_{rank <= k} relevance / log2(rank + 1)`` (linear gains), divided by the
   DCG@k of the ideal ranking; tied scores share their places' discounts equally. Equals
   scikit-learn's ``ndcg_score(k=k)`` query by query (``ignore_ties=False``); a query
-  with no relevant candidate scores 0.
+  with no relevant candidate scores 0. A real candidate of relevance +inf (whose query's
+  DCG and ideal DCG would both be inf, a NaN score) is counted, kind
+  ``"infinite relevance"``, and dropped as if masked.
 
   Args:
     k: the cut-off, a positive int or ``None`` (every candidate).
@@ -308,8 +322,16 @@ class NDCGAtK(RankingMetric):
 
   k: int | None = None
 
+  invalid_kinds: ClassVar[tuple[str, ...]] = (
+    *RankingMetric.invalid_kinds,
+    "infinite relevance",
+  )
+
   def _check_config(self):
     _check_k(self.k)
+
+  def _unusable_relevance(self, target: jax.Array) -> dict[str, jax.Array]:
+    return {"infinite relevance": jnp.isposinf(target)}
 
   def _query_scores(self, lists):
     length = lists.relevance.shape[1]

@@ -163,11 +163,49 @@ def test_ranking_counts_invalid_candidates_and_drops_them():
   target = np.array([[-1.0, 1.0, 1.0, 0.0], [np.nan, 0.0, 2.0, -3.0]], np.float32)
   mask = np.array([[True, True, True, True], [True, True, True, False]])
   metric = pe.metrics.NDCGAtK().update(preds=preds, target=target, mask=mask)
-  assert metric.invalid_counts() == {"negative relevance": 1, "nan relevance": 1, "nan score": 1}
+  assert metric.invalid_counts() == {
+    "negative relevance": 1,
+    "nan relevance": 1,
+    "nan score": 1,
+    "infinite relevance": 0,
+  }
   # the dropped candidates are gone; the NaN score ranks last among the real candidates
   first = skm.ndcg_score([[1.0, 1.0, 0.0]], [[0.8, -1e9, 0.1]])
   second = skm.ndcg_score([[0.0, 2.0]], [[0.4, 0.3]])
   np.testing.assert_allclose(float(metric.compute()), (first + second) / 2, rtol=1e-6)
+
+
+def test_ndcg_counts_infinite_relevance_and_drops_it():
+  # +inf relevance makes a query's DCG and ideal DCG both inf (NDCG NaN, as scikit-learn's):
+  # counted, kind "infinite relevance", and dropped as if masked; binary-relevance metrics read
+  # it as relevant (target > 0), as torchmetrics does, and count nothing
+  preds = np.array([[0.9, 0.8, 0.3, 0.1], [0.5, 0.4, 0.3, 0.2]], np.float32)
+  target = np.array([[0.0, np.inf, 1.0, 2.0], [1.0, 0.0, 2.0, 0.0]], np.float32)
+  mask = np.array([[True, True, True, True], [True, True, True, False]])
+  metric = pe.metrics.NDCGAtK().update(preds=preds, target=target, mask=mask)
+  assert metric.invalid_counts() == {
+    "negative relevance": 0,
+    "nan relevance": 0,
+    "nan score": 0,
+    "infinite relevance": 1,
+  }
+  first = skm.ndcg_score([[0.0, 1.0, 2.0]], [[0.9, 0.3, 0.1]])
+  second = skm.ndcg_score([[1.0, 0.0, 2.0]], [[0.5, 0.4, 0.3]])
+  np.testing.assert_allclose(float(metric.compute()), (first + second) / 2, rtol=1e-6)
+  batches = pe.pad_batches({"preds": preds, "target": target, "candidates": mask}, 8)
+
+  def step(params, batch):
+    del params
+    candidates = batch["mask"][:, None] & batch["candidates"]
+    return pe.metrics.NDCGAtK().batch_updates(
+      preds=batch["preds"], target=batch["target"], mask=candidates
+    )
+
+  with pytest.raises(ValueError, match="1 x 'infinite relevance'"):
+    pe.masked_eval(step, None, batches, backend="jit")
+  recall = pe.metrics.RecallAtK(2).update(preds=preds, target=target, mask=mask)
+  assert sum(recall.invalid_counts().values()) == 0
+  np.testing.assert_allclose(float(recall.compute()), (1 / 3 + 1 / 2) / 2, rtol=1e-6)
 
 
 def test_masked_eval_reports_negative_relevance():
