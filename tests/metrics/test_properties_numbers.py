@@ -1,4 +1,4 @@
-"""Property suite, issue 26's numbers: weight-0 outliers, int64 inputs, empty batches and
+"""Property suite, issue 26's numbers: weight-0 outliers, int64 inputs and
 cancellation, through random padded batchings, merge trees and device counts, against numpy
 float64 (see ``metric_checks.evaluate_randomly``; padded rows hold NaN, inf and garbage).
 
@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from metric_cases import CASES
 from metric_checks import assert_close, evaluate_randomly, merge_randomly, random_batches
 
 import padded_eval as pe
@@ -104,23 +103,6 @@ def test_int64_class_ids_beyond_int32_are_refused(seed, n, high):
   target[rng.integers(n)] = high
   with pytest.raises(ValueError, match="target holds integers"):
     pe.metrics.Accuracy().update(preds=np.zeros(n, np.int64), target=target)
-
-
-@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
-@given(seed=SEEDS, empties=st.integers(1, 4))
-def test_empty_batches_are_empty_updates(case, seed, empties):
-  """0-row updates merged anywhere in the tree (with mask, weights or neither) change nothing."""
-  rng = np.random.default_rng(seed)
-  batches = case.batches(int(rng.integers(100)))
-  metric = case.make()
-  parts = [metric.batch_updates(**b) for b in batches]
-  for _ in range(empties):
-    keys = [k for k in batches[0] if k != "mask" or rng.random() < 0.5]
-    parts.append(metric.batch_updates(**{k: np.asarray(batches[0][k])[:0] for k in keys}))
-  got = np.asarray(merge_randomly(parts, rng).compute(), F64)
-  np.testing.assert_allclose(
-    got, case.reference(batches), rtol=case.rtol, atol=case.atol, equal_nan=True
-  )
 
 
 @given(

@@ -6,6 +6,7 @@ inf or huge garbage; sizes divide neither the batch size nor the device count.
 
 import functools
 import math
+import zlib
 
 import jax
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 import scipy.special
 from _xla_defaults import XLA_DEFAULTS
 from metric_cases import CASES
+from metric_checks import merge_randomly
 
 import padded_eval as pe
 from padded_eval.exact._floats import compensated_sum
@@ -168,6 +170,18 @@ def test_zero_row_update_is_empty(case):
       atol=case.atol,
       err_msg=f"{case.name}: {variant}",
     )
+  # the 0-row updates of every variant, anywhere in a random merge tree, change nothing either
+  rng = np.random.default_rng(zlib.crc32(case.name.encode()))
+  batch = {**batches[0], "weights": weights}
+  parts = [case.make().batch_updates(**b) for b in batches]
+  parts += [case.make().batch_updates(**_zero_rows(batch, variant)) for variant in variants]
+  np.testing.assert_allclose(
+    np.asarray(merge_randomly(parts, rng).compute(), F64),
+    case.reference(batches),
+    rtol=case.rtol,
+    atol=case.atol,
+    err_msg=f"{case.name}: merged in a random tree",
+  )
 
 
 def test_zero_row_update_under_jit():
