@@ -320,8 +320,10 @@ class R2Score(Metric):
   ``SS_tot`` is taken around the dataset's (weighted) mean of ``target``, kept as
   mergeable moments, so the result equals one pass over the whole dataset. As in
   scikit-learn (``force_finite=True``), an output with ``SS_tot == 0`` scores 1 if
-  ``SS_res == 0`` and else 0. Fewer than two real observations (elements of an output,
-  whatever their weights): NaN, as in scikit-learn (torchmetrics raises there).
+  ``SS_res == 0`` and else 0. Fewer than two real observations of nonzero weight (elements
+  of an output): NaN, as in scikit-learn (torchmetrics raises there); a weight-0 element
+  changes nothing, so it is not counted here either (scikit-learn counts every sample it
+  is given: weights ``[1, 0, ...]`` score 0.0 or 1.0 there).
 
   Args:
     num_outputs: 1 (every element of ``preds`` is one observation) or ``D`` for
@@ -381,7 +383,8 @@ class R2Score(Metric):
     return {
       "target_moments": Moments.of(target[..., None], real, w, axes),
       "residual": residual,
-      "observations": ExactCount.of(jnp.sum(real, axis=axes, dtype=jnp.int32)),
+      # observations of nonzero weight: a weight-0 element changes nothing
+      "observations": ExactCount.of(jnp.sum(real & (w != 0), axis=axes, dtype=jnp.int32)),
       "invalid": self.count_invalid(**{NAN_VALUE: nan_seen(real, w, preds, target)}),
     }
 

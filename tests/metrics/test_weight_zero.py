@@ -265,3 +265,35 @@ def test_probabilities_as_logits_at_weight_zero():
   want = metric.update(**batch, weights=weights, mask=np.arange(B) != 0)
   assert got.invalid_counts() == want.invalid_counts()
   assert got.invalid_counts()["preds look like probabilities, not logits"] == B - 1
+
+
+# --- R2Score's count of observations -------------------------------------------------------
+
+
+@pytest.mark.parametrize("adjusted", [0, 1])
+@pytest.mark.parametrize("kept", [1, 3])
+def test_r2_observations_of_weight_zero_are_not_counted(kept, adjusted):
+  """Its fewer-than-two rule counts the observations of nonzero weight: with one such row the score is NaN, as with the others masked out (scikit-learn, which counts
+  every sample given, scores weights [1, 0, ...] 0.0 or 1.0 there); with three, scikit-learn's
+  score of those rows (``adjusted``'s ``n``, the total weight, as documented). Before, the
+  weight-0 rows counted."""
+  from sklearn.metrics import r2_score
+
+  rng = np.random.default_rng(31 + kept)
+  preds = rng.normal(size=B).astype(np.float32)
+  target = rng.normal(size=B).astype(np.float32)
+  weights = np.zeros(B, np.float32)
+  weights[:kept] = rng.uniform(0.5, 2.0, kept)
+  make = lambda: pe.metrics.R2Score(adjusted=adjusted)
+  got = make().update(preds=preds, target=target, weights=weights)
+  want = make().update(preds=preds, target=target, weights=weights, mask=weights != 0)
+  np.testing.assert_array_equal(_value(got), _value(want))
+  if kept == 1:
+    assert np.isnan(_value(got))
+  else:
+    p, t, w = (x[:kept].astype(np.float64) for x in (preds, target, weights))
+    r2 = r2_score(t, p, sample_weight=w)
+    if adjusted:  # n is the total weight (documented)
+      n = np.sum(w)
+      r2 = 1 - (1 - r2) * (n - 1) / (n - adjusted - 1)
+    np.testing.assert_allclose(_value(got), r2, rtol=1e-5)
