@@ -52,7 +52,8 @@ def pad_batches(
       - a grain dataset or DataLoader, a Hugging Face dataset, a torch DataLoader (see `padded_eval.data.sources`);
       - a pandas DataFrame: a Mapping of its columns (``column.to_numpy()``, rows in order, the index not read;
         padded_eval never imports pandas itself). A column numpy holds no numbers for (strings, objects, dates, a
-        nullable column with missing values) raises ValueError naming it.
+        nullable column with missing values) raises ValueError naming it, as do column names that are not
+        strings (``pd.DataFrame(array)``'s ints: rename them, ``frame.columns = [str(c) for c in frame.columns]``).
       A pipeline that drops rows (``drop_remainder=True``; a torch DataLoader's ``drop_last=True`` with a
       short last batch), repeats them (a repeat other than ``.repeat(1)``; for tf.data, only in a pipeline
       of unknown cardinality: one of finite cardinality, ``ds.repeat(2)`` or ``ds.repeat().take(n)``, is

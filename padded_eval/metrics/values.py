@@ -124,8 +124,9 @@ class LastValue(Metric):
     used = real & (w != 0)
     weighted = jnp.where(used, w * jnp.where(used, values, 0.0), 0.0)
     total, error = compensated_sum(weighted)
+    total = total + jnp.where(jnp.isfinite(total), error, 0.0)  # by an inf, the error term is NaN
     return {
-      "last": LastBatch.of(total + error, jnp.sum(jnp.where(used, w, 0.0))),
+      "last": LastBatch.of(total, jnp.sum(jnp.where(used, w, 0.0))),
       "invalid": self.count_invalid(**{NAN_VALUE: used & jnp.isnan(values)}),
     }
 

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 from _padding_reference import assert_batches_equal, expected_batches
@@ -311,6 +312,31 @@ def test_a_dataframe_with_repeated_column_names_is_refused():
   frame = pd.DataFrame([[1, 2]], columns=["a", "a"])
   with pytest.raises(ValueError, match=r"^the DataFrame has repeated column names \['a'\]"):
     pe.pad_batches(frame, 4, num_devices=1)
+
+
+@pytest.mark.parametrize(
+  ("columns", "match"),
+  [
+    (None, r"^the DataFrame's column names \[0, 1\] are not strings"),  # pd.DataFrame(array)
+    ([("a", "x"), ("a", "y")], r"^the DataFrame's column names \[\('a', 'x'\), \('a', 'y'\)\]"),
+    (["a", 2.5], r"^the DataFrame's column names \[2\.5\] are not strings"),
+  ],
+)
+def test_a_dataframe_whose_column_names_are_not_strings_is_refused(columns, match):
+  """A batch holds the mask under a string key, and jax sorts a dict's keys: a column named 0 beside it made
+  every batch a pytree jax cannot flatten ("Comparator raised exception while sorting pytree dictionary
+  keys" in masked_eval), after pad_batches had taken the frame."""
+  pd = pytest.importorskip("pandas")
+  values = np.arange(6.0).reshape(3, 2)
+  frame = pd.DataFrame(values) if columns is None else pd.DataFrame(values, columns=columns)
+  with pytest.raises(
+    ValueError, match=match + r".*frame\.columns = \[str\(c\) for c in frame\.columns\]"
+  ):
+    pe.pad_batches(frame, 4, num_devices=1)
+  renamed = frame.set_axis([str(c) for c in frame.columns], axis=1)
+  (batch,) = pe.pad_batches(renamed, 4, num_devices=1)
+  assert len(jax.tree.leaves(batch)) == 3  # a pytree: its keys sort
+  np.testing.assert_array_equal(batch[str(frame.columns[1])][:3], values[:, 1])
 
 
 # ---- registering a new kind -------------------------------------------------------------------------------------

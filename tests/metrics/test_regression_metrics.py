@@ -307,6 +307,17 @@ def test_last_value_reduces_the_latest_step_over_devices():
   np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-6)
 
 
+def test_last_value_of_an_infinite_value_is_inf_as_mean():
+  # numpy's mean of [1, inf] is inf; the compensated sum's error term (NaN next to an inf) was
+  # added to it, a NaN value with nothing counted
+  for values, want in (([1.0, np.inf, 2.0], np.inf), ([-np.inf, 3.0], -np.inf)):
+    metric = M.LastValue().update(values=np.array(values, np.float32))
+    assert float(metric.compute()) == want == float(M.Mean().update(values=values).compute())
+    assert metric.invalid_counts() == {"nan value": 0}
+  both = M.LastValue().update(values=np.array([np.inf, -np.inf], np.float32))
+  assert np.isnan(float(both.compute()))  # inf - inf, as numpy
+
+
 def test_from_fun_follows_clu_mask_rules():
   clu_metrics = pytest.importorskip("clu.metrics")
   x = np.array([1.0, 2.0, 4.0, 100.0], np.float32)

@@ -5,7 +5,9 @@ column where pandas allows it), and the DataFrame is then padded as a whole-data
 (`MappingSource`: full batches are views, ``len()`` is known, a resumed evaluation seeks). Columns numpy has no
 number for are refused, naming the column: strings and other objects, dates and times, and a nullable integer or
 bool column holding missing values (``pd.NA``, which numpy's int64 or bool cannot hold; a nullable float column
-gives NaN, as numpy holds it). pandas is never imported here: a DataFrame is recognised by its class's module and
+gives NaN, as numpy holds it), and column names that are not strings (``pd.DataFrame(array)``'s ints, a
+MultiIndex's tuples: a batch holds them beside the mask's string key, and jax cannot sort mixed keys). pandas is
+never imported here: a DataFrame is recognised by its class's module and
 name, and read through its own methods.
 """
 
@@ -43,7 +45,7 @@ class DataFrameSource(MappingSource):
     """Reads the columns as numpy arrays.
 
     Raises:
-      ValueError: repeated column names, a column numpy holds no numbers for (strings, objects, dates), a
+      ValueError: repeated column names, a column name that is not a string, a column numpy holds no numbers for (strings, objects, dates), a
         nullable column whose missing values numpy cannot hold, or see `MappingSource` (a column named
         `mask_key`, no columns).
     """
@@ -57,6 +59,14 @@ def _columns(frame: Any) -> dict:
     raise ValueError(
       f"the DataFrame has repeated column names {repeated}; expected one column per name (rename them, "
       "e.g. frame.columns = [...])"
+    )
+  unnamed = [c for c in frame.columns if not isinstance(c, str)]
+  if unnamed:
+    raise ValueError(
+      f"the DataFrame's column names {unnamed[:5]} are not strings (as pd.DataFrame(array)'s or a MultiIndex's "
+      "are); each batch holds them beside the string key of the mask, and jax cannot sort a dict's keys of mixed "
+      "types (masked_eval would fail to flatten every batch): name the columns with strings, e.g. "
+      "frame.columns = [str(c) for c in frame.columns]"
     )
   columns = {}
   for name in frame.columns:
