@@ -21,11 +21,13 @@ from padded_eval.data._tree import (
   FlatBatch,
   Index,
   Path,
+  check_key_kinds,
   check_mask_fn_result,
   check_not_strings,
   fill_value,
   flatten,
   leaf_dtype,
+  mapping_paths,
   pad_shapes_hint,
   path_name,
   tree_leaves,
@@ -88,6 +90,7 @@ class BatchSpec:
       flat: ``{path: array [rows, ...]}``.
       unknown_rows: leave `batch_size` None (a spec for any number of rows).
     """
+    check_key_kinds(flat, beside_mask=True)  # its batches hold the mask under a string key
     leaves = {
       path: LeafSpec(tuple(np.shape(leaf)[1:]), leaf_dtype(leaf)) for path, leaf in flat.items()
     }
@@ -149,6 +152,8 @@ class BatchSpec:
       )
     batch_size = mask_shape[0]
     leaves = {}
+    if index == 0:  # later batches are compared with the first one's structure
+      check_key_kinds(mapping_paths(batch))
     flat, structure = jax.tree_util.tree_flatten_with_path(batch)
     for key_path, leaf in flat:
       path = tuple(map(_spec_key, key_path))

@@ -18,12 +18,14 @@ __all__ = [
   "FlatBatch",
   "Index",
   "Path",
+  "check_key_kinds",
   "check_mask_fn_result",
   "check_not_strings",
   "fill_value",
   "flatten",
   "key_name",
   "leaf_dtype",
+  "mapping_paths",
   "pad_shapes_hint",
   "path_name",
   "ragged_message",
@@ -222,6 +224,64 @@ def key_name(key: Any) -> Any:
     if hasattr(key, attribute):
       return getattr(key, attribute)
   return key
+
+
+def _key_kind(key: Any) -> str:
+  """The kind of a dict key as sorting sees it: strings, numbers, or another type by name."""
+  if isinstance(key, str):
+    return "strings"
+  if isinstance(key, (int, float, np.integer, np.floating)):
+    return "numbers"
+  return type(key).__name__
+
+
+def check_key_kinds(paths: Any, beside_mask: bool = False) -> None:
+  """Raises ValueError when a dict of a batch mixes keys of kinds JAX cannot sort together.
+
+  JAX sorts a dict's keys to flatten it, so ``{0: x, "y": y}`` is no pytree it can flatten
+  ("Comparator raised exception while sorting pytree dictionary keys"). A batch's top level
+  holds the mask under a string key, so its keys must be strings; a dict below it may use
+  ints (or any one kind).
+
+  Args:
+    paths: the batch's key paths (tuples of keys; `Index` positions are a tuple's, not a dict's).
+    beside_mask: the top level holds the mask under a string key beside ``paths``' keys.
+  """
+  children: dict = {}
+  for path in paths:
+    for depth, key in enumerate(path):
+      if type(key) is not Index:
+        children.setdefault(path[:depth], {})[key] = None
+  for parent, keys in children.items():
+    kinds = {_key_kind(key) for key in keys}
+    if not parent and beside_mask:
+      kinds.add("strings")
+    if len(kinds) > 1:
+      where = "at the top level" if not parent else f"under {path_name(parent)}"
+      mask = ", beside the mask's string key" if not parent and beside_mask else ""
+      shown = sorted(keys, key=lambda key: (_key_kind(key), str(key)))
+      raise ValueError(
+        f"the batch's dict keys {shown} {where}{mask} are of different kinds "
+        f"({', '.join(sorted(kinds))}): JAX sorts a dict's keys, so one dict's keys must be of one kind; "
+        "name them with strings (e.g. {str(key): value for key, value in batch.items()})"
+      )
+
+
+def mapping_paths(tree: Any, prefix: Path = ()) -> list[Path]:
+  """The key paths of ``tree``'s nested Mappings (a tuple's members keyed by `Index`), leaves not read."""
+  paths: list[Path] = []
+  items = (
+    ((Index(i), value) for i, value in enumerate(tree))
+    if isinstance(tree, (tuple, list))
+    else tree.items()
+  )
+  for key, value in items:
+    path = prefix + (key,)
+    if isinstance(value, cabc.Mapping) or type(value) in (tuple, list):
+      paths.extend(mapping_paths(value, path) or [path])
+    else:
+      paths.append(path)
+  return paths
 
 
 def check_not_strings(

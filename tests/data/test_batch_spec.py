@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+import padded_eval as pe
 from padded_eval.data._batch_spec import BatchSpec, LeafSpec
 from padded_eval.data._tree import Index, flatten, unflatten
 from padded_eval.data.sources.base import flatten_rows
@@ -335,3 +336,35 @@ def test_a_tuple_in_a_dict_batch_survives_json():
   assert [leaf.shape for leaf in jax.tree.leaves(empty)] == [(8,), (8,), (8, 2)]
   assert not empty["mask"].any()
   spec.check(batch, 1)  # a live batch still matches the spec
+
+
+@pytest.mark.parametrize(
+  "source, batch, match",
+  [
+    (
+      {0: np.arange(5.0), "y": np.arange(5.0)},
+      {0: np.zeros(8), "y": np.zeros(8), "mask": np.ones(8, bool)},
+      r"keys \[0, '(y|mask)'.*\] at the top level",
+    ),
+    (
+      {1: np.arange(5.0)},
+      {1: np.zeros(8), "mask": np.ones(8, bool)},
+      r"keys \[1.*\] at the top level",
+    ),
+    (
+      {"x": {1: np.arange(5.0), "b": np.arange(5.0)}},
+      {"x": {1: np.zeros(8), "b": np.zeros(8)}, "mask": np.ones(8, bool)},
+      r"keys \[1, 'b'\] under 'x'",
+    ),
+  ],
+)
+def test_keys_jax_cannot_sort_are_refused_naming_them(source, batch, match):
+  """jax sorts a dict's keys: a batch dict mixing ints and strings (the mask's key is a string)
+  was taken by pad_batches and failed in masked_eval ("Comparator raised exception while sorting
+  pytree dictionary keys"). Keys of one kind below the top level (ints) stay fine."""
+  with pytest.raises(ValueError, match=match + r".*one kind"):
+    list(pe.pad_batches(source, 4, num_devices=1))
+  with pytest.raises(ValueError, match=match + r".*one kind"):
+    pe.masked_eval(lambda p, b: pe.metrics.Mean().batch_updates(values=b["mask"]), None, [batch])
+  (ints,) = pe.pad_batches({"x": {1: np.arange(3.0), 2: np.arange(3.0)}}, 4, num_devices=1)
+  np.testing.assert_array_equal(ints["x"][2][:3], np.arange(3.0))
