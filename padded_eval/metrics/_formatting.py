@@ -373,22 +373,8 @@ def format_inputs(
   (:func:`weighed_invalid`); the elements themselves are returned as they are. See
   :func:`label_elements` and :func:`class_elements` for the other arguments.
   """
-  elements = _formatted(
-    preds,
-    target,
-    mask,
-    task=task,
-    num_classes=num_classes,
-    from_logits=from_logits,
-    ignore_index=ignore_index,
-    scores_only=scores_only,
-  )
-  return elements._replace(invalid=weighed_invalid(elements.invalid, weights))
-
-
-def _formatted(preds, target, mask, *, task, num_classes, from_logits, ignore_index, scores_only):
   if task == "multiclass":
-    return class_elements(
+    elements = class_elements(
       preds,
       target,
       mask,
@@ -398,15 +384,17 @@ def _formatted(preds, target, mask, *, task, num_classes, from_logits, ignore_in
       probability_scores=scores_only and not from_logits,
       logit_scores=scores_only and from_logits,
     )
-  return label_elements(
-    preds,
-    target,
-    mask,
-    task=task,
-    num_classes=num_classes,
-    from_logits=from_logits,
-    ignore_index=ignore_index,
-  )
+  else:
+    elements = label_elements(
+      preds,
+      target,
+      mask,
+      task=task,
+      num_classes=num_classes,
+      from_logits=from_logits,
+      ignore_index=ignore_index,
+    )
+  return elements._replace(invalid=weighed_invalid(elements.invalid, weights))
 
 
 def looks_like_probabilities(scores: jax.Array, axis: int = -1) -> jax.Array:
