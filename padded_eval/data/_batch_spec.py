@@ -153,8 +153,14 @@ class BatchSpec:
     batch_size = mask_shape[0]
     leaves = {}
     if index == 0:  # later batches are compared with the first one's structure
-      check_key_kinds(mapping_paths(batch))
-    flat, structure = jax.tree_util.tree_flatten_with_path(batch)
+      check_key_kinds(mapping_paths(batch), index=index)
+    try:
+      flat, structure = jax.tree_util.tree_flatten_with_path(batch)
+    except (
+      ValueError
+    ):  # a later batch's dict keys JAX cannot sort: named, not JAX's comparator error
+      check_key_kinds(mapping_paths(batch), index=index)
+      raise
     for key_path, leaf in flat:
       path = tuple(map(_spec_key, key_path))
       shape, dtype = np.shape(leaf), leaf_dtype(leaf)

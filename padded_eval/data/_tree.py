@@ -235,7 +235,7 @@ def _key_kind(key: Any) -> str:
   return type(key).__name__
 
 
-def check_key_kinds(paths: Any, beside_mask: bool = False) -> None:
+def check_key_kinds(paths: Any, beside_mask: bool = False, index: int | None = None) -> None:
   """Raises ValueError when a dict of a batch mixes keys of kinds JAX cannot sort together.
 
   JAX sorts a dict's keys to flatten it, so ``{0: x, "y": y}`` is no pytree it can flatten
@@ -246,6 +246,7 @@ def check_key_kinds(paths: Any, beside_mask: bool = False) -> None:
   Args:
     paths: the batch's key paths (tuples of keys; `Index` positions are a tuple's, not a dict's).
     beside_mask: the top level holds the mask under a string key beside ``paths``' keys.
+    index: the batch's position, named in the error (None: not named).
   """
   children: dict = {}
   for path in paths:
@@ -260,8 +261,9 @@ def check_key_kinds(paths: Any, beside_mask: bool = False) -> None:
       where = "at the top level" if not parent else f"under {path_name(parent)}"
       mask = ", beside the mask's string key" if not parent and beside_mask else ""
       shown = sorted(keys, key=lambda key: (_key_kind(key), str(key)))
+      batch = "the batch's" if index is None else f"batch {index}: its"
       raise ValueError(
-        f"the batch's dict keys {shown} {where}{mask} are of different kinds "
+        f"{batch} dict keys {shown} {where}{mask} are of different kinds "
         f"({', '.join(sorted(kinds))}): JAX sorts a dict's keys, so one dict's keys must be of one kind; "
         "name them with strings (e.g. {str(key): value for key, value in batch.items()})"
       )

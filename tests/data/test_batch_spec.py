@@ -368,3 +368,16 @@ def test_keys_jax_cannot_sort_are_refused_naming_them(source, batch, match):
     pe.masked_eval(lambda p, b: pe.metrics.Mean().batch_updates(values=b["mask"]), None, [batch])
   (ints,) = pe.pad_batches({"x": {1: np.arange(3.0), 2: np.arange(3.0)}}, 4, num_devices=1)
   np.testing.assert_array_equal(ints["x"][2][:3], np.arange(3.0))
+
+
+def test_keys_jax_cannot_sort_in_a_later_batch_are_refused_naming_them():
+  """masked_eval checked the key kinds of batch 0 only: a later batch with an int key beside
+  its string keys failed inside JAX's flatten ("Comparator raised exception ...")."""
+  good = {"x": np.zeros(8), "mask": np.ones(8, bool)}
+  bad = {"x": np.zeros(8), 0: np.zeros(8), "mask": np.ones(8, bool)}
+  with pytest.raises(
+    ValueError, match=r"batch 1.*keys \[0, '(x|mask)'.*\] at the top level.*one kind"
+  ):
+    pe.masked_eval(
+      lambda p, b: pe.metrics.Mean().batch_updates(values=b["x"]), None, [good, bad], backend="jit"
+    )
