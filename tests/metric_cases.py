@@ -49,6 +49,10 @@ class MetricCase:
       ``"mask"`` of shape ``[B]`` or ``[B, T]``; padded elements hold garbage.
     reference: float64 value over the real elements of the batches.
     rtol, atol: tolerance against the reference.
+    same_update_as: the name of a row whose metric differs from this one in ``compute`` options
+      only (R2Score's ``adjusted=``, ``multioutput=``, ``force_finite=``), on the same data: its
+      states are bit for bit that row's (``tests/metrics/test_metric_core.py`` checks it), so the
+      checks of the update path under jit, scan, pmap and shard_map run on that row alone.
   """
 
   name: str
@@ -57,6 +61,7 @@ class MetricCase:
   reference: Callable[[list[dict]], np.ndarray]
   rtol: float = 2e-5
   atol: float = 2e-6
+  same_update_as: str = ""
 
   def batches(self, seed: int = 0) -> list[dict]:
     return self.data(np.random.default_rng(seed))
@@ -302,6 +307,7 @@ CASES: list[MetricCase] = [
       real(bs, "target"), real(bs, "preds"), multioutput="variance_weighted"
     ),
     atol=2e-5,
+    same_update_as="r2_multioutput_uniform",
   ),
   MetricCase(
     "pearson",
@@ -635,6 +641,7 @@ CASES += [
     lambda rng: padded_batches(rng, _REGRESSION),
     lambda bs: _adjusted_r2(bs, 3),
     atol=2e-5,
+    same_update_as="r2",
   ),
   MetricCase(
     "r2_adjusted_raw",
@@ -642,6 +649,7 @@ CASES += [
     lambda rng: padded_batches(rng, _REGRESSION_3),
     lambda bs: _adjusted_r2(bs, 2, multioutput="raw_values"),
     atol=2e-5,
+    same_update_as="r2_multioutput_uniform",
   ),
   MetricCase(
     "r2_multioutput_array_weighted",
@@ -654,6 +662,7 @@ CASES += [
       multioutput=np.array(_R2_WEIGHTS),
     ),
     atol=2e-5,
+    same_update_as="r2_raw_weighted",
   ),
   MetricCase(
     "r2_force_finite_false_raw",
