@@ -491,3 +491,21 @@ def test_rows_of_unknown_length_taken_as_batches_name_batched_false():
     "w": np.repeat(np.arange(5, dtype=np.float32)[:, None], 2, axis=1),
   }
   assert_batches_equal(got, expected_batches(want, 4))
+
+
+@pytest.mark.parametrize("keep", [lambda e: e["label"] > 100, lambda e: e["label"] % 2 == 0])
+def test_a_repeat_of_unknown_cardinality_claims_no_length(keep):
+  """tf.data counts ``filter(...).repeat().take(n)`` as n elements, though a filter that keeps
+  nothing repeats into nothing: ``len()`` said n / batch_size batches while none came. Now the
+  length is unknown (TypeError, as for the filter alone); the rows read are still numpy's."""
+  data = dataset(10)
+  source = slices(data).filter(keep).repeat().take(7)
+  assert int(source.cardinality()) == 7  # tf.data's claim
+  got = pe.pad_batches(source, 4, num_devices=1, pad_value=-1)
+  with pytest.raises(TypeError, match="unknown"):
+    len(got)
+  kept = np.asarray([bool(keep({"label": label})) for label in data["label"]])
+  order = np.resize(np.flatnonzero(kept), 7 if kept.any() else 0)  # the kept rows, repeated
+  rows = {key: value[order] for key, value in data.items()}
+  want = expected_batches(rows, 4, pad=-1) if kept.any() else []
+  assert_batches_equal(got, want)

@@ -157,8 +157,9 @@ class TfDataSource(Source):
     return self._spec
 
   def num_rows(self) -> int | None:
-    """Number of examples, when the cardinality (and, if batched, a static batch size) tells it."""
-    cardinality = int(self._dataset.cardinality())
+    """Number of examples, when the cardinality (and, if batched, a static batch size) tells it
+    (`tf_pipeline.cardinality`: not after a ``.repeat()`` of an input of unknown cardinality)."""
+    cardinality = tf_pipeline.cardinality(self._dataset)
     if cardinality < 0:
       return None
     if not self._batched:

@@ -14,6 +14,7 @@ from padded_eval.data._tree import path_name
 
 __all__ = [
   "batches_hint",
+  "cardinality",
   "check_rows_read_once",
   "infer_batched",
   "nearest_batch_size",
@@ -24,13 +25,29 @@ __all__ = [
 MAX_PIPELINE_DEPTH = 256
 
 
+def cardinality(dataset: Any) -> int:
+  """``dataset.cardinality()``, or ``tf.data.UNKNOWN_CARDINALITY`` (-2) where tf.data's count may be
+  wrong: it counts a ``.repeat()`` of an input of unknown cardinality (after a ``filter``) as
+  infinite, and a later ``.take(n)`` as n elements, though an input that yields nothing repeats
+  into nothing. Nothing is read."""
+  count = int(dataset.cardinality())
+  if count < 0:
+    return count
+  for node in pipeline(dataset):
+    if "Repeat" in type(node).__name__ and int(getattr(node, "_count", 1)) < 0:
+      parent = getattr(node, "_input_dataset", None)  # tf.data keeps the repeat's parts private
+      if parent is None or int(parent.cardinality()) == -2:
+        return -2
+  return count
+
+
 def batches_hint(dataset: Any, batched: bool, batch_size: int) -> int | None:
   """A batched pipeline of known cardinality whose batch size is not static (``ds.batch(n)``): the rows
   its nearest batch op reads (that op's input cardinality, times k after a ``repeat(k)``, else
   ``cardinality * n``, e.g. after a ``take``) over `batch_size`,
   an estimate (a map may change a batch's rows); else None. Nothing is read."""
-  cardinality = int(dataset.cardinality())
-  if not batched or cardinality < 0:
+  count = cardinality(dataset)
+  if not batched or count < 0:
     return None
   for node in pipeline(dataset):
     size = getattr(node, "_batch_size", None)  # tf.data keeps the batch op's parts private
@@ -39,11 +56,9 @@ def batches_hint(dataset: Any, batched: bool, batch_size: int) -> int | None:
     parent = getattr(node, "_input_dataset", None)
     rows = -1 if parent is None else int(parent.cardinality())
     batches = int(node.cardinality())
-    if (
-      rows >= 0 and batches != cardinality
-    ):  # a later repeat(k) (k times the batch op's rows) or take
-      rows = rows * (cardinality // batches) if batches > 0 and cardinality % batches == 0 else -1
-    rows = rows if rows >= 0 else cardinality * int(size)
+    if rows >= 0 and batches != count:  # a later repeat(k) (k times the batch op's rows) or take
+      rows = rows * (count // batches) if batches > 0 and count % batches == 0 else -1
+    rows = rows if rows >= 0 else count * int(size)
     return -(-rows // batch_size)
   return None
 
