@@ -156,9 +156,8 @@ class BatchSpec:
       check_key_kinds(mapping_paths(batch), index=index)
     try:
       flat, structure = jax.tree_util.tree_flatten_with_path(batch)
-    except (
-      ValueError
-    ):  # a later batch's dict keys JAX cannot sort: named, not JAX's comparator error
+    except ValueError:
+      # a later batch's dict keys JAX cannot sort: named here, not as JAX's comparator error
       check_key_kinds(mapping_paths(batch), index=index)
       raise
     for key_path, leaf in flat:
