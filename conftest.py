@@ -119,9 +119,11 @@ _SPLIT = "xla_cpu_parallel_codegen_split_count"
 def pytest_configure(config):
   worker = os.environ.get("PYTEST_XDIST_WORKER")
   if worker is None:
-    if config.getoption("numprocesses", None) and _SPLIT not in os.environ["XLA_FLAGS"]:
+    if not config.getoption("numprocesses", None):  # -n 0: no workers
+      return
+    if _SPLIT not in os.environ["XLA_FLAGS"]:
       os.environ["XLA_FLAGS"] += f" --{_SPLIT}=1"  # read by the workers this process starts
-    if config.getoption("numprocesses", None) and config.getoption("capture") == "sys":
+    if config.getoption("capture") == "sys":
       import tempfile
 
       os.environ[_WORKER_LOGS] = tempfile.mkdtemp(prefix="padded-eval-workers-")
