@@ -14,6 +14,7 @@ import sys
 import _bootstrap_worker as worker
 import numpy as np
 import pytest
+from _worker_flags import worker_xla_flags
 
 pytestmark = pytest.mark.multihost
 
@@ -28,7 +29,7 @@ def free_port() -> int:
 
 
 def run_workers(count=2, deadline_s=240, worker_path=WORKER):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = dict(os.environ, XLA_FLAGS=worker_xla_flags())  # the workers choose their devices
   env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
   # The workers import this checkout's padded_eval, the one the test imports.
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))

@@ -18,6 +18,7 @@ import time
 import _multihost_worker as worker
 import numpy as np
 import pytest
+from _worker_flags import worker_xla_flags
 from sklearn.metrics import f1_score
 
 from padded_eval.multihost.distributed import process_slice
@@ -67,9 +68,7 @@ def _run(count: int, scenarios: list[str], tmp_dir) -> dict:
   on purpose, or a real hang) or after RUN_DEADLINE_S is killed with SIGKILL (jax catches SIGTERM) and its exit
   code is recorded as None.
   """
-  env = {
-    k: v for k, v in os.environ.items() if k != "XLA_FLAGS"
-  }  # not conftest's 8 devices: 2 per process
+  env = dict(os.environ, XLA_FLAGS=worker_xla_flags())  # not conftest's 8 devices: 2 per process
   env.update(
     JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", MULTIHOST_TMP=str(tmp_dir)
   )

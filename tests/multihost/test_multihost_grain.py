@@ -15,6 +15,7 @@ import sys
 import _multihost_worker as worker
 import numpy as np
 import pytest
+from _worker_flags import worker_xla_flags
 from sklearn.metrics import f1_score
 
 pytestmark = pytest.mark.multihost
@@ -34,7 +35,7 @@ def free_port():
 @pytest.fixture(scope="module")
 def lines():
   """``{scenario: [line of process 0, line of process 1]}`` from one run of the workers."""
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # 2 devices per process
+  env = dict(os.environ, XLA_FLAGS=worker_xla_flags())  # 2 devices per process
   env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
   port = str(free_port())
   procs = [
