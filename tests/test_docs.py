@@ -59,13 +59,24 @@ def test_the_api_reference_lists_every_public_name():
   assert len(PUBLIC) >= 40, sorted(PUBLIC)
 
 
+@pytest.fixture(scope="module")
+def collected_doctests(request) -> set[str]:
+  """The names of the docstring examples this session runs as doctests (``--doctest-modules``
+  over ``padded_eval/``, as in the whole suite's run)."""
+  return {item.name for item in request.session.items if type(item).__name__ == "DoctestItem"}
+
+
 @pytest.mark.parametrize("name", sorted(PUBLIC))
-def test_every_public_name_has_an_example_that_runs(name):
+def test_every_public_name_has_an_example_that_runs(name, collected_doctests):
+  """Each public name has an example; it runs here unless this session runs it as a doctest
+  (then it runs once, there: ``pytest tests/`` runs it here, the whole suite as a doctest)."""
   value = PUBLIC[name]
   module = sys.modules[value.__module__]
   finder = doctest.DocTestFinder(recurse=False)
-  tests = [t for t in finder.find(value, name, globs=dict(vars(module))) if t.examples]
+  qualified = f"{value.__module__}.{value.__qualname__}"
+  tests = [t for t in finder.find(value, qualified, globs=dict(vars(module))) if t.examples]
   assert tests, f"{name} has no '>>>' example in its docstring (an 'Examples:' section)"
+  tests = [t for t in tests if t.name not in collected_doctests]
   runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
   for test in tests:
     runner.run(test)
