@@ -4,6 +4,7 @@ It runs in a subprocess (the benchmark sets its own XLA flags) with clu, metrax 
 hidden, as in CI where only the test extra is installed: their cells must say "not installed".
 """
 
+import json
 import os
 import pathlib
 import subprocess
@@ -70,6 +71,8 @@ def test_quick_benchmark_writes_both_tables_without_optional_anchors(tmp_path):
 
 @pytest.mark.slow
 def test_converted_flax_examples_benchmark_prints_its_table():
+  # cold times in this one process (each fresh process imports TensorFlow and JAX again, about 7 s
+  # here); the fresh-process child that the default runs is the next test's
   done = _run_benchmark(
     "benchmarks.bench_from_flax",
     "--only",
@@ -77,8 +80,8 @@ def test_converted_flax_examples_benchmark_prints_its_table():
     "ogbg",
     "--repeats",
     "1",
-    "--cold-repeats",
-    "1",
+    "--cold",
+    "in-process",
   )
   rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
   assert rows[0].startswith("| example | cold: original s")
@@ -90,3 +93,10 @@ def test_converted_flax_examples_benchmark_prints_its_table():
     assert float(cells[8].strip(" |")) > 0
   assert by_name["ogbg"][7] == "same"  # its converted loop passes its own mesh
   assert float(by_name["mnist_nnx"][7]) > 0
+
+
+@pytest.mark.slow
+def test_a_fresh_process_times_one_first_call():
+  """What the default (``--cold fresh``) starts per loop and cold repeat: one first call, in seconds."""
+  done = _run_benchmark("benchmarks.bench_from_flax", "--cold-child", "mnist_nnx", "converted")
+  assert json.loads(done.stdout.splitlines()[-1])["seconds"] > 0
