@@ -68,8 +68,8 @@ def collected_doctests(request) -> set[str]:
 
 @pytest.mark.parametrize("name", sorted(PUBLIC))
 def test_every_public_name_has_an_example_that_runs(name, collected_doctests):
-  """Each public name has an example; it runs here unless this session runs it as a doctest
-  (then it runs once, there: ``pytest tests/`` runs it here, the whole suite as a doctest)."""
+  """Each public name has an example, and it runs once per session: as a doctest where the
+  session collects ``padded_eval/`` (the whole suite), here otherwise (``pytest tests/``)."""
   value = PUBLIC[name]
   module = sys.modules[value.__module__]
   finder = doctest.DocTestFinder(recurse=False)
