@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval.exact._floats import compensated_sum, ldexp, scale_exponent
-from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
+from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum, upcast
 from padded_eval.masking import element_weights
 from padded_eval.metrics.averages import WeightedMean, weighted_totals, zero_total
 from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
@@ -156,13 +156,28 @@ class TweedieDevianceScore(WeightedMean):
     return totals.then(lambda pair: {"total": pair[0], "weight": pair[1], "invalid": invalid})
 
 
-def _null_statistic(target, power: float):
-  """``A(y)`` with ``sum w d(y, c) = 2 (sum w A(y) - W B(c))`` for the weighted mean ``c``."""
-  if power == 1:
-    return jnp.where(target > 0, target * jnp.log(jnp.where(target > 0, target, 1.0)), 0.0)
-  if power == 2:
-    return -jnp.log(target)
-  return jnp.maximum(target, 0.0) ** (2.0 - power) / ((1.0 - power) * (2.0 - power))
+def deviance_to(y, pivot, difference, power: float) -> jax.Array:
+  """float32 ``d(y, pivot)``: the deviance of target ``y`` from the prediction ``pivot``, with
+  ``difference = pivot - y`` given to more precision than ``pivot`` itself.
+
+  The stable form of :func:`unit_deviance` on ``log1p(difference / y)``, so the deviance of two
+  close values keeps float32's relative precision even where ``pivot - y`` would not (the means
+  of a state, known as float32 pairs). The Tweedie deviance is the Bregman divergence of
+  ``A(y) = max(y, 0)**(2-p) / ((1-p) (2-p))`` (``y log y - y`` at ``p = 1``, ``-log y - 1`` at
+  ``p = 2``); for ``p < 0`` a ``pivot <= 0`` has ``A(pivot) = A'(pivot) = 0``, so ``d = 2 A(y)``.
+  """
+  a, b = 2.0 - power, 1.0 - power
+  positive, defined = y > 0, pivot > 0
+  safe_y, safe_mu = jnp.where(positive, y, 1.0), jnp.where(defined, pivot, 1.0)
+  log_ratio = jnp.log1p(jnp.where(positive & defined, difference, 0.0) / safe_y)
+  stable = 2.0 * safe_y**a * _h(log_ratio, power)
+  textbook = jnp.zeros_like(safe_mu)  # y <= 0 (p < 2 only)
+  if power < 2:
+    textbook = 2.0 * safe_mu**a / a - (2.0 * y * safe_mu**b / b if power < 1 else 0.0)
+  value = jnp.where(positive, stable, textbook)
+  if power < 1:  # pivot <= 0: 2 A(y)
+    value = jnp.where(defined, value, 2.0 * jnp.maximum(y, 0.0) ** a / (a * b))
+  return jnp.where(defined | (power < 1), value, 0.0)  # p >= 1: pivot 0 only when every y is 0
 
 
 #: The exponents ``k`` `_power_of_two` tabulates: those of float32 magnitudes (subnormals too).
@@ -189,30 +204,153 @@ def _scaled_total(x, used, w, k, a: float) -> ExactSum:
   return ExactSum.of_pair(*compensated_sum(jnp.where(used, w * (x * m), 0.0)), n)
 
 
-def _in_frame(total: ExactSum, k, a: float) -> jax.Array:
-  """float32 ``total * 2**-(k a)`` formed on the mantissa (in range where ``total`` is not)."""
-  n, m = _power_of_two(k, a)
-  mantissa, exp = total.frexp()
-  return ldexp(mantissa / m, exp - n)
+def _framed(power: float) -> bool:
+  """Whether deviances of ``power`` are formed on data scaled by a power of two (not 0, 1, 2)."""
+  return power not in (0.0, 1.0, 2.0)
+
+
+def _times_weight(weight: ExactSum, value, k, a: float | None) -> ExactSum:
+  """``W value 2**(k a)`` (``a`` None: ``W value``) formed on the weight's mantissa, for a total
+  weight ``W`` and float32 ``value`` (0 where either is not a finite positive-weight number)."""
+  mantissa, exp = weight.frexp()
+  n, m = _power_of_two(k, a) if a is not None else (0, 1.0)
+  seen = (mantissa > 0) & jnp.isfinite(value)
+  return ExactSum.of(jnp.where(seen, mantissa * (value * m), 0.0), jnp.where(seen, exp + n, 0))
+
+
+def _negated(total: ExactSum) -> ExactSum:
+  return ExactSum._make(-total.hi, -total.lo, total.exponent)
+
+
+def _weighted_deviance(weight: ExactSum, y, pivot, difference, power: float) -> ExactSum:
+  """``W d(y, pivot)`` for a total weight ``W`` (scalars), formed in range: on the weight's
+  mantissa and, for `_framed` powers, on the values scaled into ``[0.5, 1)``."""
+  k = jnp.int32(0)
+  if _framed(power):
+    k = scale_exponent(jnp.maximum(jnp.abs(y), jnp.abs(pivot)))
+    y, pivot, difference = ldexp(y, -k), ldexp(pivot, -k), ldexp(difference, -k)
+  value = deviance_to(y, pivot, difference, power)
+  return _times_weight(weight, value, k, 2.0 - power if _framed(power) else None)
+
+
+class _NullDeviance(Accumulator):
+  """The null deviance ``sum w d(y, c)`` of the targets around their weighted mean ``c``, kept
+  so that it merges without cancelling (Chan's formula, generalized to Bregman divergences).
+
+  Each part holds its total weight ``W_i``, its total ``sum w y`` (exact sums) and ``spread``,
+  the deviance of its targets around its own mean ``c_i``. Parts combine as
+
+      D = sum_i D_i + sum_i W_i d(c_i, c),   c = sum_i total_i / sum_i W_i,
+
+  which holds for any Bregman divergence (the Tweedie deviance is one), every term >= 0: the
+  nearly constant targets (1e6 + N(0, 1)) whose sums ``sum w A(y) - W A(c)`` cancel to noise
+  keep float32's relative precision. The means are float32 pairs (``quotient``) and ``d(c_i, c)``
+  is formed from their difference (`deviance_to`). A batch forms its spread around its float32
+  mean ``s`` and subtracts ``W d(c, s)`` (the same identity with ``c`` exact).
+
+  ``power`` is static (the pytree's auxiliary data).
+  """
+
+  _fields = ("weight", "total", "spread")
+
+  def __init__(self, power: float, weight: ExactSum, total: ExactSum, spread: ExactSum):
+    object.__setattr__(self, "power", float(power))
+    for name, value in zip(self._fields, (weight, total, spread), strict=True):
+      object.__setattr__(self, name, value)
+
+  @classmethod
+  def zeros(cls, power: float) -> _NullDeviance:
+    return cls(power, ExactSum.zeros(), ExactSum.zeros(), ExactSum.zeros())
+
+  @classmethod
+  def of(cls, power: float, y, used, w, moments: Moments) -> _NullDeviance:
+    """One batch's part: ``y`` the targets (1 where not ``used``), ``w`` weights (0 there) and
+    ``moments`` their `Moments` (whose total ``W s + sum w (y - s)`` rounds only the products of
+    the deviations: ``sum w y`` would round each product, 0.06 for a target near 1e6)."""
+    weight, total = moments.count, moments.total[..., 0]
+    if power == 0:  # kept by the metric's Moments
+      return cls(power, weight, total, ExactSum.zeros())
+    low, high = moments.low[..., 0], moments.high[..., 0]
+    mean_hi, mean_lo = total.quotient(weight)
+    seen = weight.frexp()[0] > 0
+    pivot = jnp.where(seen, jnp.clip(mean_hi, low, high), 1.0)
+    offset = jnp.where(seen, (mean_hi - pivot) + mean_lo, 0.0)  # c - pivot
+    a = 2.0 - power
+    if _framed(power):
+      k = scale_exponent(jnp.maximum(jnp.abs(low), jnp.abs(high)))
+      k = jnp.where(seen, k, 0)
+      y_k, pivot_k = ldexp(y, -k), ldexp(pivot, -k)
+      terms = deviance_to(y_k, pivot_k, pivot_k - y_k, power)
+      spread = _scaled_total(terms, used, w, k, a)
+    else:
+      terms = deviance_to(y, pivot, pivot - y, power)
+      spread = ExactSum.of_sum(jnp.where(used, terms, 0.0), weights=w)
+    correction = _weighted_deviance(weight, pivot + offset, pivot, -offset, power)
+    return cls(power, weight, total, spread.merge(_negated(correction)))
+
+  def _make_like(self, weight, total, spread) -> _NullDeviance:
+    return _NullDeviance(self.power, weight, total, spread)
+
+  def mean(self) -> tuple[jax.Array, jax.Array]:
+    """The weighted mean of the targets as a float32 pair (NaN when empty)."""
+    return self.total.quotient(self.weight)
+
+  def _around(self, mean_hi, mean_lo) -> ExactSum:
+    """This part's deviance around the mean ``mean_hi + mean_lo``: ``D_i + W_i d(c_i, c)``."""
+    if self.power == 0:
+      return self.spread
+    own_hi, own_lo = self.mean()
+    difference = (mean_hi - own_hi) + (mean_lo - own_lo)  # c - c_i
+    difference = jnp.where(jnp.isfinite(difference), difference, 0.0)
+    own = jnp.where(jnp.isfinite(own_hi), own_hi + own_lo, 1.0)
+    return self.spread.merge(
+      _weighted_deviance(self.weight, own, own + difference, difference, self.power)
+    )
+
+  def merge(self, other: _NullDeviance) -> _NullDeviance:
+    weight, total = self.weight.merge(other.weight), self.total.merge(other.total)
+    mean_hi, mean_lo = total.quotient(weight)
+    spread = self._around(mean_hi, mean_lo).merge(other._around(mean_hi, mean_lo))
+    return self._make_like(weight, total, spread)
+
+  def _combine(self, total, maximum, n, spread=None):
+    combine = lambda acc: acc._combine(total, maximum, n, spread)  # noqa: E731
+    weight, sums = combine(self.weight), combine(self.total)
+    mean_hi, mean_lo = sums.quotient(weight)
+    back = spread or (lambda x: jnp.broadcast_to(x, self.weight.hi.shape))
+    return self._make_like(weight, sums, combine(self._around(back(mean_hi), back(mean_lo))))
+
+  def null(self) -> ExactSum:
+    """``sum w d(y, c)``: the deviance of the targets around their mean."""
+    return self.spread
+
+
+jax.tree_util.register_pytree_with_keys(
+  _NullDeviance,
+  lambda acc: ([(jax.tree_util.GetAttrKey(f), getattr(acc, f)) for f in acc._fields], acc.power),
+  lambda power, children: _NullDeviance(power, *children),
+  flatten_func=lambda acc: ([getattr(acc, f) for f in acc._fields], acc.power),
+)
 
 
 class D2TweedieScore(Metric):
   """D² of the Tweedie deviance: ``1 - D(target, preds) / D(target, mean(target))``
   (scikit-learn ``d2_tweedie_score``), the fraction of deviance explained.
 
-  Psum-able: the null deviance around the dataset's (weighted) mean ``c`` is a function of
-  sums, ``D(y, c) = 2 (sum w A(y) - W B(c))`` (``p = 1``: ``A = y log y``, ``B = c log c``;
-  ``p = 2``: ``A = -log y``, ``B = -log c``; in general ``A = y**(2-p) / ((1-p)(2-p))``,
-  ``B = A(c)``), kept as exact totals. ``p = 0`` is kept as exact moments (Chan; it is
-  :class:`R2Score`). For ``p != 0`` the two terms cancel by the Jensen gap: the relative
-  error of the null deviance is about ``2**-24 * |2 - p| * sum w A(y) / D(y, c)`` (1e-6 for
-  targets spread over a factor of a few; poor for nearly constant targets, where ``p = 0``
-  is exact). For ``p`` other than 0, 1 and 2 the deviance is homogeneous of degree ``2 - p``
-  (``d(s y, s mu) = s**(2-p) d(y, mu)``): each batch forms it on data scaled by a power of two
-  and ``compute`` on the totals scaled by the dataset's, so data near 1e18 or 1e-25 (whose
-  deviances leave float32's range for ``p < 0``) scores as at scale 1. Elements outside the
-  power's domain are counted in ``invalid`` and left out. NaN when empty or when the null
-  deviance is 0.
+  Psum-able without cancelling: the null deviance ``D(y, c) = sum w d(y, c)`` around the
+  dataset's (weighted) mean ``c`` is kept as each part's deviance around its own mean, and parts
+  merge by ``D = sum_i D_i + sum_i W_i d(c_i, c)`` (Chan's formula; it holds for every Bregman
+  divergence, the Tweedie deviance among them), so nearly constant targets (``1e6 + N(0, 1)``)
+  keep float32's relative precision at every power. ``p = 0`` is kept as exact moments (it is
+  :class:`R2Score`). For ``p`` other than 0, 1 and 2 the deviance is homogeneous of degree
+  ``2 - p`` (``d(s y, s mu) = s**(2-p) d(y, mu)``): each batch forms it on data scaled by a power
+  of two and keeps the totals with that power, so data near 1e18 or 1e-25 (whose deviances leave
+  float32's range for ``p < 0``) scores as at scale 1. Elements outside the power's domain are
+  counted in ``invalid`` and left out. NaN when empty and when the null deviance is 0 (constant
+  targets). A mean target ``c <= 0`` (possible for ``p < 0`` only) is outside the deviance's
+  domain; there the null deviance is scikit-learn's textbook form ``2 (sum w A(y) - W c**(2-p) /
+  ((1-p)(2-p)))`` with ``A(y) = max(y, 0)**(2-p) / ((1-p)(2-p))`` (a number for integer ``p``,
+  NaN otherwise, as scikit-learn).
 
   Not offered: ``d2_absolute_error_score`` and ``d2_pinball_score``: their null model is the
   dataset's median / ``alpha``-quantile of ``target``, which no sum over batches gives (it
@@ -235,8 +373,8 @@ class D2TweedieScore(Metric):
   power: float = 0.0
   deviance: ExactSum = state(zero_total)
   weight: ExactSum = state(zero_total)
-  target_total: ExactSum = state(zero_total)
-  target_statistic: ExactSum = state(zero_total)
+  null_deviance: _NullDeviance = state(lambda self: _NullDeviance.zeros(self.power))
+  target_statistic: ExactSum = state(zero_total)  # p < 0: sum w max(y, 0)**(2-p) / ((1-p)(2-p))
   target_moments: Moments = state(lambda self: Moments.zeros((), 1))
   example_rows: ExactCount = state(empty_count)
   invalid: ExactCount = state(invalid_state)
@@ -256,9 +394,9 @@ class D2TweedieScore(Metric):
     used = weighed & good
     w = jnp.where(used, w, 0.0)
     y = jnp.where(used, target, 1.0)
-    total = lambda x: ExactSum.of_sum(jnp.where(used, x, 0.0), where=used, weights=w)
+    total = lambda x: ExactSum.of_sum(jnp.where(used, x, 0.0), where=used, weights=w)  # noqa: E731
     mu = jnp.where(used, preds, 1.0)
-    statistic = total(_null_statistic(y, self.power))
+    moments = Moments.of(y[..., None], used, w, tuple(range(y.ndim)))
     if self.power == 0:  # squared on scaled errors (R2Score's residual): no over- or underflow
       deviance = ExactSum.of_sum(mu - y, where=used, weights=w, power=2)
     elif self.power in (1.0, 2.0):
@@ -268,34 +406,21 @@ class D2TweedieScore(Metric):
       k, a = scale_exponent(jnp.max(magnitude, initial=0.0)), 2.0 - self.power
       y_k, mu_k = ldexp(y, -k), ldexp(mu, -k)
       deviance = _scaled_total(unit_deviance(mu_k, y_k, self.power), used, w, k, a)
-      statistic = _scaled_total(_null_statistic(y_k, self.power), used, w, k, a)
+    statistic = ExactSum.zeros()
+    if self.power < 0:  # the null deviance of a mean target <= 0 (scikit-learn's form)
+      low, high = moments.low[0], moments.high[0]
+      k, a = scale_exponent(jnp.maximum(jnp.abs(low), jnp.abs(high))), 2.0 - self.power
+      k = jnp.where(low <= high, k, 0)
+      y_k = ldexp(y, -k)
+      statistic = _scaled_total(jnp.maximum(y_k, 0.0) ** a / (a * (a - 1.0)), used, w, k, a)
     return {
       "deviance": deviance,
       "weight": ExactSum.of_sum(w),
-      "target_total": total(y),
+      "null_deviance": _NullDeviance.of(self.power, y, used, w, moments),
       "target_statistic": statistic,
-      "target_moments": Moments.of(y[..., None], used, w, tuple(range(y.ndim))),
+      "target_moments": moments,
       "invalid": self.count_invalid(**{OUTSIDE: weighed & ~good}),
     }
-
-  def _frame(self):
-    """The exponent that brings the largest ``|target|`` seen into ``[0.5, 1)``."""
-    low, high = self.target_moments.low[0], self.target_moments.high[0]
-    return scale_exponent(jnp.maximum(jnp.abs(low), jnp.abs(high)))
-
-  def _null_deviance(self) -> jax.Array:
-    """The null deviance for ``p != 0`` (``p = 0``: the moments' co-moment, in ``compute``);
-    for ``p`` other than 1 and 2 that of the data scaled by `_frame` (see the docstring)."""
-    p = self.power
-    weight = self.weight.total()
-    c = self.target_total.ratio(self.weight)
-    if p == 1:
-      return 2.0 * (self.target_statistic.total() - weight * (c * jnp.log(c)))
-    if p == 2:
-      return 2.0 * (self.target_statistic.total() - weight * -jnp.log(c))
-    k, a = self._frame(), 2.0 - p
-    term = ldexp(c, -k) ** a / ((1.0 - p) * a)
-    return 2.0 * (_in_frame(self.target_statistic, k, a) - weight * term)
 
   def compute(self) -> jax.Array:
     """float32 scalar; NaN when empty or when the null deviance is not positive."""
@@ -304,11 +429,20 @@ class D2TweedieScore(Metric):
       null = self.target_moments.comoment[0, 0]
       varies = (null.frexp()[0] > 0) & ~self.target_moments.constant()[0]
       return jnp.where(seen & varies, 1.0 - self.deviance.ratio(null), jnp.nan)
-    # a constant target's null deviance is exactly 0 (the sums' difference only rounds)
-    null = jnp.where(self.target_moments.constant()[0], 0.0, self._null_deviance())
-    if self.power in (1.0, 2.0):
-      deviance = self.deviance.total()
+    # a constant target's null deviance is exactly 0 (its parts' deviances only round)
+    varies = ~self.target_moments.constant()[0]
+    null = self.null_deviance.null()
+    mean_hi, mean_lo = self.null_deviance.mean()
+    score = jnp.where((null.frexp()[0] > 0) & varies, 1.0 - self.deviance.ratio(null), jnp.nan)
+    if self.power < 0:  # a mean target <= 0: 2 (sum w A(y) - W c**(2-p) / ((1-p)(2-p)))
+      a, c = 2.0 - self.power, mean_hi + mean_lo
+      k = scale_exponent(jnp.abs(c))
+      value = ldexp(c, -k) ** a / (a * (a - 1.0))  # NaN for c < 0 and p not an integer
+      term = _times_weight(self.null_deviance.weight, value, k, a)
+      null = self.target_statistic.merge(_negated(term))
+      defined = jnp.isfinite(value) & (null.frexp()[0] != 0)  # < 0 too, as scikit-learn
+      other = jnp.where(defined, 1.0 - 0.5 * self.deviance.ratio(null), jnp.nan)
+      score = jnp.where(mean_hi > 0, score, jnp.where(varies, other, jnp.nan))
     else:
-      deviance = _in_frame(self.deviance, self._frame(), 2.0 - self.power)
-    fraction = deviance / jnp.where(null > 0, null, 1.0)
-    return jnp.where(seen & (null > 0), 1.0 - fraction, jnp.nan)
+      score = jnp.where(mean_hi > 0, score, jnp.nan)
+    return jnp.where(seen, score, jnp.nan)

@@ -199,13 +199,6 @@ def f_beta(tp, fp, fn, beta: float, zero_division: float = 0.0) -> jax.Array:
 class Precision(ClassScore):
   """``tp / (tp + fp)``: the fraction of predicted positives that are right.
 
-  Example:
-    >>> import jax.numpy as jnp
-    >>> m = Precision(task="binary").update(preds=jnp.array([0.9, 0.8, 0.1]),
-    ...                                     target=jnp.array([1, 0, 1]))
-    >>> float(m.compute())
-    0.5
-
   Examples:
     >>> import jax.numpy as jnp
     >>> m = Precision(task="binary").update(preds=jnp.array([0.9, 0.8, 0.1]),

@@ -201,6 +201,67 @@ def test_d2_tweedie_at_any_scale(power, scale):
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=2e-6)
 
 
+def _stable_deviance(y, mu, power):
+  """float64 unit deviances ``d(y, mu)`` (y, mu > 0) in the form that does not cancel near
+  ``mu = y`` (``2 y**(2-p) (expm1(a L) / a - expm1(b L) / b)``, ``L = log(mu / y)``), as the
+  reference for targets far from 0: scikit-learn's textbook float64 form cancels there (about
+  1e-3 of relative error for targets near 1e6 spread by 1)."""
+  a, b = 2.0 - power, 1.0 - power
+  log_ratio = np.log1p((mu - y) / y)
+  part = lambda c: log_ratio if c == 0 else np.expm1(c * log_ratio) / c  # noqa: E731
+  return 2.0 * y**a * (part(a) - part(b))
+
+
+@pytest.mark.parametrize("offset", [1e3, 1e6])
+@pytest.mark.parametrize("power", [-1.5, 1.0, 1.5, 2.0, 3.0])
+def test_d2_tweedie_of_nearly_constant_targets_keeps_its_precision(power, offset):
+  # The null deviance sum w d(y, c) of targets 1e6 + N(0, 1): its Jensen-gap form
+  # 2 (sum w A(y) - W A(c)) cancelled to noise (D2 0.64 where scikit-learn says -0.57 at 1e3,
+  # NaN at 1e6). Each part keeps its deviance around its own mean and merges by Chan's formula
+  # D = sum D_i + sum W_i d(c_i, c): batches at other means, merged pairwise and aggregated.
+  rng = np.random.default_rng(17)
+  n = 90
+  target = (offset + rng.standard_normal(n) + np.repeat([0.0, 3.0, -2.0], n // 3)).astype(
+    np.float32
+  )
+  preds = (target + 0.7 * rng.standard_normal(n)).astype(np.float32)
+  weights = rng.uniform(0.1, 2.0, n).astype(np.float32)
+  parts = [
+    _batch_updates(M.D2TweedieScore(power=power), {"preds": p, "target": t, "weights": w})
+    for p, t, w in zip(*(np.array_split(x, 6) for x in (preds, target, weights)))
+  ]
+  pairwise = parts[5]
+  for i in (2, 0, 4, 1, 3):
+    pairwise = parts[i].merge(pairwise)
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *parts).aggregate()
+  t, p, w = (x.astype(np.float64) for x in (target, preds, weights))
+  mean = np.sum(w * t) / np.sum(w)
+  null = np.sum(w * _stable_deviance(t, np.full(n, mean), power))
+  expected = 1.0 - np.sum(w * _stable_deviance(t, p, power)) / null
+  for how, metric in (("merged", pairwise), ("aggregated", stacked)):
+    np.testing.assert_allclose(float(metric.compute()), expected, rtol=2e-5, err_msg=how)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e20, 1e-20])
+@pytest.mark.parametrize("power", [-1.0, -1.5, -2.0, -3.0])
+def test_d2_tweedie_of_a_negative_mean_target_is_scikit_learns(power, scale):
+  # p < 0 takes targets <= 0; a mean target c <= 0 is outside the deviance's domain, and
+  # scikit-learn's textbook null deviance there is a number for integer p (NaN for p = -1.5)
+  target = (scale * np.array([-3.0, -1.0, 1.5, -2.0, 0.5, -0.25])).astype(np.float32)
+  preds = (scale * np.array([1.0, 2.0, 0.5, 1.0, 0.75, 3.0])).astype(np.float32)
+  weights = np.array([1.0, 2.0, 0.5, 1.5, 1.0, 0.25], np.float32)
+  parts = [
+    _batch_updates(M.D2TweedieScore(power=power), {"preds": p, "target": t, "weights": w})
+    for p, t, w in zip(*(np.split(x, 2) for x in (preds, target, weights)))
+  ]
+  got = float(parts[0].merge(parts[1]).compute())
+  t, p, w = (x.astype(np.float64) for x in (target, preds, weights))
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)  # scikit-learn's NaN for p = -1.5
+    expected = skm.d2_tweedie_score(t, p, sample_weight=w, power=power)
+  np.testing.assert_allclose(got, expected, rtol=2e-6, equal_nan=True)
+
+
 @pytest.mark.parametrize("power", [-1.0, 1.0, 1.5, 2.0, 3.0])
 def test_d2_tweedie_of_a_constant_target_is_nan(power):
   # a constant target is its own mean: its null deviance is exactly 0, so D2 is undefined
