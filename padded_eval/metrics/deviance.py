@@ -95,17 +95,7 @@ def unit_deviance(preds, target, power: float) -> jax.Array:
   """float32 elementwise Tweedie deviance ``d(target, preds)`` (garbage outside the domain)."""
   if power == 0:
     return (target - preds) ** 2
-  positive = target > 0
-  y = jnp.where(positive, target, 1.0)
-  mu = jnp.where(preds > 0, preds, 1.0)
-  log_ratio = jnp.log1p((mu - y) / y)
-  stable = 2.0 * y ** (2.0 - power) * _h(log_ratio, power)
-  # target <= 0 (p < 2 only; 0 when p >= 1): scikit-learn's form, max(y, 0)**(2 - p) = 0
-  a, b = 2.0 - power, 1.0 - power
-  textbook = jnp.zeros_like(mu)
-  if power < 2:
-    textbook = 2.0 * mu**a / a - (2.0 * target * mu**b / b if power < 1 else 0.0)
-  return jnp.where(positive, stable, textbook)
+  return deviance_to(target, preds, preds - target, power)
 
 
 class TweedieDevianceScore(WeightedMean):
@@ -160,9 +150,10 @@ def deviance_to(y, pivot, difference, power: float) -> jax.Array:
   """float32 ``d(y, pivot)``: the deviance of target ``y`` from the prediction ``pivot``, with
   ``difference = pivot - y`` given to more precision than ``pivot`` itself.
 
-  The stable form of :func:`unit_deviance` on ``log1p(difference / y)``, so the deviance of two
-  close values keeps float32's relative precision even where ``pivot - y`` would not (the means
-  of a state, known as float32 pairs). The Tweedie deviance is the Bregman divergence of
+  The stable form (module docstring) on ``log1p(difference / y)``, so the deviance of two close
+  values keeps float32's relative precision even where ``pivot - y`` would not (the means of a
+  state, known as float32 pairs); ``y <= 0`` (``p < 2`` only) takes scikit-learn's form, where
+  ``max(y, 0)**(2 - p) = 0``. The Tweedie deviance is the Bregman divergence of
   ``A(y) = max(y, 0)**(2-p) / ((1-p) (2-p))`` (``y log y - y`` at ``p = 1``, ``-log y - 1`` at
   ``p = 2``); for ``p < 0`` a ``pivot <= 0`` has ``A(pivot) = A'(pivot) = 0``, so ``d = 2 A(y)``.
   """
