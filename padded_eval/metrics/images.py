@@ -168,7 +168,9 @@ class SSIM(ImageMean):
     ``StructuralSimilarityIndexMeasure(data_range=...)`` with its defaults (1.9).
   * ``"valid"``: only where the window fits inside the image (the original paper's code);
     equals scikit-image ``structural_similarity(gaussian_weights=True, sigma=1.5,
-    use_sample_covariance=False, data_range=..., channel_axis=-1)``.
+    use_sample_covariance=False, data_range=..., channel_axis=-1)``. scikit-image's Gaussian
+    window is ``2 * int(3.5 * sigma + 0.5) + 1`` pixels wide whatever its ``win_size`` (11 at
+    ``sigma=1.5``): at another ``sigma``, pass that ``kernel_size`` to get its value.
 
   Variances are formed around each image's mean, so nothing cancels for images far from 0.
 

@@ -155,6 +155,38 @@ def test_ssim_at_any_scale(data_range, padding):
   np.testing.assert_allclose(float(got.compute()), want, rtol=1e-5)
 
 
+@pytest.mark.parametrize("sigma", [0.8, 1.0, 2.0, 2.5])
+def test_ssim_valid_equals_scikit_image_at_other_sigmas_with_its_window(sigma):
+  # scikit-image's Gaussian window is 2 * int(3.5 sigma + 0.5) + 1 wide whatever its win_size;
+  # with that kernel_size the "valid" map is scikit-image's at any sigma (padded rows: garbage)
+  rng = np.random.default_rng(13)
+  size = 2 * int(3.5 * sigma + 0.5) + 1
+  target = rng.random((3, size + 6, size + 3, 2))
+  preds = np.clip(target + 0.1 * rng.standard_normal(target.shape), 0.0, 1.0)
+  garbage = np.full((2,) + target.shape[1:], np.nan)
+  metric = pe.metrics.SSIM(1.0, kernel_size=size, sigma=sigma, padding="valid")
+  got = metric.update(
+    preds=np.concatenate([preds, garbage]).astype(np.float32),
+    target=np.concatenate([target, -garbage]).astype(np.float32),
+    mask=np.arange(5) < 3,
+  )
+  want = np.mean(
+    [
+      skimage.metrics.structural_similarity(
+        p,
+        t,
+        gaussian_weights=True,
+        sigma=sigma,
+        use_sample_covariance=False,
+        data_range=1.0,
+        channel_axis=-1,
+      )
+      for p, t in zip(preds.astype(np.float32).astype(np.float64), target.astype(np.float32))
+    ]
+  )
+  np.testing.assert_allclose(float(got.compute()), want, rtol=1e-5)
+
+
 # --- invalid values -----------------------------------------------------------------------
 
 
