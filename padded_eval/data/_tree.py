@@ -54,9 +54,10 @@ def flatten(
 ) -> FlatBatch:
   """Flattens nested Mappings into ``{path: leaf}`` in key order; leaves become numpy arrays if `convert`.
 
-  With `tuples`, a plain tuple (not a list, which holds rows, nor a namedtuple) is a node too, its members
-  keyed by `Index` (a batch's ``{"x": (a, b)}``: two leaves, given back as a tuple by `unflatten`); without,
-  a tuple is a leaf (a ``pad_shapes`` value, a tf.data spec).
+  With `tuples`, a plain tuple (not a list, which holds rows) is a node too, its members keyed by `Index` (a
+  batch's ``{"x": (a, b)}``: two leaves, given back as a tuple by `unflatten`), and a namedtuple or other
+  tuple subclass raises ValueError (read as an array, its fields would be rows); without, a tuple is a leaf
+  (a ``pad_shapes`` value, a tf.data spec).
   """
   flat: FlatBatch = {}
   items = (
@@ -68,9 +69,21 @@ def flatten(
       flat[path] = value
     elif isinstance(value, cabc.Mapping) or (tuples and type(value) is tuple):
       flat.update(flatten(value, convert, path, tuples))
+    elif tuples and isinstance(value, tuple):
+      raise ValueError(_tuple_subclass_message(path, value))
     else:
       flat[path] = np.asarray(value) if convert else value
   return flat
+
+
+def _tuple_subclass_message(path: Path, value: tuple) -> str:
+  """Why a namedtuple (or another tuple subclass) in a batch is refused, and what to pass."""
+  kind = "a namedtuple" if hasattr(type(value), "_fields") else "a tuple subclass"
+  return (
+    f"key {path_name(path)} holds a {type(value).__name__} ({kind}); a batch takes dicts, plain "
+    "tuples (a group of per-row arrays) and arrays, and would read its fields as rows: pass "
+    "value._asdict() (a dict of its fields) or tuple(value)"
+  )
 
 
 def unflatten(flat: FlatBatch) -> dict:

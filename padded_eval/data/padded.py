@@ -44,7 +44,8 @@ def pad_batches(
     source: one of
       - a Mapping (nested dicts allowed) of arrays holding a whole dataset; every leaf is ``[N, ...]``. A tuple
         inside it is a group of arrays, as in a jax pytree: ``{"x": (a, b)}`` gives ``batch["x"]`` a tuple of
-        the padded ``a`` and ``b`` (a list holds rows);
+        the padded ``a`` and ``b`` (a list holds rows; a namedtuple raises ValueError: pass ``x._asdict()``
+        or ``tuple(x)``);
       - an iterable of such Mappings with any, varying leading sizes; they are re-chunked in order. A batch that
         arrives aligned and already holds exactly `batch_size` rows is passed through without a copy;
       - a `tf.data.Dataset` (or a tfds dataset) of dicts, batched or unbatched. It is padded inside the tf.data

@@ -6,6 +6,8 @@ stand-in with the public attributes of torch's DataLoader yielding lists of `Fak
 ``TensorDataset`` does, and on a real ``DataLoader(TensorDataset(...))`` where torch is installed.
 """
 
+import collections
+
 import grain
 import numpy as np
 import pytest
@@ -232,3 +234,32 @@ def test_a_tuple_of_scalars_inside_a_dict_batch_says_it_is_a_group_of_arrays():
     ValueError, match=r"key 'y/0' is a scalar.*a tuple in a batch is a group of arrays"
   ):
     list(pe.pad_batches([{"x": np.arange(3), "y": (0, 1, 1)}], 4, num_devices=1))
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+def namedtuple_rows(data):
+  return [{"x": Pair(data["x"][0][i], data["x"][1][i]), "y": data["y"][i]} for i in range(N)]
+
+
+NAMEDTUPLE_SOURCES = {  # the sources of TUPLE_LEAF_SOURCES whose members may be namedtuples
+  "Mapping": lambda d: {"x": Pair(*d["x"]), "y": d["y"]},
+  "Mapping of it alone, fields of one shape": lambda d: {"x": Pair(d["y"], d["y"])},
+  "list of batches of 9": lambda d: [
+    {"x": Pair(*(a[s : s + 9] for a in d["x"])), "y": d["y"][s : s + 9]} for s in range(0, N, 9)
+  ],
+  "grain MapDataset rows": lambda d: grain.MapDataset.source(namedtuple_rows(d)),
+  "grain DataLoader rows": lambda d: grain_loader(namedtuple_rows(d)),
+}
+
+
+@pytest.mark.parametrize("name", NAMEDTUPLE_SOURCES)
+def test_a_namedtuple_inside_a_dict_batch_is_refused_with_what_to_pass(name):
+  """A namedtuple is not taken for a group of arrays (a plain tuple): before, it was one array whose
+  rows were its fields (alone in the batch: 37 rows read as 2, silently), or a "leading sizes
+  disagree" error. Now a ValueError names the key, the type, and the dict or tuple to pass."""
+  a, b = np.arange(2 * N, dtype=np.float32).reshape(N, 2), np.arange(N, dtype=np.int32)
+  source = NAMEDTUPLE_SOURCES[name]({"x": (a, b), "y": np.arange(N, dtype=np.int64)})
+  with pytest.raises(ValueError, match=r"key 'x' holds a Pair \(a namedtuple\).*_asdict\(\)"):
+    list(pe.pad_batches(source, BATCH, num_devices=1))
