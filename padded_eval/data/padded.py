@@ -118,7 +118,9 @@ def pad_batches(
       rows (``drop_remainder=True``: naming it and the rows lost), repeats them or never ends (refused at the
       call); ragged rows without `pad_shapes` (naming the key and the `pad_shapes` that pads them); `num_batches` with an
       empty source whose fields are unknown; iterating a second time over a one-shot iterator or generator
-      source (pass a re-iterable: a list of batches, a dataset, or an object whose ``__iter__`` starts over).
+      source (pass a re-iterable: a list of batches, a dataset, or an object whose ``__iter__`` starts over); a
+      leaf that is None or no array (a set, a dataclass), a numpy masked array with masked entries (numpy would
+      read its data and drop its mask), a namedtuple (its fields would be read as rows).
     TypeError: `source` is none of the above (nor a kind added with `padded_eval.data.sources.register`).
 
   Examples:

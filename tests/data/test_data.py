@@ -369,6 +369,34 @@ def test_other_bad_sources():
     pe.pad_batches(3, 4, num_devices=1)
 
 
+@pytest.mark.parametrize(
+  "make",
+  [lambda d: d, lambda d: [{k: v[:3] for k, v in d.items()}, {k: v[3:] for k, v in d.items()}]],
+)
+def test_a_masked_array_with_masked_entries_is_refused(make):
+  """numpy reads a masked array's data and drops its mask: its masked entries would be real rows'
+  values, silently. With entries masked, a ValueError names the key and the count; with none
+  masked, the array is read as its data."""
+  x = np.ma.masked_array(np.arange(5.0), mask=[0, 1, 1, 0, 0])
+  with pytest.raises(
+    ValueError, match=r"key 'x' is a numpy masked array with 2 masked entries.*x.filled\("
+  ):
+    list(pe.pad_batches(make({"x": x, "y": np.arange(5)}), 4, num_devices=1))
+  unmasked = np.ma.masked_array(np.arange(5.0), mask=False)
+  got = list(pe.pad_batches(make({"x": unmasked, "y": np.arange(5)}), 4, num_devices=1))
+  want = expected_batches({"x": np.arange(5.0), "y": np.arange(5)}, 4)
+  assert_batches_equal([{k: np.asarray(v) for k, v in b.items()} for b in got], want)
+
+
+@pytest.mark.parametrize(
+  "leaf, what",
+  [(None, "None"), (object(), "an object"), ({1, 2}, "a set"), (pytest, "a module")],
+)
+def test_a_leaf_that_is_not_an_array_says_what_it_is(leaf, what):
+  with pytest.raises(ValueError, match=rf"key 'y' holds {what}, not an array"):
+    pe.pad_batches({"x": np.arange(5), "y": leaf}, 4, num_devices=1)
+
+
 def test_ragged_lists_name_the_key_and_suggest_pad_shapes():  # issue 26: numpy's error named no key
   ragged = {"tokens": [[1, 2, 3], [4], [5, 6]], "label": [0, 1, 0]}
   hint = r"key 'tokens' holds ragged rows \(row 0 has shape \(3,\), row 1 has shape \(1,\)\).*pad_shapes=\{'tokens': \(3,\)\}"

@@ -12,6 +12,7 @@ import abc
 import collections.abc as cabc
 import functools
 import itertools
+import numbers
 from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -303,6 +304,14 @@ def flatten_rows(
   flat = flatten(batch, convert=False, tuples=True)
   if fit is not None:
     flat = fit(flat)
+  for path, leaf in flat.items():  # before numpy reads them: it drops a mask, wraps an object
+    if isinstance(leaf, np.ma.MaskedArray) and np.ma.count_masked(leaf):
+      raise ValueError(_masked_message(path, leaf, where))
+    if _not_an_array(leaf):
+      raise ValueError(
+        f"{where}: key {path_name(path)} holds {_what(leaf)}, not an array; expected an array "
+        "with a leading row dimension"
+      )
   if convert:
     flat = {path: _converted(path, leaf, where) for path, leaf in flat.items()}
   if not flat:
@@ -327,6 +336,38 @@ def flatten_rows(
       f"{where}: leading sizes disagree ({listed}); expected every key to have the same rows"
     )
   return flat, next(iter(sizes.values()))
+
+
+def _masked_message(path: tuple, leaf: np.ma.MaskedArray, where: str) -> str:
+  """Why a masked array with masked entries is refused: numpy reads its data, not its mask."""
+  name = "/".join(map(str, path))
+  return (
+    f"{where}: key {path_name(path)} is a numpy masked array with {np.ma.count_masked(leaf)} "
+    "masked entries; its data would be read and its mask dropped (the masked entries counted as "
+    f"real values): pass {name}.filled(value) with a value you mean, and leave those rows out or "
+    "weigh them yourself"
+  )
+
+
+def _not_an_array(leaf: Any) -> bool:
+  """Whether ``leaf`` is None or an object numpy would wrap as a 0-d object array (a set, a
+  dataclass, a module): not an array, a list of rows, a number or a string."""
+  if leaf is None:
+    return True
+  if hasattr(leaf, "shape") or isinstance(leaf, (list, str, bytes, numbers.Number, np.generic)):
+    return False
+  try:
+    return np.ndim(leaf) == 0 and np.asarray(leaf).dtype == object
+  except Exception:  # noqa: BLE001 - numpy cannot read it: the checks after this one say so
+    return False
+
+
+def _what(leaf: Any) -> str:
+  """``None``, or the type of ``leaf`` with its article (``a set``, ``an object``)."""
+  if leaf is None:
+    return "None"
+  name = type(leaf).__name__
+  return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def _converted(path: tuple, leaf: Any, where: str) -> np.ndarray:
