@@ -183,6 +183,33 @@ def two_prod(a, b):
   return product, (product_error + middle_error) + a_lo * b_lo
 
 
+def exact_product(a, b):
+  """``(hi, lo)`` with ``hi + lo = a * b`` exactly, ``hi`` the rounded float32 product.
+
+  The mantissas of ``a`` and ``b`` (:func:`frexp`) are multiplied by :func:`two_prod`, its two
+  terms renormalized by :func:`two_sum` (so that ``hi`` is the product rounded to nearest, as
+  ``a * b`` gives it, and ``|lo|`` at most half its spacing), and both scaled back by powers of two, so every multiplication is exact: XLA contracting one into
+  an FMA changes nothing, as it would for a plain ``a * b`` feeding an add (the rounded product
+  then never formed). Where ``a * b`` is not finite: ``(a * b, 0)``. Below ``2**-78`` the error
+  may fall under float32's normal range, where the backend's flushing of subnormals applies
+  (XLA's CPU backend flushes them: ``hi + lo`` is then within ``2**-126`` of the product).
+
+  Args:
+    a: float32 array.
+    b: float32 array of ``a``'s shape.
+
+  Returns:
+    ``(hi, lo)``, float32 of ``a``'s shape.
+  """
+  a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+  (a_mantissa, a_exponent), (b_mantissa, b_exponent) = frexp(a), frexp(b)
+  product, error = two_sum(*two_prod(a_mantissa, b_mantissa))  # the rounded product, its error
+  k = lax.add(a_exponent, b_exponent)
+  plain = lax.mul(a, b)  # only where it is not finite (inf, NaN): no add reads it
+  finite = lax.is_finite(plain)
+  return select(finite, ldexp(product, k), plain), select(finite, ldexp(error, k), 0.0)
+
+
 def _power_of_two(k):
   """float32 ``2**k`` for int32 ``k`` in ``[-126, 127]`` (built from its bits: exact)."""
   return lax.bitcast_convert_type(

@@ -259,5 +259,5 @@ class BrierScore(WeightedMean):
     if self.task == "binary":
       kinds = {k: v[..., 0] for k, v in kinds.items()}
     invalid = self.count_invalid(**kinds)
-    totals = weighted_totals(squares, valid, weights, "preds")
+    totals = weighted_totals(squares, valid, weights, "preds", nonnegative=True)
     return totals.then(lambda pair: {"total": pair[0], "weight": pair[1], "invalid": invalid})

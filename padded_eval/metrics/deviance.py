@@ -141,7 +141,7 @@ class TweedieDevianceScore(WeightedMean):
       totals = weighted_totals(preds - target, real & good, weights, "preds", power=2)
     else:
       totals = weighted_totals(
-        unit_deviance(preds, target, self.power), real & good, weights, "preds"
+        unit_deviance(preds, target, self.power), real & good, weights, "preds", nonnegative=True
       )
     return totals.then(lambda pair: {"total": pair[0], "weight": pair[1], "invalid": invalid})
 

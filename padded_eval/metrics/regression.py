@@ -58,6 +58,7 @@ class MAPE(WeightedMean):
   """
 
   higher_is_better: ClassVar[bool | None] = False
+  nonnegative: ClassVar[bool] = True
 
   def _values(self, *, preds, target, **_):
     preds, target = _pair(preds, target)

@@ -122,7 +122,9 @@ class Perplexity(WeightedMean):
         NAN_VALUE: seen & jnp.isnan(cross_entropy),
       }
     )
-    totals = weighted_totals(cross_entropy, real & in_vocabulary, weights, ref, invalid=bad)
+    totals = weighted_totals(
+      cross_entropy, real & in_vocabulary, weights, ref, invalid=bad, nonnegative=True
+    )
     return totals.then(
       lambda t: {"total": t[0], "weight": t[1], "invalid": ExactCount.of(jnp.stack(t[2]))}
     )

@@ -18,7 +18,7 @@ from sklearn.metrics import r2_score
 
 import padded_eval as pe
 from padded_eval.eval.compiling import CPU_COMPILER_OPTIONS
-from padded_eval.exact._floats import two_prod, two_sum
+from padded_eval.exact._floats import exact_product, two_prod, two_sum
 from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.metrics.moments import Moments
 
@@ -357,6 +357,43 @@ def test_accumulators_expose_totals_the_same_way():
   np.testing.assert_allclose(
     counts.suffix_totals(inclusive=False), suffix - exact_counts, rtol=1e-7
   )
+
+
+@pytest.mark.parametrize("options", ("defaults", "driver"))
+@pytest.mark.parametrize("context", sorted(_CONTEXTS))
+def test_exact_product_under_jit(context, options):
+  """``hi + lo == a * b`` exactly in float64 and ``hi`` numpy's rounded float32 product, for
+  operands from 1e-20 to 1e20 (products beyond float32's range both ways): where the product
+  overflows, ``hi`` is inf and ``lo`` 0; below ``2**-78`` the error may fall under float32's
+  normal range and be flushed: ``hi + lo`` is then within ``2**-126`` of the product. Operands computed in the same program, compiled at XLA's defaults and with the
+  driver's options (see `test_error_free_transformations_under_jit`)."""
+  rng = np.random.default_rng(100 + sorted(_CONTEXTS).index(context))
+  n = 50_000
+  a, b = _random_floats(rng, n, 20), _random_floats(rng, n, 20)
+  c = (1.0 + rng.random(n)).astype(np.float32)
+
+  def run(a, b, c):
+    x, y = _CONTEXTS[context](a, b, c)
+    return (*exact_product(x, y), x, y)
+
+  run = jax.jit(
+    run, compiler_options=XLA_DEFAULTS if options == "defaults" else CPU_COMPILER_OPTIONS
+  )
+  hi, lo, x, y = (np.asarray(v, F64) for v in run(a, b, c))
+  exact = x * y  # exact in float64 (48 bits, exponents within float64's range)
+  with np.errstate(over="ignore", under="ignore"):
+    rounded = (x.astype(np.float32) * y.astype(np.float32)).astype(F64)
+  normal = np.abs(exact) >= 2.0**-78
+  finite = np.isfinite(rounded)
+  both = normal & finite
+  assert both.sum() > len(exact) // 2  # (the reductions context halves the operands)
+  np.testing.assert_array_equal(hi[both] + lo[both], exact[both])
+  np.testing.assert_array_equal(hi[both], rounded[both])
+  assert np.all(np.abs(lo[both]) <= np.spacing(np.abs(hi[both]).astype(np.float32)) / 2)
+  np.testing.assert_array_equal(hi[~finite], rounded[~finite])
+  np.testing.assert_array_equal(lo[~finite], 0.0)
+  tiny = ~normal
+  assert np.all(np.abs(hi[tiny] + lo[tiny] - exact[tiny]) <= 2.0**-126)
 
 
 def test_weighted_means_share_the_public_base():
