@@ -188,9 +188,9 @@ def exact_product(a, b):
 
   The mantissas of ``a`` and ``b`` (:func:`frexp`) are multiplied by :func:`two_prod`, its two
   terms renormalized by :func:`two_sum` (so that ``hi`` is the product rounded to nearest, as
-  ``a * b`` gives it, and ``|lo|`` at most half its spacing), and both scaled back by powers of two, so every multiplication is exact: XLA contracting one into
-  an FMA changes nothing, as it would for a plain ``a * b`` feeding an add (the rounded product
-  then never formed). Where ``a * b`` is not finite: ``(a * b, 0)``. Below ``2**-78`` the error
+  ``a * b`` gives it, and ``|lo|`` at most half its spacing), and both scaled back by powers of
+  two. Every multiplication is exact, so XLA contracting one into an FMA changes nothing, as it
+  would for a plain ``a * b`` feeding an add (the rounded product then never formed). Where ``a * b`` is not finite: ``(a * b, 0)``. Below ``2**-78`` the error
   may fall under float32's normal range, where the backend's flushing of subnormals applies
   (XLA's CPU backend flushes them: ``hi + lo`` is then within ``2**-126`` of the product).
 

@@ -50,7 +50,7 @@ def weighted_totals(
   weighted mean of cancelling values keeps its digits (rounded products near 1e6 would each be
   off by up to 0.03). Without ``weights`` the products are by 0 or 1, exact already; with
   ``nonnegative`` values (losses, squares, absolute errors) nothing cancels, and each product is
-  rounded once (at most ``2**-24`` of the total, for about a fifth of the work on CPU).
+  rounded once (at most ``2**-24`` of the total; on CPU about a fifth of the time for 65536 rows).
 
   Args:
     values: float array (bf16/f16 upcast); NaN in masked-out places, or in elements of
