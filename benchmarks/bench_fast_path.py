@@ -1,6 +1,6 @@
 """Does the small-state fast path pay? masked_eval with the one switch on and off, same process.
 
-The switch is `padded_eval.eval._placement.SMALL_STATE_BYTES`: on (the default), a small state is
+The switch is `padded_eval.eval.placement.SMALL_STATE_BYTES`: on (the default), a small state is
 carried packed (one byte vector per shard, placed once, not donated) and combined on one device
 at the end; off (0), the state's tree is placed fresh, donated from step to step and reduced by
 the collective. The scaling benchmark's setup (MLP 32-64-10, accuracy, batches of 1000, 8 virtual
@@ -26,7 +26,7 @@ import sys  # noqa: E402
 import padded_eval as pe  # noqa: E402
 from benchmarks import speed  # noqa: E402
 from benchmarks.common import interleaved_seconds, markdown_table  # noqa: E402
-from padded_eval.eval import _placement  # noqa: E402
+from padded_eval.eval import placement  # noqa: E402
 
 BATCH = 1000
 SIZES = speed.Sizes(features=32, hidden=64, classes=10)
@@ -35,13 +35,13 @@ BACKENDS = ("pmap", "shard_map", "jit")
 
 def _call(params, data, backend: str, limit: int):
   def run():
-    saved, _placement.SMALL_STATE_BYTES = _placement.SMALL_STATE_BYTES, limit
+    saved, placement.SMALL_STATE_BYTES = placement.SMALL_STATE_BYTES, limit
     try:
       return pe.masked_eval(
         speed._accuracy_step, params, pe.pad_batches(data, BATCH), backend=backend
       )  # noqa: SLF001
     finally:
-      _placement.SMALL_STATE_BYTES = saved
+      placement.SMALL_STATE_BYTES = saved
 
   return run
 
@@ -50,7 +50,7 @@ def measure(n: int, rounds: int) -> dict[str, float]:
   """{backend: median of (fast path off) / (fast path on)}."""
   params = speed.mlp_init(5, (SIZES.features, SIZES.hidden, SIZES.classes))
   data = speed._data(SIZES, n, seed=n)  # noqa: SLF001 - the scaling benchmark's data
-  on = _placement.SMALL_STATE_BYTES
+  on = placement.SMALL_STATE_BYTES
   fns = {}
   for backend in BACKENDS:
     fns[f"{backend} on"] = _call(params, data, backend, on)

@@ -26,11 +26,11 @@ from padded_eval.data.sharding import prefetch_to_device as prefetch_to_device
 from padded_eval.data.sharding import shard as shard
 from padded_eval.data.sharding import unshard as unshard
 from padded_eval.eval import results as results
-from padded_eval.eval._cache import RecompileWarning as RecompileWarning
-from padded_eval.eval._cache import clear_caches as clear_caches
 from padded_eval.eval._evaluate import InvalidValuesWarning as InvalidValuesWarning
 from padded_eval.eval._evaluate import masked_eval as masked_eval
 from padded_eval.eval.backends import place_params as place_params
+from padded_eval.eval.cache import RecompileWarning as RecompileWarning
+from padded_eval.eval.cache import clear_caches as clear_caches
 from padded_eval.eval.results import EvalResults as EvalResults
 from padded_eval.eval.results import best as best
 from padded_eval.exact import accumulate as accumulate

@@ -29,8 +29,8 @@ def step_collectives(backend_name: str, devices: int, flagged: bool) -> list[str
   from jax.sharding import Mesh
 
   import padded_eval as pe
-  from padded_eval.eval._step import RowMask
   from padded_eval.eval.backends import StepInput, make_backend
+  from padded_eval.eval.step import RowMask
   from padded_eval.exact.accumulate import ExactCount
 
   mesh = None if backend_name == "pmap" else Mesh(np.array(jax.devices()[:devices]), ("data",))

@@ -10,7 +10,7 @@ and runs it over the batches. Reading `masked_eval` top to bottom:
    (`padded_eval.eval.checkpoint.Saver`);
 4. the batches are checked (`padded_eval.data._batch_spec.checked_batches`) and fed, by one
    process or several in lockstep (`padded_eval.multihost.distributed.step_feed`);
-5. the compiled step (cached: `padded_eval.eval._cache`) starts a `padded_eval.eval._run.CompiledRun`,
+5. the compiled step (cached: `padded_eval.eval.cache`) starts a `padded_eval.eval.run.CompiledRun`,
    which owns how the state is carried (packed, or a donated tree), the row count and the final
    reduce;
 6. the loop dispatches one step per input, places input t+1 while step t runs, keeps at most
@@ -41,7 +41,10 @@ from jax.sharding import Mesh
 
 from padded_eval.data._batch_spec import checked_batches
 from padded_eval.data.padded import padding_fills
-from padded_eval.eval import _cache, _outputs, _run, backends, checkpoint
+from padded_eval.eval import backends, checkpoint
+from padded_eval.eval import cache as cache_lib
+from padded_eval.eval import outputs as outputs_lib
+from padded_eval.eval import run as run_lib
 from padded_eval.eval._hooks import Dispatched, Hook, Outputs, Progress
 from padded_eval.eval._options import EvalOptions
 from padded_eval.eval.results import EvalResults
@@ -238,8 +241,8 @@ def masked_eval(
   saver = _saver(options, runner, params, num_batches)  # None without a checkpoint_dir
   feed = _step_feed(batches, num_batches, runner, options, saver)
   first = _first_input(feed)
-  compiled = _cache.cached_step(step_fn, runner, options.mask, options.outputs)
-  run = _run.start(compiled, params, first, saver, feed.wait_final)
+  compiled = cache_lib.cached_step(step_fn, runner, options.mask, options.outputs)
+  run = run_lib.start(compiled, params, first, saver, feed.wait_final)
   if run.stored is not None:  # a finished checkpoint_dir asked the same question: its answer
     return _checked(run.stored, run.stored[NUM_EXAMPLES], options.on_invalid)
   hooks = _hooks(options, run, batches, num_batches, saver)
@@ -269,7 +272,7 @@ def _saver(
 
 def _check_arguments(step_fn, batches) -> None:
   """Raises ValueError naming ``step_fn`` or ``batches`` when it is not what the driver needs
-  (``mask_key`` is checked by `padded_eval.eval._step.RowMask.of_call`)."""
+  (``mask_key`` is checked by `padded_eval.eval.step.RowMask.of_call`)."""
   if not callable(step_fn):
     raise ValueError(
       f"step_fn must be a function (params, batch) -> Metric, e.g. lambda params, batch: "
@@ -315,7 +318,9 @@ def _first_input(feed) -> distributed.StepInput:
   return first
 
 
-def _hooks(options: EvalOptions, run: _run.CompiledRun, batches, num_batches, saver) -> list[Hook]:
+def _hooks(
+  options: EvalOptions, run: run_lib.CompiledRun, batches, num_batches, saver
+) -> list[Hook]:
   """The loop's hooks, in the order `Hook.finish` runs them (the saver stores the results
   before the outputs hook pairs them with the rows)."""
   hooks: list[Hook] = []
@@ -330,7 +335,7 @@ def _hooks(options: EvalOptions, run: _run.CompiledRun, batches, num_batches, sa
   return hooks
 
 
-def _run_steps(run: _run.CompiledRun, feed, first, hooks: list[Hook]) -> Any:
+def _run_steps(run: run_lib.CompiledRun, feed, first, hooks: list[Hook]) -> Any:
   """Dispatches one step per input of ``feed`` (``first`` placed already); returns the carried
   state after the last.
 
@@ -343,7 +348,7 @@ def _run_steps(run: _run.CompiledRun, feed, first, hooks: list[Hook]) -> Any:
   host, placed, state = first, run.first, run.initial_state
   try:
     run.compile_ahead()  # the step compiles on a worker thread while the logs program lowers
-    _cache.prepare_logs(run.empty[0])
+    cache_lib.prepare_logs(run.empty[0])
     for index in itertools.count():
       state, token, per_row = run.step(state, placed)  # dispatch step t
       in_flight.append((index, token))
@@ -383,13 +388,13 @@ def _results(metric: Metric, num_examples: int, on_invalid: str) -> EvalResults:
   """The returned dict: the metric's logs and ``num_examples``, after the checks of ``on_invalid``."""
   _check_example_counts(metric, num_examples, on_invalid)
   _report_invalid(metric, on_invalid)
-  logs = dict(_cache.metric_logs(metric))
+  logs = dict(cache_lib.metric_logs(metric))
   if NUM_EXAMPLES in logs:
     raise ValueError(
       f"the metric logs a value named {NUM_EXAMPLES!r}, which masked_eval reserves for "
       "the count of real rows; rename the metric (name=...)"
     )
-  logs.pop(_outputs.NO_STATISTICS, None)  # a step that returned per-row outputs alone
+  logs.pop(outputs_lib.NO_STATISTICS, None)  # a step that returned per-row outputs alone
   logs = jax.tree.map(_to_python, logs)
   logs[NUM_EXAMPLES] = num_examples
   return EvalResults(logs, metric)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple
 
-from padded_eval.eval._outputs import RowOutputs
+from padded_eval.eval.outputs import RowOutputs
 
 __all__ = ["Dispatched", "Hook", "Outputs", "Progress"]
 
@@ -53,7 +53,7 @@ class Hook:
 
 class Outputs(Hook):
   """``outputs=True``: each step's per-row outputs start their copy to the host at dispatch and
-  are collected once the step has finished (`padded_eval.eval._outputs.RowOutputs`); `finish`
+  are collected once the step has finished (`padded_eval.eval.outputs.RowOutputs`); `finish`
   returns ``(results, per_row)``."""
 
   def __init__(self, row_axes: int, mask_key: str, num_batches: int | None):
@@ -77,7 +77,7 @@ class Progress(Hook):
   Args:
     total: the steps of the whole evaluation (``len(batches)``, else Python's length hint, e.g. a
       tf.data pipeline of known cardinality), or None (the bar counts without a total).
-    mask: the call's `padded_eval.eval._step.RowMask`.
+    mask: the call's `padded_eval.eval.step.RowMask`.
     initial: steps already run (a resumed checkpoint): where the bar starts.
   """
 
@@ -92,7 +92,7 @@ class Progress(Hook):
       desc="masked_eval",
       disable=jax.process_index() != 0,  # one bar for the whole run, not one per host
     )
-    self._mask = mask  # a padded_eval.eval._step.RowMask
+    self._mask = mask  # a padded_eval.eval.step.RowMask
     self._examples = 0
     self._start = time.perf_counter()
 

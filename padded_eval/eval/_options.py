@@ -13,7 +13,7 @@ from typing import Any
 
 import jax
 
-from padded_eval.eval._step import RowMask
+from padded_eval.eval.step import RowMask
 from padded_eval.multihost.distributed import check_timeout
 from padded_eval.validation import check_choice, check_int, check_positive_int
 

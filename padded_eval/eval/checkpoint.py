@@ -521,7 +521,7 @@ class Saver(Hook):
 
   A hook of the loop (`padded_eval.eval._hooks.Hook`): it saves after dispatched steps, waits
   for its last write at `close` and stores the result at `finish`. With a saver the run carries
-  the state's tree (`padded_eval.eval._run.start`), which is what it saves and restores.
+  the state's tree (`padded_eval.eval.run.start`), which is what it saves and restores.
 
   Attributes:
     result: ``(fingerprint, values, metric leaves)`` of a finished evaluation (returned by

@@ -18,8 +18,8 @@ import pytest
 
 import padded_eval as pe
 from padded_eval.eval import backends
-from padded_eval.eval._step import RowMask
 from padded_eval.eval.backends import StepInput
+from padded_eval.eval.step import RowMask
 from padded_eval.multihost import distributed
 
 # --- the registry -------------------------------------------------------------------------

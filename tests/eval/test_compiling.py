@@ -18,7 +18,9 @@ from _padding_reference import garbage_padded
 from _xla_defaults import XLA_DEFAULTS
 
 import padded_eval as pe
-from padded_eval.eval import _cache, _packing, backends, compiling
+from padded_eval.eval import backends, compiling
+from padded_eval.eval import cache as _cache
+from padded_eval.eval import packing as _packing
 
 FEATURES, CLASSES = 6, 5
 

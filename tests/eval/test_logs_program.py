@@ -1,7 +1,7 @@
 """masked_eval's programs compiled on worker threads: the step itself
-(padded_eval.eval._run.CompiledRun.compile_ahead), the final ``compute_logs`` program
-(padded_eval.eval._cache.prepare_logs, metric_logs) and the combination of the partial states
-(padded_eval.eval._packing.prepare_aggregate, aggregate_packed).
+(padded_eval.eval.run.CompiledRun.compile_ahead), the final ``compute_logs`` program
+(padded_eval.eval.cache.prepare_logs, metric_logs) and the combination of the partial states
+(padded_eval.eval.packing.prepare_aggregate, aggregate_packed).
 
 Each is traced and lowered on the calling thread before the first step, and compiled on a worker
 thread while the others compile; the answer must be the same as computing at the end: every
@@ -21,7 +21,9 @@ from _padding_reference import garbage_padded
 from sklearn.metrics import roc_auc_score
 
 import padded_eval as pe
-from padded_eval.eval import _cache, _packing, _run
+from padded_eval.eval import cache as _cache
+from padded_eval.eval import packing as _packing
+from padded_eval.eval import run as _run
 from padded_eval.exact.accumulate import ExactCount
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

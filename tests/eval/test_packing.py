@@ -1,4 +1,4 @@
-"""The carried state packed into one vector of 32-bit words (padded_eval.eval._packing), and where masked_eval uses it.
+"""The carried state packed into one vector of 32-bit words (padded_eval.eval.packing), and where masked_eval uses it.
 
 Bit-exactness is checked against numpy's own views of the same bytes (NaN payloads, -0.0,
 subnormals, bf16/f16); the results of packed evaluations against numpy float64 (exact integer
@@ -19,10 +19,8 @@ from sklearn.metrics import roc_auc_score
 from test_placement import check, dataset, garbage_padded, step, weights  # same data and metrics
 
 import padded_eval as pe
-from padded_eval.eval import _cache as step_cache
-from padded_eval.eval import _packing as packing
-from padded_eval.eval import _placement as placement
-from padded_eval.eval import backends
+from padded_eval.eval import backends, packing, placement
+from padded_eval.eval import cache as step_cache
 from padded_eval.exact.accumulate import ExactCount, ExactSum
 
 

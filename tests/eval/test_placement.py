@@ -1,4 +1,4 @@
-"""What masked_eval keeps between calls and what it does not (padded_eval.eval._placement, _cache):
+"""What masked_eval keeps between calls and what it does not (padded_eval.eval.placement, _cache):
 no copy of the params outlives a call; small states are packed, placed once per compiled step and
 combined on one device instead of by a collective.
 
@@ -14,8 +14,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import padded_eval as pe
-from padded_eval.eval import _placement as placement
-from padded_eval.eval._step import RowMask
+from padded_eval.eval import placement
+from padded_eval.eval.step import RowMask
 
 FEATURES, CLASSES = 6, 5
 
@@ -222,7 +222,7 @@ def test_the_reused_empty_state_is_never_donated_or_changed(backend):
   for _ in range(3):
     got = pe.masked_eval(step, {"w": w, "b": b}, garbage_padded(data, 24), backend=backend)
     check(got, data, w, b)
-  from padded_eval.eval import _cache
+  from padded_eval.eval import cache as _cache
 
   entries = [e for c in _cache._cache.values() for e in c._packed.values()]  # noqa: SLF001
   assert entries
@@ -238,8 +238,8 @@ def test_pmap_and_shard_map_steps_run_no_collective(backend):
   end (on one device when small, so a short evaluation runs no collective at all)."""
   import re
 
-  from padded_eval.eval import _cache as step_cache
   from padded_eval.eval import backends
+  from padded_eval.eval import cache as step_cache
 
   data = dataset(64, seed=10)
   w, b = weights(11)
@@ -263,7 +263,7 @@ def test_pmap_and_shard_map_steps_run_no_collective(backend):
 
 
 def test_clear_caches_drops_compiled_steps_and_placed_states_and_results_stay_exact():
-  from padded_eval.eval import _cache
+  from padded_eval.eval import cache as _cache
 
   data = dataset(97, seed=14)
   w, b = weights(15)
@@ -279,7 +279,7 @@ def test_clear_caches_drops_compiled_steps_and_placed_states_and_results_stay_ex
 
 
 def test_the_recompile_counts_are_bounded():
-  from padded_eval.eval import _cache
+  from padded_eval.eval import cache as _cache
 
   pe.clear_caches()
   for i in range(_cache.COMPILES_KEPT + 10):

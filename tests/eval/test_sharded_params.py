@@ -16,9 +16,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import padded_eval as pe
 from padded_eval.data import sharding
-from padded_eval.eval import _cache as step_cache
 from padded_eval.eval import backends
-from padded_eval.eval._step import RowMask
+from padded_eval.eval import cache as step_cache
+from padded_eval.eval.step import RowMask
 
 FEATURES = 16
 

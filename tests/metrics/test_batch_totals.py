@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import padded_eval as pe
-from padded_eval.eval import _cache as step_cache
 from padded_eval.eval import backends
-from padded_eval.eval._step import RowMask
+from padded_eval.eval import cache as step_cache
+from padded_eval.eval.step import RowMask
 from padded_eval.metrics import base
 
 ALL_REDUCE = r"= (.+?) all-reduce(?:-start)?\("

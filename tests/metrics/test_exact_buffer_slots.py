@@ -17,7 +17,7 @@ import pytest
 import sklearn.metrics as skm
 
 import padded_eval as pe
-from padded_eval.eval import _cache
+from padded_eval.eval import cache as _cache
 
 M = pe.metrics
 N, BATCH, CAPACITY = 203, 32, 4096

@@ -9,12 +9,12 @@ one module of this package (`pmap`, `shard_map`, `jit`) plus one line in `BACKEN
 Under pmap and shard_map every shard of the data axis carries its own partial state (stacked
 on a leading axis): a step merges locally and runs no collective; `finalize` reduces the
 partial states exactly, once: small states (one process) are fetched and combined with
-``aggregate()`` in one single-device program (`padded_eval.eval._placement.combined_on_one_device`),
+``aggregate()`` in one single-device program (`padded_eval.eval.placement.combined_on_one_device`),
 larger ones by ``Metric.reduce``, the one collective of a call. The pieces of the step itself
-are in `padded_eval.eval._step`.
+are in `padded_eval.eval.step`.
 
 A small state with one process and no checkpoint is carried packed, one ``uint32`` vector per
-shard (`padded_eval.eval._packing`; ``CompiledStep.packed_step``, and the
+shard (`padded_eval.eval.packing`; ``CompiledStep.packed_step``, and the
 ``packing`` argument of ``finalize`` and ``to_host``): a short evaluation then copies one
 array per shard instead of one per leaf and shard.
 """
@@ -32,9 +32,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from padded_eval.data import sharding as sharding_lib
-from padded_eval.eval import _packing as packing_lib
-from padded_eval.eval import _placement as placement
-from padded_eval.eval import compiling
+from padded_eval.eval import compiling, placement
+from padded_eval.eval import packing as packing_lib
 from padded_eval.multihost.distributed import StepInput
 
 __all__ = ["Backend", "CompiledStep", "MeshBackend", "finalize_program"]
@@ -53,10 +52,10 @@ class CompiledStep:
       array that is ready when the step has finished, and each ``sync`` array summed over all
       shards. ``per_row`` is what ``step_fn`` returned next to its metric (``outputs=True``),
       rows split over the data axis like the batch; None without outputs.
-    packed_step: ``(packing, count_rows) -> step`` for a `padded_eval.eval._packing.StatePacking`:
+    packed_step: ``(packing, count_rows) -> step`` for a `padded_eval.eval.packing.StatePacking`:
       the step (not donating) whose carried state is one ``uint32`` vector per shard
-      (`padded_eval.eval._step.merge_step` with the packing); without ``count_rows`` it leaves the carried count
-      as it came (the run counts the rows on the host: `padded_eval.eval._run`).
+      (`padded_eval.eval.step.merge_step` with the packing); without ``count_rows`` it leaves the carried count
+      as it came (the run counts the rows on the host: `padded_eval.eval.run`).
   """
 
   state_shapes: Callable
@@ -126,13 +125,13 @@ class Backend(Protocol):
 
   def compile_step(self, step_fn: Callable, mask: Any, outputs: bool = False) -> CompiledStep:
     """The (not yet cached) compiled functions for ``step_fn`` (which returns ``(metric, per_row)``
-    when ``outputs``) over batches whose real rows ``mask`` (a `padded_eval.eval._step.RowMask`)
+    when ``outputs``) over batches whose real rows ``mask`` (a `padded_eval.eval.step.RowMask`)
     marks."""
     ...
 
   def finalize(self, state: Any, packing: Any = None) -> Any:
     """The carried state -> the global state: the one exact reduce across shards (``packing``:
-    the state is packed by this `padded_eval.eval._packing.StatePacking`, and stays packed)."""
+    the state is packed by this `padded_eval.eval.packing.StatePacking`, and stays packed)."""
     ...
 
   def to_host(self, state: Any, packing: Any = None) -> Any:
@@ -222,7 +221,7 @@ class MeshBackend(abc.ABC):
     """`CompiledStep.packed_step` of a backend whose steps are ``make(merge(count_rows,
     packing), donate)``. Where the partial states are combined at the end (`finalize`), their
     combination starts compiling with the step, on a worker thread
-    (`padded_eval.eval._packing.prepare_aggregate`), instead of after the last step."""
+    (`padded_eval.eval.packing.prepare_aggregate`), instead of after the last step."""
 
     def packed_step(packing, count_rows):
       if self.per_shard_state:

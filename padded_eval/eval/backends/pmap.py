@@ -11,10 +11,10 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from padded_eval.data import sharding as sharding_lib
-from padded_eval.eval import _placement as placement
-from padded_eval.eval import _step as step_parts
-from padded_eval.eval._step import checked_step_fn
+from padded_eval.eval import placement
+from padded_eval.eval import step as step_parts
 from padded_eval.eval.backends._base import CompiledStep, MeshBackend
+from padded_eval.eval.step import checked_step_fn
 
 __all__ = ["PmapBackend"]
 

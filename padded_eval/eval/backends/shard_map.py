@@ -9,9 +9,9 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from padded_eval.data import sharding as sharding_lib
-from padded_eval.eval import _step as step_parts
-from padded_eval.eval._step import checked_step_fn
+from padded_eval.eval import step as step_parts
 from padded_eval.eval.backends._base import CompiledStep, MeshBackend
+from padded_eval.eval.step import checked_step_fn
 
 __all__ = ["ShardMapBackend"]
 

@@ -2,10 +2,10 @@
 
 A short evaluation (one or a few batches) spends most of its time placing things, not
 computing. A small carried state (`is_small_state`: one process, at most `SMALL_STATE_BYTES`
-per shard) is carried packed and placed once per compiled step (`padded_eval.eval._run`), and
+per shard) is carried packed and placed once per compiled step (`padded_eval.eval.run`), and
 its per-shard partial states are fetched and combined in one single-device program
 (`combined_on_one_device`) instead of a collective across every device. Nothing here keeps
-anything on the devices: the caches live in `padded_eval.eval._cache` (bounded, cleared by
+anything on the devices: the caches live in `padded_eval.eval.cache` (bounded, cleared by
 `pe.clear_caches()`).
 """
 
@@ -30,7 +30,7 @@ __all__ = [
 
 SMALL_STATE_BYTES = 1 << 16
 """The one switch of the small-state fast path: a carried state of at most this many bytes per
-shard (one process, no checkpoint) is carried packed, placed once (`padded_eval.eval._run`), and
+shard (one process, no checkpoint) is carried packed, placed once (`padded_eval.eval.run`), and
 its partial states are combined on one device (`combined_on_one_device`). 0 turns it off."""
 
 
@@ -101,6 +101,6 @@ def _aggregate(state: Any, keep_axis: bool) -> Any:
 
 
 def clear_cache() -> None:
-  """Drops the anchor array and the compiled one-device combine (`padded_eval.eval._cache.clear_caches`)."""
+  """Drops the anchor array and the compiled one-device combine (`padded_eval.eval.cache.clear_caches`)."""
   anchor.cache_clear()
   _aggregate.clear_cache()

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from padded_eval.eval._outputs import split_step_result
+from padded_eval.eval.outputs import split_step_result
 from padded_eval.exact.accumulate import ExactCount
 
 __all__ = [
@@ -90,7 +90,7 @@ def checked_step_fn(step_fn: Callable, mask: RowMask, outputs: bool = False) -> 
 
   Returns:
     The wrapped step; ``per_row`` is None without ``outputs``. It raises ValueError (see
-    `padded_eval.eval._outputs.split_step_result`) when ``step_fn`` returns the wrong thing.
+    `padded_eval.eval.outputs.split_step_result`) when ``step_fn`` returns the wrong thing.
   """
 
   @functools.wraps(step_fn)
@@ -125,7 +125,7 @@ def merge_step(
   locally (no collective but ``sync_total`` of the multi-host flags). Without ``count_rows``
   the carried count stays as it came: the driver counts the real rows on the host.
 
-  ``packing`` (a `padded_eval.eval._packing.StatePacking`): the state is carried packed, one
+  ``packing`` (a `padded_eval.eval.packing.StatePacking`): the state is carried packed, one
   ``uint32 [nwords]`` vector, and merged by `StatePacking.merge` (its exact sums and counts
   as vectors) inside the compiled program; None: the state's tree, merged metric by metric."""
 

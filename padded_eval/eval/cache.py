@@ -25,7 +25,8 @@ import jax
 import numpy as np
 
 from padded_eval.data.sources import tf_data
-from padded_eval.eval import _packing, _placement, backends
+from padded_eval.eval import backends, placement
+from padded_eval.eval import packing as packing_lib
 from padded_eval.eval.compiling import Compiling, logs_compiler_options
 from padded_eval.exact.accumulate import ExactCount
 from padded_eval.metrics.base import clear_eager_programs, full_state_shapes, trimmed
@@ -176,7 +177,7 @@ class CachedStep:
     return found, True
 
   def packed(self, empty: Any, count_rows: bool) -> tuple[Any, Callable, Any]:
-    """``(packing, step, placed state)`` carrying ``empty`` packed (`padded_eval.eval._packing`).
+    """``(packing, step, placed state)`` carrying ``empty`` packed (`padded_eval.eval.packing`).
 
     Made once per ``empty`` (as `empty_state` returned it) and ``count_rows``: the layout, the
     compiled step (which does not donate the state) and the packed empty state, placed once and
@@ -191,7 +192,7 @@ class CachedStep:
     found = self._packed.get(key)
     new = found is None or found[0] is not empty or _deleted(found[3])
     if new:
-      packing = _packing.StatePacking(empty)
+      packing = packing_lib.StatePacking(empty)
       step = self.compiled.packed_step(packing, count_rows)
       placed = self.backend.place_state(packing.empty)
       found = self._packed[key] = (empty, packing, step, placed)
@@ -294,8 +295,8 @@ def clear_caches() -> None:
   _compiles.clear()
   _logs_programs.clear()
   backends.clear_cache()
-  _placement.clear_cache()
-  _packing.clear_cache()
+  placement.clear_cache()
+  packing_lib.clear_cache()
   clear_eager_programs()
   tf_data.clear_cache()
 

@@ -5,7 +5,7 @@ two). Copying it between host and devices costs per leaf and per device shard, n
 fetching a per-shard state of 12 leaves from 8 CPU devices is 96 copies, most of a short
 evaluation's fixed cost. `StatePacking` lays the leaves of one shard's state end to end as
 ``uint32`` words (bit for bit: `jax.lax.bitcast_convert_type`, so nothing is rounded), and the
-compiled step carries that vector instead of the tree (`padded_eval.eval._step.merge_step`).
+compiled step carries that vector instead of the tree (`padded_eval.eval.step.merge_step`).
 
 Words, not bytes: state leaves are 32-bit (float32 sums, int32 limbs), and a 32-bit leaf is
 one word by a same-width bitcast, which XLA compiles to nothing. Through bytes, XLA's CPU
@@ -16,7 +16,7 @@ word per element (they are rare in states and small).
 
 The layout is fixed by the empty state's structure, shapes and dtypes (it is hashable: the
 jitted programs that unpack it take it as a static argument). `masked_eval` packs only small
-states (`padded_eval.eval._placement.is_small_state`) with one process and no checkpoint: a large
+states (`padded_eval.eval.placement.is_small_state`) with one process and no checkpoint: a large
 state would be copied whole on every step, and a checkpoint saves the tree.
 """
 

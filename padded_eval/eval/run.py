@@ -9,9 +9,9 @@ The loop (`padded_eval.eval._evaluate`) sees three things and nothing else::
 Which carrier a run uses is decided in `start`, from the backend and the state, and nowhere
 else:
 
-* **packed** (the small-state fast path, `padded_eval.eval._placement.is_small_state`: one
+* **packed** (the small-state fast path, `padded_eval.eval.placement.is_small_state`: one
   process, a small state, no checkpoint): the state is one ``uint32`` vector per shard
-  (`padded_eval.eval._packing`), placed once per compiled step and never donated, so every
+  (`padded_eval.eval.packing`), placed once per compiled step and never donated, so every
   call starts from the same device buffers; one transfer per shard at the end;
 * **tree, donated** (everything else: large states, several processes, checkpoints): the
   state's tree, placed fresh (or restored from a checkpoint) and donated from step to step.
@@ -29,8 +29,8 @@ from typing import Any
 
 import jax
 
-from padded_eval.eval._placement import is_small_state
 from padded_eval.eval.compiling import Compiling
+from padded_eval.eval.placement import is_small_state
 from padded_eval.metrics.base import Metric
 from padded_eval.multihost.distributed import StepInput
 
@@ -74,7 +74,7 @@ class CompiledRun:
     """Starts compiling the step for the first input on a worker thread, when it has not run for
     these shapes yet (one process): traced and lowered here, then compiled by XLA (which
     releases the GIL) while this thread traces and lowers the programs that compile beside it
-    (`padded_eval.eval._cache.prepare_logs`). The first `step` waits for it; a compile that
+    (`padded_eval.eval.cache.prepare_logs`). The first `step` waits for it; a compile that
     fails there is redone by the step's own call, which raises. Flax mnist's first call: about
     0.02 s less, the logs program's tracing and lowering off its critical path."""
     lower = getattr(self._step, "lower", None)  # None: a step wrapped by a test
@@ -106,7 +106,7 @@ def start(
   """Places ``params`` and the first input, and chooses how the state is carried.
 
   Args:
-    compiled: the `padded_eval.eval._cache.CachedStep` of the call.
+    compiled: the `padded_eval.eval.cache.CachedStep` of the call.
     params: the user's params (host or device).
     first: the first host `StepInput`.
     saver: the call's `padded_eval.eval.checkpoint.Saver`, or None: with one the call's
