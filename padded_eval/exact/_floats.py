@@ -210,6 +210,26 @@ def exact_product(a, b):
   return select(finite, ldexp(product, k), plain), select(finite, ldexp(error, k), 0.0)
 
 
+def int_parts(x):
+  """float32 ``(hi, lo)`` with ``hi + lo = x`` exactly, for an int32 or uint32 array ``x``.
+
+  float32 holds integers up to ``2**24`` exactly; ``x`` may need 32 bits. ``hi`` keeps the bits
+  above the lowest 12 (at most 20 significant bits, a multiple of ``2**12``), ``lo`` the lowest
+  12 (``0 <= lo < 4096``): both convert exactly, and summed apart they keep every digit.
+
+  Args:
+    x: int32 or uint32 array.
+
+  Returns:
+    ``(hi, lo)``, float32 of ``x``'s shape.
+  """
+  x = jnp.asarray(x)
+  low = lax.bitwise_and(x, np.array(4095, x.dtype))
+  return lax.convert_element_type(lax.sub(x, low), jnp.float32), lax.convert_element_type(
+    low, jnp.float32
+  )
+
+
 def _power_of_two(k):
   """float32 ``2**k`` for int32 ``k`` in ``[-126, 127]`` (built from its bits: exact)."""
   return lax.bitcast_convert_type(

@@ -18,7 +18,7 @@ from sklearn.metrics import r2_score
 
 import padded_eval as pe
 from padded_eval.eval.compiling import CPU_COMPILER_OPTIONS
-from padded_eval.exact._floats import exact_product, two_prod, two_sum
+from padded_eval.exact._floats import exact_product, int_parts, two_prod, two_sum
 from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.metrics.moments import Moments
 
@@ -394,6 +394,32 @@ def test_exact_product_under_jit(context, options):
   np.testing.assert_array_equal(lo[~finite], 0.0)
   tiny = ~normal
   assert np.all(np.abs(hi[tiny] + lo[tiny] - exact[tiny]) <= 2.0**-126)
+
+
+@pytest.mark.parametrize("options", ("defaults", "driver"))
+@pytest.mark.parametrize("dtype", ("int32", "uint32"))
+def test_int_parts_are_exact_under_jit(dtype, options):
+  """``hi + lo`` equals the integer (float64), both parts exact in float32, ``0 <= lo < 4096``,
+  over the dtype's whole range (its extremes included) and for integers computed in the same
+  program, compiled at XLA's defaults and with the driver's options."""
+  info = np.iinfo(dtype)
+  rng = np.random.default_rng(7)
+  x = rng.integers(info.min, int(info.max) + 1, 20_000, dtype=np.int64)
+  x[:6] = [info.min, info.max, info.max - 1, 0, 2**24 + 1, 4095]
+  x = x.astype(dtype)
+
+  def run(x):
+    y = x // 3 + x // 2  # computed here: no constant folding of the parts
+    return (*int_parts(x), *int_parts(y), y)
+
+  run = jax.jit(
+    run, compiler_options=XLA_DEFAULTS if options == "defaults" else CPU_COMPILER_OPTIONS
+  )
+  hi, lo, hi_y, lo_y, y = (np.asarray(v) for v in run(x))
+  for h, low, ints in ((hi, lo, x), (hi_y, lo_y, y)):
+    assert h.dtype == low.dtype == np.float32
+    np.testing.assert_array_equal(h.astype(F64) + low.astype(F64), ints.astype(F64))
+    assert np.all((low >= 0) & (low < 4096)) and np.all(np.mod(h.astype(F64), 4096) == 0)
 
 
 def test_weighted_means_share_the_public_base():

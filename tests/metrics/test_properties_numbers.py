@@ -96,6 +96,34 @@ def test_int64_values_are_averaged_not_wrapped(seed, n, offset, spread):
   assert_close(got, np.mean(values.astype(F64)), rtol=4 * EPS, atol=0.0)
 
 
+@given(
+  seed=SEEDS,
+  n=st.integers(2, 120),
+  weighted=st.booleans(),
+  dtype=st.sampled_from(["int32", "uint32"]),
+)
+def test_wide_int32_values_keep_every_digit(seed, n, weighted, dtype):
+  """int32 / uint32 values beyond ``2**24`` are not rounded to float32 one by one: before, a
+  Mean of ``[16777217, -16777216]`` gave 0.0 for 0.5. Cancelling pairs (the mean is small
+  against the values) through random batchings, devices and garbage padded rows: 1e-6 of
+  float64."""
+  rng = np.random.default_rng(seed)
+  if dtype == "int32":
+    big = rng.integers(2**24, 2**31 - 2**12, (n + 1) // 2, dtype=np.int64)
+    values = np.concatenate([big + 1, -big + rng.integers(-3, 4, big.size)])[:n]
+  else:
+    values = rng.integers(2**31, 2**32, n, dtype=np.int64) | 1  # odd: none rounds exactly
+  values = values.astype(dtype)
+  fields = {"values": values}
+  w = np.ones(n, np.float32)
+  if weighted:
+    w = rng.uniform(0.1, 2.0, n).astype(np.float32)
+    fields["weights"] = w
+  got = evaluate_randomly(pe.metrics.Mean(), fields, rng, batch_sizes=(5, 16, 64))
+  expected = _weighted_mean(values.astype(F64), w.astype(F64))
+  assert_close(got, expected, rtol=1e-6, atol=1e-6 * np.mean(np.abs(values.astype(F64))) * EPS)
+
+
 @given(seed=SEEDS, n=st.integers(1, 20), high=st.sampled_from([2**31, 2**32, 2**40]))
 def test_int64_class_ids_beyond_int32_are_refused(seed, n, high):
   rng = np.random.default_rng(seed)
