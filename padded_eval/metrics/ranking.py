@@ -4,7 +4,8 @@
 ``[B, L]`` their relevance (0 not relevant; graded values for :class:`NDCGAtK`; any
 value > 0 is relevant for the others). A ``[B, L]`` mask drops candidates (lists of
 different lengths in one batch), a ``[B]`` mask drops whole queries; a row with no real
-candidate is not a query. ``weights`` ``[B]`` weigh queries.
+candidate left (all masked, or all invalid and dropped, below) is not a query. ``weights``
+``[B]`` weigh queries.
 
 Every metric is the (weighted) mean over queries of a per-query score in ``[0, 1]``,
 so its state is two exact totals (:class:`~padded_eval.exact.accumulate.ExactSum`: the sum of
@@ -156,15 +157,17 @@ class RankingMetric(Metric):
     for bad in unusable.values():
       kept = kept & ~bad
     lists = rank_lists(preds, target, kept)
-    query = jnp.any(real, axis=1)
-    w = jnp.where(query, 1.0, 0.0)
+    row = jnp.any(real, axis=1)  # a row of real candidates: its invalid ones are counted
+    w = jnp.where(row, 1.0, 0.0)
     if weights is not None:
       w = jnp.where(
-        query, broadcast_prefix(upcast(jnp.asarray(weights)), w.shape, "weights", "queries"), 0.0
+        row, broadcast_prefix(upcast(jnp.asarray(weights)), w.shape, "weights", "queries"), 0.0
       )
-    weighed = query & (w != 0)  # a query of weight 0 is not seen: not counted, its score unused
+    seen = (row & (w != 0))[:, None]  # a query of weight 0 is not seen: nothing of it counted
+    # a query is a row with a candidate left: one whose candidates were all dropped is not one
+    weighed = jnp.any(kept, axis=1) & (w != 0)
+    w = jnp.where(weighed, w, 0.0)
     scores = jnp.where(weighed, self._query_scores(lists), 0.0)
-    seen = weighed[:, None]
     invalid = self.count_invalid(
       **{
         "negative relevance": negative & seen,

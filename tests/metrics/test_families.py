@@ -240,6 +240,54 @@ def test_ndcg_counts_infinite_relevance_and_drops_it():
   np.testing.assert_allclose(float(recall.compute()), (1 / 3 + 1 / 2) / 2, rtol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["RecallAtK", "PrecisionAtK", "MRR", "MAPAtK", "NDCGAtK"])
+@pytest.mark.parametrize("bad", [-1.0, np.nan, np.inf])
+def test_a_query_whose_candidates_are_all_dropped_is_not_a_query(name, bad):
+  """Invalid candidates are dropped as if masked, so a query left with none is not a query (as
+  one whose candidates are all masked): before, it counted as a query scoring 0 (an all-padding
+  TF-Ranking query, relevance -1 everywhere, halved MRR here). Its candidates are still counted.
+  Queries weighted, one of them of weight 0; padded rows garbage; eager and through masked_eval."""
+  rng = np.random.default_rng(3)
+  n, lists = 9, 5
+  preds = rng.standard_normal((n, lists)).astype(np.float32)
+  target = rng.integers(0, 3, (n, lists)).astype(np.float32)
+  target[:, 0] = 1.0  # every usable query has a relevant candidate
+  weights = rng.uniform(0.5, 2.0, n).astype(np.float32)
+  weights[4] = 0.0
+  dropped = [2, 4, 7]  # every candidate invalid (row 4: also of weight 0)
+  target[dropped] = bad
+  metric = getattr(pe.metrics, name)(*([2] if name in ("RecallAtK", "PrecisionAtK") else []))
+  unusable = bad < 0 or np.isnan(bad) or name == "NDCGAtK"  # +inf: relevant for the others
+  kept = np.ones(n, bool)
+  if unusable:
+    kept[dropped] = False
+  got = metric.update(preds=preds, target=target, weights=weights)
+  masked = metric.update(
+    preds=preds, target=target, weights=weights, mask=np.broadcast_to(kept[:, None], (n, lists))
+  )
+  np.testing.assert_allclose(float(got.compute()), float(masked.compute()), rtol=1e-6)
+  counted = sum(got.invalid_counts().values())
+  assert counted == (2 * lists if unusable else 0)  # rows 2 and 7 (row 4 has weight 0)
+  padded = {
+    "preds": np.concatenate([preds, np.full((7, lists), np.nan, np.float32)]),
+    "target": np.concatenate([target, rng.integers(-5, 5, (7, lists)).astype(np.float32)]),
+    "weights": np.concatenate([weights, np.full(7, np.nan, np.float32)]),
+  }
+  batches = [
+    {**{k: v[i : i + 8] for k, v in padded.items()}, "mask": np.arange(i, i + 8) < n}
+    for i in (0, 8)
+  ]
+
+  def step(params, batch):
+    del params
+    return metric.batch_updates(
+      preds=batch["preds"], target=batch["target"], weights=batch["weights"], mask=batch["mask"]
+    )
+
+  results = pe.masked_eval(step, None, batches, backend="jit", on_invalid="ignore")
+  np.testing.assert_allclose(float(results[metric.name]), float(masked.compute()), rtol=1e-6)
+
+
 def test_masked_eval_reports_negative_relevance():
   batch = {
     "preds": np.ones((8, 3), np.float32),
