@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+import sacrebleu
 from metric_cases_text import _bleu, _exact_match, _rouge, _wer, sentences, words
 
 import padded_eval as pe
@@ -132,6 +133,20 @@ def test_row_without_reference_scores_like_sacrebleu_with_an_empty_one():
   batch = {"preds": preds, "target": target, "mask": np.ones(9, bool)}
   got = float(pe.metrics.BLEU(max_order=2).update(**batch).compute())
   np.testing.assert_allclose(got, _bleu([batch], max_order=2), rtol=1e-5)
+
+
+def test_an_all_padding_reference_is_sacrebleus_none_not_an_empty_string():
+  # the hypothesis "5" against "5 6 7" and an all-padding reference: sacrebleu keeps an empty
+  # string "" as a reference of length 0 (the closest length: no brevity penalty), and drops
+  # None; the docstring's rule is None's
+  preds = np.array([[5, 0, 0]], np.int32)
+  target = np.array([[[5, 6, 7], [0, 0, 0]]], np.int32)
+  got = float(pe.metrics.BLEU(max_order=1).update(preds=preds, target=target).compute())
+  bleu = sacrebleu.metrics.BLEU(tokenize="none", max_ngram_order=1, smooth_method="none")
+  absent = bleu.corpus_score(["5"], [["5 6 7"], [None]]).score / 100
+  empty = bleu.corpus_score(["5"], [["5 6 7"], [""]]).score / 100
+  np.testing.assert_allclose(got, absent, rtol=1e-6)
+  assert abs(got - empty) > 0.5
 
 
 def test_pad_inside_a_sentence_is_removed_like_a_detokenizer_would():
