@@ -184,6 +184,17 @@ def scatter_count(indices, valid, size: int) -> jax.Array:
   return jnp.zeros((size,), jnp.int32).at[flat].add(1, mode="drop")
 
 
+def predicted_classes(metric, elements) -> jax.Array:
+  """int32 ``[..., k]``: the classes ``metric`` predicts for each multiclass element under its
+  ``top_k`` and ``top_k_rule`` (``"every"``: the ``k`` best; ``"torchmetrics"``: one, the
+  target when among the ``k`` best, else the best); -1: no class (a NaN pick)."""
+  predicted = elements.top_k(metric.top_k)
+  if getattr(metric, "top_k_rule", "every") == "torchmetrics":
+    hit = jnp.any(predicted == elements.labels[..., None], axis=-1)
+    predicted = jnp.where(hit, elements.labels, predicted[..., 0])[..., None]
+  return predicted
+
+
 def class_counts(labels, predicted, valid, num_classes: int) -> jax.Array:
   """int32 ``[4, C]`` tp, fp, fn, tn per class of multiclass elements (top-k aware).
 

@@ -47,6 +47,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from padded_eval.exact.accumulate import upcast
 from padded_eval.masking import broadcast_mask, broadcast_prefix
@@ -140,6 +141,15 @@ class ClassElements(NamedTuple):
     return top_k_ids(self.scores, k)
 
 
+def _order_keys(scores: jax.Array, is_nan: jax.Array) -> jax.Array:
+  """int32 keys in the order of the float ``scores``: -0.0 equal to 0.0 (``lax.top_k`` on
+  floats ranks 0.0 above -0.0), NaN below -inf (as -inf, it would tie with a real -inf)."""
+  scores = upcast(jnp.asarray(scores))
+  bits = jax.lax.bitcast_convert_type(jnp.where(scores == 0, 0.0, scores), jnp.int32)
+  keys = jnp.where(bits < 0, bits ^ np.int32(0x7FFFFFFF), bits)  # negatives: magnitude flipped
+  return jnp.where(is_nan, np.iinfo(np.int32).min, keys)
+
+
 def top_k_ids(scores: jax.Array, k: int) -> jax.Array:
   """int32 ``[..., k]`` ids of the ``k`` best scores; NaN ranks worst and reads -1.
 
@@ -148,7 +158,7 @@ def top_k_ids(scores: jax.Array, k: int) -> jax.Array:
   numbers in the row) is -1, no class.
   """
   is_nan = jnp.isnan(scores)
-  ranked = jnp.where(is_nan, -jnp.inf, scores)
+  ranked = _order_keys(scores, is_nan)
   if k == 1:
     ids = jnp.argmax(ranked, axis=-1)[..., None]
   else:

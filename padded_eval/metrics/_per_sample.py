@@ -16,7 +16,11 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.masking import element_weights
-from padded_eval.metrics._classification_inputs import class_counts, label_counts
+from padded_eval.metrics._classification_inputs import (
+  class_counts,
+  label_counts,
+  predicted_classes,
+)
 from padded_eval.metrics._formatting import probabilities
 
 MULTIDIM_AVERAGES = ("global", "samplewise")
@@ -34,7 +38,7 @@ def sample_counts(metric, elements) -> jax.Array:
     )
     truth, guess, valid = (jnp.reshape(a, rows) for a in arrays)
     return jax.vmap(label_counts)(truth, guess, valid)
-  predicted = elements.top_k(metric.top_k)
+  predicted = predicted_classes(metric, elements)
   rows, inner = elements.labels.shape[0], math.prod(elements.labels.shape[1:])
   labels, valid = (jnp.reshape(a, (rows, inner)) for a in (elements.labels, elements.valid))
   predicted = jnp.reshape(predicted, (rows, inner, predicted.shape[-1]))
@@ -72,7 +76,7 @@ def weighted_counts(metric, elements, weights) -> jax.Array:
     parts = (truth & guess, ~truth & guess, truth & ~guess, ~truth & ~guess)
     return jnp.stack([jnp.sum(jnp.where(p, w, 0.0), axis=axes) for p in parts])
   c = metric.num_classes
-  predicted = elements.top_k(metric.top_k)  # [..., k]; -1: no class
+  predicted = predicted_classes(metric, elements)  # [..., k]; -1: no class
   labels = elements.labels
   hit = jnp.any(predicted == labels[..., None], axis=-1)
 

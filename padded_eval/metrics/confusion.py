@@ -112,6 +112,7 @@ from padded_eval.metrics._classification_inputs import (
   label_counts,
   matrix_counts,
   num_columns,
+  predicted_classes,
 )
 from padded_eval.metrics._formatting import probabilities
 from padded_eval.metrics.base import state
@@ -180,10 +181,7 @@ class ConfusionState(ClassificationMetric):
       predicted = elements.top_k(1)
       counts = matrix_counts(elements.labels, predicted, elements.valid, self.num_classes)
     else:
-      predicted = elements.top_k(self.top_k)
-      if self.top_k_rule == "torchmetrics":  # the target if among the k best, else the best
-        hit = jnp.any(predicted == elements.labels[..., None], axis=-1)
-        predicted = jnp.where(hit, elements.labels, predicted[..., 0])[..., None]
+      predicted = predicted_classes(self, elements)
       counts = class_counts(elements.labels, predicted, elements.valid, self.num_classes)
     return {"confusion": ExactCount.of(counts), "invalid": invalid}
 

@@ -192,6 +192,10 @@ def f_beta(tp, fp, fn, beta: float, zero_division: float = 0.0) -> jax.Array:
     return divide(tp, tp + fp, zero_division)
   if np.isposinf(beta):
     return divide(tp, tp + fn, zero_division)
+  if beta > 1:  # divided through by b^2: (1 + b^2) overflows float32 beyond b = 1.8e19
+    inverse = 1.0 / (beta * beta)
+    scale = 1.0 + inverse
+    return divide(scale * tp, scale * tp + fn + inverse * fp, zero_division)
   scale = 1.0 + beta * beta
   return divide(scale * tp, scale * tp + beta * beta * fn + fp, zero_division)
 

@@ -443,3 +443,26 @@ def test_valid_inputs_with_garbage_padding_count_nothing_invalid():
     metric = make().update(**binary)
     reported = [kind for kind in metric.invalid_kinds if kind != LOGIT_EVIDENCE]
     assert metric.invalid_counts() == {kind: 0 for kind in reported}
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_top_k_reads_minus_zero_as_zero_and_nan_below_minus_inf(k):
+  """The documented rules: ties go to the lower class, and a NaN score is never preferred to a
+  number. Before, ``lax.top_k`` ranked +0.0 above -0.0 (top_k=1, an argmax, read them as a tie),
+  and NaN, ranked as -inf, tied with a real -inf and could take its place. Reference: a stable
+  numpy ranking of the float64 scores, -0.0 equal to 0.0, NaN after -inf."""
+  rng = np.random.default_rng(k)
+  values = np.array([-0.0, 0.0, -np.inf, np.nan, 1.0, -1.0], np.float32)
+  scores = rng.choice(values, size=(400, 4)).astype(np.float32)
+  target = rng.integers(0, 4, 400)
+  order = np.array(  # -0.0 == 0.0 in float64 comparisons; NaN last; ties by class id
+    [
+      sorted(range(4), key=lambda j, r=r: (np.isnan(r[j]), 0.0 if np.isnan(r[j]) else -r[j], j))
+      for r in scores.astype(np.float64)
+    ]
+  )
+  top = order[:, :k]
+  top_is_number = ~np.isnan(np.take_along_axis(scores, top, axis=-1))
+  hit = np.any((top == target[:, None]) & top_is_number, axis=-1)
+  got = pe.metrics.Accuracy(top_k=k, num_classes=4).update(preds=scores, target=target)
+  np.testing.assert_allclose(float(got.compute()), hit.mean(), rtol=1e-6)

@@ -486,3 +486,17 @@ def test_ignore_index_outside_int32_is_refused_naming_it(make, ignore_index):
   """Target ids are int32: such an ignore_index was an OverflowError at the first update."""
   with pytest.raises(ValueError, match=rf"ignore_index must be .*int32.*{ignore_index}"):
     make(ignore_index)
+
+
+@pytest.mark.parametrize("beta", [0.5, 2.0, 1e10, 1e19, 1e20, 1e30])
+@pytest.mark.parametrize("average", ["macro", "micro", "weighted"])
+def test_f_beta_at_any_beta_equals_scikit_learn(beta, average):
+  """``1 + beta**2`` overflows float32 beyond beta = 1.8e19: before, the score was inf / inf,
+  NaN (scikit-learn, in float64: about the recall)."""
+  rng = np.random.default_rng(int(np.log10(beta) * 10) + 7)
+  target = rng.integers(0, 3, 101)
+  preds = np.where(rng.random(101) < 0.6, target, rng.integers(0, 3, 101))
+  metric = pe.metrics.FBetaScore(beta, task="multiclass", num_classes=3, average=average)
+  got = float(metric.update(preds=preds, target=target).compute())
+  expected = skm.fbeta_score(target, preds, beta=beta, average=average)
+  np.testing.assert_allclose(got, expected, rtol=1e-6)

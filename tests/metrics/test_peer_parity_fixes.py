@@ -7,6 +7,8 @@ float64) on the real rows only; padded rows hold NaN, inf and ints far outside a
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -143,6 +145,37 @@ def test_top_k_rule_torchmetrics(name, average):
     present = np.union1d(target, labels)
     expected = reference[name](target, labels, average=None, labels=list(range(c)), zero_division=0)
     expected = expected[present].mean()
+  np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("how", ["weighted", "samplewise"])
+@pytest.mark.parametrize("name", ["Precision", "Recall", "F1Score"])
+def test_top_k_rule_torchmetrics_holds_weighted_and_samplewise(name, how):
+  """Before, ``weighted=True`` and ``multidim_average="samplewise"`` scored the "every" rule
+  whatever ``top_k_rule`` said (Precision 0.285 for 0.566, silently)."""
+  rng = np.random.default_rng(11)
+  rows, m, c, k = 3, 41, 5, 2
+  scores = rng.normal(size=(rows, m, c)).astype(np.float32)
+  target = rng.integers(0, c, (rows, m))
+  reference = {
+    "Precision": skm.precision_score,
+    "Recall": skm.recall_score,
+    "F1Score": skm.f1_score,
+  }
+  score = functools.partial(reference[name], labels=list(range(c)), zero_division=0)
+  options = dict(task="multiclass", num_classes=c, top_k=k, top_k_rule="torchmetrics")
+  labels = _torchmetrics_topk_labels(scores.reshape(-1, c), target.reshape(-1), k)
+  if how == "weighted":
+    weights = rng.uniform(0.5, 2.0, rows * m).astype(np.float32)
+    metric = getattr(M, name)(**options, average="weighted", weighted=True)
+    batch = _padded(rng, preds=scores.reshape(-1, c), target=target.reshape(-1), weights=weights)
+    expected = score(target.reshape(-1), labels, average="weighted", sample_weight=weights)
+  else:
+    metric = getattr(M, name)(**options, average="micro", multidim_average="samplewise")
+    batch = {"preds": scores, "target": target}
+    labels = labels.reshape(rows, m)
+    expected = np.mean([score(t, p, average="micro") for t, p in zip(target, labels)])
+  got = np.asarray(jax.jit(lambda metric: metric.update(**batch).compute())(metric))
   np.testing.assert_allclose(got, expected, rtol=1e-6)
 
 
