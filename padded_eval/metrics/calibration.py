@@ -10,9 +10,10 @@ Each counted element has a confidence ``c`` and a hit ``a`` (0 or 1):
 Confidences fall in ``n_bins`` equal bins of ``[0, 1]``: ``bin = min(floor(c * n_bins),
 n_bins - 1)``, with ``c * n_bins`` rounded to float32: a confidence within a float32 step of
 a bin edge may fall on either side of it (float32 ``0.7``, 0.69999999, times 10 rounds to 7.0:
-bin 7 of 10, as 0.7 in float64; the exact product would give bin 6). The state per bin is the element count and hit count
-(:class:`~padded_eval.exact.accumulate.ExactCount`) and the confidence total
-(:class:`~padded_eval.exact.accumulate.ExactSum`), so batches merge and devices reduce exactly.
+bin 7 of 10, as 0.7 in float64; the exact product would give bin 6). The state per bin is
+the element count and hit count (:class:`~padded_eval.exact.accumulate.ExactCount`) and the
+confidence total (:class:`~padded_eval.exact.accumulate.ExactSum`), so batches merge and
+devices reduce exactly.
 With ``N`` counted elements, ``n_b`` / ``acc_b`` / ``conf_b`` the count, mean hit and mean
 confidence of bin ``b`` (over non-empty bins):
 

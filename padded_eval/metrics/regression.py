@@ -47,9 +47,10 @@ class MAPE(WeightedMean):
   ``eps`` is float64's machine epsilon, as in scikit-learn's
   ``mean_absolute_percentage_error``: a target of 0 gives a huge error, not inf, while it fits
   float32 (``|preds| / eps`` above 3.4e38, for ``|preds|`` above about 7.6e22, is inf per element
-  and in the result, where scikit-learn's float64 mean may be finite). The result is a fraction (0.1 is 10%). NaN when empty. A real element of nonzero
-  weight with a NaN error (NaN in ``preds`` or ``target``) is counted in ``invalid``
-  (``"nan value"``) and makes the result NaN (one of weight 0 is not seen).
+  and in the result, where scikit-learn's float64 mean may be finite). The result is a
+  fraction (0.1 is 10%). NaN when empty. A real element of nonzero weight with a NaN error
+  (NaN in ``preds`` or ``target``) is counted in ``invalid`` (``"nan value"``) and makes the
+  result NaN (one of weight 0 is not seen).
 
   Example:
     >>> import jax.numpy as jnp

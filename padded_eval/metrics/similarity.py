@@ -125,6 +125,7 @@ def _kl_terms(p, q):
   numerator = (a - b) + ((a_error - b_error) + (q * p_error - p * q_error))  # q P - p Q
   d = numerator / jnp.where(positive, b, 1.0)
   p, q = p / total_p, q / total_q
+  positive = p > 0  # one below float32's normal range reads 0 (flushed): its term is q'
   small = jnp.abs(d) < 0.25
   x = jnp.where(small, d, 0.0)
   series = jnp.full_like(x, 1 / 17)

@@ -15,9 +15,9 @@ everywhere:
 in order (what a detokenizer that skips padding prints). A reference that is all padding
 is absent, as a ``None`` reference is to sacrebleu (an empty string ``""`` is not: sacrebleu
 keeps it, a reference of length 0 that the closest-length rule may pick); a row whose
-references are all padding (every row, for a ``[B, 0, S]`` target) has one empty reference. Ids that are negative, or
-``>= vocab_size`` when a vocabulary size is given, are counted as invalid
-(``"token id out of range"``) and still compared as ids.
+references are all padding (every row, for a ``[B, 0, S]`` target) has one empty reference.
+Ids that are negative, or ``>= vocab_size`` when a vocabulary size is given, are counted as
+invalid (``"token id out of range"``) and still compared as ids.
 """
 
 from __future__ import annotations

@@ -188,3 +188,17 @@ def test_kl_divergence_of_nearly_equal_distributions(seed, n, classes, closeness
     [scipy.stats.entropy(t.astype(F64), p.astype(F64)) for t, p in zip(target, preds)]
   )
   assert_close(got, expected, rtol=1e-5, atol=0.0)
+
+
+def test_kl_divergence_with_entries_below_float32s_normal_range_after_normalising():
+  """An entry that normalises below float32's normal range (1e-37 in a row summing to 1000) is
+  flushed to 0 on CPU: its term is then ``q'``, not ``0 * log(0)`` (NaN)."""
+  target = np.ones((2, 1000), np.float32)
+  target[:, 1] = 1e-37
+  preds = np.ones((2, 1000), np.float32)
+  preds[:, 1] = [1e-3, 1e-30]
+  got = float(pe.metrics.KLDivergence().update(preds=preds, target=target).compute())
+  expected = np.mean(
+    [scipy.stats.entropy(t.astype(F64), p.astype(F64)) for t, p in zip(target, preds)]
+  )
+  assert_close(got, expected, rtol=1e-5, atol=0.0)
