@@ -23,9 +23,9 @@ from padded_eval.metrics._formatting import (
   probabilities,
   weighed_invalid,
 )
-from padded_eval.metrics._per_sample import weighted_counts
 from padded_eval.metrics.averages import zero_total
 from padded_eval.metrics.base import Metric, Totals, empty_count, invalid_state, state
+from padded_eval.metrics.per_sample import weighted_counts
 
 ACCURACY_AVERAGES = ("micro", "macro", "weighted", None)
 

@@ -99,8 +99,7 @@ import numpy as np
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, ExactSum
-from padded_eval.metrics import _exact_products as exact_products
-from padded_eval.metrics import _per_sample as per_sample
+from padded_eval.metrics import exact_products, per_sample
 from padded_eval.metrics._classification_inputs import (
   MAX_MATRIX_CLASSES,
   ClassificationMetric,
@@ -319,7 +318,7 @@ class MatthewsCorrCoef(ConfusionState):
   With ``n`` elements, ``c`` correct, ``t_k`` / ``p_k`` the true / predicted counts of
   class ``k``: ``(c n - sum t_k p_k) / sqrt((n^2 - sum p_k^2) (n^2 - sum t_k^2))``, each
   of the three terms formed exactly from the integer counts
-  (:mod:`padded_eval.metrics._exact_products`) and rounded once, so nearly constant
+  (:mod:`padded_eval.metrics.exact_products`) and rounded once, so nearly constant
   inputs do not cancel (constant inputs give exactly 0, like scikit-learn).
 
   Examples:
@@ -361,7 +360,7 @@ class CohenKappa(ConfusionState):
   agreement 1, e.g. constant inputs) computes ``replace_undefined_by`` (default 0).
   ``1 - observed / chance`` is formed from
   exact integer products of the counts and rounded once
-  (:func:`padded_eval.metrics._exact_products.cohen_kappa`), so agreement at chance level
+  (:func:`padded_eval.metrics.exact_products.cohen_kappa`), so agreement at chance level
   is exactly 0, as in scikit-learn.
 
   Examples:

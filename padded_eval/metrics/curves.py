@@ -183,11 +183,11 @@ import numpy as np
 from padded_eval import validation
 from padded_eval.exact._floats import frexp, ldexp
 from padded_eval.exact.accumulate import ExactCount, ExactSum
-from padded_eval.metrics import _curve_segments as segments
 from padded_eval.metrics import _exact_scores as exact_scores
 from padded_eval.metrics import _one_vs_one as one_vs_one
 from padded_eval.metrics import _sample_curves as sample_curves
 from padded_eval.metrics import _weighted_curves as weighted_curves
+from padded_eval.metrics import curve_segments as segments
 from padded_eval.metrics._classification_inputs import (
   AVERAGES,
   ClassificationMetric,

@@ -19,7 +19,7 @@ import numpy as np
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, ExactSum
-from padded_eval.metrics import _per_sample as per_sample
+from padded_eval.metrics import per_sample
 from padded_eval.metrics._classification_inputs import (
   AVERAGES,
   average_scores,
@@ -30,9 +30,9 @@ from padded_eval.metrics._classification_inputs import (
   config_field,
   divide,
 )
-from padded_eval.metrics._per_sample import MULTIDIM_AVERAGES
 from padded_eval.metrics.base import state
 from padded_eval.metrics.confusion import ConfusionState
+from padded_eval.metrics.per_sample import MULTIDIM_AVERAGES
 
 
 class ClassScore(ConfusionState):
