@@ -230,6 +230,45 @@ def int_parts(x):
   )
 
 
+def rounded_difference(a, b):
+  """float32 ``a - b`` rounded once from the exact difference, for int32/uint32 or float arrays.
+
+  float32 holds integers up to ``2**24`` exactly: converting int32 values beyond it before
+  subtracting rounds each (``16777217 - 16777216`` would read 0). Integer operands are split by
+  `int_parts`; the high parts' difference is exact (a multiple of ``2**12`` below ``2**33``), and
+  so is the low parts'; the sum of the two rounds once. A float operand enters whole (with
+  `two_sum` against the other's high part), so a mixed difference is within one unit in the
+  last place of the exact one. Float-only operands are subtracted as they are.
+
+  Args:
+    a: int or float array (ints other than int32/uint32, float16, bfloat16 upcast exactly).
+    b: int or float array of ``a``'s shape.
+
+  Returns:
+    float32 ``a - b``.
+  """
+  a, b = jnp.asarray(a), jnp.asarray(b)
+  wide = (jnp.int32, jnp.uint32)
+  if a.dtype not in wide and b.dtype not in wide:
+    return lax.sub(*lax_operands(_as_float32(a), _as_float32(b)))
+  (a_high, a_low), (b_high, b_low) = _float_parts(a), _float_parts(b)
+  high, error = two_sum(a_high, lax.neg(b_high))
+  return lax.add(high, lax.sub(lax.add(error, a_low), b_low))
+
+
+def _as_float32(x):
+  return x if x.dtype == jnp.float32 else lax.convert_element_type(x, jnp.float32)
+
+
+def _float_parts(x):
+  """``(high, low)`` float32 with ``high + low = x``: `int_parts` for int32/uint32, else
+  ``(x as float32, 0)``."""
+  if x.dtype in (jnp.int32, jnp.uint32):
+    return int_parts(x)
+  x = _as_float32(x)
+  return x, jnp.zeros_like(x)
+
+
 def _power_of_two(k):
   """float32 ``2**k`` for int32 ``k`` in ``[-126, 127]`` (built from its bits: exact)."""
   return lax.bitcast_convert_type(

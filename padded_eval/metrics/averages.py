@@ -13,7 +13,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from padded_eval.exact._floats import exact_product, int_parts
+from padded_eval.exact._floats import exact_product, int_parts, rounded_difference
 from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import element_weights
 from padded_eval.metrics._multioutput import check_multioutput, combine
@@ -176,12 +176,14 @@ class Mean(WeightedMean):
 
 
 def _error(preds, target) -> jax.Array:
-  preds, target = upcast(jnp.asarray(preds)), upcast(jnp.asarray(target))
+  """float32 ``preds - target``, rounded once from the exact difference (int32 values beyond
+  ``2**24`` are not rounded one by one first: `padded_eval.exact._floats.rounded_difference`)."""
+  preds, target = jnp.asarray(preds), jnp.asarray(target)
   if preds.shape != target.shape:
     raise ValueError(
       f"preds has shape {preds.shape} but target has shape {target.shape}; expected equal shapes"
     )
-  return preds - target
+  return rounded_difference(preds, target)
 
 
 def _output_total(metric) -> ExactSum:

@@ -221,8 +221,8 @@ class Metric(KeywordReader, abc.ABC):
   def number_inputs(self) -> tuple[str, ...]:
     """The update keywords read as numbers to average (not as class or token ids).
 
-    Integers beyond int32 there (int64 timestamps) are converted to float32 on the host,
-    rounded as float64 is; in any other keyword they are refused (see `_fit_int32`).
+    Host integers wider than int32 there (int64, uint32, uint64) become int32 when their real
+    elements fit it, else float32 on the host, rounded as float64 is (int64 timestamps); in any other keyword they are refused (see `_fit_int32`).
     ``weights`` is always a number. Default: none.
     """
     return ()
@@ -558,8 +558,9 @@ def _fit_int32(key: str, value, is_number: bool, mask, owner: str):
   """``value``, with host integers outside int32 made exact or refused, never wrapped.
 
   JAX's default 32-bit mode casts int64 to int32 by wrapping (``2**32`` becomes 0). A
-  number to average becomes float32 (rounded to nearest, as a float64 would be); a class
-  or token id outside int32 cannot be one, so it raises. Only the real elements of ``mask``
+  number to average becomes int32 if its real elements fit (every digit kept: the metrics
+  split int32 values beyond ``2**24`` exactly), else float32 (rounded to nearest, as a float64
+  would be); a class or token id outside int32 cannot be one, so it raises. Only the real elements of ``mask``
   (a host bool prefix of ``value``'s shape) are checked; padding may hold anything.
 
   Raises:
@@ -569,8 +570,6 @@ def _fit_int32(key: str, value, is_number: bool, mask, owner: str):
     return value
   if value.dtype.itemsize == 4 and value.dtype.kind == "i":
     return value
-  if is_number:
-    return value.astype(np.float32)
   seen = value
   if (
     isinstance(mask, np.ndarray)
@@ -578,7 +577,10 @@ def _fit_int32(key: str, value, is_number: bool, mask, owner: str):
     and mask.shape == value.shape[: mask.ndim]
   ):
     seen = value[mask]
-  if seen.size and (seen.min() < _INT32.min or seen.max() > _INT32.max):
+  fits = not seen.size or (seen.min() >= _INT32.min and seen.max() <= _INT32.max)
+  if is_number:  # int32 keeps every digit (a difference of two is formed exactly); else rounded
+    return value.astype(np.int32) if fits else value.astype(np.float32)
+  if not fits:
     raise ValueError(
       f"{owner}: {key} holds integers in [{seen.min()}, {seen.max()}] (dtype {value.dtype}), "
       f"outside int32's range [{_INT32.min}, {_INT32.max}]: JAX's default 32-bit mode would wrap "

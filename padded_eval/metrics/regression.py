@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
-from padded_eval.exact._floats import ZERO_EXPONENT, ldexp
+from padded_eval.exact._floats import ZERO_EXPONENT, ldexp, rounded_difference
 from padded_eval.exact.accumulate import ExactCount, upcast
 from padded_eval.masking import element_weights
 from padded_eval.metrics._multioutput import MULTIOUTPUT_NAMES, check_multioutput, combine
@@ -32,8 +32,10 @@ from padded_eval.metrics.moments import Moments, nan_seen
 MAPE_EPSILON = float(np.finfo(np.float64).eps)
 
 
-def _pair(preds, target) -> tuple[jax.Array, jax.Array]:
-  preds, target = upcast(jnp.asarray(preds)), upcast(jnp.asarray(target))
+def _pair(preds, target, upcast_ints: bool = True) -> tuple[jax.Array, jax.Array]:
+  preds, target = jnp.asarray(preds), jnp.asarray(target)
+  if upcast_ints:
+    preds, target = upcast(preds), upcast(target)
   if preds.shape != target.shape:
     raise ValueError(
       f"preds has shape {preds.shape} but target has shape {target.shape}; expected equal shapes"
@@ -63,8 +65,9 @@ class MAPE(WeightedMean):
   nonnegative: ClassVar[bool] = True
 
   def _values(self, *, preds, target, **_):
+    error = rounded_difference(*_pair(preds, target, upcast_ints=False))  # int32: no early rounding
     preds, target = _pair(preds, target)
-    return jnp.abs(preds - target) / jnp.maximum(jnp.abs(target), MAPE_EPSILON), "preds"
+    return jnp.abs(error) / jnp.maximum(jnp.abs(target), MAPE_EPSILON), "preds"
 
 
 class MSLE(WeightedMean):

@@ -18,7 +18,13 @@ from sklearn.metrics import r2_score
 
 import padded_eval as pe
 from padded_eval.eval.compiling import CPU_COMPILER_OPTIONS
-from padded_eval.exact._floats import exact_product, int_parts, two_prod, two_sum
+from padded_eval.exact._floats import (
+  exact_product,
+  int_parts,
+  rounded_difference,
+  two_prod,
+  two_sum,
+)
 from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.metrics.moments import Moments
 
@@ -420,6 +426,46 @@ def test_int_parts_are_exact_under_jit(dtype, options):
     assert h.dtype == low.dtype == np.float32
     np.testing.assert_array_equal(h.astype(F64) + low.astype(F64), ints.astype(F64))
     assert np.all((low >= 0) & (low < 4096)) and np.all(np.mod(h.astype(F64), 4096) == 0)
+
+
+@pytest.mark.parametrize("options", ("defaults", "driver"))
+@pytest.mark.parametrize("dtypes", (("int32", "int32"), ("uint32", "uint32"), ("float32", "int32")))
+def test_rounded_difference_is_the_exact_difference_rounded_once_under_jit(dtypes, options):
+  """``rounded_difference(a, b)`` is ``a - b`` (exact in float64 for these ranges) rounded once
+  to float32, for int32 / uint32 pairs over their whole range and integers computed in the same
+  program (XLA may not reassociate its error-free sum); within one unit in the last place for a
+  float32 ``a`` against an int32 ``b``."""
+  rng = np.random.default_rng(11)
+
+  def draw(dtype):
+    info = np.iinfo(dtype) if dtype != "float32" else np.iinfo("int32")
+    x = rng.integers(info.min, int(info.max) + 1, 20_000, dtype=np.int64)
+    x[:4] = [info.min, info.max, 2**24 + 1, 2**24]
+    return x.astype(dtype)
+
+  a, b = draw(dtypes[0]), draw(dtypes[1])
+  b[4000:] = (
+    (a[4000:].astype(np.int64) + rng.integers(-99, 100, 16_000))
+    .clip(*(lambda i: (i.min, i.max))(np.iinfo(dtypes[1])))
+    .astype(dtypes[1])
+  )  # mostly near-equal pairs: the differences cancel
+
+  def run(a, b):
+    computed = b // 2 + b // 2 + b % 2  # b again, computed here: no constant folding
+    return rounded_difference(a, b), rounded_difference(a, computed)
+
+  run = jax.jit(
+    run, compiler_options=XLA_DEFAULTS if options == "defaults" else CPU_COMPILER_OPTIONS
+  )
+  exact = a.astype(F64) - b.astype(F64)
+  for got in run(a, b):
+    got = np.asarray(got)
+    assert got.dtype == np.float32
+    if dtypes[0] == "float32":
+      ulp = np.spacing(np.abs(exact).astype(np.float32)).astype(F64)
+      assert np.all(np.abs(got.astype(F64) - exact) <= ulp)
+    else:
+      np.testing.assert_array_equal(got, exact.astype(np.float32))
 
 
 def test_weighted_means_share_the_public_base():

@@ -125,6 +125,61 @@ def test_wide_int32_values_keep_every_digit(seed, n, weighted, dtype):
   assert_close(got, expected, rtol=1e-6, atol=1e-6 * np.mean(np.abs(values.astype(F64))) * EPS)
 
 
+_ERRORS = {
+  "mse": (lambda: pe.metrics.MSE(), lambda e, t: e**2),
+  "rmse": (lambda: pe.metrics.RMSE(), lambda e, t: e**2),
+  "mae": (lambda: pe.metrics.MAE(), lambda e, t: np.abs(e)),
+  "mape": (lambda: pe.metrics.MAPE(), lambda e, t: np.abs(e) / np.maximum(np.abs(t), 2.0**-52)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_ERRORS))
+@given(
+  seed=SEEDS,
+  n=st.integers(1, 60),
+  weighted=st.booleans(),
+  dtype=st.sampled_from(["int32", "uint32", "mixed"]),
+)
+def test_errors_of_wide_int32_values_keep_every_digit(name, seed, n, weighted, dtype):
+  """``preds - target`` of int32 / uint32 values beyond ``2**24`` is formed exactly, then rounded
+  once: before, each was rounded to float32 first, and MSE of ``16777217`` against ``16777216``
+  read 0.0 for 1.0. Small errors on large values (and a float32 ``preds`` against int32
+  ``target``), random batchings, devices and garbage padded rows: 1e-6 of float64 on the exact
+  integer differences."""
+  rng = np.random.default_rng(seed)
+  low, high = (2**31, 2**32 - 2**12) if dtype == "uint32" else (2**24, 2**31 - 2**12)
+  target = rng.integers(low, high, n, dtype=np.int64) * rng.choice([1, -1], n) ** (
+    dtype != "uint32"
+  )
+  preds = target + rng.integers(-40, 41, n)
+  target = target.astype("uint32" if dtype == "uint32" else "int32")
+  preds = preds.astype(np.float32 if dtype == "mixed" else target.dtype)  # mixed: a float rounds
+  error = preds.astype(F64) - target.astype(F64)
+  metric, per_element = _ERRORS[name]
+  fields = {"preds": preds, "target": target}
+  w = np.ones(n, np.float32)
+  if weighted:
+    w = rng.uniform(0.1, 2.0, n).astype(np.float32)
+    fields["weights"] = w
+  got = evaluate_randomly(metric(), fields, rng, batch_sizes=(5, 16, 64))
+  expected = _weighted_mean(per_element(error, target.astype(F64)), w.astype(F64))
+  expected = np.sqrt(expected) if name == "rmse" else expected
+  assert_close(got, expected, rtol=1e-6, atol=0.0)
+
+
+@given(seed=SEEDS, n=st.integers(1, 30), dtype=st.sampled_from(["int64", "uint32", "uint64"]))
+def test_host_wide_integers_that_fit_int32_keep_every_digit(seed, n, dtype):
+  """A host int64 / uint32 / uint64 number array whose values fit int32 becomes int32, not
+  float32: its digits beyond ``2**24`` survive into an error (eager updates)."""
+  rng = np.random.default_rng(seed)
+  target = rng.integers(2**24, 2**31 - 64, n, dtype=np.int64)
+  preds = target + rng.integers(0, 41, n)
+  got = float(
+    _eager(pe.metrics.MAE(), {"preds": preds.astype(dtype), "target": target}, rng).compute()
+  )
+  assert_close(got, np.mean((preds - target).astype(F64)), rtol=1e-6, atol=0.0)
+
+
 @given(seed=SEEDS, n=st.integers(1, 20), high=st.sampled_from([2**31, 2**32, 2**40]))
 def test_int64_class_ids_beyond_int32_are_refused(seed, n, high):
   rng = np.random.default_rng(seed)
