@@ -31,7 +31,13 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from padded_eval.exact._floats import ZERO_EXPONENT, compensated_sum, frexp, ldexp
+from padded_eval.exact._floats import (
+  ZERO_EXPONENT,
+  compensated_sum,
+  frexp,
+  ldexp,
+  rounded_difference,
+)
 from padded_eval.exact.accumulate import (
   Accumulator,
   ExactCount,
@@ -378,8 +384,10 @@ class R2Score(Metric):
     check_choice("force_finite", self.force_finite, (True, False))
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    raw = jnp.asarray(preds), jnp.asarray(target)
     preds, target, real, w, axes = _pair(preds, target, self.num_outputs, mask, weights)
-    residual = ExactSum.of_sum(preds - target, axis=axes, where=real, weights=w, power=2)
+    error = rounded_difference(*raw)  # int32 beyond 2**24: exact, rounded once
+    residual = ExactSum.of_sum(error, axis=axes, where=real, weights=w, power=2)
     return {
       "target_moments": Moments.of(target[..., None], real, w, axes),
       "residual": residual,

@@ -65,7 +65,7 @@ class MAPE(WeightedMean):
   nonnegative: ClassVar[bool] = True
 
   def _values(self, *, preds, target, **_):
-    error = rounded_difference(*_pair(preds, target, upcast_ints=False))  # int32: no early rounding
+    error = rounded_difference(*_pair(preds, target, upcast_ints=False))  # int32: exact first
     preds, target = _pair(preds, target)
     return jnp.abs(error) / jnp.maximum(jnp.abs(target), MAPE_EPSILON), "preds"
 
@@ -160,7 +160,9 @@ class ExplainedVariance(Metric):
     validation.check_choice("force_finite", self.force_finite, (True, False))
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    raw = _pair(target, preds, upcast_ints=False)
     preds, target = _pair(preds, target)
+    residual = rounded_difference(*raw)  # int32 beyond 2**24: exact, rounded once
     if self.num_outputs > 1 and (preds.ndim < 2 or preds.shape[-1] != self.num_outputs):
       raise ValueError(
         f"num_outputs={self.num_outputs} expects preds and target of shape "
@@ -168,7 +170,7 @@ class ExplainedVariance(Metric):
       )
     real, w = element_weights(mask, weights, preds.shape, "preds")
     axes = tuple(range(preds.ndim - (self.num_outputs > 1)))
-    variables = jnp.stack([target, target - preds], axis=-1)
+    variables = jnp.stack([target, residual], axis=-1)
     return {
       "moments": Moments.of(variables, real, w, axes),
       "invalid": self.count_invalid(**{"nan value": nan_seen(real, w, preds, target)}),

@@ -167,6 +167,51 @@ def test_errors_of_wide_int32_values_keep_every_digit(name, seed, n, weighted, d
   assert_close(got, expected, rtol=1e-6, atol=0.0)
 
 
+def _explained_variance(e, t, w):
+  mean = lambda v: _weighted_mean(v, w)
+  return 1.0 - mean((e - mean(e)) ** 2) / mean((t - mean(t)) ** 2)
+
+
+@pytest.mark.parametrize(
+  "name, metric, reference",
+  [
+    (
+      "r2",
+      pe.metrics.R2Score,
+      lambda e, t, w: (
+        1.0 - _weighted_mean(e**2, w) / _weighted_mean((t - _weighted_mean(t, w)) ** 2, w)
+      ),
+    ),
+    ("explained_variance", pe.metrics.ExplainedVariance, _explained_variance),
+  ],
+)
+@given(
+  seed=SEEDS,
+  n=st.integers(3, 60),
+  weighted=st.booleans(),
+  dtype=st.sampled_from(["int32", "uint32"]),
+)
+def test_residuals_of_wide_int32_values_keep_every_digit(
+  name, metric, reference, seed, n, weighted, dtype
+):
+  """R2Score's and ExplainedVariance's residual ``target - preds`` of int32 / uint32 values
+  beyond ``2**24`` is formed exactly: targets near ``2**30`` (``2**31``) on a grid of 128 (256),
+  exact in float32, and ``preds`` off by up to 1000, which float32 would round by up to 64
+  (128) each. 1e-5 of float64."""
+  rng = np.random.default_rng(seed)
+  base, step = (2**30, 128) if dtype == "int32" else (2**31, 256)
+  target = base + step * rng.integers(0, 20, n)
+  target[:2] = base, base + step  # never constant
+  preds = target + rng.integers(-1000, 1001, n)
+  w = rng.uniform(0.1, 2.0, n).astype(np.float32) if weighted else np.ones(n, np.float32)
+  fields = {"preds": preds.astype(dtype), "target": target.astype(dtype)}
+  if weighted:
+    fields["weights"] = w
+  got = evaluate_randomly(metric(), fields, rng, batch_sizes=(5, 16, 64))
+  t, e, w64 = target.astype(F64), (target - preds).astype(F64), w.astype(F64)
+  assert_close(got, reference(e, t, w64), rtol=1e-5, atol=1e-6)
+
+
 @given(seed=SEEDS, n=st.integers(1, 30), dtype=st.sampled_from(["int64", "uint32", "uint64"]))
 def test_host_wide_integers_that_fit_int32_keep_every_digit(seed, n, dtype):
   """A host int64 / uint32 / uint64 number array whose values fit int32 becomes int32, not
