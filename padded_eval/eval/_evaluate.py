@@ -115,7 +115,9 @@ def masked_eval(
     batches: an iterable of dict batches whose every leaf is ``[B, ...]`` with the
       same ``B``, shapes and dtypes in every batch, and ``batch[mask_key]`` bool
       ``[B]`` True for real rows (as ``pe.pad_batches`` yields); with ``mask_fn``,
-      any pytrees (see ``mask_fn``).
+      any pytrees (see ``mask_fn``). A batch's arrays must not change once it is yielded: JAX on
+      CPU may read a numpy array in place until the step that reads it has run (``pad_batches``
+      copies what a loader of its own yields, so such a loader may refill its buffers).
     backend: ``"pmap"``, ``"shard_map"`` or ``"jit"``.
     axis_name: the mapped axis name ``step_fn`` may use in collectives (pmap), and
       the name of the default mesh's one axis. With an explicit ``mesh`` it must be one

@@ -157,7 +157,7 @@ class RowOutputs:
       per_row: the step's output pytree (device arrays).
       batch: the step's host batch (its mask says which rows are real).
     """
-    mask = np.asarray(batch[self._mask_key], dtype=bool)
+    mask = np.array(batch[self._mask_key], dtype=bool)  # a copy: the source may refill its own
     leaves, treedef = jax.tree.flatten(per_row)
     if self._treedef is None:
       capacity = None if self._num_batches is None else self._num_batches * len(mask)

@@ -10,6 +10,8 @@ import operator
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from padded_eval.data.sources.base import Chunk, Source, flatten_rows
 from padded_eval.data.sources.fields import name_fields
 
@@ -126,7 +128,15 @@ class IterableSource(Source):
 
   def _checked(self, batches: Iterator) -> Iterator[Chunk]:
     named = (self._named(batch, index) for index, batch in enumerate(batches))
-    return self.checked_chunks(named, self._mask_key, "batch {index}")
+    return (_copied(chunk) for chunk in self.checked_chunks(named, self._mask_key, "batch {index}"))
+
+
+def _copied(chunk: Chunk) -> Chunk:
+  """``chunk`` with its arrays copied: a loader may refill the arrays it yielded once asked for the
+  next batch, while JAX on CPU may read a placed numpy array in place (the device buffer aliases
+  it) until the step that reads it has run."""
+  flat, rows = chunk
+  return {path: np.array(leaf) for path, leaf in flat.items()}, rows
 
 
 def _already_consumed(iterator: cabc.Iterator) -> bool:
