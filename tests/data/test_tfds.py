@@ -106,6 +106,30 @@ def test_drop_remainder_that_drops_nothing_is_read_whole():
       r"up to 7 rows",
     ),
     (lambda ds: ds.batch(10).rebatch(16, drop_remainder=True), "drop_remainder=True"),
+    (  # a batch inside a dataset function: before, each group's short batch was lost silently
+      lambda ds: ds.bucket_by_sequence_length(
+        lambda e: tf.cast(e["label"] % 3 + 1, tf.int32), [2, 3], [4, 4, 4], drop_remainder=True
+      ),
+      r"drop_remainder=True inside the function of its GroupByWindowDataset",
+    ),
+    (
+      lambda ds: ds.group_by_window(
+        lambda e: e["label"] % 2, lambda _, w: w.batch(3, drop_remainder=True), window_size=3
+      ),
+      "drop_remainder=True inside the function",
+    ),
+    (
+      lambda ds: ds.flat_map(
+        lambda e: tf.data.Dataset.from_tensors(e).batch(2, drop_remainder=True)
+      ),
+      r"inside the function of its FlatMapDataset",
+    ),
+    (
+      lambda ds: ds.interleave(
+        lambda e: tf.data.Dataset.from_tensors(e).padded_batch(2, drop_remainder=True)
+      ),
+      r"inside the function of its InterleaveDataset",
+    ),
     (lambda ds: ds.repeat(), r"infinite \(its cardinality is tf.data.INFINITE_CARDINALITY"),
     (lambda ds: ds.batch(16).repeat(), "infinite"),
     (lambda ds: ds.filter(lambda e: e["label"] >= 0).repeat(), "infinite"),
@@ -123,6 +147,38 @@ def test_drop_remainder_that_drops_nothing_is_read_whole():
 def test_pipelines_that_drop_repeat_or_never_end_are_refused(pipeline, match, batch_size):
   with pytest.raises(ValueError, match=match):
     pe.pad_batches(pipeline(slices(dataset(203))), batch_size, num_devices=8)
+
+
+@pytest.mark.parametrize(
+  "pipeline, batched",
+  [
+    (lambda ds: ds.batch(4).flat_map(tf.data.Dataset.from_tensor_slices), False),  # unbatches
+    (lambda ds: ds.interleave(lambda e: tf.data.Dataset.from_tensors(e), cycle_length=2), False),
+    (lambda ds: ds.group_by_window(lambda e: e["label"] % 2, lambda _, w: w.batch(3), 3), True),
+    (
+      lambda ds: ds.bucket_by_sequence_length(
+        lambda e: tf.cast(e["label"] % 3, tf.int32), [2], [4, 4]
+      ),
+      True,
+    ),
+  ],
+)
+def test_rows_or_batches_are_read_from_a_dataset_functions_output(pipeline, batched):
+  """Whether elements are batches is read from the function of a flat_map / interleave /
+  group_by_window, not from a batch before it: before, ``ds.batch(4).flat_map(from_tensor_slices)``
+  (rows) was read as batches, and 10 rows counted 20. Every row once, against numpy."""
+  data = dataset(37)
+  got = pe.pad_batches(pipeline(slices(data)), 8, pad_value={"x": np.nan, "label": -1})
+  rows = np.concatenate([b["x"][b["mask"]] for b in got])
+  assert rows.shape == data["x"].shape
+  order = np.lexsort(rows.T), np.lexsort(data["x"].T)
+  np.testing.assert_array_equal(rows[order[0]], data["x"][order[1]])
+  from padded_eval.data.sources import tf_pipeline
+
+  dataset_ = pipeline(slices(data))
+  assert (
+    tf_pipeline.infer_batched(dataset_, dict(zip("ab", [dataset_.element_spec["x"]]))) is batched
+  )
 
 
 def test_ragged_rows_name_the_key_and_suggest_pad_shapes():  # issue 26: tf.data's message named no key

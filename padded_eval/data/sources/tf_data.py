@@ -10,8 +10,12 @@ A pipeline that would lose rows, repeat them or never end is refused when wrappe
 ``.repeat()``), a ``.repeat(n)`` with ``n`` other than 1 in a pipeline of unknown cardinality (after a ``filter``),
 and a ``batch`` / ``padded_batch`` / ``rebatch`` with ``drop_remainder=True`` unless its input is known to fill
 every batch (or is infinite). A pipeline of finite cardinality (``ds.repeat(2)``, ``ds.repeat().take(n)``) reads
-exactly that many elements and is read as it is, repeats included. The pipeline is read through tf.data's private
-``_inputs()``; a kind of dataset that hides its inputs is not searched.
+exactly that many elements and is read as it is, repeats included. A ``batch`` with ``drop_remainder=True`` inside
+the function of a ``flat_map``, ``interleave`` or ``group_by_window`` (``bucket_by_sequence_length``) is refused too:
+each group's short batch would be lost. Whether elements are batches is read from such a function's output when no
+batch op comes after it (``ds.batch(4).flat_map(from_tensor_slices)`` yields rows). The pipeline is read through
+tf.data's private ``_inputs()`` and one level of its datasets' functions; a kind of dataset that hides its inputs,
+or a function nested in such a function, is not searched.
 """
 
 from __future__ import annotations

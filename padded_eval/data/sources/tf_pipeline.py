@@ -17,6 +17,7 @@ __all__ = [
   "cardinality",
   "check_rows_read_once",
   "infer_batched",
+  "inner_batches",
   "nearest_batch_size",
   "pipeline",
   "rows_dropped",
@@ -96,6 +97,9 @@ def infer_batched(dataset: Any, specs: dict) -> bool:
       return False
     if "batch" in name:
       return True
+    inner = inner_batches(node)
+    if inner is not None:  # flat_map, interleave, group_by_window: its function makes the elements
+      return bool(inner)
     node = getattr(
       node, "_input_dataset", None
     )  # tf.data keeps no public handle on a dataset's input
@@ -132,6 +136,13 @@ def check_rows_read_once(dataset: Any) -> None:
           "filter), so rows would not count exactly once; evaluate a pipeline without repeat (or with "
           ".repeat(1)), or one whose cardinality is known"
         )
+    if any(drop_remainder for _, drop_remainder in inner_batches(node) or ()):
+      raise ValueError(
+        f"the tf.data.Dataset batches with drop_remainder=True inside the function of its "
+        f"{name.strip('_')} (bucket_by_sequence_length, group_by_window, flat_map or interleave), "
+        "which drops the rows of each group's short last batch; batch there with "
+        "drop_remainder=False (pad_batches pads the short batches and masks their padding)"
+      )
     if "batch" in name.lower() and bool(getattr(node, "_drop_remainder", False)):
       lost = rows_dropped(node)
       if lost:
@@ -158,6 +169,31 @@ def rows_dropped(batch_node: Any) -> str:
   if rows % size == 0:
     return ""
   return f": {rows % size} of {rows} rows in batches of {size} would never be evaluated"
+
+
+def inner_batches(node: Any) -> list[tuple[str, bool]] | None:
+  """The batch ops in the functions of a dataset that builds its elements from datasets of its own
+  (``flat_map``, ``interleave``, ``group_by_window``, ``bucket_by_sequence_length``): ``(op type,
+  drop_remainder)`` each (True where it is not a constant); None for a dataset without such a
+  function. A function's own nested functions are not searched."""
+  import tensorflow as tf
+
+  graphs = [
+    value.function.graph
+    for value in vars(node).values()
+    if hasattr(getattr(value, "function", None), "graph")
+  ]
+  found, makes_datasets = [], False
+  for graph in graphs:
+    for op in graph.get_operations():
+      if not op.type.endswith("Dataset") and "DatasetV" not in op.type:
+        continue
+      makes_datasets = True
+      arguments = [arg.name for arg in op.op_def.input_arg]
+      if "Batch" in op.type and "drop_remainder" in arguments:  # always the last input
+        drop = tf.get_static_value(op.inputs[-1])
+        found.append((op.type, True if drop is None else bool(drop)))
+  return found if makes_datasets else None
 
 
 def pipeline(dataset: Any) -> Iterator[Any]:
