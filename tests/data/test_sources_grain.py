@@ -106,6 +106,11 @@ def test_pipelines_that_drop_or_repeat_rows_are_refused():
     (source.repeat(), r"repeats its rows forever \(.repeat\(\)\)"),
     (source.repeat(2).batch(8), r"repeats its rows 2 times"),
     (source.to_iter_dataset().batch(5, drop_remainder=True), "drop_remainder=True"),
+    (  # in a concatenation's second input: before, only the first parents were searched
+      grain.MapDataset.concatenate([source.batch(3), source.batch(3, drop_remainder=True)]),
+      "batches with drop_remainder=True",
+    ),
+    (grain.MapDataset.concatenate([source, source.repeat(2)]), r"repeats its rows 2 times"),
     (loader(rows, [grain.transforms.Batch(5, drop_remainder=True)]), "Batch operation has drop"),
     (loader(rows, num_epochs=None), "reads infinitely many records of a source of 37"),
     (loader(rows, num_epochs=2), "reads 74 records of a source of 37"),

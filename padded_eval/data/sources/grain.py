@@ -92,7 +92,7 @@ class GrainSource(Source):
     else:
       self._lineage = _lineage(obj)
       batch_ops = [node for node in self._lineage if type(node).__name__.startswith("Batch")]
-      _check_dataset(obj, self._lineage, self._kind)
+      _check_dataset(obj, _ancestors(obj), self._kind)
     self._batched = bool(batch_ops) if batched is None else bool(batched)
     self._filtered = any("Filter" in type(node).__name__ for node in self._lineage)
 
@@ -214,9 +214,22 @@ def _lineage(dataset: Any) -> list:
   return nodes
 
 
-def _check_dataset(dataset: Any, lineage: list, kind: str) -> None:
-  """Refuses a dataset pipeline that drops or repeats rows."""
-  for node in lineage:
+def _ancestors(dataset: Any) -> list:
+  """The dataset and every dataset it reads from, all parents of each (``concatenate``, ``mix``)."""
+  nodes, pending, seen = [], [dataset], set()
+  while pending and len(nodes) < _MAX_PIPELINE_DEPTH:
+    node = pending.pop()
+    if id(node) in seen:
+      continue
+    seen.add(id(node))
+    nodes.append(node)
+    pending.extend(getattr(node, "parents", ()) or ())
+  return nodes
+
+
+def _check_dataset(dataset: Any, nodes: list, kind: str) -> None:
+  """Refuses a dataset pipeline (``nodes``: every dataset in it) that drops or repeats rows."""
+  for node in nodes:
     name = type(node).__name__
     if name.startswith("Batch") and getattr(
       node, "_drop_remainder", False
