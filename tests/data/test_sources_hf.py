@@ -159,6 +159,13 @@ def test_iterable_dataset_that_repeats_is_refused_and_repeat_once_is_read_once()
   with pytest.raises(ValueError, match=r"repeats its rows 2 times \(.repeat\(2\)\)"):
     pe.pad_batches(iterable.repeat(2).map(lambda row: row), 8, num_devices=1)
   check_padded(iterable.repeat(1), data, known_len=False)
+  for inputs, match in (  # in any input of a concatenation: before, counted twice or never ended
+    ([iterable, iterable.repeat(2)], r"repeats its rows 2 times"),
+    ([iterable.repeat(2), iterable], r"repeats its rows 2 times"),
+    ([iterable, iterable.repeat(None)], r"repeats its rows forever"),
+  ):
+    with pytest.raises(ValueError, match=match):
+      pe.pad_batches(datasets.concatenate_datasets(inputs), 8, num_devices=1)
 
 
 @pytest.mark.parametrize("n,count", [(11, 3), (37, 2), (2, 3)])

@@ -103,13 +103,15 @@ class HuggingFaceSource(Source):
 def _check_read_once(dataset: Any) -> None:
   """Refuses an `IterableDataset` with a repeat step other than ``.repeat(1)`` (None: forever).
 
-  Its steps are read through the private ``_ex_iterable`` chain; a `Dataset`'s ``.repeat(n)`` is a concatenation
+  Its steps are read through the private ``_ex_iterable`` chain (every input of a concatenation or an
+  interleave: ``ex_iterables``); a `Dataset`'s ``.repeat(n)`` is a concatenation
   of ``n`` copies, indistinguishable from its rows.
   """
-  step = getattr(dataset, "_ex_iterable", None)
-  for _ in range(_MAX_PIPELINE_DEPTH):
+  pending, seen = [getattr(dataset, "_ex_iterable", None)], 0
+  while pending and seen < _MAX_PIPELINE_DEPTH:
+    step, seen = pending.pop(), seen + 1
     if step is None:
-      return
+      continue
     if type(step).__name__.startswith("Repeat") and getattr(step, "num_times", 1) != 1:
       times = step.num_times
       how = (
@@ -121,7 +123,8 @@ def _check_read_once(dataset: Any) -> None:
         f"the Hugging Face IterableDataset repeats its rows {how}; evaluate a dataset without repeat "
         "(or with .repeat(1))"
       )
-    step = getattr(step, "ex_iterable", None)
+    pending.append(getattr(step, "ex_iterable", None))
+    pending.extend(getattr(step, "ex_iterables", None) or ())  # concatenate_datasets, interleave
 
 
 def _mappings(batches: Iterator[Any]) -> Iterator[cabc.Mapping]:
