@@ -504,3 +504,15 @@ def test_a_list_pad_value_is_refused_not_spread_over_a_row():
   data = {"x": np.arange(6, dtype=np.float32).reshape(3, 2)}
   with pytest.raises(ValueError, match=r"pad_value \[1.0, 2.0\] for key 'x' is not a scalar"):
     list(pe.pad_batches(data, 4, num_devices=1, pad_value=[1.0, 2.0]))
+
+
+def test_an_object_column_of_str_pads_with_str_and_one_of_bytes_with_bytes():
+  """Before, an object array of Python str (a list of texts, a pandas column) padded with ``b''``:
+  the column mixed str and bytes and ``" ".join`` raised TypeError."""
+  for texts, empty in (
+    (np.array(["alpha", "beta", "gamma"], dtype=object), ""),
+    (np.array([b"alpha", b"beta", b"gamma"], dtype=object), b""),
+  ):
+    batch = next(iter(pe.pad_batches({"s": texts, "y": np.arange(3)}, 8, num_devices=8)))
+    assert batch["s"].tolist() == [*texts.tolist(), *[empty] * 5]
+    assert {type(value) for value in batch["s"]} == {type(empty)}

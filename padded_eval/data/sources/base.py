@@ -401,10 +401,20 @@ def pad(flat: FlatBatch, rows: int, batch_size: int, mask_key: str, fills: dict)
   out = dict(flat)
   if rows < batch_size:
     for path, leaf in flat.items():
-      padding = np.full((batch_size - rows, *leaf.shape[1:]), fills[path], dtype=leaf.dtype)
+      fill = _empty_string_like(leaf, fills[path])
+      padding = np.full((batch_size - rows, *leaf.shape[1:]), fill, dtype=leaf.dtype)
       out[path] = np.concatenate([leaf, padding])
   out[(mask_key,)] = np.arange(batch_size) < rows
   return out
+
+
+def _empty_string_like(leaf: np.ndarray, fill: Any) -> Any:
+  """``fill``, or for an object leaf of Python ``str`` an empty ``str`` where ``fill`` is the empty
+  bytes an object dtype pads with (tf.data's strings are bytes; a list of texts is str)."""
+  if leaf.dtype == object and isinstance(fill, bytes) and not fill and leaf.size:
+    if isinstance(leaf.flat[0], str):
+      return ""
+  return fill
 
 
 def drop_rows(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:

@@ -22,7 +22,8 @@ class IterableSource(Source):
   """Each batch is checked against the first one; a list of batches is re-read, a one-shot iterator read once.
 
   The number of rows is known for a Sequence (read from the shapes); otherwise it is unknown. With `keys`, the
-  batches are tuples (``(x, y)``), named in order.
+  batches are tuples (``(x, y)``), named in order. A Sequence's full batches pass through uncopied; the batches of
+  any other iterable (a generator, a loader that may refill one buffer) are copied as they are read.
   """
 
   description = "an iterable of Mappings"
@@ -128,13 +129,16 @@ class IterableSource(Source):
 
   def _checked(self, batches: Iterator) -> Iterator[Chunk]:
     named = (self._named(batch, index) for index, batch in enumerate(batches))
-    return (_copied(chunk) for chunk in self.checked_chunks(named, self._mask_key, "batch {index}"))
+    chunks = self.checked_chunks(named, self._mask_key, "batch {index}")
+    if isinstance(self._batches, cabc.Sequence):  # a list's arrays are its own: read in place
+      return chunks
+    return (_copied(chunk) for chunk in chunks)
 
 
 def _copied(chunk: Chunk) -> Chunk:
-  """``chunk`` with its arrays copied: a loader may refill the arrays it yielded once asked for the
-  next batch, while JAX on CPU may read a placed numpy array in place (the device buffer aliases
-  it) until the step that reads it has run."""
+  """``chunk`` with its arrays copied, for a source that is not a Sequence (a generator, a loader):
+  it may refill the arrays it yielded once asked for the next batch, while JAX on CPU may read a
+  placed numpy array in place (the device buffer aliases it) until the step that reads it has run."""
   flat, rows = chunk
   return {path: np.array(leaf) for path, leaf in flat.items()}, rows
 
