@@ -105,6 +105,28 @@ def test_fsdp_params_are_neither_copied_nor_gathered_under_jit():
   assert "all-reduce" in hlo or gathered
 
 
+@pytest.mark.parametrize("explicit", [True, False])
+@pytest.mark.parametrize("call_mesh", [None, ((2, 4), ("data", "model"))])
+def test_params_sharded_over_another_mesh_of_the_same_devices(explicit, call_mesh):
+  """Params sharded over the user's ``(fsdp=4, tensor=2)`` mesh while masked_eval splits rows over
+  another mesh of the same 8 devices (its default, or one passed): before, a ``jax.make_mesh``
+  (Explicit axes) one raised JAX's "Mesh for all inputs should be equal". Exact, like every
+  other backend, against numpy float64."""
+  devices = np.array(jax.devices()[:8])
+  if explicit:
+    mesh = jax.make_mesh((4, 2), ("fsdp", "tensor"), devices=devices.tolist())
+  else:
+    mesh = Mesh(devices.reshape(4, 2), ("fsdp", "tensor"))
+  w = weights()
+  params = {"w": jax.device_put(w, NamedSharding(mesh, PartitionSpec(None, "fsdp")))}
+  other = None if call_mesh is None else mesh_of(*call_mesh)
+  data = dataset(45)
+  for backend in ("jit", "pmap", "shard_map"):
+    kwargs = {"mesh": other} if backend != "pmap" else {}
+    got = pe.masked_eval(mlp_step, params, garbage_padded(data, 16), backend=backend, **kwargs)
+    assert_close(got["mean"], data, w)
+
+
 def test_replicated_params_are_still_replicated_in_every_backend():
   mesh = mesh_of((8,), ("batch",))
   w = weights()

@@ -102,7 +102,9 @@ def keep_or_replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
   a mesh with the same devices in the same order, e.g. params sharded over ``("fsdp",)``) is kept
   as it is: the same object, no copy, no gather; if its mesh differs from ``mesh`` only in the
   axis types (params placed on a ``jax.make_mesh`` mesh, ``mesh`` its `auto_mesh`), the same
-  buffers are re-viewed with ``mesh`` (no copy either). Every other leaf (numpy arrays, Python scalars,
+  buffers are re-viewed with ``mesh`` (no copy either). A leaf sharded over another mesh of the
+  same devices (a ``(fsdp=4, tensor=2)`` mesh while the rows are split over ``(batch=8,)``) is
+  kept, viewed with ``Auto`` axes: the step's ``jax.jit`` lays it out as its ops need. Every other leaf (numpy arrays, Python scalars,
   arrays on other devices or uncommitted ones) is replicated over the mesh, in one
   ``jax.device_put`` (the copy is the call's: nothing keeps it after `masked_eval` returns).
 
@@ -131,9 +133,15 @@ def _viewed_on(leaf: Any, mesh: jax.sharding.Mesh) -> Any:
     return leaf
   own = sharding.mesh
   auto_mesh = sharding_lib.auto_mesh
-  if own == mesh or auto_mesh(own) != auto_mesh(mesh):
+  if own == mesh:
     return leaf
-  viewed = jax.sharding.NamedSharding(mesh, sharding.spec, memory_kind=sharding.memory_kind)
+  if auto_mesh(own) != auto_mesh(mesh):  # another mesh: its Auto view (jit lays it out itself);
+    target = auto_mesh(own)  # with Explicit axes jit refuses inputs on two meshes
+    if target == own:
+      return leaf
+  else:
+    target = mesh
+  viewed = jax.sharding.NamedSharding(target, sharding.spec, memory_kind=sharding.memory_kind)
   shards = [shard.data for shard in leaf.addressable_shards]
   return jax.make_array_from_single_device_arrays(leaf.shape, viewed, shards)
 
