@@ -96,6 +96,20 @@ def _flatten_named(structure, leaf_fn: Callable, path: tuple = ()) -> Iterator[t
     yield leaf.name, leaf
 
 
+def _member_logs(key: str, child: Metric) -> Iterator[tuple[str, Any]]:
+  """``(flat name, value)`` of the logs of the member ``child`` at ``key`` (see
+  `_Collection.compute_logs`)."""
+  if isinstance(child, _Collection):
+    yield from _flat_logs(key, child.compute_logs())
+    return
+  own, name = child.compute_logs(), child.name
+  if all(log == name or log.startswith((f"{name}_", f"{name}/")) for log in own):
+    for log, value in own.items():
+      yield from _flat_logs(key + log[len(name) :], value)
+    return
+  yield from _flat_logs(key, child.compute())  # logs named otherwise: the value alone
+
+
 def _flat_logs(key: str, value) -> Iterator[tuple[str, Any]]:
   if isinstance(value, Mapping):
     for inner, inner_value in value.items():
@@ -221,21 +235,17 @@ class _Collection(Metric):
     return logs
 
   def compute_logs(self) -> dict[str, Any]:
-    """The flat dict of :meth:`compute`, plus the keys a member logs beside its value.
+    """The flat dict of :meth:`compute`, with each member's logs under its key.
 
-    A member logging ``{name, name + suffix}`` (``pe.metrics.Bootstrap``: ``_low`` and
-    ``_high``) adds ``key + suffix`` after ``key``.
+    A member's logs named after the member (``name``, ``name + suffix``, ``name + "/" + part``)
+    are logged with ``key`` for ``name``: ``pe.metrics.Bootstrap``'s ``key_low`` and
+    ``key_high``, ``pe.metrics.Sliced``'s ``key/<slice name>``; a nested collection's under
+    ``key/``.
     """
     logs = {}
     for key in self.names:
-      child = self.children[key]
-      value = child.compute()
-      for flat_key, flat_value in _flat_logs(key, value):
+      for flat_key, flat_value in _member_logs(key, self.children[key]):
         logs[unique_name(flat_key, logs)] = flat_value
-      if not isinstance(value, Mapping):
-        for extra, extra_value in child.compute_logs().items():
-          if extra.startswith(f"{child.name}_"):
-            logs[unique_name(key + extra[len(child.name) :], logs)] = extra_value
     return logs
 
 

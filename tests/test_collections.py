@@ -302,3 +302,41 @@ def test_a_loss_in_metrics_reports_its_mean():
 def test_bad_input_raises_value_error(make, match):
   with pytest.raises(ValueError, match=match):
     make()
+
+
+def test_a_sliced_or_bootstrapped_member_logs_its_names_under_its_key():
+  """Before, ``Metrics({"m": Sliced(Mean, slice_names=...)})`` logged ``{"m": array}`` (scalars
+  ``m/0``, ``m/1``: the names lost), and a ``Sliced(Bootstrap)`` member mixed that array with named
+  intervals. Each member's logs are its own under its key; values against numpy per slice."""
+  rng = np.random.default_rng(5)
+  x = rng.normal(size=23).astype(np.float32)
+  lang = rng.integers(0, 2, 23).astype(np.int32)  # slice "fr" stays empty
+  names = ("en", "de", "fr")
+  data = {"x": x, "lang": lang}
+  members = {
+    "m": pe.metrics.Sliced(pe.metrics.Mean("x"), 3, key="lang", slice_names=names),
+    "b": pe.metrics.Sliced(
+      pe.metrics.Bootstrap(pe.metrics.Mean("x"), num_replicas=16), 3, key="lang", slice_names=names
+    ),
+    "inner": pe.Metrics({"boot": pe.metrics.Bootstrap(pe.metrics.Mean("x"), num_replicas=16)}),
+  }
+  collection = pe.Metrics(members)
+  batches = pe.pad_batches(data, 8, index_key="index")
+  results = pe.masked_eval(
+    lambda _, b: collection.batch_updates(
+      x=b["x"], lang=b["lang"], index=b["index"], mask=b["mask"]
+    ),
+    None,
+    batches,
+    backend="jit",
+  )
+  want = {name: np.mean(x[lang == s].astype(np.float64)) for s, name in enumerate(names[:2])}
+  for name, value in want.items():
+    np.testing.assert_allclose(results[f"m/{name}"], value, rtol=1e-6)
+    np.testing.assert_allclose(results[f"b/{name}"], value, rtol=1e-6)
+    assert results[f"b_low/{name}"] <= value <= results[f"b_high/{name}"]
+  assert np.isnan(results["m/fr"]) and np.isnan(results["b/fr"])
+  np.testing.assert_allclose(results["inner/boot"], np.mean(x.astype(np.float64)), rtol=1e-6)
+  assert {"inner/boot_low", "inner/boot_high"} <= set(results)
+  assert "m" not in results and "b" not in results
+  assert set(results.scalars()) >= {"m/en", "m/de", "b_low/en"}
