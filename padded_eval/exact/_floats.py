@@ -242,12 +242,12 @@ def rounded_difference(a, b):
 
   Args:
     a: int or float array (ints other than int32/uint32, float16, bfloat16 upcast exactly).
-    b: int or float array of ``a``'s shape.
+    b: int or float array (broadcast with ``a``).
 
   Returns:
     float32 ``a - b``.
   """
-  a, b = jnp.asarray(a), jnp.asarray(b)
+  a, b = jnp.broadcast_arrays(jnp.asarray(a), jnp.asarray(b))
   wide = (jnp.int32, jnp.uint32)
   if a.dtype not in wide and b.dtype not in wide:
     return lax.sub(*lax_operands(_as_float32(a), _as_float32(b)))

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from padded_eval.exact._floats import compensated_sum, ldexp, scale_exponent
+from padded_eval.exact._floats import compensated_sum, ldexp, rounded_difference, scale_exponent
 from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum, upcast
 from padded_eval.masking import element_weights
 from padded_eval.metrics.averages import WeightedMean, weighted_totals, zero_total
@@ -52,8 +52,10 @@ def check_power(power) -> float:
   return float(power)
 
 
-def _pair(preds, target) -> tuple[jax.Array, jax.Array]:
-  preds, target = upcast(jnp.asarray(preds)), upcast(jnp.asarray(target))
+def _pair(preds, target, upcast_ints: bool = True) -> tuple[jax.Array, jax.Array]:
+  preds, target = jnp.asarray(preds), jnp.asarray(target)
+  if upcast_ints:
+    preds, target = upcast(preds), upcast(target)
   if preds.shape != target.shape:
     raise ValueError(
       f"preds has shape {preds.shape} but target has shape {target.shape}; expected equal shapes"
@@ -91,11 +93,14 @@ def _h(log_ratio, power: float):
   return jnp.where(small, series, direct)
 
 
-def unit_deviance(preds, target, power: float) -> jax.Array:
-  """float32 elementwise Tweedie deviance ``d(target, preds)`` (garbage outside the domain)."""
+def unit_deviance(preds, target, power: float, difference=None) -> jax.Array:
+  """float32 elementwise Tweedie deviance ``d(target, preds)`` (garbage outside the domain);
+  ``difference``: ``preds - target`` to more precision than the float32 values (int32 inputs
+  beyond ``2**24``), default their difference."""
+  difference = preds - target if difference is None else difference
   if power == 0:
-    return (target - preds) ** 2
-  return deviance_to(target, preds, preds - target, power)
+    return difference**2
+  return deviance_to(target, preds, difference, power)
 
 
 class TweedieDevianceScore(WeightedMean):
@@ -129,20 +134,23 @@ class TweedieDevianceScore(WeightedMean):
     object.__setattr__(self, "power", check_power(self.power))
 
   def _values(self, *, preds, target, **_):
-    preds, target = _pair(preds, target)
-    return unit_deviance(preds, target, self.power), "preds"
+    preds, target = _pair(preds, target, upcast_ints=False)
+    difference = rounded_difference(preds, target)  # int32 beyond 2**24: exact, rounded once
+    preds, target = upcast(preds), upcast(target)
+    return unit_deviance(preds, target, self.power, difference), "preds"
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
-    preds, target = _pair(preds, target)
+    preds, target = _pair(preds, target, upcast_ints=False)  # checked; ints kept
+    difference = rounded_difference(preds, target)  # int32 beyond 2**24: exact, rounded once
+    preds, target = upcast(preds), upcast(target)
     real, w = element_weights(mask, weights, preds.shape, "preds")
     good = in_domain(preds, target, self.power)
     invalid = self.count_invalid(**{OUTSIDE: real & ~good & (w != 0)})  # weight 0: not seen
     if self.power == 0:  # the squared error, squared on scaled errors as MSE (no overflow)
-      totals = weighted_totals(preds - target, real & good, weights, "preds", power=2)
+      totals = weighted_totals(difference, real & good, weights, "preds", power=2)
     else:
-      totals = weighted_totals(
-        unit_deviance(preds, target, self.power), real & good, weights, "preds", nonnegative=True
-      )
+      values = unit_deviance(preds, target, self.power, difference)
+      totals = weighted_totals(values, real & good, weights, "preds", nonnegative=True)
     return totals.then(lambda pair: {"total": pair[0], "weight": pair[1], "invalid": invalid})
 
 
@@ -224,7 +232,7 @@ def _weighted_deviance(weight: ExactSum, y, pivot, difference, power: float) -> 
   return _times_weight(weight, value, k, 2.0 - power if _framed(power) else None)
 
 
-def _batch_deviances(power: float, y, mu, used, w, moments: Moments):
+def _batch_deviances(power: float, y, mu, used, w, moments: Moments, exact=None):
   """``(deviance, null)``: one batch's ``sum w d(y, mu)`` (an ExactSum) and its `_NullDeviance`
   part, for ``p != 0``; both deviances in one elementwise pass (``d(y, mu)`` and ``d(y, c)``).
 
@@ -232,7 +240,9 @@ def _batch_deviances(power: float, y, mu, used, w, moments: Moments):
   `Moments`, whose total ``W s + sum w (y - s)`` rounds only the products of the deviations
   (``sum w y`` would round each product: 0.06 for a target near 1e6). The batch's mean ``c`` is
   the pair ``(pivot, offset)``: deviances from it, not from its float32 rounding (which would cost
-  ``W d(c, fl(c))``, 1% of the spread of targets near 1e6 spread by 1)."""
+  ``W d(c, fl(c))``, 1% of the spread of targets near 1e6 spread by 1). ``exact``: None, or
+  ``(mu - y, y)`` with the difference formed exactly and ``y`` the targets as given (int32 ones
+  beyond ``2**24``: each difference from the pivot formed from the integer)."""
   weight, total = moments.count, moments.total[..., 0]
   low, high = moments.low[..., 0], moments.high[..., 0]
   mean_hi, mean_lo = total.quotient(weight)
@@ -240,13 +250,18 @@ def _batch_deviances(power: float, y, mu, used, w, moments: Moments):
   pivot = jnp.where(seen, jnp.clip(mean_hi, low, high), 1.0)
   offset = jnp.where(seen, (mean_hi - pivot) + mean_lo, 0.0)
   pivot = jnp.broadcast_to(pivot, y.shape)
+  if exact is None:
+    difference, from_pivot = mu - y, pivot - y
+  else:  # (mu - y, integer targets y): the differences formed exactly, rounded once
+    difference, from_pivot = exact[0], rounded_difference(pivot, exact[1])
   k = None
   if _framed(power):  # homogeneous of degree 2 - p: formed on the batch scaled into [0.5, 1)
     magnitude = jnp.where(used, jnp.maximum(jnp.abs(y), jnp.abs(mu)), 0.0)
     k = scale_exponent(jnp.max(magnitude, initial=0.0))
     y, mu, pivot, offset = ldexp(y, -k), ldexp(mu, -k), ldexp(pivot, -k), ldexp(offset, -k)
+    difference, from_pivot = ldexp(difference, -k), ldexp(from_pivot, -k)
   values = deviance_to(
-    jnp.stack([y, y]), jnp.stack([mu, pivot]), jnp.stack([mu - y, (pivot - y) + offset]), power
+    jnp.stack([y, y]), jnp.stack([mu, pivot]), jnp.stack([difference, from_pivot + offset]), power
   )
   # both summed in one reduction: summed apart, XLA's CPU backend fused the elementwise chain
   # into each of the two reductions (about 0.3 s more to compile)
@@ -388,7 +403,8 @@ class D2TweedieScore(Metric):
     object.__setattr__(self, "power", check_power(self.power))
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
-    preds, target = _pair(preds, target)
+    raw_preds, raw_target = _pair(preds, target, upcast_ints=False)  # int32: exact differences
+    preds, target = upcast(raw_preds), upcast(raw_target)
     real, w = element_weights(mask, weights, preds.shape, "preds")
     good = in_domain(preds, target, self.power)
     weighed = real & (w != 0)  # a weight-0 element is not seen, not even as invalid
@@ -396,12 +412,15 @@ class D2TweedieScore(Metric):
     w = jnp.where(used, w, 0.0)
     y = jnp.where(used, target, 1.0)
     mu = jnp.where(used, preds, 1.0)
-    moments = Moments.of(y[..., None], used, w, tuple(range(y.ndim)))
+    difference = jnp.where(used, rounded_difference(raw_preds, raw_target), 0.0)
+    exact_y = jnp.where(used, raw_target, jnp.ones((), raw_target.dtype))
+    moments = Moments.of(exact_y[..., None], used, w, tuple(range(y.ndim)))
     if self.power == 0:  # squared on scaled errors (R2Score's residual): no over- or underflow
-      deviance = ExactSum.of_sum(mu - y, where=used, weights=w, power=2)
+      deviance = ExactSum.of_sum(difference, where=used, weights=w, power=2)
       null = _NullDeviance.zeros(0.0)  # the moments keep it
     else:
-      deviance, null = _batch_deviances(self.power, y, mu, used, w, moments)
+      exact = (difference, exact_y)
+      deviance, null = _batch_deviances(self.power, y, mu, used, w, moments, exact)
     statistic = ExactSum.zeros()
     if self.power < 0:  # the null deviance of a mean target <= 0 (scikit-learn's form)
       low, high = moments.low[0], moments.high[0]

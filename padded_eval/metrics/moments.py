@@ -30,6 +30,7 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from padded_eval.exact._floats import (
   ZERO_EXPONENT,
@@ -96,7 +97,10 @@ class Moments(Accumulator):
     """The moments of one batch.
 
     Args:
-      values: ``[X..., k]`` float, the ``k`` variables of every element.
+      values: ``[X..., k]`` float or int, the ``k`` variables of every element, or a list of
+        ``k`` arrays ``[X...]`` (columns of different dtypes); int32/uint32 beyond ``2**24`` keep
+        every digit: each deviation from the shift is formed exactly and rounded once
+        (`padded_eval.exact._floats.rounded_difference`).
       real: ``[X...]`` bool, the real elements; the others never influence the result.
       w: ``[X...]`` float32 weights, 0 where not ``real``.
       axes: the axes of ``X`` to reduce; the state has the shape of the others.
@@ -106,7 +110,10 @@ class Moments(Accumulator):
       around a shift (the batch mean) and corrected, ``M = P - s s^T / n``,
       on deviations scaled by a power of two per variable, so nothing over- or underflows.
     """
-    return _batch_moments(upcast(jnp.asarray(values)), real, w, tuple(axes))
+    if isinstance(values, (list, tuple)):  # columns of their own dtypes (ints kept)
+      return _batch_moments([jnp.asarray(column) for column in values], real, w, tuple(axes))
+    values = jnp.asarray(values)
+    return _batch_moments([values[..., j] for j in range(values.shape[-1])], real, w, tuple(axes))
 
   @property
   def shape(self) -> tuple[int, ...]:
@@ -165,13 +172,15 @@ def _batch_moments(values, real, w, axes) -> Moments:
   # An element of weight 0 is not seen: its value sets no scale or shift (1e20 there made
   # the others' squares round to 0), and inf or NaN there never leaks.
   used = (real & (w != 0))[..., None]
-  values = jnp.where(used, values, 0.0)
+  columns = values  # [X...] each; int32/uint32 ones: float32 rounds them, deviations formed exactly
+  values = jnp.where(used, jnp.stack([upcast(column) for column in columns], axis=-1), 0.0)
   weight = w[..., None]
   count, count_error = compensated_sum(w, axes, keepdims=True)
   count, count_error = count[..., None], count_error[..., None]
   count_error = jnp.where(jnp.isfinite(count), count_error, 0.0)  # inf weights: NaN error
   low = jnp.min(jnp.where(used, values, jnp.inf), axes, keepdims=True, initial=jnp.inf)
   high = jnp.max(jnp.where(used, values, -jnp.inf), axes, keepdims=True, initial=-jnp.inf)
+  high = _distinct_integers_apart(columns, used, axes, low, high)
   safe_count = jnp.where(count > 0, count, 1.0)
   scale = _magnitude_exponent(values, axes)
   mean = ldexp(jnp.sum(weight * ldexp(values, -scale), axes, keepdims=True) / safe_count, scale)
@@ -179,7 +188,7 @@ def _batch_moments(values, real, w, axes) -> Moments:
   # fused into an FMA (an unrounded shift) while ``n * shift`` used the rounded one; the
   # clip (min/max) and the split from bits in ``of_product`` leave no product to fuse.
   shift = jnp.where(count > 0, jnp.clip(mean, low, high), 0.0)
-  deviation = jnp.where(used, values - shift, 0.0)
+  deviation = jnp.where(used, _deviations(columns, values, shift), 0.0)
   scale = _magnitude_exponent(deviation, axes)
   scaled = ldexp(deviation, -scale)
   weighted = weight * scaled
@@ -197,6 +206,44 @@ def _batch_moments(values, real, w, axes) -> Moments:
   comoment = ExactSum.of_pair(squeeze(comoment), squeeze(products_error), pair_scale)
   weight_total = ExactSum.of_pair(squeeze(count)[..., 0], squeeze(count_error)[..., 0])
   return Moments._make(weight_total, total, comoment, squeeze(low), squeeze(high))
+
+
+def _wide(column) -> bool:
+  return column.dtype in (jnp.int32, jnp.uint32)
+
+
+def _deviations(columns, values, shift):
+  """``values - shift`` (``[X..., k]``), each int32/uint32 column's formed from its integers
+  exactly and rounded once."""
+  if not any(_wide(column) for column in columns):
+    return values - shift
+  shift = jnp.broadcast_to(shift, values.shape)
+  return jnp.stack(
+    [
+      rounded_difference(column, shift[..., j]) if _wide(column) else values[..., j] - shift[..., j]
+      for j, column in enumerate(columns)
+    ],
+    axis=-1,
+  )
+
+
+def _distinct_integers_apart(columns, used, axes, low, high):
+  """``high``, one float32 step above ``low`` where a column's integers differ but round to one
+  float32: such a variable is not constant (`Moments.constant`)."""
+  if not any(_wide(column) for column in columns):
+    return high
+  distinct = []
+  for column in columns:
+    if not _wide(column):
+      distinct.append(jnp.zeros(low.shape[:-1], bool))
+      continue
+    info, real = jnp.iinfo(column.dtype), used[..., 0]
+    top, bottom = np.array(info.max, column.dtype), np.array(info.min, column.dtype)
+    smallest = jnp.min(jnp.where(real, column, top), axes, keepdims=True, initial=top)
+    largest = jnp.max(jnp.where(real, column, bottom), axes, keepdims=True, initial=bottom)
+    distinct.append(smallest < largest)
+  distinct = jnp.stack(distinct, axis=-1)
+  return jnp.where(distinct & (low == high), jnp.nextafter(high, jnp.inf), high)
 
 
 def _variance_parts(moments: Moments, column: int):
@@ -221,7 +268,7 @@ def _values_of(kwargs, argname: str, owner: str) -> jax.Array:
     raise ValueError(
       f"{owner} needs the keyword {argname!r} in update(); got keywords {sorted(kwargs)}"
     )
-  return upcast(jnp.asarray(kwargs[argname]))
+  return jnp.asarray(kwargs[argname])
 
 
 def _check_num_outputs(num_outputs) -> None:
@@ -389,7 +436,7 @@ class R2Score(Metric):
     error = rounded_difference(*raw)  # int32 beyond 2**24: exact, rounded once
     residual = ExactSum.of_sum(error, axis=axes, where=real, weights=w, power=2)
     return {
-      "target_moments": Moments.of(target[..., None], real, w, axes),
+      "target_moments": Moments.of(raw[1][..., None], real, w, axes),
       "residual": residual,
       # observations of nonzero weight: a weight-0 element changes nothing
       "observations": ExactCount.of(jnp.sum(real & (w != 0), axis=axes, dtype=jnp.int32)),
@@ -462,7 +509,10 @@ class PearsonCorrelation(Metric):
     _check_num_outputs(self.num_outputs)
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+    raw = jnp.asarray(preds), jnp.asarray(target)
     preds, target, real, w, axes = _pair(preds, target, self.num_outputs, mask, weights)
+    if raw[0].dtype == raw[1].dtype:  # ints kept as ints (Moments forms their deviations exactly)
+      preds, target = raw
     return {
       "moments": Moments.of(jnp.stack([preds, target], axis=-1), real, w, axes),
       "invalid": self.count_invalid(**{NAN_VALUE: nan_seen(real, w, preds, target)}),

@@ -94,8 +94,9 @@ class MSLE(WeightedMean):
   invalid_kinds: ClassVar[tuple[str, ...]] = ("value <= -1",)
 
   def _values(self, *, preds, target, **_):
+    error = rounded_difference(*_pair(preds, target, upcast_ints=False))  # int32: exact first
     preds, target = _pair(preds, target)
-    return jnp.log1p((preds - target) / (1.0 + target)), "preds"
+    return jnp.log1p(error / (1.0 + target)), "preds"
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     values, ref = self._values(preds=preds, target=target)
@@ -170,7 +171,7 @@ class ExplainedVariance(Metric):
       )
     real, w = element_weights(mask, weights, preds.shape, "preds")
     axes = tuple(range(preds.ndim - (self.num_outputs > 1)))
-    variables = jnp.stack([target, residual], axis=-1)
+    variables = [raw[0], residual]  # the target's own dtype: int32 keeps every digit
     return {
       "moments": Moments.of(variables, real, w, axes),
       "invalid": self.count_invalid(**{"nan value": nan_seen(real, w, preds, target)}),

@@ -10,9 +10,12 @@ once on the host (``EPS`` relative each).
 
 from __future__ import annotations
 
+import decimal
+
 import numpy as np
 import pytest
 import scipy.stats
+import sklearn.metrics
 from hypothesis import given
 from hypothesis import strategies as st
 from metric_checks import assert_close, evaluate_randomly, merge_randomly, random_batches
@@ -210,6 +213,107 @@ def test_residuals_of_wide_int32_values_keep_every_digit(
   got = evaluate_randomly(metric(), fields, rng, batch_sizes=(5, 16, 64))
   t, e, w64 = target.astype(F64), (target - preds).astype(F64), w.astype(F64)
   assert_close(got, reference(e, t, w64), rtol=1e-5, atol=1e-6)
+
+
+def _pearson(p, t, w):
+  dp, dt = p - _weighted_mean(p, w), t - _weighted_mean(t, w)
+  return np.sum(w * dp * dt) / np.sqrt(np.sum(w * dp**2) * np.sum(w * dt**2))
+
+
+def _decimal_deviance(power, p, t, w):
+  """The mean Tweedie deviance in 60-digit decimals (float64 cancels for targets near 1e9)."""
+  decimal.getcontext().prec = 60
+  total = weight = decimal.Decimal(0)
+  for y, mu, wi in zip(t.tolist(), p.tolist(), w.tolist()):
+    y, mu, wi = decimal.Decimal(y), decimal.Decimal(mu), decimal.Decimal(wi)
+    if power == 0:
+      d = (y - mu) ** 2
+    elif power == 1:
+      d = 2 * (y * (y / mu).ln() - y + mu)
+    else:
+      d = 2 * ((mu / y).ln() + y / mu - 1)
+    total, weight = total + wi * d, weight + wi
+  return total / weight
+
+
+def _decimal_d2(power, p, t, w):
+  decimal.getcontext().prec = 60
+  weights = [decimal.Decimal(wi) for wi in w.tolist()]
+  mean = sum(wi * decimal.Decimal(y) for wi, y in zip(weights, t.tolist())) / sum(weights)
+  if power == 1:  # from the mean itself, not its float64 rounding
+    null = sum(
+      wi * 2 * (decimal.Decimal(y) * (decimal.Decimal(y) / mean).ln() - decimal.Decimal(y) + mean)
+      for wi, y in zip(weights, t.tolist())
+    ) / sum(weights)
+  else:
+    null = sum(wi * (decimal.Decimal(y) - mean) ** 2 for wi, y in zip(weights, t.tolist())) / sum(
+      weights
+    )
+  return float(_decimal_deviance(power, p, t, w) / null)  # 1 - D2
+
+
+_WIDE_INT_METRICS = {
+  "std": (
+    lambda: pe.metrics.Std(argname="values"),
+    lambda p, t, w: np.sqrt(_weighted_mean((p - _weighted_mean(p, w)) ** 2, w)),  # off the grid
+  ),
+  "pearson": (pe.metrics.PearsonCorrelation, lambda p, t, w: 1.0 - _pearson(p, t, w)),
+  "tweedie0": (
+    lambda: pe.metrics.TweedieDevianceScore(power=0),
+    lambda p, t, w: float(_decimal_deviance(0, p, t, w)),
+  ),
+  "tweedie1": (
+    lambda: pe.metrics.TweedieDevianceScore(power=1),
+    lambda p, t, w: float(_decimal_deviance(1, p, t, w)),
+  ),
+  "tweedie2": (
+    lambda: pe.metrics.TweedieDevianceScore(power=2),
+    lambda p, t, w: float(_decimal_deviance(2, p, t, w)),
+  ),
+  "msle": (
+    pe.metrics.MSLE,
+    lambda p, t, w: sklearn.metrics.mean_squared_log_error(t, p, sample_weight=w),
+  ),
+  "d2_0": (lambda: pe.metrics.D2TweedieScore(power=0), lambda p, t, w: _decimal_d2(0, p, t, w)),
+  "d2_1": (lambda: pe.metrics.D2TweedieScore(power=1), lambda p, t, w: _decimal_d2(1, p, t, w)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_WIDE_INT_METRICS))
+@given(
+  seed=SEEDS,
+  n=st.integers(3, 60),
+  weighted=st.booleans(),
+  dtype=st.sampled_from(["int32", "uint32"]),
+)
+def test_moments_and_deviances_of_wide_int32_values_keep_every_digit(
+  name, seed, n, weighted, dtype
+):
+  """Std, Pearson, the Tweedie deviances, MSLE and D2 of int32 / uint32 values beyond ``2**24``:
+  deviations and differences are formed from the integers, then rounded once. Targets near
+  ``2**30`` (``2**31``) on a grid of 128 (256), exact in float32, ``preds`` off by up to 1000,
+  which float32 would round by up to 64 (128) each (TweedieDevianceScore(power=1) read 1.94
+  times its value). 1e-5 of references in float64 (60-digit decimals for the deviances, where
+  float64 itself cancels), on ``1 - score`` for the scores."""
+  rng = np.random.default_rng(seed)
+  base, step = (2**30, 128) if dtype == "int32" else (2**31, 256)
+  target = base + step * rng.integers(0, 20, n)
+  target[:2] = base, base + step  # never constant
+  preds = target + rng.integers(-1000, 1001, n)
+  w = rng.uniform(0.1, 2.0, n).astype(np.float32) if weighted else np.ones(n, np.float32)
+  metric, reference = _WIDE_INT_METRICS[name]
+  fields = (
+    {"values": preds.astype(dtype)}
+    if name == "std"
+    else {"preds": preds.astype(dtype), "target": target.astype(dtype)}
+  )
+  if weighted:
+    fields["weights"] = w
+  got = evaluate_randomly(metric(), fields, rng, batch_sizes=(5, 16, 64))
+  want = reference(preds.astype(F64), target.astype(F64), w.astype(F64))
+  if name in ("pearson", "d2_0", "d2_1"):  # the references give 1 - score
+    got = 1.0 - got
+  assert_close(got, want, rtol=1e-5, atol=0.0)
 
 
 @given(seed=SEEDS, n=st.integers(1, 30), dtype=st.sampled_from(["int64", "uint32", "uint64"]))
