@@ -291,6 +291,12 @@ class PaddedBatches(cabc.Iterable):
     )
     return self._counted(padded, start=num_batches)
 
+  @property
+  def num_rows(self) -> int | None:
+    """The source's real rows when known without reading it (arrays, a list of batches, a tf.data
+    pipeline of known cardinality, a grain `MapDataset`, a Hugging Face `Dataset`), else None."""
+    return self._source.num_rows()
+
   def __len__(self) -> int:
     if self.num_batches is not None:
       return self.num_batches

@@ -240,7 +240,7 @@ def masked_eval(
   )
   runner = backends.make_backend(*options.layout)
   num_batches = _length(batches)  # before iterating
-  saver = _saver(options, runner, params, num_batches)  # None without a checkpoint_dir
+  saver = _saver(options, runner, params, num_batches, _rows(batches))  # None without a directory
   feed = _step_feed(batches, num_batches, runner, options, saver)
   first = _first_input(feed)
   compiled = cache_lib.cached_step(step_fn, runner, options.mask, options.outputs)
@@ -257,7 +257,7 @@ def masked_eval(
 
 
 def _saver(
-  options: EvalOptions, runner: Any, params: Any, num_batches: int | None
+  options: EvalOptions, runner: Any, params: Any, num_batches: int | None, num_rows: int | None
 ) -> checkpoint.Saver | None:
   """The `padded_eval.eval.checkpoint.Saver` of ``options.checkpoint_dir``, or None."""
   if options.checkpoint_dir is None:
@@ -269,6 +269,7 @@ def _saver(
     params,
     options.timeout,
     num_batches,
+    num_rows,
   )
 
 
@@ -455,6 +456,13 @@ def _to_python(value):
   """A scalar -> Python float; an array -> numpy array."""
   value = np.asarray(value)
   return float(value) if value.ndim == 0 else value
+
+
+def _rows(batches) -> int | None:
+  """The real rows of ``batches`` when they know it without being read (`pad_batches`'s result
+  over a source of known size), else None."""
+  rows = getattr(batches, "num_rows", None)
+  return rows if isinstance(rows, int) and not isinstance(rows, bool) else None
 
 
 def _length(batches) -> int | None:

@@ -71,6 +71,7 @@ FINGERPRINT_NAMES = {
   "params": "the params structure",
   "params_checksum": "the params checksum (the params' values: another model checkpoint?)",
   "num_batches": "the number of batches (another dataset, or more or fewer rows?)",
+  "num_rows": "the number of real rows (another dataset, or more or fewer rows?)",
   "batch_size": "the batch size",
   "batch": "the batch structure",
   "first_batch": "the first batch (its real rows' values: another dataset, or a pipeline that shuffles?)",
@@ -96,6 +97,7 @@ def fingerprint(
   checksum: str | None = None,
   num_batches: int | None = None,
   first_batch: str | None = None,
+  num_rows: int | None = None,
 ) -> dict:
   """What a checkpoint must match to be resumed: a JSON dict of the evaluation.
 
@@ -109,6 +111,7 @@ def fingerprint(
     checksum: `params_checksum` of the placed params, or None when not computed yet.
     num_batches: ``len(batches)``, or None when the batches do not know it.
     first_batch: `batch_checksum` of the first batch (batch 0), or None when it is not read.
+    num_rows: the real rows of the batches (``pad_batches(...).num_rows``), or None when unknown.
   """
   found = {
     "process_count": jax.process_count(),
@@ -119,6 +122,8 @@ def fingerprint(
     found["params_checksum"] = checksum
   if num_batches is not None:
     found["num_batches"] = num_batches
+  if num_rows is not None:
+    found["num_rows"] = num_rows
   if batch_spec is not None:
     found["batch_size"] = batch_spec["batch_size"]
     found["batch"] = batch_spec
@@ -559,6 +564,7 @@ class Saver(Hook):
     params: Any,
     timeout: float | None,
     num_batches: int | None = None,
+    num_rows: int | None = None,
   ) -> Saver:
     """Reads ``directory``: a stored result, the checkpoint to resume from, or nothing.
 
@@ -573,6 +579,7 @@ class Saver(Hook):
       params: the params as given.
       timeout: seconds to wait for other processes.
       num_batches: ``len(batches)`` when known (compared with the directory's, when it knows it).
+      num_rows: the batches' real rows when known (``pad_batches(...).num_rows``), compared alike.
 
     Raises:
       ValueError: the directory was written for another process count, backend layout,
@@ -585,6 +592,7 @@ class Saver(Hook):
       batch_spec=None,
       state_shapes=None,
       num_batches=num_batches,
+      num_rows=num_rows,
     )
     steps, stored = directory.saved_steps(), directory.result()
     if jax.process_count() > 1:
@@ -662,6 +670,7 @@ class Saver(Hook):
       checksum=params_checksum(placed, wait),
       num_batches=self._found.get("num_batches"),
       first_batch=first_batch,
+      num_rows=self._found.get("num_rows"),
     )
     if self.result is None:
       if self._restored is not None:

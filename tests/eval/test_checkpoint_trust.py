@@ -366,3 +366,33 @@ def test_an_unfinished_directory_refuses_more_or_fewer_batches(tmp_path):
   # the resumed run stored the first batch's checksum of the run it resumed: other rows refused
   with pytest.raises(ValueError, match=r"the first batch \(its real rows' values.*\) differs"):
     pe.masked_eval(accuracy_step, params, _batches(_data(seed=3)), **common)
+
+
+@pytest.mark.parametrize("backend", ["pmap", "jit"])
+def test_a_finished_directory_refuses_fewer_rows_in_as_many_batches(backend, tmp_path):
+  """203 rows and then their first 200 are 13 batches of 16 with the same first batch: before,
+  the finished directory answered the 200 with the 203's stored accuracy. ``pad_batches`` over a
+  Mapping knows its rows: they are compared, finished or not; the result against scikit-learn."""
+  data, params = _data(), _params()
+  fewer = {key: values[:200] for key, values in data.items()}
+  pad = {"x": np.nan, "label": 99, "binary": -3, "score": np.inf}
+  common = dict(backend=backend, checkpoint_dir=tmp_path / "done")
+  first = pe.masked_eval(
+    accuracy_step, params, pe.pad_batches(data, BATCH, pad_value=pad), **common
+  )
+  assert first["accuracy"] == pytest.approx(_sklearn_accuracy(data, params), abs=1e-7)
+  match = r"the number of real rows \(.*\) differs \(saved 203, now 200\)"
+  with pytest.raises(ValueError, match=match):
+    pe.masked_eval(accuracy_step, params, pe.pad_batches(fewer, BATCH, pad_value=pad), **common)
+  unfinished = dict(backend=backend, checkpoint_dir=tmp_path / "unfinished", checkpoint_every=2)
+  preempted = _listed(data, fail_at=7)
+  preempted.num_rows = ROWS  # batches that know their rows, as pad_batches' result does
+  with pytest.raises(RuntimeError, match="preempted"):
+    pe.masked_eval(accuracy_step, params, preempted, **unfinished)
+  with pytest.raises(ValueError, match=match):
+    pe.masked_eval(accuracy_step, params, pe.pad_batches(fewer, BATCH, pad_value=pad), **unfinished)
+  alone = pe.masked_eval(
+    accuracy_step, params, pe.pad_batches(fewer, BATCH, pad_value=pad), backend=backend
+  )
+  assert alone["accuracy"] == pytest.approx(_sklearn_accuracy(fewer, params), abs=1e-7)
+  assert alone["num_examples"] == 200
