@@ -111,9 +111,14 @@ class Moments(Accumulator):
       on deviations scaled by a power of two per variable, so nothing over- or underflows.
     """
     if isinstance(values, (list, tuple)):  # columns of their own dtypes (ints kept)
-      return _batch_moments([jnp.asarray(column) for column in values], real, w, tuple(axes))
+      columns = [jnp.asarray(column) for column in values]
+      if any(_wide(column) for column in columns):
+        return _batch_moments(columns, real, w, tuple(axes))
+      values = jnp.stack([upcast(column) for column in columns], axis=-1)
     values = jnp.asarray(values)
-    return _batch_moments([values[..., j] for j in range(values.shape[-1])], real, w, tuple(axes))
+    if _wide(values):
+      return _batch_moments([values[..., j] for j in range(values.shape[-1])], real, w, tuple(axes))
+    return _batch_moments(upcast(values), real, w, tuple(axes))
 
   @property
   def shape(self) -> tuple[int, ...]:
@@ -172,8 +177,12 @@ def _batch_moments(values, real, w, axes) -> Moments:
   # An element of weight 0 is not seen: its value sets no scale or shift (1e20 there made
   # the others' squares round to 0), and inf or NaN there never leaks.
   used = (real & (w != 0))[..., None]
-  columns = values  # [X...] each; int32/uint32 ones: float32 rounds them, deviations formed exactly
-  values = jnp.where(used, jnp.stack([upcast(column) for column in columns], axis=-1), 0.0)
+  # values: float32 [X..., k], or columns [X...] each with int32/uint32 ones among them (float32
+  # rounds those: their deviations are formed from the integers)
+  columns = values if isinstance(values, list) else []
+  if columns:
+    values = jnp.stack([upcast(column) for column in columns], axis=-1)
+  values = jnp.where(used, values, 0.0)
   weight = w[..., None]
   count, count_error = compensated_sum(w, axes, keepdims=True)
   count, count_error = count[..., None], count_error[..., None]
