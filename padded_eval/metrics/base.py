@@ -222,7 +222,8 @@ class Metric(KeywordReader, abc.ABC):
     """The update keywords read as numbers to average (not as class or token ids).
 
     Host integers wider than int32 there (int64, uint32, uint64) become int32 when their real
-    elements fit it, else float32 on the host, rounded as float64 is (int64 timestamps); in any other keyword they are refused (see `_fit_int32`).
+    elements fit it, else float32 on the host, rounded as float64 is (int64 timestamps); in any
+    other keyword they are refused (see `_fit_int32`).
     ``weights`` is always a number. Default: none.
     """
     return ()
@@ -560,8 +561,9 @@ def _fit_int32(key: str, value, is_number: bool, mask, owner: str):
   JAX's default 32-bit mode casts int64 to int32 by wrapping (``2**32`` becomes 0). A
   number to average becomes int32 if its real elements fit (every digit kept: the metrics
   split int32 values beyond ``2**24`` exactly), else float32 (rounded to nearest, as a float64
-  would be); a class or token id outside int32 cannot be one, so it raises. Only the real elements of ``mask``
-  (a host bool prefix of ``value``'s shape) are checked; padding may hold anything.
+  would be); a class or token id outside int32 cannot be one, so it raises. Only the real
+  elements of ``mask`` (a host bool prefix of ``value``'s shape) are checked; padding may hold
+  anything.
 
   Raises:
     ValueError: an id (not ``is_number``) outside int32's range, naming ``key``.
