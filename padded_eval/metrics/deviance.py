@@ -168,7 +168,11 @@ def deviance_to(y, pivot, difference, power: float) -> jax.Array:
   a, b = 2.0 - power, 1.0 - power
   positive, defined = y > 0, pivot > 0
   safe_y, safe_mu = jnp.where(positive, y, 1.0), jnp.where(defined, pivot, 1.0)
-  log_ratio = jnp.log1p(jnp.where(positive & defined, difference, 0.0) / safe_y)
+  ratio = jnp.where(positive & defined, difference, 0.0) / safe_y
+  far = ratio < -0.5  # a pivot below half of y: the ratio may round to -1 (log1p: -inf)
+  log_ratio = jnp.where(
+    far, jnp.log(safe_mu) - jnp.log(safe_y), jnp.log1p(jnp.where(far, 0.0, ratio))
+  )
   stable = 2.0 * safe_y**a * _h(log_ratio, power)
   textbook = jnp.zeros_like(safe_mu)  # y <= 0 (p < 2 only)
   if power < 2:

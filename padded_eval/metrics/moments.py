@@ -30,7 +30,6 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from padded_eval.exact._floats import (
   ZERO_EXPONENT,
@@ -100,7 +99,9 @@ class Moments(Accumulator):
       values: ``[X..., k]`` float or int, the ``k`` variables of every element, or a list of
         ``k`` arrays ``[X...]`` (columns of different dtypes); int32/uint32 beyond ``2**24`` keep
         every digit: each deviation from the shift is formed exactly and rounded once
-        (`padded_eval.exact._floats.rounded_difference`).
+        (`padded_eval.exact._floats.rounded_difference`). A variable is constant when its
+        float32 values are (`constant`): integers that all round to one float32 (``2**30`` and
+        ``2**30 + 1``) read as constant, in every batching.
       real: ``[X...]`` bool, the real elements; the others never influence the result.
       w: ``[X...]`` float32 weights, 0 where not ``real``.
       axes: the axes of ``X`` to reduce; the state has the shape of the others.
@@ -189,7 +190,6 @@ def _batch_moments(values, real, w, axes) -> Moments:
   count_error = jnp.where(jnp.isfinite(count), count_error, 0.0)  # inf weights: NaN error
   low = jnp.min(jnp.where(used, values, jnp.inf), axes, keepdims=True, initial=jnp.inf)
   high = jnp.max(jnp.where(used, values, -jnp.inf), axes, keepdims=True, initial=-jnp.inf)
-  high = _distinct_integers_apart(columns, used, axes, low, high)
   safe_count = jnp.where(count > 0, count, 1.0)
   scale = _magnitude_exponent(values, axes)
   mean = ldexp(jnp.sum(weight * ldexp(values, -scale), axes, keepdims=True) / safe_count, scale)
@@ -234,25 +234,6 @@ def _deviations(columns, values, shift):
     ],
     axis=-1,
   )
-
-
-def _distinct_integers_apart(columns, used, axes, low, high):
-  """``high``, one float32 step above ``low`` where a column's integers differ but round to one
-  float32: such a variable is not constant (`Moments.constant`)."""
-  if not any(_wide(column) for column in columns):
-    return high
-  distinct = []
-  for column in columns:
-    if not _wide(column):
-      distinct.append(jnp.zeros(low.shape[:-1], bool))
-      continue
-    info, real = jnp.iinfo(column.dtype), used[..., 0]
-    top, bottom = np.array(info.max, column.dtype), np.array(info.min, column.dtype)
-    smallest = jnp.min(jnp.where(real, column, top), axes, keepdims=True, initial=top)
-    largest = jnp.max(jnp.where(real, column, bottom), axes, keepdims=True, initial=bottom)
-    distinct.append(smallest < largest)
-  distinct = jnp.stack(distinct, axis=-1)
-  return jnp.where(distinct & (low == high), jnp.nextafter(high, jnp.inf), high)
 
 
 def _variance_parts(moments: Moments, column: int):
@@ -520,10 +501,8 @@ class PearsonCorrelation(Metric):
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     raw = jnp.asarray(preds), jnp.asarray(target)
     preds, target, real, w, axes = _pair(preds, target, self.num_outputs, mask, weights)
-    if raw[0].dtype == raw[1].dtype:  # ints kept as ints (Moments forms their deviations exactly)
-      preds, target = raw
     return {
-      "moments": Moments.of(jnp.stack([preds, target], axis=-1), real, w, axes),
+      "moments": Moments.of(list(raw), real, w, axes),  # int columns: deviations formed exactly
       "invalid": self.count_invalid(**{NAN_VALUE: nan_seen(real, w, preds, target)}),
     }
 

@@ -74,7 +74,8 @@ class MSLE(WeightedMean):
   """Mean squared logarithmic error ``mean((log1p(preds) - log1p(target))**2)``.
 
   The difference is formed as ``log1p((preds - target) / (1 + target))``, which does
-  not cancel when ``preds`` is close to ``target``. Equals scikit-learn's
+  not cancel when ``preds`` is close to ``target`` (and as ``log1p(preds) - log1p(target)``
+  where ``preds + 1`` is below half of ``target + 1``: the ratio would round to -1). Equals scikit-learn's
   ``mean_squared_log_error``, which refuses values ``<= -1``: here a real element of nonzero
   weight with ``preds`` or ``target`` ``<= -1`` (or NaN) is counted in ``invalid``
   (``"value <= -1"``, reported by ``masked_eval``) and left out (an element of weight 0 is not
@@ -96,7 +97,10 @@ class MSLE(WeightedMean):
   def _values(self, *, preds, target, **_):
     error = rounded_difference(*_pair(preds, target, upcast_ints=False))  # int32: exact first
     preds, target = _pair(preds, target)
-    return jnp.log1p(error / (1.0 + target)), "preds"
+    ratio = error / (1.0 + target)  # rounds to -1 for preds far below target: log1p gives -inf
+    far = ratio < -0.5  # preds + 1 below half of target + 1: nothing cancels in the plain form
+    plain = jnp.log1p(jnp.where(far, preds, 0.0)) - jnp.log1p(jnp.where(far, target, 0.0))
+    return jnp.where(far, plain, jnp.log1p(jnp.where(far, 0.0, ratio))), "preds"
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     values, ref = self._values(preds=preds, target=target)

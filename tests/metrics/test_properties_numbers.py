@@ -406,3 +406,41 @@ def test_kl_divergence_with_entries_below_float32s_normal_range_after_normalisin
     [scipy.stats.entropy(t.astype(F64), p.astype(F64)) for t, p in zip(target, preds)]
   )
   assert_close(got, expected, rtol=1e-5, atol=0.0)
+
+
+@pytest.mark.parametrize("power", [None, 1.0, 1.5, 2.0, 3.0])
+@given(seed=SEEDS, n=st.integers(1, 30), scale=st.sampled_from([1e4, 1e8, 2.0**30]))
+def test_predictions_far_below_their_targets_give_finite_deviances(power, seed, n, scale):
+  """``(preds - target) / target`` rounds to -1 when ``preds`` is far below ``target``: before,
+  MSLE and the Tweedie deviances of ``p >= 1`` read inf or NaN for ``preds`` 1-3 against targets
+  near 1e8 (scikit-learn: 389.6, 4.1e10). The plain form there, 1e-5 of scikit-learn in float64
+  (nothing cancels)."""
+  rng = np.random.default_rng(seed)
+  target = (scale * rng.uniform(1.0, 2.0, n)).astype(np.float32)
+  preds = rng.uniform(0.5, 3.0, n).astype(np.float32)
+  if power is None:
+    metric, want = pe.metrics.MSLE(), sklearn.metrics.mean_squared_log_error(target, preds)
+  else:
+    metric = pe.metrics.TweedieDevianceScore(power=power)
+    want = sklearn.metrics.mean_tweedie_deviance(target, preds, power=power)
+  got = evaluate_randomly(metric, {"preds": preds, "target": target}, rng, batch_sizes=(5, 16))
+  assert np.isfinite(got)
+  assert_close(got, want, rtol=1e-5, atol=0.0)
+
+
+@pytest.mark.parametrize(
+  "metric",
+  [lambda: pe.metrics.Std(argname="target"), pe.metrics.R2Score, pe.metrics.PearsonCorrelation],
+)
+@given(seed=SEEDS, n=st.integers(4, 40))
+def test_integers_that_round_to_one_float32_give_one_answer_in_every_batching(metric, seed, n):
+  """Integers that all round to one float32 (``2**30 + {0, 1}``) read as a constant variable
+  (documented in `Moments.of`) in one batch and in any batching: before, a constant test that
+  held within a batch but not across merged states gave Std 0.5 in one batch and 0.0 in two."""
+  rng = np.random.default_rng(seed)
+  target = (2**30 + rng.integers(0, 2, n)).astype(np.int32)
+  target[:2] = 2**30, 2**30 + 1
+  fields = {"preds": rng.integers(0, 5, n).astype(np.int32), "target": target}
+  one = metric().update(**fields).compute()
+  got = evaluate_randomly(metric(), fields, rng, batch_sizes=(2, 3, 5))
+  np.testing.assert_array_equal(got, np.asarray(one, np.float64))
