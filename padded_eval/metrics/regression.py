@@ -130,6 +130,10 @@ class ExplainedVariance(Metric):
   NaN if the residuals do not vary either, else ``-inf``. NaN when empty. A real element of
   nonzero weight with NaN in ``preds`` or ``target`` is counted in ``invalid``
   (``"nan value"``) and makes its output's score NaN (one of weight 0 is not seen).
+  int32 inputs beyond ``2**24`` keep their digits in the target's variance and in each
+  residual, but a residual is one float32: residuals that are themselves beyond ``2**24``
+  (``preds`` near ``2**30``, ``target`` near 0) are rounded once each, and a spread of a few
+  units among them is lost.
 
   Args:
     num_outputs: 1 (every element of ``preds`` is one observation) or ``D`` for
