@@ -104,9 +104,10 @@ def keep_or_replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
   axis types (params placed on a ``jax.make_mesh`` mesh, ``mesh`` its `auto_mesh`), the same
   buffers are re-viewed with ``mesh`` (no copy either). A leaf sharded over another mesh of the
   same devices (a ``(fsdp=4, tensor=2)`` mesh while the rows are split over ``(batch=8,)``) is
-  kept, viewed with ``Auto`` axes: the step's ``jax.jit`` lays it out as its ops need. Every other leaf (numpy arrays, Python scalars,
-  arrays on other devices or uncommitted ones) is replicated over the mesh, in one
-  ``jax.device_put`` (the copy is the call's: nothing keeps it after `masked_eval` returns).
+  kept, viewed with ``Auto`` axes: the step's ``jax.jit`` lays it out as its ops need. Every
+  other leaf (numpy arrays, Python scalars, arrays on other devices or uncommitted ones) is
+  replicated over the mesh, in one ``jax.device_put`` (the copy is the call's: nothing keeps it
+  after `masked_eval` returns).
 
   Args:
     tree: any pytree (params).
