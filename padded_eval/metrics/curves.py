@@ -72,7 +72,7 @@ only the model's outputs (with a Mean instead: 1.4x; 2_049 bins: 1.8x; 1_025: 1.
 :meth:`AUROC.error_bound` and :meth:`AUPRC.error_bound` bound the error from the state.
 
 Exact mode (``exact=True, capacity=N``): every counted (score, label) element is kept
-instead of the histograms (:mod:`padded_eval.metrics._exact_scores`, ``5 * L * capacity``
+instead of the histograms (:mod:`padded_eval.metrics.exact_scores`, ``5 * L * capacity``
 bytes: ``capacity`` float32 scores and int8 labels per column, ``N`` at least the elements
 one column sees, e.g. ``len(batches) * batch_size``; elements beyond it are reported as
 invalid and the value is NaN), sorted once in ``compute()``: scikit-learn's
@@ -110,7 +110,7 @@ then averaged).
 
 Multilabel ``average="samples"`` (AUROC and AUPRC; scikit-learn's meaning): the mean over
 rows of each row's area over its labels, computed exactly inside the batch
-(:mod:`padded_eval.metrics._sample_curves`); the state is the row values' compensated sum
+(:mod:`padded_eval.metrics.sample_curves`); the state is the row values' compensated sum
 and the count of rows scored (no histogram). An AUROC row needs a counted positive and a
 counted negative label (scikit-learn raises on the others; here they are not rows); an
 AUPRC row without a positive scores 0, as in scikit-learn. Not with ``exact=True``,
@@ -119,7 +119,7 @@ AUPRC row without a positive scores 0, as in scikit-learn. Not with ``exact=True
 One-vs-one multiclass AUROC (``AUROC(multi_class="ovo")``, ``average="macro"`` or
 ``"weighted"``; scikit-learn's ``multi_class="ovo"``): the state is a histogram per (score
 column, true class), ``C * C`` rows of ``num_thresholds`` bins (:mod:`padded_eval.metrics.
-_one_vs_one`); each pair of classes that occur scores the mean of its two binary areas,
+one_vs_one`); each pair of classes that occur scores the mean of its two binary areas,
 averaged (``"weighted"``: by the pair's elements). Binned only, within ``error_bound()``.
 
 Sample weights (``weighted=True``; scikit-learn's ``sample_weight``, the update keyword
@@ -134,13 +134,13 @@ lets a positive's own weight tend to 0, so it is a little wider than the unweigh
 A real element whose weight is negative, NaN or inf is not counted and is reported as the
 invalid kind ``"weight negative or not finite"``; weight 0 counts nothing. With
 ``exact=True`` each kept element keeps its float32 weight too
-(:class:`~padded_eval.metrics._exact_scores.WeightedScoreBuffer`, ``9 * L * capacity`` bytes)
+(:class:`~padded_eval.metrics.exact_scores.WeightedScoreBuffer`, ``9 * L * capacity`` bytes)
 and the areas (``max_fpr`` included) and curves are computed from compensated weight sums:
 scikit-learn's value, ties included, within 1e-6. Not with ``thresholds=``,
 ``average="samples"`` or ``multi_class="ovo"`` (a ValueError says why; scikit-learn itself
 refuses ``sample_weight`` with ``"ovo"``). Without
 ``weighted=True`` the state is the integer counts as before and ``weights=`` raises "mask
-elements out instead". See :mod:`padded_eval.metrics._weighted_curves`.
+elements out instead". See :mod:`padded_eval.metrics.weighted_curves`.
 
 Logits given without ``from_logits=True`` are probabilities outside ``[0, 1]``: counted
 (nothing can raise under jit) and reported by ``masked_eval`` as such, with "pass
@@ -183,11 +183,8 @@ import numpy as np
 from padded_eval import validation
 from padded_eval.exact._floats import frexp, ldexp
 from padded_eval.exact.accumulate import ExactCount, ExactSum
-from padded_eval.metrics import _exact_scores as exact_scores
-from padded_eval.metrics import _one_vs_one as one_vs_one
-from padded_eval.metrics import _sample_curves as sample_curves
-from padded_eval.metrics import _weighted_curves as weighted_curves
 from padded_eval.metrics import curve_segments as segments
+from padded_eval.metrics import exact_scores, one_vs_one, sample_curves, weighted_curves
 from padded_eval.metrics._classification_inputs import (
   AVERAGES,
   ClassificationMetric,
@@ -197,7 +194,6 @@ from padded_eval.metrics._classification_inputs import (
   divide,
   num_columns,
 )
-from padded_eval.metrics._exact_scores import ScoreBuffer, WeightedScoreBuffer
 from padded_eval.metrics._formatting import (
   PROBABILITY_OUT_OF_RANGE,
   SCORE_INVALID_KINDS,
@@ -205,6 +201,7 @@ from padded_eval.metrics._formatting import (
   probabilities,
 )
 from padded_eval.metrics.base import state
+from padded_eval.metrics.exact_scores import ScoreBuffer, WeightedScoreBuffer
 
 DEFAULT_NUM_THRESHOLDS = 65_537
 #: The default state of a multilabel metric stays within this many bytes (16 MiB).
@@ -446,7 +443,7 @@ class ScoreHistogram(ClassificationMetric):
 
   def _weighted_state(self, scores, truth, valid, invalid, mask, weights):
     """``weighted=True``: each counted element adds its weight to its bin (see
-    :mod:`padded_eval.metrics._weighted_curves`); bad weights are counted, not used."""
+    :mod:`padded_eval.metrics.weighted_curves`); bad weights are counted, not used."""
     w, bad = weighted_curves.element_weights_of(self, truth, mask, weights)
     valid = valid & (w > 0)
     invalid = invalid.merge(self.count_invalid(**{weighted_curves.INVALID_WEIGHT: bad}))
@@ -681,7 +678,7 @@ class AUROC(ScoreHistogram):
     exact: keep every counted element's score (``capacity`` of them per column) and compute
       scikit-learn's ``roc_auc_score`` exactly (ties as half a pair) instead of binning.
       Memory ``5 * L * capacity`` bytes (``9 *`` with ``weighted=True``), ``L`` = 1
-      (binary) or ``num_classes``; see :mod:`padded_eval.metrics._exact_scores`.
+      (binary) or ``num_classes``; see :mod:`padded_eval.metrics.exact_scores`.
     capacity: with ``exact=True``, the most elements one column sees (for one call of
       ``masked_eval``: ``len(batches) * batch_size`` rows, times spatial elements); more are
       counted as invalid and the value is NaN.

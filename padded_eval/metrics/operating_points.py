@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from padded_eval.metrics import _exact_scores as exact_scores
+from padded_eval.metrics import exact_scores
 from padded_eval.metrics.curves import ScoreHistogram, suffix_sums
 
 

@@ -1,7 +1,7 @@
 """Rank correlations: SpearmanCorrelation and KendallTau (scipy / torchmetrics), exact.
 
 Ranks are not psum-able (one element's rank depends on the whole dataset), so both keep
-every counted ``(preds, target)`` pair in a :class:`~padded_eval.metrics._pair_buffer.PairBuffer`
+every counted ``(preds, target)`` pair in a :class:`~padded_eval.metrics.pair_buffer.PairBuffer`
 of a fixed ``capacity`` per output, merged and gathered exactly, and rank once at the end.
 The value is then the exact one over the whole dataset, whatever the batching, devices and
 hosts. Memory: ``8 * L * capacity`` bytes per device (``L`` = ``num_outputs``), plus the
@@ -27,10 +27,10 @@ import numpy as np
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, upcast
 from padded_eval.masking import broadcast_mask
-from padded_eval.metrics import _pair_buffer
-from padded_eval.metrics._pair_buffer import PairBuffer, average_ranks, kendall_terms
+from padded_eval.metrics import pair_buffer
 from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 from padded_eval.metrics.moments import Moments, PearsonCorrelation
+from padded_eval.metrics.pair_buffer import PairBuffer, average_ranks, kendall_terms
 
 
 def _empty_buffer(metric) -> PairBuffer:
@@ -54,7 +54,7 @@ class _RankCorrelation(Metric):
 
   def _check_config(self):
     validation.check_positive_int("num_outputs", self.num_outputs)
-    limit = _pair_buffer.MAX_CAPACITY
+    limit = pair_buffer.MAX_CAPACITY
     if not validation.is_int(self.capacity) or not 1 <= self.capacity <= limit:
       raise ValueError(
         f"{type(self).__name__} keeps every counted pair: capacity must be an int in [1, "
