@@ -175,15 +175,24 @@ class Mean(WeightedMean):
     return kwargs[self.argname], self.argname
 
 
-def _error(preds, target) -> jax.Array:
-  """float32 ``preds - target``, rounded once from the exact difference (int32 values beyond
-  ``2**24`` are not rounded one by one first: `padded_eval.exact._floats.rounded_difference`)."""
+def pair_and_error(preds, target) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """``(preds, target, preds - target)``: the inputs as float32, checked to have equal shapes,
+  and their difference rounded once from the exact one (int32 values beyond ``2**24`` are not
+  rounded one by one first: `padded_eval.exact._floats.rounded_difference`).
+
+  Raises:
+    ValueError: ``preds`` and ``target`` of different shapes.
+  """
   preds, target = jnp.asarray(preds), jnp.asarray(target)
   if preds.shape != target.shape:
     raise ValueError(
       f"preds has shape {preds.shape} but target has shape {target.shape}; expected equal shapes"
     )
-  return rounded_difference(preds, target)
+  return upcast(preds), upcast(target), rounded_difference(preds, target)
+
+
+def _error(preds, target) -> jax.Array:
+  return pair_and_error(preds, target)[2]
 
 
 def _output_total(metric) -> ExactSum:

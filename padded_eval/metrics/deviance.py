@@ -31,9 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval.exact._floats import compensated_sum, ldexp, rounded_difference, scale_exponent
-from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum, upcast
+from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
 from padded_eval.masking import element_weights
-from padded_eval.metrics.averages import WeightedMean, weighted_totals, zero_total
+from padded_eval.metrics.averages import WeightedMean, pair_and_error, weighted_totals, zero_total
 from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 from padded_eval.metrics.moments import Moments
 
@@ -50,17 +50,6 @@ def check_power(power) -> float:
       f"the Tweedie deviance is defined for power <= 0 or >= 1 (scikit-learn); got power={power}"
     )
   return float(power)
-
-
-def _pair(preds, target, upcast_ints: bool = True) -> tuple[jax.Array, jax.Array]:
-  preds, target = jnp.asarray(preds), jnp.asarray(target)
-  if upcast_ints:
-    preds, target = upcast(preds), upcast(target)
-  if preds.shape != target.shape:
-    raise ValueError(
-      f"preds has shape {preds.shape} but target has shape {target.shape}; expected equal shapes"
-    )
-  return preds, target
 
 
 def in_domain(preds, target, power: float) -> jax.Array:
@@ -134,15 +123,11 @@ class TweedieDevianceScore(WeightedMean):
     object.__setattr__(self, "power", check_power(self.power))
 
   def _values(self, *, preds, target, **_):
-    preds, target = _pair(preds, target, upcast_ints=False)
-    difference = rounded_difference(preds, target)  # int32 beyond 2**24: exact, rounded once
-    preds, target = upcast(preds), upcast(target)
+    preds, target, difference = pair_and_error(preds, target)  # int32: exact, rounded once
     return unit_deviance(preds, target, self.power, difference), "preds"
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
-    preds, target = _pair(preds, target, upcast_ints=False)  # checked; ints kept
-    difference = rounded_difference(preds, target)  # int32 beyond 2**24: exact, rounded once
-    preds, target = upcast(preds), upcast(target)
+    preds, target, difference = pair_and_error(preds, target)  # int32: exact, rounded once
     real, w = element_weights(mask, weights, preds.shape, "preds")
     good = in_domain(preds, target, self.power)
     invalid = self.count_invalid(**{OUTSIDE: real & ~good & (w != 0)})  # weight 0: not seen
@@ -407,8 +392,8 @@ class D2TweedieScore(Metric):
     object.__setattr__(self, "power", check_power(self.power))
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
-    raw_preds, raw_target = _pair(preds, target, upcast_ints=False)  # int32: exact differences
-    preds, target = upcast(raw_preds), upcast(raw_target)
+    raw_target = jnp.asarray(target)  # int32: deviations from the mean formed from the integers
+    preds, target, error = pair_and_error(preds, target)
     real, w = element_weights(mask, weights, preds.shape, "preds")
     good = in_domain(preds, target, self.power)
     weighed = real & (w != 0)  # a weight-0 element is not seen, not even as invalid
@@ -416,7 +401,7 @@ class D2TweedieScore(Metric):
     w = jnp.where(used, w, 0.0)
     y = jnp.where(used, target, 1.0)
     mu = jnp.where(used, preds, 1.0)
-    difference = jnp.where(used, rounded_difference(raw_preds, raw_target), 0.0)
+    difference = jnp.where(used, error, 0.0)
     exact_y = jnp.where(used, raw_target, jnp.ones((), raw_target.dtype))
     moments = Moments.of(exact_y[..., None], used, w, tuple(range(y.ndim)))
     if self.power == 0:  # squared on scaled errors (R2Score's residual): no over- or underflow

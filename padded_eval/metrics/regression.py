@@ -20,11 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
-from padded_eval.exact._floats import ZERO_EXPONENT, ldexp, rounded_difference
+from padded_eval.exact._floats import ZERO_EXPONENT, ldexp
 from padded_eval.exact.accumulate import ExactCount, upcast
 from padded_eval.masking import element_weights
 from padded_eval.metrics._multioutput import MULTIOUTPUT_NAMES, check_multioutput, combine
-from padded_eval.metrics.averages import WeightedMean, weighted_totals
+from padded_eval.metrics.averages import WeightedMean, pair_and_error, weighted_totals
 from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 from padded_eval.metrics.moments import Moments, nan_seen
 
@@ -32,10 +32,8 @@ from padded_eval.metrics.moments import Moments, nan_seen
 MAPE_EPSILON = float(np.finfo(np.float64).eps)
 
 
-def _pair(preds, target, upcast_ints: bool = True) -> tuple[jax.Array, jax.Array]:
-  preds, target = jnp.asarray(preds), jnp.asarray(target)
-  if upcast_ints:
-    preds, target = upcast(preds), upcast(target)
+def _pair(preds, target) -> tuple[jax.Array, jax.Array]:
+  preds, target = upcast(jnp.asarray(preds)), upcast(jnp.asarray(target))
   if preds.shape != target.shape:
     raise ValueError(
       f"preds has shape {preds.shape} but target has shape {target.shape}; expected equal shapes"
@@ -65,8 +63,7 @@ class MAPE(WeightedMean):
   nonnegative: ClassVar[bool] = True
 
   def _values(self, *, preds, target, **_):
-    error = rounded_difference(*_pair(preds, target, upcast_ints=False))  # int32: exact first
-    preds, target = _pair(preds, target)
+    preds, target, error = pair_and_error(preds, target)
     return jnp.abs(error) / jnp.maximum(jnp.abs(target), MAPE_EPSILON), "preds"
 
 
@@ -95,8 +92,7 @@ class MSLE(WeightedMean):
   invalid_kinds: ClassVar[tuple[str, ...]] = ("value <= -1",)
 
   def _values(self, *, preds, target, **_):
-    error = rounded_difference(*_pair(preds, target, upcast_ints=False))  # int32: exact first
-    preds, target = _pair(preds, target)
+    preds, target, error = pair_and_error(preds, target)
     ratio = error / (1.0 + target)  # rounds to -1 for preds far below target: log1p gives -inf
     far = ratio < -0.5  # preds + 1 below half of target + 1: nothing cancels in the plain form
     plain = jnp.log1p(jnp.where(far, preds, 0.0)) - jnp.log1p(jnp.where(far, target, 0.0))
@@ -169,9 +165,9 @@ class ExplainedVariance(Metric):
     validation.check_choice("force_finite", self.force_finite, (True, False))
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
-    raw = _pair(target, preds, upcast_ints=False)
-    preds, target = _pair(preds, target)
-    residual = rounded_difference(*raw)  # int32 beyond 2**24: exact, rounded once
+    raw_target = jnp.asarray(target)  # int32: its variance from the integers (Moments)
+    preds, target, error = pair_and_error(preds, target)
+    residual = -error  # target - preds, rounded once from the exact difference
     if self.num_outputs > 1 and (preds.ndim < 2 or preds.shape[-1] != self.num_outputs):
       raise ValueError(
         f"num_outputs={self.num_outputs} expects preds and target of shape "
@@ -179,7 +175,7 @@ class ExplainedVariance(Metric):
       )
     real, w = element_weights(mask, weights, preds.shape, "preds")
     axes = tuple(range(preds.ndim - (self.num_outputs > 1)))
-    variables = [raw[0], residual]  # the target's own dtype: int32 keeps every digit
+    variables = [raw_target, residual]  # the target's own dtype: int32 keeps every digit
     return {
       "moments": Moments.of(variables, real, w, axes),
       "invalid": self.count_invalid(**{"nan value": nan_seen(real, w, preds, target)}),
