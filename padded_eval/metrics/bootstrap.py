@@ -236,7 +236,7 @@ class Bootstrap(Metric):
       raise ValueError(
         f"index must be int row ids of shape [B]; got dtype {index.dtype} shape {index.shape}"
       )
-    rows = _batch_rows(kwargs)
+    rows = batch_rows(kwargs)
     if rows is not None and rows[1][0] != index.shape[0]:
       name, shape = rows
       raise ValueError(
@@ -362,7 +362,7 @@ class Bootstrap(Metric):
     ]
 
 
-def _batch_rows(kwargs: dict) -> tuple[str, tuple] | None:
+def batch_rows(kwargs: dict) -> tuple[str, tuple] | None:
   """The keyword whose leading axis is the batch's rows (the mask, else the first array input) and its shape."""
   names = ["mask"] if kwargs.get("mask") is not None else []
   names += [name for name in kwargs if name != "mask" and kwargs[name] is not None]

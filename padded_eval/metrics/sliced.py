@@ -46,7 +46,7 @@ import numpy as np
 from padded_eval import validation
 from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
 from padded_eval.metrics.base import Metric, invalid_state, real_row_flags, state
-from padded_eval.metrics.bootstrap import Bootstrap, nbytes, stacked, with_row_mask
+from padded_eval.metrics.bootstrap import Bootstrap, batch_rows, nbytes, stacked, with_row_mask
 
 METHODS = ("auto", "segments", "vmap")
 #: Rows combined by one exact segment sum (ExactCount sums at most 2**16 parts exactly).
@@ -189,6 +189,13 @@ class Sliced(Metric):
         f"{self.key} must be int slice ids of shape [B] in [0, {self.num_slices}); got dtype "
         f"{ids.dtype} shape {ids.shape}"
       )
+    rows = batch_rows(kwargs)
+    if rows is not None and rows[1][0] != ids.shape[0]:
+      name, shape = rows
+      raise ValueError(
+        f"{self.key} has shape {ids.shape}; expected [{shape[0]}], one slice id per row of the "
+        f"batch ({name!r} has shape {shape})"
+      )
     real = real_row_flags(kwargs.get("mask"), kwargs.get("weights"), [ids])
     valid = (ids >= 0) & (ids < self.num_slices)
     segment = jnp.where(valid, ids, -1).astype(jnp.int32)  # -1: dropped by segment sums
@@ -296,12 +303,25 @@ class Sliced(Metric):
   # --- invalid values and example counts --------------------------------------------------
 
   def invalid_report(self) -> list[tuple[str, str, int]]:
-    """Out-of-range slice ids, then the wrapped metric's report over all slices."""
+    """Out-of-range slice ids, then the wrapped metric's reports summed over the slices.
+
+    Each slice's state is judged on its own (a slice's buffer of ``capacity`` elements
+    overflows or not by its own rows), then the counts of each (name, kind) are added up:
+    not the report of all slices pooled (`overall`), which would count elements beyond one
+    buffer's capacity that no slice dropped. A count never shrinks when states merge, so when
+    the pooled report is empty no slice has one, and the slices are not read one by one
+    (10,000 slices of a collection: 0.64 s one by one)."""
     report = [(self.name, kind, n) for kind, n in self.invalid_counts().items() if n]
-    overall = self.overall()
-    for name, kind, n in overall.invalid_report():
-      report.append((self.name if name == overall.name else f"{self.name}/{name}", kind, n))
-    return report
+    if not self.overall().invalid_report():
+      return report
+    host = jax.device_get(self.slices)
+    summed: dict[tuple[str, str], int] = {}
+    for s in range(self.num_slices):
+      one = jax.tree.map(lambda leaf, s=s: leaf[s], host)
+      for name, kind, n in one.invalid_report():
+        key = (self.name if name == one.name else f"{self.name}/{name}", kind)
+        summed[key] = summed.get(key, 0) + n
+    return report + [(name, kind, n) for (name, kind), n in summed.items()]
 
   def example_count(self) -> int:
     """The real rows counted in some slice (out-of-range ids excluded)."""

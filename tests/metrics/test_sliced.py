@@ -163,3 +163,32 @@ def test_bad_configuration_and_inputs_raise_naming_the_argument():
     metric.update(preds=jnp.zeros((3, 2)), target=jnp.zeros(3, jnp.int32))
   with pytest.raises(ValueError, match="lang must be int slice ids"):
     metric.update(preds=jnp.zeros((3, 2)), target=jnp.zeros(3, jnp.int32), lang=jnp.zeros(3))
+  for inner in (pe.metrics.Accuracy(), pe.metrics.Std()):  # one id per row, named
+    sliced = pe.metrics.Sliced(inner, 2, key="lang")
+    inputs = {"preds": np.ones((3, 2), np.float32), "target": np.array([0, 1, 1])}
+    inputs = inputs if isinstance(inner, pe.metrics.Accuracy) else {"values": np.ones(3, np.float32)}
+    with pytest.raises(ValueError, match=r"lang has shape \(2,\); expected \[3\]"):
+      sliced.update(**inputs, lang=np.array([0, 1], np.int32))
+
+
+def test_capacity_is_judged_per_slice():
+  """Each slice has its own buffer of ``capacity`` slots: elements beyond it are reported per
+  slice (sklearn on the slices that fit), never from all slices pooled into one buffer."""
+  from sklearn.metrics import roc_auc_score
+
+  p = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], np.float32)
+  t, ids = np.array([0, 1, 0, 1, 1, 0]), np.array([0, 0, 0, 0, 1, 1], np.int32)
+  fits = pe.metrics.Sliced(pe.metrics.AUROC(exact=True, capacity=4), 2)
+  metric = fits.update(preds=p, target=t, slice=ids)
+  want = [roc_auc_score(t[ids == s], p[ids == s]) for s in range(2)]
+  np.testing.assert_allclose(np.asarray(metric.compute()), want, rtol=1e-6)
+  assert metric.invalid_report() == []
+  step = lambda params, b: fits.batch_updates(
+    preds=b["p"], target=b["t"], mask=b["mask"], slice=b["slice"]
+  )
+  data = {"p": p, "t": t, "slice": ids}
+  results = pe.masked_eval(step, None, pe.pad_batches(data, 8), backend="jit")
+  np.testing.assert_allclose([results["auroc/0"], results["auroc/1"]], want, rtol=1e-6)
+  small = pe.metrics.Sliced(pe.metrics.AUROC(exact=True, capacity=2), 2)
+  report = small.update(preds=p, target=t, slice=ids).invalid_report()
+  assert [n for _, kind, n in report if "capacity=2" in kind] == [2]  # slice 0: 4 elements, 2 slots
