@@ -681,7 +681,8 @@ class AUROC(ScoreHistogram):
       (binary) or ``num_classes``; see :mod:`padded_eval.metrics.exact_scores`.
     capacity: with ``exact=True``, the most elements one column sees (for one call of
       ``masked_eval``: ``len(batches) * batch_size`` rows, times spatial elements); more are
-      counted as invalid and the value is NaN.
+      counted as invalid and the value is NaN. Under ``Bootstrap`` a replica holds each row as
+      many times as it is drawn: ``rows + 5 * sqrt(rows)`` fits every replica in practice.
     thresholds: explicit probability thresholds (or an int: ``linspace(0, 1, n)``):
       torchmetrics' binned AUROC at those thresholds (see the module docstring: its curve
       has no other point); not with ``exact=True`` or ``num_thresholds``.

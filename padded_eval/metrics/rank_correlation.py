@@ -116,7 +116,9 @@ class SpearmanCorrelation(_RankCorrelation):
 
   Args:
     capacity: the most pairs one output sees over the whole evaluation (required; e.g.
-      ``len(batches) * batch_size`` rows, times the extra elements per row).
+      ``len(batches) * batch_size`` rows, times the extra elements per row). Under
+      ``Bootstrap`` a replica holds each row as many times as it is drawn: ``rows + 5 *
+      sqrt(rows)`` fits every replica in practice.
     num_outputs: 1 (every element one pair) or ``D`` for ``[batch, ..., D]`` inputs,
       one correlation per output (torchmetrics ``num_outputs``).
 

@@ -442,3 +442,32 @@ def test_invalid_values_are_reported_as_the_wrapped_metric_reports_them():
   assert b.invalid_report() == wrapped.invalid_report() != []
   collection = pe.Metrics({"top1": boot(pe.metrics.Accuracy())}).update(**data)
   assert [name for name, _, _ in collection.invalid_report()] == ["top1"]
+
+
+def test_replicas_beyond_a_capacity_are_reported():
+  """A replica holds each row as many times as it is drawn: an exact AUROC whose point estimate
+  fits its capacity can overflow in some replicas (their values NaN, so the interval's). Those
+  replicas are reported, counted as the documented counts say, and masked_eval refuses them."""
+  n = 40
+  rng = np.random.default_rng(0)
+  data = {"preds": rng.random(n).astype(np.float32), "target": rng.integers(0, 2, n)}
+  index = np.arange(n, dtype=np.int32)
+  drawn = np_counts(0, 50, index).sum(axis=1)  # elements each replica holds
+  over = drawn > n
+  assert 0 < over.sum() < 50
+  metric = boot(pe.metrics.AUROC(exact=True, capacity=n), num_replicas=50)
+  b = metric.update(**data, index=index)
+  assert np.isnan(np.asarray(b.replicas())).sum() == over.sum()
+  (name, kind, count), *rest = b.invalid_report()
+  assert not rest and name == "auroc"
+  assert f"in {over.sum()} of 50 bootstrap replicas" in kind and "capacity=40" in kind
+  assert count == (drawn - n)[over].sum()
+  step = lambda params, batch: metric.batch_updates(
+    preds=batch["preds"], target=batch["target"], mask=batch["mask"], index=batch["index"]
+  )
+  batches = pe.pad_batches({**data, "index": index}, 16)
+  with pytest.raises(ValueError, match="bootstrap replicas"):
+    pe.masked_eval(step, None, batches, backend="jit")
+  roomy = boot(pe.metrics.AUROC(exact=True, capacity=n + 5 * math.ceil(math.sqrt(n))), num_replicas=50)
+  b = roomy.update(**data, index=index)
+  assert b.invalid_report() == [] and np.isfinite(np.asarray(b.compute_interval())).all()
