@@ -13,7 +13,9 @@ Update keywords: ``preds``, ``target`` float of equal shape ``[B, ...]`` (``[B, 
 with ``num_outputs=D``); ``mask`` a prefix of their shape. No sample weights (neither
 scipy nor torchmetrics weighs ranks): ``weights=`` raises. A real element with NaN in
 ``preds`` or ``target`` is counted in ``invalid`` (``"nan value"``) and makes the value NaN
-(scipy's ``nan_policy="propagate"``).
+(scipy's ``nan_policy="propagate"``). int32/uint32 values that float32 rounds (beyond
+``2**24``, where it would make ties the data does not have) are counted in ``invalid``
+(`ROUNDED`) and make the value NaN: subtract an offset first (e.g. the minimum).
 """
 
 from __future__ import annotations
@@ -25,12 +27,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
+from padded_eval.exact._floats import rounded_difference
 from padded_eval.exact.accumulate import ExactCount, upcast
 from padded_eval.masking import broadcast_mask
 from padded_eval.metrics import pair_buffer
 from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 from padded_eval.metrics.moments import Moments, PearsonCorrelation
 from padded_eval.metrics.pair_buffer import PairBuffer, average_ranks, kendall_terms
+
+
+ROUNDED = "integer that float32 rounds (beyond 2**24; subtract an offset, e.g. the minimum)"
+"""The invalid kind of an int32/uint32 element whose float32 value is not the integer."""
+
+
+def _rounded(x) -> jax.Array:
+  """bool: the int32/uint32 elements of ``x`` that float32 does not hold (False for floats)."""
+  x = jnp.asarray(x)
+  if x.dtype not in (jnp.int32, jnp.uint32):
+    return jnp.zeros(x.shape, bool)
+  return rounded_difference(x, upcast(x)) != 0
 
 
 def _empty_buffer(metric) -> PairBuffer:
@@ -47,7 +62,7 @@ class _RankCorrelation(Metric):
   buffer: PairBuffer = state(_empty_buffer)
   example_rows: ExactCount = state(empty_count)
   invalid: ExactCount = state(invalid_state)
-  invalid_kinds: ClassVar[tuple[str, ...]] = ("nan value",)
+  invalid_kinds: ClassVar[tuple[str, ...]] = ("nan value", ROUNDED)
 
   def number_inputs(self) -> tuple[str, ...]:
     return self.required_inputs()
@@ -69,6 +84,7 @@ class _RankCorrelation(Metric):
         f"{type(self).__name__} ranks elements and takes no sample weights (neither scipy nor "
         "torchmetrics weighs ranks); got weights. Drop the keyword, or mask elements out instead"
       )
+    rounded = _rounded(preds) | _rounded(target) if jnp.shape(preds) == jnp.shape(target) else None
     preds, target = upcast(jnp.asarray(preds)), upcast(jnp.asarray(target))
     if preds.shape != target.shape:
       raise ValueError(
@@ -83,17 +99,19 @@ class _RankCorrelation(Metric):
     nan = real & (jnp.isnan(preds) | jnp.isnan(target))
     flat = lambda x: jnp.reshape(x, (-1, d))
     buffer = PairBuffer.of(flat(preds), flat(target), flat(real & ~nan), self.capacity)
-    return {"buffer": buffer, "invalid": self.count_invalid(**{"nan value": nan})}
+    invalid = self.count_invalid(**{"nan value": nan, ROUNDED: real & rounded})
+    return {"buffer": buffer, "invalid": invalid}
 
   def _correlation(self, buffer: PairBuffer) -> jax.Array:
     raise ValueError(f"{type(self).__name__} defines no correlation")  # pragma: no cover
 
   def compute(self) -> jax.Array:
     """The correlation in ``[-1, 1]``: float32 scalar, or ``[D]`` with ``num_outputs=D``;
-    NaN when undefined (fewer than 2 pairs, a constant variable), with a NaN input, or
-    with pairs beyond ``capacity``."""
+    NaN when undefined (fewer than 2 pairs, a constant variable), with a NaN input or an
+    integer float32 rounds, or with pairs beyond ``capacity``."""
     value = self._correlation(self.buffer)
-    value = jnp.where((self.buffer.dropped == 0) & (self.invalid.total()[0] == 0), value, jnp.nan)
+    clean = jnp.all(self.invalid.total() == 0)  # no NaN, no integer float32 rounds
+    value = jnp.where((self.buffer.dropped == 0) & clean, value, jnp.nan)
     return value if self.num_outputs > 1 else value[0]
 
   def invalid_report(self) -> list[tuple[str, str, int]]:

@@ -142,10 +142,36 @@ def test_rank_correlations_nan_capacity_and_constants():
       (full.name, "pair beyond capacity=3 (value NaN; pass a larger capacity)", 1)
     ]
     nan = cls(capacity=8).update(preds=x, target=np.array([1.0, np.nan, 2.0, 4.0], np.float32))
-    assert np.isnan(float(nan.compute())) and nan.invalid_counts() == {"nan value": 1}
+    assert np.isnan(float(nan.compute())) and nan.invalid_counts()["nan value"] == 1
+    assert sum(nan.invalid_counts().values()) == 1
     constant = cls(capacity=8).update(preds=x, target=np.ones(4, np.float32))
     assert np.isnan(float(constant.compute()))  # scipy: nan (with a warning)
     assert np.isnan(float(cls(capacity=8).compute()))
+
+
+def test_rank_correlations_count_integers_float32_rounds():
+  """float32 rounds int32 values beyond 2**24 (2**24 + 3 reads 2**24 + 4), which makes ties the
+  data does not have (Spearman 0.894 where scipy gives 1.0): such elements are counted as
+  invalid and the value is NaN (masked_eval refuses it); integers float32 holds rank as scipy."""
+  x = (2**24 + np.array([0, 3, 6, 9])).astype(np.int32)
+  y = (2**24 + np.array([0, 1, 7, 8])).astype(np.int32)
+  kind = "integer that float32 rounds (beyond 2**24; subtract an offset, e.g. the minimum)"
+  for cls, ref in ((M.SpearmanCorrelation, scipy.stats.spearmanr), (M.KendallTau, scipy.stats.kendalltau)):
+    metric = cls(capacity=8).update(preds=x, target=y)
+    assert np.isnan(float(metric.compute()))
+    assert metric.invalid_report() == [(metric.name, kind, 3)]  # 2**24 + 3, + 9 and + 1
+    step = lambda params, batch, cls=cls: cls(capacity=16).batch_updates(
+      preds=batch["x"], target=batch["y"], mask=batch["mask"]
+    )
+    with pytest.raises(ValueError, match="float32 rounds"):
+      pe.masked_eval(step, None, pe.pad_batches({"x": x, "y": y}, 8), backend="jit")
+    held = cls(capacity=8).update(preds=x - 2**24, target=y - 2**24)  # the advised offset
+    expected = ref(x.astype(np.float64), y.astype(np.float64)).statistic
+    np.testing.assert_allclose(float(held.compute()), expected, rtol=1e-6)
+    even = (2**25 + 4 * np.array([0, 3, 6, 9])).astype(np.int32)  # float32 holds these
+    np.testing.assert_allclose(
+      float(cls(capacity=8).update(preds=even, target=y - 2**24).compute()), expected, rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize("power", [1, 1.5, 2, 3])
