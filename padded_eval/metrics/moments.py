@@ -34,9 +34,11 @@ import jax.numpy as jnp
 from padded_eval.exact._floats import (
   ZERO_EXPONENT,
   compensated_sum,
+  exact_product,
   frexp,
   ldexp,
   rounded_difference,
+  two_prod,
 )
 from padded_eval.exact.accumulate import (
   Accumulator,
@@ -54,6 +56,13 @@ from padded_eval.validation import check_choice, check_nonnegative_int
 
 def _outer(u, v):
   return u[..., :, None] * v[..., None, :]
+
+
+def _exact_outer(u, v, exponent) -> ExactSum:
+  """``u_i v_j 2**exponent_ij`` exactly (`two_prod` of the mantissas)."""
+  (u_mantissa, u_exp), (v_mantissa, v_exp) = frexp(u), frexp(v)
+  product, error = two_prod(u_mantissa[..., :, None], v_mantissa[..., None, :])
+  return ExactSum.of_pair(product, error, u_exp[..., :, None] + v_exp[..., None, :] + exponent)
 
 
 def _magnitude_exponent(x, axes):
@@ -99,9 +108,8 @@ class Moments(Accumulator):
       values: ``[X..., k]`` float or int, the ``k`` variables of every element, or a list of
         ``k`` arrays ``[X...]`` (columns of different dtypes); int32/uint32 beyond ``2**24`` keep
         every digit: each deviation from the shift is formed exactly and rounded once
-        (`padded_eval.exact._floats.rounded_difference`). A variable is constant when its
-        float32 values are (`constant`): integers that all round to one float32 (``2**30`` and
-        ``2**30 + 1``) read as constant, in every batching.
+        (`padded_eval.exact._floats.rounded_difference`), so integers that all round to one
+        float32 (``2**30`` and ``2**30 + 3``) are not read as constant (`constant`).
       real: ``[X...]`` bool, the real elements; the others never influence the result.
       w: ``[X...]`` float32 weights, 0 where not ``real``.
       axes: the axes of ``X`` to reduce; the state has the shape of the others.
@@ -130,8 +138,15 @@ class Moments(Accumulator):
     return self.total.ratio(self.count[..., None])
 
   def constant(self) -> jax.Array:
-    """``[S..., k]`` bool: every element of nonzero weight has the same value."""
-    return self.low == self.high
+    """``[S..., k]`` bool: every element of nonzero weight has the same value.
+
+    The float32 extremes are equal and the exact co-moment ``M_jj`` is 0: a constant
+    variable's deviations from its shift (the value itself) are exactly 0 in every batching,
+    while integers that all round to one float32 (``2**30`` and ``2**30 + 3``) differ in
+    ``M_jj`` (their deviations are formed from the integers) though not in the extremes."""
+    mantissa, _ = self.comoment.frexp()
+    spread = jnp.diagonal(mantissa, axis1=-2, axis2=-1)
+    return (self.low == self.high) & (spread == 0)
 
   def _spread(self, mean_hi, mean_lo) -> ExactSum:
     """``n_i (mean_i - mean)(mean_i - mean)^T`` of this state's parts, 0 for empty parts."""
@@ -205,14 +220,21 @@ def _batch_moments(values, real, w, axes) -> Moments:
   # of the deviations and products themselves.
   first, first_error = compensated_sum(weighted, axes, keepdims=True)
   products, products_error = compensated_sum(_outer(weighted, scaled), axes, keepdims=True)
-  comoment = products - _outer(first, first / safe_count)
+  # M = P - s s^T / n, with s_i (s_j / n) exact: a shift half a float32 spacing from the mean
+  # (64 for integers near 2**31 that round to one float32) makes P and s s^T / n cancel, and
+  # their rounding was the error (Std within 7e-6 there; 1e-7 now).
+  quotient = first / safe_count
+  n_quotient, n_quotient_error = exact_product(quotient, count)
+  rest = ((first - n_quotient) - n_quotient_error) / safe_count  # s / n - quotient, rounded
   squeeze = lambda x: jnp.squeeze(x, axes)
   # total = n * shift + sum(w * (x - shift)): the product exactly, the small rest rounded.
   total = ExactSum.of_product(squeeze(count), squeeze(shift))
   total = total.merge(ExactSum.of_pair(squeeze(first), squeeze(first_error), squeeze(scale)))
   total = total.merge(ExactSum.of_product(squeeze(count_error), squeeze(shift)))
   pair_scale = squeeze(scale[..., :, None] + scale[..., None, :])
-  comoment = ExactSum.of_pair(squeeze(comoment), squeeze(products_error), pair_scale)
+  products_error = products_error - _outer(first, rest)
+  comoment = ExactSum.of_pair(squeeze(products), squeeze(products_error), pair_scale)
+  comoment = comoment.merge(_exact_outer(-squeeze(first), squeeze(quotient), pair_scale))
   weight_total = ExactSum.of_pair(squeeze(count)[..., 0], squeeze(count_error)[..., 0])
   return Moments._make(weight_total, total, comoment, squeeze(low), squeeze(high))
 

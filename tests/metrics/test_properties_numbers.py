@@ -399,19 +399,37 @@ def test_predictions_far_below_their_targets_give_finite_deviances(power, seed, 
   assert_close(got, want, rtol=1e-5, atol=0.0)
 
 
+def _std64(preds, target):
+  return np.std(target.astype(np.float64))
+
+
+def _pearson64(preds, target):
+  return np.corrcoef(preds.astype(np.float64), target.astype(np.float64))[0, 1]
+
+
 @pytest.mark.parametrize(
-  "metric",
-  [lambda: pe.metrics.Std(argname="target"), pe.metrics.R2Score, pe.metrics.PearsonCorrelation],
+  ("metric", "reference"),
+  [
+    (lambda: pe.metrics.Std(argname="target"), _std64),
+    (pe.metrics.R2Score, lambda preds, target: sklearn.metrics.r2_score(target, preds)),
+    (pe.metrics.ExplainedVariance, lambda p, t: sklearn.metrics.explained_variance_score(t, p)),
+    (pe.metrics.PearsonCorrelation, _pearson64),
+    (
+      lambda: pe.metrics.D2TweedieScore(power=0),
+      lambda p, t: sklearn.metrics.d2_tweedie_score(t, p, power=0),
+    ),
+  ],
 )
-@given(seed=SEEDS, n=st.integers(4, 40))
-def test_integers_that_round_to_one_float32_give_one_answer_in_every_batching(metric, seed, n):
-  """Integers that all round to one float32 (``2**30 + {0, 1}``) read as a constant variable
-  (documented in `Moments.of`) in one batch and in any batching: before, a constant test that
-  held within a batch but not across merged states gave Std 0.5 in one batch and 0.0 in two."""
+@given(seed=SEEDS, n=st.integers(4, 40), base=st.sampled_from([2**27, 2**30, 2**31 - 64]))
+def test_integers_that_round_to_one_float32_are_not_constant(metric, reference, seed, n, base):
+  """int32 values that all round to one float32 (``2**30 + {0, 3, 6, 9}``) differ: their
+  deviations are formed from the integers. Before, a variable whose extremes rounded to one
+  float32 read as constant (Std 0, R2 0, Pearson NaN); now the float64 values of the integers,
+  within 1e-6, in every batching (the predictions too, offset by small integers)."""
   rng = np.random.default_rng(seed)
-  target = (2**30 + rng.integers(0, 2, n)).astype(np.int32)
-  target[:2] = 2**30, 2**30 + 1
-  fields = {"preds": rng.integers(0, 5, n).astype(np.int32), "target": target}
-  one = metric().update(**fields).compute()
-  got = evaluate_randomly(metric(), fields, rng, batch_sizes=(2, 3, 5))
-  np.testing.assert_array_equal(got, np.asarray(one, np.float64))
+  target = (base + rng.integers(0, 10, n)).astype(np.int32)
+  target[:2] = base, base + 9
+  preds = (target.astype(np.int64) + rng.integers(-2, 3, n)).clip(None, 2**31 - 1).astype(np.int32)
+  want = reference(preds, target)
+  got = evaluate_randomly(metric(), {"preds": preds, "target": target}, rng, batch_sizes=(2, 3, 5))
+  assert_close(got, want, rtol=1e-6, atol=1e-6)
