@@ -35,7 +35,6 @@ from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 from padded_eval.metrics.moments import Moments, PearsonCorrelation
 from padded_eval.metrics.pair_buffer import PairBuffer, average_ranks, kendall_terms
 
-
 ROUNDED = "integer that float32 rounds (beyond 2**24; subtract an offset, e.g. the minimum)"
 """The invalid kind of an int32/uint32 element whose float32 value is not the integer."""
 

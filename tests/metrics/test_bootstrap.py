@@ -468,6 +468,8 @@ def test_replicas_beyond_a_capacity_are_reported():
   batches = pe.pad_batches({**data, "index": index}, 16)
   with pytest.raises(ValueError, match="bootstrap replicas"):
     pe.masked_eval(step, None, batches, backend="jit")
-  roomy = boot(pe.metrics.AUROC(exact=True, capacity=n + 5 * math.ceil(math.sqrt(n))), num_replicas=50)
+  roomy = boot(
+    pe.metrics.AUROC(exact=True, capacity=n + 5 * math.ceil(math.sqrt(n))), num_replicas=50
+  )
   b = roomy.update(**data, index=index)
   assert b.invalid_report() == [] and np.isfinite(np.asarray(b.compute_interval())).all()

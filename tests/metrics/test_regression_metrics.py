@@ -156,7 +156,10 @@ def test_rank_correlations_count_integers_float32_rounds():
   x = (2**24 + np.array([0, 3, 6, 9])).astype(np.int32)
   y = (2**24 + np.array([0, 1, 7, 8])).astype(np.int32)
   kind = "integer that float32 rounds (beyond 2**24; subtract an offset, e.g. the minimum)"
-  for cls, ref in ((M.SpearmanCorrelation, scipy.stats.spearmanr), (M.KendallTau, scipy.stats.kendalltau)):
+  for cls, ref in (
+    (M.SpearmanCorrelation, scipy.stats.spearmanr),
+    (M.KendallTau, scipy.stats.kendalltau),
+  ):
     metric = cls(capacity=8).update(preds=x, target=y)
     assert np.isnan(float(metric.compute()))
     assert metric.invalid_report() == [(metric.name, kind, 3)]  # 2**24 + 3, + 9 and + 1

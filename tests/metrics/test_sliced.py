@@ -166,7 +166,9 @@ def test_bad_configuration_and_inputs_raise_naming_the_argument():
   for inner in (pe.metrics.Accuracy(), pe.metrics.Std()):  # one id per row, named
     sliced = pe.metrics.Sliced(inner, 2, key="lang")
     inputs = {"preds": np.ones((3, 2), np.float32), "target": np.array([0, 1, 1])}
-    inputs = inputs if isinstance(inner, pe.metrics.Accuracy) else {"values": np.ones(3, np.float32)}
+    inputs = (
+      inputs if isinstance(inner, pe.metrics.Accuracy) else {"values": np.ones(3, np.float32)}
+    )
     with pytest.raises(ValueError, match=r"lang has shape \(2,\); expected \[3\]"):
       sliced.update(**inputs, lang=np.array([0, 1], np.int32))
 
