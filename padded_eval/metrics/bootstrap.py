@@ -236,14 +236,8 @@ class Bootstrap(Metric):
       raise ValueError(
         f"index must be int row ids of shape [B]; got dtype {index.dtype} shape {index.shape}"
       )
-    rows = batch_rows(kwargs)
-    if rows is not None and rows[1][0] != index.shape[0]:
-      name, shape = rows
-      raise ValueError(
-        f"index has shape {index.shape}; expected [{shape[0]}], one row id per row of the batch ({name!r} has "
-        f"shape {shape}): pass the ids of the same batch, index=batch['index'] "
-        "(pe.pad_batches(..., index_key='index'))"
-      )
+    hint = ": pass the ids of the same batch, index=batch['index'] (pe.pad_batches(..., index_key='index'))"
+    check_one_per_row("index", index, kwargs, "row id", hint)
     counts = poisson_counts(self.seed, self.num_replicas, index)  # [R, B]
     point = self.point.batch_updates(**kwargs)
     inner = self.point.routed(kwargs)
@@ -388,6 +382,18 @@ class Bootstrap(Metric):
     return [
       (self.name if name == self.point.name else name, n) for name, n in self.point.example_report()
     ]
+
+
+def check_one_per_row(key: str, ids: jax.Array, kwargs: dict, what: str, hint: str = "") -> None:
+  """Raises ValueError naming ``key`` unless ``ids`` has one entry (a ``what``) per row of the
+  batch whose other keywords are ``kwargs`` (`batch_rows`); ``hint`` ends the message."""
+  rows = batch_rows(kwargs)
+  if rows is not None and rows[1][0] != ids.shape[0]:
+    name, shape = rows
+    raise ValueError(
+      f"{key} has shape {ids.shape}; expected [{shape[0]}], one {what} per row of the batch "
+      f"({name!r} has shape {shape}){hint}"
+    )
 
 
 def batch_rows(kwargs: dict) -> tuple[str, tuple] | None:

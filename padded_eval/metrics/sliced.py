@@ -46,7 +46,13 @@ import numpy as np
 from padded_eval import validation
 from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
 from padded_eval.metrics.base import Metric, invalid_state, real_row_flags, state
-from padded_eval.metrics.bootstrap import Bootstrap, batch_rows, nbytes, stacked, with_row_mask
+from padded_eval.metrics.bootstrap import (
+  Bootstrap,
+  check_one_per_row,
+  nbytes,
+  stacked,
+  with_row_mask,
+)
 
 METHODS = ("auto", "segments", "vmap")
 #: Rows combined by one exact segment sum (ExactCount sums at most 2**16 parts exactly).
@@ -189,13 +195,7 @@ class Sliced(Metric):
         f"{self.key} must be int slice ids of shape [B] in [0, {self.num_slices}); got dtype "
         f"{ids.dtype} shape {ids.shape}"
       )
-    rows = batch_rows(kwargs)
-    if rows is not None and rows[1][0] != ids.shape[0]:
-      name, shape = rows
-      raise ValueError(
-        f"{self.key} has shape {ids.shape}; expected [{shape[0]}], one slice id per row of the "
-        f"batch ({name!r} has shape {shape})"
-      )
+    check_one_per_row(self.key, ids, kwargs, "slice id")
     real = real_row_flags(kwargs.get("mask"), kwargs.get("weights"), [ids])
     valid = (ids >= 0) & (ids < self.num_slices)
     segment = jnp.where(valid, ids, -1).astype(jnp.int32)  # -1: dropped by segment sums
