@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from padded_eval.collections import LossesAndMetrics
+from padded_eval.collections import LossesAndMetrics, unique_name
 from padded_eval.metrics.base import Metric
 
 __all__ = ["EvalResults", "best", "direction_of", "find_metric"]
@@ -106,13 +106,23 @@ def _flat_scalars(key: str, value: Any, flat: dict[str, float]) -> None:
 
 
 def _members(metric: Metric, path: str):
-  """``(path, member)`` for ``metric`` and every metric inside its collections, depth first."""
+  """``(path, member)`` for ``metric`` and every metric inside its collections, depth first.
+
+  A ``LossesAndMetrics``'s members come in the order of its logs (its losses, then its
+  metrics), each under the key it logs: a key taken already (``"loss"``, or a loss's
+  ``"crossentropy"`` for a metric of that name) gets the suffix its logs give it
+  (`padded_eval.collections.unique_name`: ``"crossentropy2"``)."""
   yield path, metric
   if isinstance(metric, LossesAndMetrics):
-    parts = {"metrics": metric.metrics, "losses": metric.losses}
-    for part in parts.values():
-      if part is not None:
-        yield from _members(part, path)
+    taken = {"loss"}
+    for part in (metric.losses, metric.metrics):
+      if part is None:
+        continue
+      for inner, member in _members(part, ""):
+        if inner:  # "": the part itself, a collection that logs nothing of its own
+          inner = unique_name(inner, taken) if member is not part else inner
+          taken.add(inner)
+        yield (f"{path}/{inner}" if path and inner else path or inner), member
     return
   children = getattr(metric, "children", None)
   if isinstance(children, dict):
@@ -184,10 +194,10 @@ def direction_of(m: Any, key: str) -> bool | None:
     m = m.metric
   if not isinstance(m, Metric):
     return None
-  if isinstance(m, LossesAndMetrics) and key == "loss":
-    return False
   found, longest = None, -1
   for path, member in _members(m, ""):
+    if isinstance(member, LossesAndMetrics) and key == (f"{path}/loss" if path else "loss"):
+      return False  # its total loss, at any depth
     if isinstance(member, LossesAndMetrics) or isinstance(getattr(member, "children", None), dict):
       continue  # a collection: its members log the values
     prefix = path or member.name

@@ -180,6 +180,30 @@ def test_direction_of_a_key_follows_the_member_that_logs_it():
   assert direction(collection, "num_examples") is None
 
 
+def test_direction_of_a_renamed_or_nested_key():
+  """A metric whose key collides with a loss is logged as ``crossentropy2`` (`unique_name`):
+  ``crossentropy`` is the loss's (lower is better), ``crossentropy2`` the metric's; a nested
+  ``LossesAndMetrics`` logs its ``"loss"`` under its key, still lower is better. Each key is
+  read from the collection's own ``compute_logs``, so the test follows what is logged."""
+  both = pe.LossesAndMetrics(
+    metrics={"crossentropy": pe.metrics.Accuracy()}, losses=[pe.losses.Crossentropy()]
+  )
+  nested = pe.Metrics({"lam": both, "mse": pe.metrics.MSE()})
+  logs = nested.compute_logs()
+  assert {"lam/loss", "lam/crossentropy", "lam/crossentropy2", "mse"} <= set(logs)
+  direction = pe.results.direction_of
+  assert direction(both, "crossentropy") is False and direction(both, "crossentropy2") is True
+  assert direction(nested, "lam/loss") is False and direction(nested, "lam/crossentropy") is False
+  assert direction(nested, "lam/crossentropy2") is True and direction(nested, "mse") is False
+  runs = {
+    "a": pe.EvalResults({"loss": 0.2, "crossentropy": 0.2, "crossentropy2": 0.9}, metric=both),
+    "b": pe.EvalResults({"loss": 2.0, "crossentropy": 2.0, "crossentropy2": 0.1}, metric=both),
+  }
+  assert pe.best(runs, "crossentropy") == "a" and pe.best(runs, "crossentropy2") == "a"
+  nested_runs = [pe.EvalResults({"lam/loss": v}, metric=nested) for v in (3.0, 1.0, 2.0)]
+  assert pe.best(nested_runs, "lam/loss") == 1
+
+
 def test_write_to_clus_logging_writer(results, caplog):
   from clu import metric_writers
 
