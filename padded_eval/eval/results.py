@@ -120,9 +120,9 @@ def _members(metric: Metric, path: str):
         continue
       for inner, member in _members(part, ""):
         if inner:  # "": the part itself, a collection that logs nothing of its own
-          inner = unique_name(inner, taken) if member is not part else inner
+          inner = unique_name(inner, taken)
           taken.add(inner)
-        yield (f"{path}/{inner}" if path and inner else path or inner), member
+        yield "/".join(p for p in (path, inner) if p), member
     return
   children = getattr(metric, "children", None)
   if isinstance(children, dict):
