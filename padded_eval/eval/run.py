@@ -29,7 +29,7 @@ from typing import Any
 
 import jax
 
-from padded_eval.eval.compiling import Compiling
+from padded_eval.eval.compiling import Compiling, choose_tier
 from padded_eval.eval.placement import is_small_state
 from padded_eval.metrics.base import Metric
 from padded_eval.multihost.distributed import StepInput
@@ -58,6 +58,7 @@ class CompiledRun:
     self._host_rows = 0
     self._fresh = False  # see compile_ahead
     self._compiling: Compiling | None = None
+    self._program = step  # the tier of the step that runs (compile_ahead chooses it)
     self.initial_state, self.row_axes = state, backend.row_axes
     self.first = self.stored = self.empty = None  # set by `start`
 
@@ -71,16 +72,23 @@ class CompiledRun:
       self._host_rows += self._host_mask.count(step_input.batch)
 
   def compile_ahead(self) -> None:
-    """Starts compiling the step for the first input on a worker thread, when it has not run for
-    these shapes yet (one process): traced and lowered here, then compiled by XLA (which
-    releases the GIL) while this thread traces and lowers the programs that compile beside it
-    (`padded_eval.eval.cache.prepare_logs`). The first `step` waits for it; a compile that
-    fails there is redone by the step's own call, which raises. Flax mnist's first call: about
-    0.02 s less, the logs program's tracing and lowering off its critical path."""
+    """Chooses the step's tier (`padded_eval.eval.compiling.choose_tier`: on CPU, a small step
+    compiles without LLVM's optimizations) and, when it has not run for these shapes yet (one
+    process), starts compiling it for the first input on a worker thread: traced and lowered
+    here, then compiled by XLA (which releases the GIL) while this thread traces and lowers the
+    programs that compile beside it (`padded_eval.eval.cache.prepare_logs`). The first `step`
+    waits for it; a compile that fails there is redone by the step's own call, which raises.
+    Flax mnist's first call: about 0.02 s less, the logs program's tracing and lowering off its
+    critical path."""
     lower = getattr(self._step, "lower", None)  # None: a step wrapped by a test
-    ahead = self._fresh and lower is not None and self.initial_state is not None
-    if ahead and not jax.config.jax_disable_jit and jax.process_count() == 1:
-      lowered = lower(self._params, self.initial_state, self.first)
+    one_process = jax.process_count() == 1 and not jax.config.jax_disable_jit
+    if lower is None or not one_process or self.initial_state is None:
+      self._fresh = False
+      return
+    args = (self._params, self.initial_state, self.first)
+    self._program, traced = choose_tier(self._step, args)
+    if self._fresh:
+      lowered = traced.lower() if traced is not None else self._program.lower(*args)
       self._compiling = Compiling(lowered, STEP_COMPILE_THREAD)
     self._fresh = False
 
@@ -89,7 +97,7 @@ class CompiledRun:
     if self._compiling is not None:  # the first step: its compile, from compile_ahead
       self._compiling, compiling = None, self._compiling
       compiling.result()  # the call below finds it compiled (None: it compiles again, raises)
-    return self._step(self._params, state, placed)
+    return self._program(self._params, state, placed)
 
   def finish(self, state: Any, wait: Callable[[Any], None]) -> tuple[Metric, int]:
     """The final reduce of ``state``, waited for with ``wait``, fetched: ``(metric, num_examples)``."""

@@ -21,6 +21,7 @@ import padded_eval as pe
 from padded_eval.eval import backends, compiling
 from padded_eval.eval import cache as _cache
 from padded_eval.eval import packing as _packing
+from padded_eval.eval import run as _run
 
 FEATURES, CLASSES = 6, 5
 
@@ -102,8 +103,15 @@ def _evaluate(backend, data, options, monkeypatch):
   return {**result, "mse": mse["mse"]}
 
 
+TIERS = {"quick": 1 << 40, "optimized": -1}  # compiling.QUICK_BYTES that forces each tier
+
+
+@pytest.mark.parametrize("tier", sorted(TIERS))
 @pytest.mark.parametrize("backend", ("jit", "pmap", "shard_map"))
-def test_results_are_the_same_bits_with_xla_defaults(backend, monkeypatch):
+def test_results_are_the_same_bits_with_xla_defaults(backend, tier, monkeypatch):
+  """In either tier of the step (`compiling.TieredStep`): the same bits with the driver's options
+  as with XLA's defaults, and float64's values."""
+  monkeypatch.setattr(compiling, "QUICK_BYTES", TIERS[tier])
   data = _data(203, seed={"jit": 1, "pmap": 2, "shard_map": 3}[backend])  # 203: not 24k, not 8k
   ours = _evaluate(backend, data, {"xla_cpu_use_fusion_emitters": False}, monkeypatch)
   defaults = _evaluate(backend, data, XLA_DEFAULTS, monkeypatch)
@@ -161,6 +169,22 @@ def test_a_flax_models_outputs_are_the_same_bits():
   defaults = jax.jit(outputs, compiler_options=XLA_DEFAULTS)(state, images)
   for a, b in zip(ours, defaults, strict=True):
     assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+  # The quick tier rounds each float operation as written (no multiply-add contracted into one
+  # rounding, in the model and in XLA's exp and log): other bits, float32's precision.
+  quick_options = {**compiling.CPU_COMPILER_OPTIONS, **compiling.QUICK_OPTIONS}
+  quick = jax.jit(outputs, compiler_options=quick_options)(state, images)
+  x = np.asarray(images, np.float64).reshape(len(images), -1)
+  linear1, norm, linear2 = (state[name] for name in ("linear1", "batch_norm", "linear2"))
+  hidden = x @ np.asarray(linear1["kernel"][...], np.float64) + np.asarray(linear1["bias"][...])
+  hidden = (hidden - np.asarray(norm["mean"][...])) / np.sqrt(np.asarray(norm["var"][...]) + 1e-5)
+  hidden = np.maximum(hidden * np.asarray(norm["scale"][...]) + np.asarray(norm["bias"][...]), 0)
+  logits = hidden @ np.asarray(linear2["kernel"][...], np.float64) + np.asarray(
+    linear2["bias"][...]
+  )
+  for got, optimized in zip(quick, ours, strict=True):
+    np.testing.assert_allclose(got, optimized, rtol=2e-6, atol=2e-6)
+  np.testing.assert_allclose(quick[0], logits, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(ours[0], logits, rtol=1e-5, atol=1e-5)
 
 
 def _logs_cases(rng):
@@ -243,3 +267,83 @@ def test_the_logs_program_gives_the_eager_bits_and_xla_defaults_bits():
     assert got.tobytes() == np.asarray(defaults, np.float32).tobytes(), type(metric).__name__
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6, err_msg=type(metric).__name__)
   pe.clear_caches()
+
+
+def _bytes_step(params, batch):
+  """A step whose written bytes grow with its ``[B, width]`` input: exact accuracy and mean."""
+  logits = jnp.tanh(batch["x"] @ params) * 3
+  return METRICS.batch_updates(
+    preds=logits, target=batch["y"], values=1e6 + jnp.sum(logits, -1), mask=batch["mask"]
+  )
+
+
+def test_a_small_step_compiles_quick_and_a_large_one_optimized(monkeypatch):
+  """The tier is chosen from the step's written bytes and input shapes alone: once per shapes
+  (one compilation each, also when the number of batches changes), exact in both tiers, and
+  one tier when ``XLA_FLAGS`` names the optimization level."""
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  pe.clear_caches()
+  chosen = []
+  choose = compiling.choose_tier
+
+  def recording(step, args):
+    program, traced = choose(step, args)
+    chosen.append("quick" if program is step.quick else "optimized")
+    return program, traced
+
+  monkeypatch.setattr(_run, "choose_tier", recording)
+  small, large = _data(203, seed=4), _data(20_003, seed=5)
+  compiles = []
+
+  def listener(event, duration, **kwargs):
+    del duration, kwargs
+    if event.endswith("backend_compile_duration"):
+      compiles.append(event)
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    for data, batch_size in ((small, 24), (large, 4096), (small, 24), (large, 4096)):
+      result = pe.masked_eval(_step, W, garbage_padded(data, batch_size), backend="jit")
+      want = _reference(data)
+      assert result["num_examples"] == len(data["y"])
+      np.testing.assert_allclose(result["accuracy"], want["accuracy"], rtol=1e-7)
+      np.testing.assert_allclose(result["offset_mean"], want["offset_mean"], rtol=1e-7)
+    assert chosen == ["quick", "optimized", "quick", "optimized"]
+    # more batches of the same shapes: the same tier, nothing compiles again
+    before = len(compiles)
+    more = _data(2003, seed=6)
+    result = pe.masked_eval(_step, W, garbage_padded(more, 24), backend="jit")
+    np.testing.assert_allclose(result["offset_mean"], _reference(more)["offset_mean"], rtol=1e-7)
+    assert chosen[-1] == "quick" and len(compiles) == before
+  finally:
+    pe.clear_caches()
+    _unregister(listener)
+  step = compiling.TieredStep(lambda x: x + 1, compiling.compiler_options("cpu"), "cpu")
+  assert step.quick is not None
+  assert compiling.TieredStep(lambda x: x, None, "gpu").quick is None  # CPU only
+  monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=2")
+  one = compiling.TieredStep(lambda x: x + 1, compiling.compiler_options("cpu"), "cpu")
+  assert one.quick is None  # the user's level: one tier
+  assert compiling.choose_tier(one, (np.float32(1),))[0] is one
+
+
+def test_written_bytes_counts_nested_programs():
+  """What `compiling.choose_tier` measures: every value a traced program computes, those of
+  nested programs (a call's, a loop body's) too, each once."""
+  inner = jax.jit(lambda x: jnp.sin(x) * 2)  # sin, mul: 2 x 4000 bytes
+
+  def outer(x):
+    y = inner(x) + 1  # the call's result and the add: 2 x 4000
+    return jax.lax.scan(lambda v, _: (v * 2, None), y, None, length=3)[0]  # loop, body: 2 x 4000
+
+  jaxpr = jax.make_jaxpr(outer)(np.zeros(1000, np.float32)).jaxpr
+  assert compiling.written_bytes(jaxpr) == 6 * 4000
+
+
+def _unregister(listener) -> None:
+  unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
+  if unregister is None:
+    from jax._src import monitoring
+
+    unregister = monitoring._unregister_event_duration_listener_by_callback  # noqa: SLF001
+  unregister(listener)

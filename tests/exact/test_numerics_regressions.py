@@ -17,7 +17,7 @@ from _xla_defaults import XLA_DEFAULTS
 from sklearn.metrics import r2_score
 
 import padded_eval as pe
-from padded_eval.eval.compiling import CPU_COMPILER_OPTIONS
+from padded_eval.eval.compiling import CPU_COMPILER_OPTIONS, QUICK_OPTIONS
 from padded_eval.exact._floats import (
   exact_product,
   int_parts,
@@ -105,9 +105,14 @@ _CONTEXTS = {
   "quotient_in": lambda a, b, c: (a / c[0], jnp.broadcast_to(c[0], a.shape)),
 }
 _TWO_SUM_CONTEXTS = ("operands", "sums_in", "powers_of_two_in", "reductions_in")
+_OPTIONS = {  # XLA's defaults; masked_eval's programs on CPU; its quick tier (LLVM unoptimized)
+  "defaults": XLA_DEFAULTS,
+  "driver": CPU_COMPILER_OPTIONS,
+  "quick": {**CPU_COMPILER_OPTIONS, **QUICK_OPTIONS},
+}
 
 
-@pytest.mark.parametrize("options", ("defaults", "driver"))
+@pytest.mark.parametrize("options", ("defaults", "driver", "quick"))
 @pytest.mark.parametrize(
   "transform, context",
   [("two_sum", c) for c in _TWO_SUM_CONTEXTS] + [("two_prod", c) for c in sorted(_CONTEXTS)],
@@ -132,9 +137,7 @@ def test_error_free_transformations_under_jit(transform, context, options):
     head, tail = fn(x, y)
     return head, tail, x, y
 
-  run = jax.jit(
-    run, compiler_options=XLA_DEFAULTS if options == "defaults" else CPU_COMPILER_OPTIONS
-  )
+  run = jax.jit(run, compiler_options=_OPTIONS[options])
 
   head, tail, x, y = (np.asarray(v, F64) for v in run(a, b, c))
   exact = x + y if transform == "two_sum" else x * y  # exact in float64 (<= 48 bits)
@@ -365,7 +368,7 @@ def test_accumulators_expose_totals_the_same_way():
   )
 
 
-@pytest.mark.parametrize("options", ("defaults", "driver"))
+@pytest.mark.parametrize("options", ("defaults", "driver", "quick"))
 @pytest.mark.parametrize("context", sorted(_CONTEXTS))
 def test_exact_product_under_jit(context, options):
   """``hi + lo == a * b`` exactly in float64 and ``hi`` numpy's rounded float32 product, for
@@ -382,9 +385,7 @@ def test_exact_product_under_jit(context, options):
     x, y = _CONTEXTS[context](a, b, c)
     return (*exact_product(x, y), x, y)
 
-  run = jax.jit(
-    run, compiler_options=XLA_DEFAULTS if options == "defaults" else CPU_COMPILER_OPTIONS
-  )
+  run = jax.jit(run, compiler_options=_OPTIONS[options])
   hi, lo, x, y = (np.asarray(v, F64) for v in run(a, b, c))
   exact = x * y  # exact in float64 (48 bits, exponents within float64's range)
   with np.errstate(over="ignore", under="ignore"):
@@ -402,7 +403,7 @@ def test_exact_product_under_jit(context, options):
   assert np.all(np.abs(hi[tiny] + lo[tiny] - exact[tiny]) <= 2.0**-126)
 
 
-@pytest.mark.parametrize("options", ("defaults", "driver"))
+@pytest.mark.parametrize("options", ("defaults", "driver", "quick"))
 @pytest.mark.parametrize("dtype", ("int32", "uint32"))
 def test_int_parts_are_exact_under_jit(dtype, options):
   """``hi + lo`` equals the integer (float64), both parts exact in float32, ``0 <= lo < 4096``,
@@ -418,9 +419,7 @@ def test_int_parts_are_exact_under_jit(dtype, options):
     y = x // 3 + x // 2  # computed here: no constant folding of the parts
     return (*int_parts(x), *int_parts(y), y)
 
-  run = jax.jit(
-    run, compiler_options=XLA_DEFAULTS if options == "defaults" else CPU_COMPILER_OPTIONS
-  )
+  run = jax.jit(run, compiler_options=_OPTIONS[options])
   hi, lo, hi_y, lo_y, y = (np.asarray(v) for v in run(x))
   for h, low, ints in ((hi, lo, x), (hi_y, lo_y, y)):
     assert h.dtype == low.dtype == np.float32
@@ -428,7 +427,7 @@ def test_int_parts_are_exact_under_jit(dtype, options):
     assert np.all((low >= 0) & (low < 4096)) and np.all(np.mod(h.astype(F64), 4096) == 0)
 
 
-@pytest.mark.parametrize("options", ("defaults", "driver"))
+@pytest.mark.parametrize("options", ("defaults", "driver", "quick"))
 @pytest.mark.parametrize("dtypes", (("int32", "int32"), ("uint32", "uint32"), ("float32", "int32")))
 def test_rounded_difference_is_the_exact_difference_rounded_once_under_jit(dtypes, options):
   """``rounded_difference(a, b)`` is ``a - b`` (exact in float64 for these ranges) rounded once
@@ -454,9 +453,7 @@ def test_rounded_difference_is_the_exact_difference_rounded_once_under_jit(dtype
     computed = b // 2 + b // 2 + b % 2  # b again, computed here: no constant folding
     return rounded_difference(a, b), rounded_difference(a, computed)
 
-  run = jax.jit(
-    run, compiler_options=XLA_DEFAULTS if options == "defaults" else CPU_COMPILER_OPTIONS
-  )
+  run = jax.jit(run, compiler_options=_OPTIONS[options])
   exact = a.astype(F64) - b.astype(F64)
   for got in run(a, b):
     got = np.asarray(got)

@@ -179,6 +179,12 @@ class MeshBackend(abc.ABC):
     """The XLA options of this backend's programs (`padded_eval.eval.compiling`)."""
     return compiling.compiler_options(self.mesh.devices.flat[0].platform)
 
+  def jit_step(self, fn: Callable, **jit_kwargs) -> compiling.TieredStep:
+    """``fn`` jitted as a step of this backend: `padded_eval.eval.compiling.TieredStep` with
+    `compiler_options` (on CPU also a quick tier, chosen per input shapes by the run)."""
+    platform = self.mesh.devices.flat[0].platform
+    return compiling.TieredStep(fn, self.compiler_options, platform, **jit_kwargs)
+
   @property
   def replicated(self) -> NamedSharding:
     return NamedSharding(self.mesh, PartitionSpec())

@@ -56,8 +56,8 @@ class JitBackend(MeshBackend):
     merge = lambda count_rows, packing=None: step_parts.merge_step(
       inner, mask, jnp.sum, count_rows, packing
     )
-    make = lambda merge, donate: jax.jit(
-      merge, donate_argnums=donate, out_shardings=shardings, compiler_options=self.compiler_options
+    make = lambda merge, donate: self.jit_step(
+      merge, donate_argnums=donate, out_shardings=shardings
     )
     state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
     packed = self.packed_steps(make, merge)

@@ -68,7 +68,7 @@ class PmapBackend(MeshBackend):
         out_specs=self.split.spec,
         check_vma=False,
       )
-      return jax.jit(mapped, donate_argnums=donate, compiler_options=self.compiler_options)
+      return self.jit_step(mapped, donate_argnums=donate)
 
     def state_shapes(params, batch):  # per-device copies: drop the leading device axis
       shapes = jax.eval_shape(statistics, params, batch)

@@ -52,10 +52,7 @@ class ShardMapBackend(MeshBackend):
       )
 
     state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
-    options = self.compiler_options
-    make = lambda merge, donate: jax.jit(
-      mapped(merge), donate_argnums=donate, compiler_options=options
-    )
+    make = lambda merge, donate: self.jit_step(mapped(merge), donate_argnums=donate)
     packed = self.packed_steps(make, merge)
     return CompiledStep(state_shapes, make(merge(True), 1), packed)
 
