@@ -9,8 +9,9 @@ Functions that cannot be compared (lambdas and closures made anew on every call,
 unhashable arguments) are keyed by identity; when the same code is compiled for the same input
 shapes `RECOMPILES_BEFORE_WARNING` times, a `RecompileWarning` says why and how to avoid it.
 
-Each entry also keeps, per input shapes, the empty state the driver starts from (traced once
-with ``jax.eval_shape``), so a repeated call neither re-runs ``eval_shape`` nor rebuilds it.
+Each entry also keeps, per input shapes, the empty state the driver starts from and the bytes one
+batch's statistics write (traced once, `padded_eval.eval.step.traced_statistics`), so a repeated
+call neither traces them again nor rebuilds the state.
 """
 
 from __future__ import annotations
@@ -155,26 +156,28 @@ class CachedStep:
       batch: the placed first batch.
 
     Returns:
-      The empty state with numpy leaves, from ``jax.eval_shape`` of the step's statistics
-      (which traces ``step_fn`` once), computed once per input shapes (treat it as read-only).
+      The empty state with numpy leaves, from one trace of the step's statistics (which traces
+      ``step_fn`` once), computed once per input shapes (treat it as read-only).
 
     Raises:
       ValueError: the metric's ``empty()`` does not have the updated state's structure.
     """
     return self.first_state(params, batch)[0]
 
-  def first_state(self, params: Any, batch: Any) -> tuple[Any, bool]:
-    """``(empty_state(params, batch), new)``: ``new`` when the input shapes are new to this
-    step, so that the step for them compiles on this call."""
+  def first_state(self, params: Any, batch: Any) -> tuple[Any, bool, int]:
+    """``(empty_state(params, batch), new, written)``: ``new`` when the input shapes are new to
+    this step, so that the step for them compiles on this call; ``written``, the bytes one
+    batch's statistics write (`padded_eval.eval.compiling.choose_tier` reads it)."""
     key = _shapes_key((params, batch))
     found = self._empty.get(key)
     if found is not None:
-      return found, False
+      return found[0], False, found[1]
     _count_compile((*self._origin, key))
-    empty = _checked_empty(self.compiled.state_shapes(params, batch))
-    found = self._empty[key] = jax.tree.map(np.asarray, empty)
+    shapes, written = self.compiled.traced_statistics(params, batch)
+    empty = jax.tree.map(np.asarray, _checked_empty(shapes))
+    self._empty[key] = (empty, written)
     _bound(self._empty, ENTRY_SIZE)
-    return found, True
+    return empty, True, written
 
   def packed(self, empty: Any, count_rows: bool) -> tuple[Any, Callable, Any]:
     """``(packing, step, placed state)`` carrying ``empty`` packed (`padded_eval.eval.packing`).
@@ -211,7 +214,7 @@ def _bound(cache: collections.OrderedDict, size: int) -> None:
 
 
 def _checked_empty(shapes) -> tuple:
-  """The empty (metric, count) state of one shard, from the ``eval_shape`` of a step."""
+  """The empty (metric, count) state of one shard, from the traced shapes of a step."""
   metric_shape, count_shape = shapes
   empty = (metric_shape.empty(), ExactCount.zeros(count_shape.shape))
 

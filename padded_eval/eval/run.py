@@ -58,7 +58,7 @@ class CompiledRun:
     self._host_rows = 0
     self._fresh = False  # see compile_ahead
     self._compiling: Compiling | None = None
-    self._program = step  # the tier of the step that runs (compile_ahead chooses it)
+    self._program = step  # the tier of the step that runs (`start` chooses it)
     self.initial_state, self.row_axes = state, backend.row_axes
     self.first = self.stored = self.empty = None  # set by `start`
 
@@ -72,23 +72,16 @@ class CompiledRun:
       self._host_rows += self._host_mask.count(step_input.batch)
 
   def compile_ahead(self) -> None:
-    """Chooses the step's tier (`padded_eval.eval.compiling.choose_tier`: on CPU, a small step
-    compiles without LLVM's optimizations) and, when it has not run for these shapes yet (one
-    process), starts compiling it for the first input on a worker thread: traced and lowered
-    here, then compiled by XLA (which releases the GIL) while this thread traces and lowers the
-    programs that compile beside it (`padded_eval.eval.cache.prepare_logs`). The first `step`
-    waits for it; a compile that fails there is redone by the step's own call, which raises.
-    Flax mnist's first call: about 0.02 s less, the logs program's tracing and lowering off its
-    critical path."""
-    lower = getattr(self._step, "lower", None)  # None: a step wrapped by a test
-    one_process = jax.process_count() == 1 and not jax.config.jax_disable_jit
-    if lower is None or not one_process or self.initial_state is None:
-      self._fresh = False
-      return
-    args = (self._params, self.initial_state, self.first)
-    self._program, traced = choose_tier(self._step, args)
-    if self._fresh:
-      lowered = traced.lower() if traced is not None else self._program.lower(*args)
+    """Starts compiling the step (the tier `start` chose) for the first input on a worker thread,
+    when it has not run for these shapes yet (one process): traced and lowered here, then
+    compiled by XLA (which releases the GIL) while this thread traces and lowers the programs
+    that compile beside it (`padded_eval.eval.cache.prepare_logs`). The first `step` waits for
+    it; a compile that fails there is redone by the step's own call, which raises. Flax mnist's
+    first call: about 0.02 s less, the logs program's tracing and lowering off its critical path."""
+    lower = getattr(self._program, "lower", None)  # None: a step wrapped by a test
+    ahead = self._fresh and lower is not None and self.initial_state is not None
+    if ahead and not jax.config.jax_disable_jit and jax.process_count() == 1:
+      lowered = lower(self._params, self.initial_state, self.first)
       self._compiling = Compiling(lowered, STEP_COMPILE_THREAD)
     self._fresh = False
 
@@ -129,7 +122,7 @@ def start(
   """
   backend = compiled.backend
   placed_params, placed_first = backend.place_params(params), backend.place_batch(first)
-  empty, fresh = compiled.first_state(placed_params, placed_first.batch)
+  empty, fresh, written = compiled.first_state(placed_params, placed_first.batch)
   stored = None
   if saver is not None:
     stored = saver.verify(empty, first.batch, params, placed_params, backend, wait)
@@ -146,4 +139,5 @@ def start(
     run = CompiledRun(backend, placed_params, compiled.compiled.step, state)
   run._count(first)
   run.first, run.stored, run.empty, run._fresh = placed_first, stored, empty, fresh
+  run._program = choose_tier(run._step, written)  # the same for every call of these shapes
   return run

@@ -1,7 +1,7 @@
 """The masked_eval step, written once for every backend (`padded_eval.eval.backends` maps it).
 
 ``step_fn(params, batch)`` is wrapped (`checked_step_fn`), turned into one batch's
-statistics (`batch_statistics`, what ``jax.eval_shape`` reads the state's structure from)
+statistics (`batch_statistics`, whose trace gives the state's structure: `traced_statistics`)
 and into the step that merges one batch into the carried state (`merge_step`). The carried
 state is ``(metric, ExactCount of real rows)``; under pmap and shard_map each shard carries
 its own, stacked on a leading axis (`unstack` / `restack` inside the mapped function), and
@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from padded_eval.eval.compiling import written_bytes
 from padded_eval.eval.outputs import split_step_result
 from padded_eval.exact.accumulate import ExactCount
 
@@ -30,6 +31,7 @@ __all__ = [
   "reduce_state",
   "restack",
   "row_count",
+  "traced_statistics",
   "unstack",
 ]
 
@@ -116,6 +118,21 @@ def batch_statistics(inner: Callable, mask: RowMask, axis: str | None) -> Callab
     return metric, count
 
   return statistics
+
+
+def traced_statistics(statistics: Callable, per_device: bool = False) -> Callable:
+  """``(params, batch) -> (shapes, written)`` of `batch_statistics` ``statistics``, from one trace
+  (``jax.make_jaxpr``): the state's ``jax.ShapeDtypeStruct`` tree (``per_device``: a pmap's,
+  without its leading device axis) and the bytes its program writes
+  (`padded_eval.eval.compiling.written_bytes`)."""
+
+  def traced(params, batch):
+    jaxpr, shapes = jax.make_jaxpr(statistics, return_shape=True)(params, batch)
+    if per_device:
+      shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), shapes)
+    return shapes, written_bytes(jaxpr.jaxpr)
+
+  return traced
 
 
 def merge_step(

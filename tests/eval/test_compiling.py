@@ -278,18 +278,18 @@ def _bytes_step(params, batch):
 
 
 def test_a_small_step_compiles_quick_and_a_large_one_optimized(monkeypatch):
-  """The tier is chosen from the step's written bytes and input shapes alone: once per shapes
-  (one compilation each, also when the number of batches changes), exact in both tiers, and
-  one tier when ``XLA_FLAGS`` names the optimization level."""
+  """The tier is chosen from the bytes one batch's statistics write, per input shapes: once per
+  shapes (one compilation each, also when the number of batches changes), exact in both tiers,
+  and one tier when ``XLA_FLAGS`` names the optimization level."""
   monkeypatch.delenv("XLA_FLAGS", raising=False)
   pe.clear_caches()
   chosen = []
   choose = compiling.choose_tier
 
-  def recording(step, args):
-    program, traced = choose(step, args)
+  def recording(step, written):
+    program = choose(step, written)
     chosen.append("quick" if program is step.quick else "optimized")
-    return program, traced
+    return program
 
   monkeypatch.setattr(_run, "choose_tier", recording)
   small, large = _data(203, seed=4), _data(20_003, seed=5)
@@ -324,7 +324,9 @@ def test_a_small_step_compiles_quick_and_a_large_one_optimized(monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=2")
   one = compiling.TieredStep(lambda x: x + 1, compiling.compiler_options("cpu"), "cpu")
   assert one.quick is None  # the user's level: one tier
-  assert compiling.choose_tier(one, (np.float32(1),))[0] is one
+  assert compiling.choose_tier(one, 0) is one
+  assert compiling.choose_tier(step, compiling.QUICK_BYTES) is step.quick
+  assert compiling.choose_tier(step, compiling.QUICK_BYTES + 1) is step
 
 
 def test_written_bytes_counts_nested_programs():

@@ -44,9 +44,12 @@ class CompiledStep:
   """The compiled functions of one ``(step_fn, backend, mask)``.
 
   Attributes:
-    state_shapes: ``(placed params, placed batch) -> (metric, ExactCount)`` of
-      ``jax.ShapeDtypeStruct``: one shard's carried state, from ``jax.eval_shape`` of the
-      step's statistics (which traces ``step_fn`` into the jit cache the step reuses).
+    traced_statistics: ``(placed params, placed batch) -> (shapes, written)``: ``shapes``, the
+      ``(metric, ExactCount)`` of ``jax.ShapeDtypeStruct`` of one shard's carried state, and
+      ``written``, the bytes the statistics' program writes
+      (`padded_eval.eval.compiling.written_bytes`, what chooses the step's tier), from one trace
+      of one batch's statistics (`padded_eval.eval.step.traced_statistics`, which traces
+      ``step_fn`` into the jit cache the step reuses).
     step: ``(placed params, state, placed StepInput) -> (state, token, per_row)``;
       ``state`` (the tree) is donated. ``token`` is ``(rows_so_far, sync_totals)``: a small
       array that is ready when the step has finished, and each ``sync`` array summed over all
@@ -58,9 +61,13 @@ class CompiledStep:
       as it came (the run counts the rows on the host: `padded_eval.eval.run`).
   """
 
-  state_shapes: Callable
+  traced_statistics: Callable
   step: Callable
   packed_step: Callable
+
+  def state_shapes(self, params: Any, batch: Any) -> Any:
+    """The ``shapes`` of `traced_statistics`: one shard's carried state."""
+    return self.traced_statistics(params, batch)[0]
 
 
 @runtime_checkable

@@ -59,9 +59,9 @@ class JitBackend(MeshBackend):
     make = lambda merge, donate: self.jit_step(
       merge, donate_argnums=donate, out_shardings=shardings
     )
-    state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
+    traced = step_parts.traced_statistics(statistics)
     packed = self.packed_steps(make, merge)
-    return CompiledStep(state_shapes, make(merge(True), 1), packed)
+    return CompiledStep(traced, make(merge(True), 1), packed)
 
   def finalize_program(self):
     return lambda state: state  # already global: XLA reduced every step's sums across the mesh

@@ -70,12 +70,9 @@ class PmapBackend(MeshBackend):
       )
       return self.jit_step(mapped, donate_argnums=donate)
 
-    def state_shapes(params, batch):  # per-device copies: drop the leading device axis
-      shapes = jax.eval_shape(statistics, params, batch)
-      return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), shapes)
-
+    traced = step_parts.traced_statistics(statistics, per_device=True)
     packed = self.packed_steps(make, merge)
-    return CompiledStep(state_shapes, make(merge(True), 1), packed)
+    return CompiledStep(traced, make(merge(True), 1), packed)
 
   def finalize_program(self):
     return jax.pmap(step_parts.reduce_state(self.data_axis), self.data_axis)

@@ -51,10 +51,10 @@ class ShardMapBackend(MeshBackend):
         out_specs=(split, split, split),
       )
 
-    state_shapes = lambda params, batch: jax.eval_shape(statistics, params, batch)
+    traced = step_parts.traced_statistics(statistics)
     make = lambda merge, donate: self.jit_step(mapped(merge), donate_argnums=donate)
     packed = self.packed_steps(make, merge)
-    return CompiledStep(state_shapes, make(merge(True), 1), packed)
+    return CompiledStep(traced, make(merge(True), 1), packed)
 
   def finalize_program(self):
     return jax.jit(
