@@ -115,12 +115,14 @@ CPU_LOGS_OPTIONS = QUICK_OPTIONS
 
 
 def logs_compiler_options(platform: str) -> dict | None:
-  """The ``compiler_options`` of the logs program (``compute_logs`` of the final metric).
+  """The ``compiler_options`` of the logs program (``compute_logs`` of the final metric), and of
+  the combination of a small state's partial states (`padded_eval.eval.packing`).
 
-  It runs once per call, on a few totals, and its compile is on a small evaluation's first
+  Each runs once per call, on a few totals, and its compile is on a small evaluation's first
   call: on CPU it is compiled without LLVM's optimizations (`CPU_LOGS_OPTIONS`, on top of
-  `compiler_options`): Flax mnist's compiled in about 0.015 s instead of 0.03 s, while the step
-  compiled beside it. Unoptimized, every float operation is the one the metric's ``compute``
+  `compiler_options`): Flax mnist's logs compiled in about 0.015 s instead of 0.03 s, while the
+  step compiled beside it. The combination is exact integer and error-free float arithmetic,
+  the same bits at any level (``tests/eval/test_compiling.py``). Unoptimized, every float operation is the one the metric's ``compute``
   writes (no multiply-add contracted into one rounding), as when ``compute`` runs eagerly:
   ``tests/eval/test_compiling.py`` checks the logs of many metrics bit for bit against the
   eager ones and against XLA's defaults. An option ``XLA_FLAGS`` names is left to it.

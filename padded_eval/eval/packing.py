@@ -266,7 +266,8 @@ def _combined(packed: jax.Array, packing: StatePacking) -> jax.Array:
 
 
 def _lowered(packing: StatePacking, shards: int) -> Any:
-  options = compiling.compiler_options(jax.default_backend())
+  # once per call, on a small state: compiled as the logs program is (LLVM unoptimized on CPU)
+  options = compiling.logs_compiler_options(jax.default_backend())
   program = jax.jit(_combined, static_argnums=1, compiler_options=options)
   return program.lower(jax.ShapeDtypeStruct((shards, packing.nwords), np.uint32), packing)
 

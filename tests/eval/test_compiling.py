@@ -349,3 +349,43 @@ def _unregister(listener) -> None:
 
     unregister = monitoring._unregister_event_duration_listener_by_callback  # noqa: SLF001
   unregister(listener)
+
+
+def test_the_partial_states_combination_is_the_same_bits_at_every_level(monkeypatch):
+  """The combination of a small state's partial states (`packing.aggregate_packed`) is compiled
+  as the logs program is (LLVM unoptimized on CPU): exact arithmetic, so the same bits as with
+  the driver's optimized options and with XLA's defaults, and float64's totals."""
+  from padded_eval.exact.accumulate import ExactCount
+
+  rng = np.random.default_rng(23)
+  parts, rows = [], []
+  for _ in range(8):
+    data = _data(int(rng.integers(1, 40)), seed=int(rng.integers(1 << 30)))
+    logits = jnp.tanh(data["x"] @ W) * 3
+    values = 1e6 + jnp.sum(logits, -1)
+    state = METRICS.batch_updates(preds=logits, target=data["y"], values=values)
+    parts.append((jax.device_get(state), jax.device_get(ExactCount.of(len(data["y"])))))
+    rows.append((np.asarray(logits, np.float64), data["y"], np.asarray(values, np.float64)))
+  packing = _packing.StatePacking(parts[0])
+  packed = np.stack([packing.pack_host(part) for part in parts])
+  combined = {}
+  for name, options in (
+    ("quick", compiling.logs_compiler_options("cpu")),
+    ("driver", compiling.compiler_options("cpu")),
+    ("defaults", XLA_DEFAULTS),
+  ):
+    program = jax.jit(_packing._combined, static_argnums=1, compiler_options=options)  # noqa: SLF001
+    combined[name] = np.asarray(program(packed, packing))
+  assert combined["quick"].tobytes() == combined["driver"].tobytes()
+  assert combined["quick"].tobytes() == combined["defaults"].tobytes()
+  pe.clear_caches()
+  got = np.asarray(_packing.aggregate_packed(packed, packing))  # the driver's own program
+  assert got.tobytes() == combined["quick"].tobytes()
+  (total, count) = packing.unpack_host(got)
+  logits = np.concatenate([r[0] for r in rows])
+  labels = np.concatenate([r[1] for r in rows])
+  values = np.concatenate([r[2] for r in rows])
+  logs = total.compute_logs()
+  np.testing.assert_allclose(logs["accuracy"], np.mean(np.argmax(logits, -1) == labels), rtol=1e-7)
+  np.testing.assert_allclose(logs["offset_mean"], np.mean(values), rtol=1e-7)
+  assert int(count.to_numpy()) == len(labels)
