@@ -31,9 +31,8 @@ library, as fast). `choose_tier` takes the quick tier when the step is small: th
 batch's statistics write (the model and the metrics' updates, traced: `written_bytes`) at most
 `QUICK_BYTES`, so a step's extra time stays
 within a few hundredths of a millisecond, a tenth of what the driver spends on each step (782
-mnist steps from numpy arrays, warm: median 0.306 s against 0.284 s optimized, fastest 0.255 s
-against 0.257 s; Flax mnist's converted eval, 8 steps: 0.034 s in the quick tier, as Flax's own
-loop). The choice depends on the step and its input shapes
+mnist steps from numpy arrays, warm, in two runs: medians 0.258 and 0.306 s against 0.256 and
+0.284 s optimized; the first call 0.42-0.46 s against 0.69-0.72 s). The choice depends on the step and its input shapes
 alone, never on timing or on earlier calls: one compilation per step and shapes, and the same
 program for the same question. Unoptimized, each float operation is the one the step writes (no
 multiply-add contracted into one rounding), so a model's outputs may differ from the optimized
