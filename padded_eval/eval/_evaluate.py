@@ -189,7 +189,9 @@ def masked_eval(
     With ``outputs=True``, the pair ``(results, per_row)``: ``per_row`` has the
     structure ``step_fn`` returned, with numpy leaves of exactly this process's
     real rows (padding removed), in the order of its batches: ``[num_examples, ...]``
-    with one process. With several processes each process gets its own rows back
+    with one process. (On CPU a small step is compiled without LLVM's optimizations,
+    `padded_eval.eval.compiling`: its float values may differ in the last bit from an
+    optimized ``jax.jit`` of the same model, which contracts multiply-adds.) With several processes each process gets its own rows back
     (gather them with ids from ``pe.pad_batches(..., index_key=...)``; see HOWTO.md).
 
   Raises:

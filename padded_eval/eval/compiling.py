@@ -24,20 +24,20 @@ while the step traces and compiles, instead of after the last step.
 
 **Two tiers of a step** (`TieredStep`). On CPU a step is also jitted in a quick tier, without
 LLVM's optimizations (`QUICK_OPTIONS`): it compiles in about half the time (Flax mnist's
-converted step 0.08-0.09 s instead of 0.18-0.21 s), but its elementwise loops run 2-6x slower
+converted step 0.08-0.10 s instead of 0.18-0.21 s), but its elementwise loops run 2-6x slower
 (measured: a bias and relu over ``[1024, 1024]`` 0.14 -> 0.85 ms; ``Accuracy`` over ``[1024,
 1000]`` logits 1.5 -> 9.3 ms; matrix products and convolutions, which XLA hands to its runtime
 library, as fast). `choose_tier` takes the quick tier when the step is small: the values one
 batch's statistics write (the model and the metrics' updates, traced: `written_bytes`) at most
-`QUICK_BYTES`, so a step's extra time stays
-within a few hundredths of a millisecond, a tenth of what the driver spends on each step (782
-mnist steps from numpy arrays, warm, in two runs: medians 0.258 and 0.306 s against 0.256 and
-0.284 s optimized; the first call 0.42-0.46 s against 0.69-0.72 s). The choice depends on the step and its input shapes
-alone, never on timing or on earlier calls: one compilation per step and shapes, and the same
-program for the same question. Unoptimized, each float operation is the one the step writes (no
-multiply-add contracted into one rounding), so a model's outputs may differ from the optimized
-tier's in the last bit, as they may between batch sizes or devices; the statistics are exact in
-both (``tests/eval/test_compiling.py`` checks results in both tiers against float64,
+`QUICK_BYTES`, so a step's extra time stays within a few hundredths of a millisecond, a tenth of
+what the driver spends on each step (782 mnist steps from numpy arrays, warm, in two runs:
+medians 0.258 and 0.306 s against 0.256 and 0.284 s optimized; the first call 0.42-0.46 s
+against 0.69-0.72 s). The choice depends on the step and its input shapes alone, never on timing
+or on earlier calls: one compilation per step and shapes, and the same program for the same
+question. Unoptimized, each float operation is the one the step writes (no multiply-add
+contracted into one rounding), so a model's outputs may differ from the optimized tier's in the
+last bit, as they may between batch sizes or devices; the statistics are exact in both
+(``tests/eval/test_compiling.py`` checks results in both tiers against float64,
 ``tests/exact/test_numerics_regressions.py`` the error-free transformations). An
 ``xla_backend_optimization_level`` in ``XLA_FLAGS`` leaves one tier, the user's.
 """
@@ -121,10 +121,11 @@ def logs_compiler_options(platform: str) -> dict | None:
   call: on CPU it is compiled without LLVM's optimizations (`CPU_LOGS_OPTIONS`, on top of
   `compiler_options`): Flax mnist's logs compiled in about 0.015 s instead of 0.03 s, while the
   step compiled beside it. The combination is exact integer and error-free float arithmetic,
-  the same bits at any level (``tests/eval/test_compiling.py``). Unoptimized, every float operation is the one the metric's ``compute``
-  writes (no multiply-add contracted into one rounding), as when ``compute`` runs eagerly:
-  ``tests/eval/test_compiling.py`` checks the logs of many metrics bit for bit against the
-  eager ones and against XLA's defaults. An option ``XLA_FLAGS`` names is left to it.
+  the same bits at any level. Unoptimized, every float operation of the logs is the one the
+  metric's ``compute`` writes (no multiply-add contracted into one rounding), as when
+  ``compute`` runs eagerly. ``tests/eval/test_compiling.py`` checks the logs of many metrics bit
+  for bit against the eager ones and against XLA's defaults, and the combination against both
+  levels. An option ``XLA_FLAGS`` names is left to it.
 
   Args:
     platform: the devices' platform.
