@@ -1,14 +1,72 @@
-"""``python -m benchmarks [--quick] [--out DIR]``: exactness, speed and scaling against the anchors.
+"""``python -m benchmarks [--quick] [--out DIR]``, or ``python -m benchmarks NAME [ARGS]``.
 
-The full run writes ``benchmarks/RESULTS.md`` and ``benchmarks/scaling.png``; ``--quick`` (small
-sizes, a smoke test) writes to ``--out`` (default: a temporary directory), never over the
-committed results. The anchors (flax, clu, metrax) are optional: missing ones show as
-"not installed".
+Without a NAME: exactness, speed and scaling against the anchors. The full run writes
+``benchmarks/RESULTS.md`` and ``benchmarks/scaling.png``; ``--quick`` (small sizes, a smoke test)
+writes to ``--out`` (default: a temporary directory), never over the committed results. The
+anchors (flax, clu, metrax) are optional: missing ones show as "not installed".
+
+With a NAME from `BENCHMARKS` (``python -m benchmarks list`` prints them with what each
+measures): that benchmark alone, with its own arguments, e.g. ``python -m benchmarks accelerator
+--json out.json``. Each sets its own devices: the accelerator benchmark takes whatever JAX finds,
+the others 8 virtual CPU devices.
 """
 
 import os
+import runpy
+import sys
 
-# 8 virtual CPU devices, set before JAX initialises its backend.
+# name: (module, what it measures, its arguments in the quick mode that the tests run)
+BENCHMARKS = {
+  "accelerator": (
+    "bench_accelerator",
+    "masked_eval vs the hand loop, Flax's loops; numpy, tf.data, on device (issue 64)",
+    ("--quick", "--repeats", "1"),
+  ),
+  "eval": ("bench_eval", "warm masked_eval vs the bare pmap loop, MLP, 8 devices", ("--quick",)),
+  "from_flax": (
+    "bench_from_flax",
+    "converted Flax examples vs their own loops, cold and warm",
+    ("--only", "mnist_nnx", "ogbg", "--repeats", "1", "--cold", "in-process"),
+  ),
+  "sources": ("bench_sources", "pad_batches per source kind; tf.data throughput", ("--quick",)),
+  "overhead": ("bench_overhead", "fixed cost per call, small N, every backend", ("--quick",)),
+  "sharded": ("bench_sharded", "FSDP-sharded params under jit vs a bare jit loop", ("--quick",)),
+  "outputs": ("per_row_outputs", "masked_eval(outputs=True) vs a device_get loop", ("--quick",)),
+  "ogb": ("bench_ogb", "exact OGB mean AP (molpcba shapes) vs a bare loop", ("--quick",)),
+  "text": ("bench_text", "BLEU, ROUGE, WER, exact match on the devices vs the host", ("--quick",)),
+  "bootstrap": (
+    "bench_bootstrap",
+    "step cost of Bootstrap and Sliced vs the bare metric",
+    ("--quick",),
+  ),
+  "families": ("bench_families", "metric update cost as a share of a forward pass", ("--quick",)),
+  "eager": ("bench_eager", "eager metric calls: one program vs op by op", ("--quick",)),
+  "checkpoint": (
+    "bench_checkpoint",
+    "checkpoint_every's cost; resume; params checksum",
+    ("--quick",),
+  ),
+  "multihost": ("bench_multihost", "multi-host agreement as the process count grows", ("--quick",)),
+  "peers": ("peers_torchmetrics", "ranking and image metrics vs torchmetrics", ("--quick",)),
+}
+
+
+def run_named(name: str, args: list[str]) -> None:
+  """Runs benchmark ``name`` as ``python -m benchmarks.<module> ARGS`` would, in this process."""
+  module = BENCHMARKS[name][0]
+  sys.argv = [f"python -m benchmarks {name}", *args]
+  runpy.run_module(f"benchmarks.{module}", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["list"]:
+  for name, (module, what, _) in BENCHMARKS.items():
+    print(f"{name:12s} benchmarks/{module}.py: {what}")
+  sys.exit(0)
+if __name__ == "__main__" and sys.argv[1:2] and sys.argv[1] in BENCHMARKS:
+  run_named(sys.argv[1], sys.argv[2:])
+  sys.exit(0)
+
+# The full run: 8 virtual CPU devices, set before JAX initialises its backend.
 # Steps in flight are bounded everywhere; the longer collective timeout only keeps a heavily
 # loaded shared machine from aborting a slow (not stuck) CPU rendezvous after the default 40 s.
 os.environ["XLA_FLAGS"] = (
@@ -23,7 +81,6 @@ import argparse  # noqa: E402
 import datetime  # noqa: E402
 import pathlib  # noqa: E402
 import platform  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
