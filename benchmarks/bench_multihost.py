@@ -1,4 +1,4 @@
-"""``python -m benchmarks.bench_multihost``: what multi-host agreement costs as the process count P grows (#21).
+"""``python -m benchmarks multihost``: what multi-host agreement costs as the process count P grows (#21).
 
 Three measurements, printed as the Markdown of RESULTS.md's #21 section:
 
@@ -14,7 +14,8 @@ Three measurements, printed as the Markdown of RESULTS.md's #21 section:
 3. **Collectives per step**: all-reduces in the compiled step of each backend with and without the has-data flag,
    on meshes of 2, 4 and 8 (virtual) devices: the flag adds one scalar all-reduce whatever the size.
 
-Not registered in ``python -m benchmarks`` (it spawns processes with their own device count).
+Run: ``python -m benchmarks multihost [--quick]`` (not part of the full run: it spawns processes with their own
+device count).
 """
 
 from __future__ import annotations
@@ -261,7 +262,11 @@ def main() -> None:
   parser.add_argument(
     "--version", choices=sorted(REQUESTS), default="after", help="what --repo holds"
   )
+  parser.add_argument("--quick", action="store_true", help="P = 2 only, few calls (a smoke test)")
   args = parser.parse_args()
+  if args.quick:
+    args.counts, args.calls, args.steps, args.repeats = "2", 2, 4, 1
+    args.stub_max, args.before_max = 64, 16
   parts = args.parts.split(",")
   if "requests" in parts:
     print_requests(args.stub_max, args.before_max)
