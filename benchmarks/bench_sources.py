@@ -183,18 +183,9 @@ def host_overhead(num_batches: int, repeats: int) -> None:
     ),
     "whole-dataset Mapping": lambda: consume(pe.pad_batches(data, BATCH, num_devices=1)),
   }
-  seconds = median_seconds(fns, repeats)
-  base = seconds["plain loop"]
-  print(
-    f"(a) host overhead per batch, {num_batches} batches of {BATCH} rows, 3 leaves (median of {repeats})"
-  )
-  print(f"    plain loop over the same full batches: {base / num_batches * 1e6:8.2f} us/batch")
-  for name in list(fns)[1:]:
-    extra = (seconds[name] - base) / num_batches * 1e6
-    print(
-      f"    pad_batches, {name:28s}: {seconds[name] / num_batches * 1e6:8.2f} us/batch "
-      f"(+{extra:.2f} us over the plain loop)"
-    )
+  seconds = {name: t / num_batches for name, t in median_seconds(fns, repeats).items()}
+  title = f"(a) host overhead per batch, {num_batches} batches of {BATCH} rows, 3 leaves"
+  print_against(f"{title} (median of {repeats})", seconds, "plain loop", 1e6, "us/batch")
 
 
 def tf_throughput(rows: int, repeats: int) -> None:
@@ -245,22 +236,21 @@ def small_eval_reads(rows: int, repeats: int) -> None:
     "pad_batches(ds, None)": lambda: consume(pe.pad_batches(pipeline, None, num_devices=1)),
   }
   seconds = median_seconds(fns, repeats)
-  base = seconds["iterate the pipeline"]
   print(
     f"(c) a small eval split re-read per evaluation, {rows} rows, batch 128 (median of {repeats})"
   )
-  print(f"    iterate the pipeline {base * 1e3:8.2f} ms")
-  for name in ("pad_batches over it", "pad_batches(ds, None)"):
-    print(
-      f"    a new {name:22s} {seconds[name] * 1e3:8.2f} ms, ratio {seconds[name] / base:.2f} "
-      "(goal: within 1.2)"
-    )
-  fresh, padded = seconds["a new pipeline iterated"], seconds["pad_batches over a new pipeline"]
-  print(f"    a new pipeline iterated          {fresh * 1e3:8.2f} ms")
-  print(
-    f"    pad_batches over a new pipeline  {padded * 1e3:8.2f} ms, ratio {padded / fresh:.2f} "
-    "(goal: within 1.2)"
-  )
+  names = ("iterate the pipeline", "pad_batches over it", "pad_batches(ds, None)")
+  print_against("  the same pipeline (goal: within 1.2)", {n: seconds[n] for n in names}, names[0])
+  names = ("a new pipeline iterated", "pad_batches over a new pipeline")
+  print_against("  a new pipeline (goal: within 1.2)", {n: seconds[n] for n in names}, names[0])
+
+
+def print_against(title: str, seconds: dict, base: str, scale: float = 1e3, unit: str = "ms"):
+  """``title``, then each of ``seconds`` (times ``scale``, in ``unit``) and its ratio to ``base``."""
+  print(title)
+  for name, value in seconds.items():
+    ratio = "" if name == base else f", ratio {value / seconds[base]:.2f}"
+    print(f"    {name:32s} {value * scale:9.2f} {unit}{ratio}")
 
 
 def main() -> None:
