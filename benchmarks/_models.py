@@ -29,7 +29,10 @@ def mlp_params(sizes: tuple[int, ...], seed: int = 0) -> list[dict[str, np.ndarr
 
 def mlp_apply(params: list[dict[str, jax.Array]], x: jax.Array) -> jax.Array:
   """``x [B, inputs] -> logits [B, outputs]``: ReLU between layers, none after the last."""
-  dense = lambda x, layer: x @ layer["w"] + layer["b"][None, :]  # explicit: promotion may raise
+
+  def dense(x, layer):  # the bias's rank made explicit: implicit rank promotion may raise
+    return x @ layer["w"] + layer["b"].reshape((1,) * (x.ndim - 1) + (-1,))
+
   for layer in params[:-1]:
     x = jax.nn.relu(dense(x, layer))
   return dense(x, params[-1])
@@ -74,7 +77,7 @@ def cnn_apply(params: dict, images: jax.Array) -> jax.Array:
     x = jax.lax.conv_general_dilated(
       x, layer["w"], (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
     )
-    x = jax.nn.relu(x + layer["b"])
+    x = jax.nn.relu(x + layer["b"].reshape(1, 1, 1, -1))
   return mlp_apply(params["head"], x.mean(axis=(1, 2)))
 
 
