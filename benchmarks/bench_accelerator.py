@@ -6,8 +6,10 @@ optax and tensorflow-cpu (besides padded_eval's own requirements)::
     python -m benchmarks accelerator --json accelerator.json
 
 ``--quick`` runs small models of the same shapes (CPU, tests); ``--models mlp logits`` picks cases.
-JAX picks the platform (TPU or GPU if present, CPU otherwise; nothing here forces CPU); on one CPU
-device every loop runs on that device. Four models, each timed side by side in this one process:
+JAX picks the platform (TPU or GPU if present, CPU otherwise; nothing here forces CPU). The hand loop
+runs on the default device, the other loops on every local device: for the issue's one-chip figures on
+a host of several chips, make one visible (e.g. ``TPU_VISIBLE_CHIPS=0`` or ``CUDA_VISIBLE_DEVICES=0``).
+Four models, each timed side by side in this one process:
 
 * ``mlp``: MLP 784-256-10, N = 1,003, batches of 128;
 * ``cnn``: 6 conv layers (3x3, every second of stride 2), 32x32x3 -> 100 classes, N = 10,003, 1,024;
@@ -20,7 +22,8 @@ Every loop computes the accuracy and the mean cross entropy over all N rows from
   and a bool mask, one ``jax.jit`` step that takes the numpy arrays as they are and returns (correct
   count, loss sum, real count), summed on the device with ``jnp.add``, one ``device_get`` at the end;
   params placed once on the default device, outside the timing;
-* ``Flax issue's naive loop`` (seeds/000): a pmapped step returning per-batch means, ``pmean`` over
+* ``Flax issue's naive loop`` (Flax's issue "Correctly compute metrics over entire evalset/testset",
+  the pattern of its examples then): a pmapped step returning per-batch means, ``pmean`` over
   devices, the means averaged over batches on the host. The last batch is fed as it comes (its own
   shape, compiled once more, weighted like a full batch) when its rows split evenly over the devices,
   as on one device; otherwise it is dropped (the pmap could not take it). Its numbers are wrong by
@@ -202,10 +205,7 @@ def make_loops(case: Case) -> tuple[dict[str, Callable[[], tuple[float, float]]]
     loss = _models.cross_entropy(logits, b["label"])
     return METRICS.batch_updates(preds=logits, target=b["label"], loss=loss, mask=b["mask"])
 
-  import tensorflow as tf
-
-  tf.config.set_visible_devices([], "GPU")  # the accelerator is JAX's
-  pipeline = tf.data.Dataset.from_tensor_slices(data).batch(batch)
+  pipeline = _tensorflow().data.Dataset.from_tensor_slices(data).batch(batch)
   on_devices = [
     jax.device_put(b, NamedSharding(mesh, PartitionSpec("batch")))
     for b in pe.pad_batches(data, batch)
@@ -233,6 +233,17 @@ def make_loops(case: Case) -> tuple[dict[str, Callable[[], tuple[float, float]]]
     for backend in ("pmap", "jit"):
       loops[f"masked_eval {backend}, {source}"] = masked(backend, make)
   return loops, _reference(case)
+
+
+def _tensorflow():
+  """TensorFlow, kept off the accelerators (JAX's); only its tf.data is used."""
+  import tensorflow as tf
+
+  try:
+    tf.config.set_visible_devices([], "GPU")
+  except RuntimeError:  # already initialised (a second model): it was set then
+    pass
+  return tf
 
 
 def _reference(case: Case) -> tuple[float, float]:
