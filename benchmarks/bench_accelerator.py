@@ -126,15 +126,6 @@ def _counts(logits, labels, mask):
   return correct, jnp.sum(jnp.where(mask, loss, 0.0)), jnp.sum(mask, dtype=jnp.int32)
 
 
-def _host_metrics(logits: np.ndarray, labels: np.ndarray) -> tuple[int, float]:
-  """Correct count and loss sum of host logits, in numpy (the float64 sum of float32 terms)."""
-  logits = np.asarray(logits, np.float64)
-  shifted = logits - logits.max(-1, keepdims=True)
-  log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-  loss = -np.take_along_axis(log_probs, labels[:, None].astype(np.int64), -1)[:, 0]
-  return int(np.sum(logits.argmax(-1) == labels)), float(loss.sum())
-
-
 def make_loops(case: Case) -> tuple[dict[str, Callable[[], tuple[float, float]]], tuple]:
   """``{name: loop() -> (accuracy, mean loss)}``; data and params placed here, outside the timing."""
   data, batch, apply = case.data, case.batch, case.apply
@@ -196,7 +187,7 @@ def make_loops(case: Case) -> tuple[dict[str, Callable[[], tuple[float, float]]]
     for start in range(0, n, batch):
       x, y = data["x"][start : start + batch], data["label"][start : start + batch]
       logits = flax_forward(replicated, x, min_device_batch=-(-batch // num_devices))
-      c, s = _host_metrics(logits, y)
+      c, s = common.host_metrics(logits, y)  # float32, as the recipe's user would
       correct, loss_sum = correct + c, loss_sum + s
     return correct / n, loss_sum / n
 
@@ -253,7 +244,7 @@ def _reference(case: Case) -> tuple[float, float]:
   correct, loss_sum = 0, 0.0
   for b in pe.pad_batches(case.data, batch):
     logits = np.asarray(forward(case.params, b["x"]))[b["mask"]]
-    c, s = _host_metrics(logits, b["label"][b["mask"]])
+    c, s = common.host_metrics(logits, b["label"][b["mask"]], np.float64)
     correct, loss_sum = correct + c, loss_sum + s
   return correct / n, loss_sum / n
 

@@ -41,7 +41,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 import padded_eval as pe  # noqa: E402
 from benchmarks import _models  # noqa: E402
-from benchmarks.common import two_in_flight  # noqa: E402
+from benchmarks.common import host_metrics, two_in_flight  # noqa: E402
 
 METRICS = pe.Metrics({"accuracy": pe.metrics.Accuracy(), "loss": pe.metrics.Mean("loss")})
 
@@ -103,10 +103,8 @@ def make_variants(args):
     correct, loss_sum, count = 0, 0.0, 0
     for batch in raw_batches:
       logits = flax_forward(device_params, batch["x"], min_device_batch=args.batch // num_devices)
-      correct += int(np.sum(logits.argmax(-1) == batch["label"]))
-      shifted = logits - logits.max(-1, keepdims=True)
-      log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-      loss_sum += float(-np.take_along_axis(log_probs, batch["label"][:, None], -1).sum())
+      batch_correct, batch_loss = host_metrics(logits, batch["label"])
+      correct, loss_sum = correct + batch_correct, loss_sum + batch_loss
       count += len(batch["label"])
     return {"accuracy": correct / count, "loss": loss_sum / count, "num_examples": count}
 

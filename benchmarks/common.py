@@ -152,6 +152,19 @@ def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1)
   return times
 
 
+def host_metrics(logits, labels, dtype=np.float32) -> tuple[int, float]:
+  """Correct count and cross-entropy sum of host logits ``[B, C]``, in numpy at ``dtype``.
+
+  float32: what a host-metrics loop (Flax's ``pad_shard_unpad`` recipe) computes; float64: a
+  reference.
+  """
+  logits = np.asarray(logits, dtype)
+  shifted = logits - logits.max(-1, keepdims=True)
+  log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+  loss = -np.take_along_axis(log_probs, np.asarray(labels)[:, None].astype(np.int64), -1)
+  return int(np.sum(logits.argmax(-1) == labels)), float(loss.sum(dtype=np.float64))
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
