@@ -8,14 +8,14 @@ anchors (flax, clu, metrax) are optional: missing ones show as "not installed".
 With a NAME from `BENCHMARKS` (``python -m benchmarks list`` prints them with what each
 measures): that benchmark alone, with its own arguments, e.g. ``python -m benchmarks accelerator
 --json out.json``. Each sets its own devices: the accelerator benchmark takes whatever JAX finds,
-the others 8 virtual CPU devices.
+the others the CPU devices they need (most, 8 virtual ones).
 """
 
 import os
 import runpy
 import sys
 
-from benchmarks import BENCHMARKS  # noqa: E402 - the registry, light to import
+from benchmarks import BENCHMARKS  # the registry: imports nothing else
 
 
 def run_named(name: str, args: list[str]) -> None:
