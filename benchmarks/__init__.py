@@ -10,7 +10,11 @@ BENCHMARKS = {
     "masked_eval vs the hand loop, Flax's loops; numpy, tf.data, on device (issue 64)",
     ("--quick", "--repeats", "1"),
   ),
-  "eval": ("bench_eval", "warm masked_eval vs the bare pmap loop, MLP, 8 devices", ("--quick",)),
+  "eval": (
+    "bench_eval",
+    "warm masked_eval vs the bare pmap loop, MLP, 8 devices; checkpoint cost",
+    ("--quick",),
+  ),
   "from_flax": (
     "bench_from_flax",
     "converted Flax examples vs their own loops, cold and warm",
