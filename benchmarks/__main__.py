@@ -1,14 +1,39 @@
-"""``python -m benchmarks [--quick] [--out DIR]``: exactness, speed and scaling against the anchors.
+"""``python -m benchmarks [--quick] [--out DIR]``, or ``python -m benchmarks NAME [ARGS]``.
 
-The full run writes ``benchmarks/RESULTS.md`` and ``benchmarks/scaling.png``; ``--quick`` (small
-sizes, a smoke test) writes to ``--out`` (default: a temporary directory), never over the
-committed results. The anchors (flax, clu, metrax) are optional: missing ones show as
-"not installed".
+Without a NAME: exactness, speed and scaling against the anchors. The full run writes
+``benchmarks/RESULTS.md`` and ``benchmarks/scaling.png``; ``--quick`` (small sizes, a smoke test)
+writes to ``--out`` (default: a temporary directory), never over the committed results. The
+anchors (flax, clu, metrax) are optional: missing ones show as "not installed".
+
+With a NAME from `BENCHMARKS` (``python -m benchmarks list`` prints them with what each
+measures): that benchmark alone, with its own arguments, e.g. ``python -m benchmarks accelerator
+--json out.json``. Each sets its own devices: the accelerator benchmark takes whatever JAX finds,
+the others the CPU devices they need (most, 8 virtual ones).
 """
 
 import os
+import runpy
+import sys
 
-# 8 virtual CPU devices, set before JAX initialises its backend.
+from benchmarks import BENCHMARKS  # the registry: imports nothing else
+
+
+def run_named(name: str, args: list[str]) -> None:
+  """Runs benchmark ``name`` as ``python -m benchmarks.<module> ARGS`` would, in this process."""
+  module = BENCHMARKS[name][0]
+  sys.argv = [f"python -m benchmarks {name}", *args]
+  runpy.run_module(f"benchmarks.{module}", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["list"]:
+  for name, (module, what, _) in BENCHMARKS.items():
+    print(f"{name:12s} benchmarks/{module}.py: {what}")
+  sys.exit(0)
+if __name__ == "__main__" and sys.argv[1:2] and sys.argv[1] in BENCHMARKS:
+  run_named(sys.argv[1], sys.argv[2:])
+  sys.exit(0)
+
+# The full run: 8 virtual CPU devices, set before JAX initialises its backend.
 # Steps in flight are bounded everywhere; the longer collective timeout only keeps a heavily
 # loaded shared machine from aborting a slow (not stuck) CPU rendezvous after the default 40 s.
 os.environ["XLA_FLAGS"] = (
@@ -23,7 +48,6 @@ import argparse  # noqa: E402
 import datetime  # noqa: E402
 import pathlib  # noqa: E402
 import platform  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402

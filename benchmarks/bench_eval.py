@@ -9,15 +9,17 @@ Compared on one MLP classifier (inputs -> width x depth -> classes), 8 virtual C
   host-to-device copies are inside the timing), computing accuracy and mean cross entropy exactly;
 * the flax recipe: ``flax.jax_utils.pad_shard_unpad`` around a pmapped forward pass
   (``min_device_batch`` so the last batch does not recompile), logits to the host and the
-  metrics accumulated there with numpy.
+  metrics accumulated there with numpy;
+* masked_eval pmap with ``checkpoint_dir`` (a fresh directory per call, so nothing is resumed)
+  and ``checkpoint_every`` 10 and 1: the cost of checkpointing (formerly ``bench_checkpoint.py``).
 
 Every variant gets the same replicated device params (placing 17 MB of params is not the
 loop's cost). Each round runs every variant once (order rotated); reported per variant: the
 median over rounds of its wall time divided by the same round's baseline, the ratio of best
 wall times, and the median ratio of process CPU time (steadier when others share the cores).
-Goals: masked_eval (pmap) <= 1.05 x bare loop; faster than the flax recipe.
+Goals: masked_eval <= 1.10 x the bare loop (issue 64, on CPU); faster than the flax recipe.
 
-Run: ``python benchmarks/bench_eval.py [--rounds 5] [--width 1024] [--batch 1024] [--steps 12]``.
+Run: ``python -m benchmarks eval [--rounds 5] [--width 1024] [--batch 1024] [--steps 12] [--quick]``.
 """
 
 import os
@@ -29,45 +31,25 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 
-import _models  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import jax_utils  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 import padded_eval as pe  # noqa: E402
-from padded_eval.metrics.base import Metric, state  # noqa: E402
+from benchmarks import _models  # noqa: E402
+from benchmarks.common import host_metrics, two_in_flight  # noqa: E402
 
-
-class AccuracyAndLoss(Metric):
-  """Accuracy of the logits and the mean cross entropy, in one state."""
-
-  accuracy: pe.metrics.Accuracy = state(lambda self: pe.metrics.Accuracy())
-  loss: pe.metrics.Mean = state(lambda self: pe.metrics.Mean(name="loss"))
-
-  def _batch_state(self, *, preds, target, values, mask=None, **_):
-    return {
-      "accuracy": self.accuracy.batch_updates(preds=preds, target=target, mask=mask),
-      "loss": self.loss.batch_updates(values=values, mask=mask),
-    }
-
-  def compute(self):
-    return {"accuracy": self.accuracy.compute(), "loss": self.loss.compute()}
-
-  def compute_logs(self):
-    return self.compute()
+METRICS = pe.Metrics({"accuracy": pe.metrics.Accuracy(), "loss": pe.metrics.Mean("loss")})
 
 
 def eval_step(params, batch):
   logits = _models.mlp_apply(params, batch["x"])
-  return AccuracyAndLoss().batch_updates(
-    preds=logits,
-    target=batch["label"],
-    values=_models.cross_entropy(logits, batch["label"]),
-    mask=batch["mask"],
-  )
+  loss = _models.cross_entropy(logits, batch["label"])
+  return METRICS.batch_updates(preds=logits, target=batch["label"], loss=loss, mask=batch["mask"])
 
 
 def make_variants(args):
@@ -94,18 +76,21 @@ def make_variants(args):
       forward(device_params, batch).block_until_ready()
 
   def bare_wait_previous():
-    previous = None
-    for batch in device_batches:
-      out = forward(device_params, batch)
-      if previous is not None:
-        previous.block_until_ready()
-      previous = out
-    previous.block_until_ready()
+    two_in_flight(lambda batch: forward(device_params, batch), device_batches)
 
   def masked(backend, steps_in_flight=None):
     return lambda: pe.masked_eval(
       eval_step, device_params, padded, backend=backend, steps_in_flight=steps_in_flight
     )
+
+  def checkpointed(every):
+    def run():
+      with tempfile.TemporaryDirectory() as directory:  # fresh: nothing is resumed
+        return pe.masked_eval(
+          eval_step, device_params, padded, checkpoint_dir=directory, checkpoint_every=every
+        )
+
+    return run
 
   flax_forward = jax_utils.pad_shard_unpad(
     jax.pmap(lambda p, x: _models.mlp_apply(p, x), "batch", in_axes=(None, 0))
@@ -118,10 +103,8 @@ def make_variants(args):
     correct, loss_sum, count = 0, 0.0, 0
     for batch in raw_batches:
       logits = flax_forward(device_params, batch["x"], min_device_batch=args.batch // num_devices)
-      correct += int(np.sum(logits.argmax(-1) == batch["label"]))
-      shifted = logits - logits.max(-1, keepdims=True)
-      log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-      loss_sum += float(-np.take_along_axis(log_probs, batch["label"][:, None], -1).sum())
+      batch_correct, batch_loss = host_metrics(logits, batch["label"])
+      correct, loss_sum = correct + batch_correct, loss_sum + batch_loss
       count += len(batch["label"])
     return {"accuracy": correct / count, "loss": loss_sum / count, "num_examples": count}
 
@@ -132,6 +115,8 @@ def make_variants(args):
     "masked_eval pmap, 1 step in flight": masked("pmap", 1),
     "masked_eval shard_map": masked("shard_map"),
     "masked_eval jit": masked("jit"),
+    "masked_eval pmap, checkpoint every 10 steps": checkpointed(10),
+    "masked_eval pmap, checkpoint every step": checkpointed(1),
     "flax pad_shard_unpad + host metrics": flax_host_metrics,
   }
   return variants, num_rows
@@ -199,7 +184,13 @@ def main():
   parser.add_argument("--classes", type=int, default=10)
   parser.add_argument("--batch", type=int, default=1024)
   parser.add_argument("--steps", type=int, default=12)
-  run(parser.parse_args())
+  parser.add_argument(
+    "--quick", action="store_true", help="width 64, 3 steps, 2 rounds (a smoke test)"
+  )
+  args = parser.parse_args()
+  if args.quick:
+    args.width, args.depth, args.batch, args.steps, args.rounds = 64, 2, 256, 3, 2
+  run(args)
 
 
 if __name__ == "__main__":

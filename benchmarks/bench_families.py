@@ -1,6 +1,6 @@
 """Update cost of issue 29's metrics per eval step, as a share of a small forward pass.
 
-``python -m benchmarks.bench_families [--rounds R] [--steps S]``
+``python -m benchmarks families [--rounds R] [--steps S] [--quick]``
 
 For each metric, one jitted ``lax.scan`` over ``S`` steps runs a small MLP's forward pass on
 the step's batch (its output shaped as the metric's ``preds``) and either only sums the
@@ -152,7 +152,10 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=15)
   parser.add_argument("--steps", type=int, default=20)
+  parser.add_argument("--quick", action="store_true", help="3 rounds of 4 steps (a smoke test)")
   args = parser.parse_args(argv)
+  if args.quick:
+    args.rounds, args.steps = 3, 4
   print(
     f"devices: {jax.devices()[0].platform} x{jax.device_count()}; {args.steps} steps per program"
   )

@@ -1,6 +1,6 @@
 """Converted Flax examples against their original loops: eval time ratios, cold and warm, in one process.
 
-Run from the repository root: ``python -m benchmarks.bench_from_flax [--repeats N] [--only NAME ...]``.
+Run from the repository root: ``python -m benchmarks from_flax [--repeats N] [--only NAME ...]``.
 The examples are our own re-creations of today's Flax loops (`examples/from_flax/`: same pipelines, same
 eval steps, tiny models, 8 virtual CPU devices unless ``XLA_FLAGS`` says otherwise); the repository holds
 no Flax code, so the real files' conversions (`docs/howto`) are timed by the same two functions when run

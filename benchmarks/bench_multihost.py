@@ -1,4 +1,4 @@
-"""``python -m benchmarks.bench_multihost``: what multi-host agreement costs as the process count P grows (#21).
+"""``python -m benchmarks multihost``: what multi-host agreement costs as the process count P grows (#21).
 
 Three measurements, printed as the Markdown of RESULTS.md's #21 section:
 
@@ -14,7 +14,8 @@ Three measurements, printed as the Markdown of RESULTS.md's #21 section:
 3. **Collectives per step**: all-reduces in the compiled step of each backend with and without the has-data flag,
    on meshes of 2, 4 and 8 (virtual) devices: the flag adds one scalar all-reduce whatever the size.
 
-Not registered in ``python -m benchmarks`` (it spawns processes with their own device count).
+Run: ``python -m benchmarks multihost [--quick]`` (not part of the full run: it spawns processes with their own
+device count).
 """
 
 from __future__ import annotations
@@ -59,9 +60,10 @@ def _batch():
 
 
 def _old_coordination(client, local: threading.local):
-  """`padded_eval/multihost/_coordination.py` at `BEFORE`, its client and process index/count read per thread."""
+  """`padded_eval/coordination.py` at `BEFORE` (now `multihost/_coordination.py`), its client and
+  process index/count read per thread."""
   source = subprocess.run(
-    ["git", "-C", str(REPO), "show", f"{BEFORE}:padded_eval/multihost/_coordination.py"],
+    ["git", "-C", str(REPO), "show", f"{BEFORE}:padded_eval/coordination.py"],
     capture_output=True,
     text=True,
     check=True,
@@ -233,6 +235,8 @@ def print_requests(stub_max: int, before_max: int) -> None:
       before, before_count = count_requests(count, True), count
       assert before[0] == count + count * count, before  # one set and P gets per process
       requests, sent = f"{before[0]:,}", f"{before[1]:,}"
+    elif before is None:  # a clone without the commit (shallow), or --before-max 0
+      requests, sent = f"{count + count * count:,} (P + P*P)", "n/a"
     else:  # P records to each of P processes: bytes grow like P*P
       requests = f"{count + count * count:,} (P + P*P)"
       sent = f"~{before[1] * (count / before_count) ** 2:,.0f} (extrapolated)"
@@ -261,7 +265,15 @@ def main() -> None:
   parser.add_argument(
     "--version", choices=sorted(REQUESTS), default="after", help="what --repo holds"
   )
+  parser.add_argument("--quick", action="store_true", help="P = 2 only, few calls (a smoke test)")
   args = parser.parse_args()
+  if args.quick:
+    args.counts, args.calls, args.steps, args.repeats = "2", 2, 4, 1
+    args.stub_max, args.before_max = 64, 16
+  known = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", BEFORE], capture_output=True)
+  if known.returncode:
+    print(f"(commit {BEFORE} is not in this clone: no simulated 'before' column)")
+    args.before_max = 0
   parts = args.parts.split(",")
   if "requests" in parts:
     print_requests(args.stub_max, args.before_max)
@@ -285,7 +297,8 @@ def main() -> None:
     for count, row in found.items():
       ms = {k: 1000 * v for k, v in row.items()}
       print(f"| {count} | {ms['preflight']:.1f} | {ms['known']:.2f} | {ms['flagged']:.2f} |")
-    print_fits(found, args.version)
+    if len(found) > 1:  # a line through one point is no fit
+      print_fits(found, args.version)
 
 
 if __name__ == "__main__":

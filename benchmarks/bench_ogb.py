@@ -14,7 +14,7 @@ end) and ``masked_eval`` with a trivial Mean (the driver's own cost) are timed t
 Prints seconds per eval, the ratio to the bare loop (same process, runs interleaved) and
 the state size. ``backend="jit"``, one device, like the ogbg example.
 
-Run: ``python -m benchmarks.bench_ogb [--batches 172] [--repeats 5] [--capacity 65536]`` (172 batches: the
+Run: ``python -m benchmarks ogb [--quick] [--batches 172] [--repeats 5] [--capacity 65536]`` (172 batches: the
 43_793 test graphs of ogbg-molpcba).
 """
 
@@ -28,7 +28,8 @@ import numpy as np
 from sklearn.metrics import average_precision_score
 
 import padded_eval as pe
-from benchmarks.bench_data import median_seconds
+from benchmarks.bench_sources import median_seconds
+from benchmarks.common import two_in_flight
 
 # flax's examples/ogbg_molpcba default config: latent 256, 5 message-passing steps, MLPs of
 # 2 layers; batches of 256 graphs (ogbg-molpcba's graphs have ~26 nodes, ~56 directed edges).
@@ -89,13 +90,7 @@ def model(params, batch) -> jax.Array:
 def bare_loop(params, batches) -> None:
   """The model's outputs on every batch (jitted, two steps in flight), nothing else."""
   forward = jax.jit(model)
-  previous = None
-  for batch in batches:
-    out = forward(params, batch)
-    if previous is not None:
-      previous.block_until_ready()
-    previous = out
-  previous.block_until_ready()
+  two_in_flight(lambda batch: forward(params, batch), batches)
 
 
 def unconverted_loop(params, batches) -> float:
@@ -180,7 +175,10 @@ def main():
     default=[],
     help="exact=True with these capacities (65536: the HOWTO's, for molpcba's 43_793 graphs)",
   )
+  parser.add_argument("--quick", action="store_true", help="4 batches, 1 repeat (a smoke test)")
   args = parser.parse_args()
+  if args.quick:
+    args.batches, args.repeats = 4, 1
   size = TINY if args.model == "tiny" else FLAX_DEFAULT
   rows = run(args.batches, args.repeats, size, bins=[None, *args.bins], capacities=args.capacity)
   base = rows[0][1]

@@ -108,5 +108,5 @@ def run(quick: bool, log=print) -> tuple[str, dict]:
   return table + "\n" + note, values
 
 
-if __name__ == "__main__":  # python -m benchmarks.bench_overhead [--quick]
+if __name__ == "__main__":  # python -m benchmarks overhead [--quick]
   print(run("--quick" in sys.argv)[0])

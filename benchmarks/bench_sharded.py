@@ -125,5 +125,5 @@ def run(quick: bool, log=print) -> tuple[str, dict]:
   return table + "\n" + note, {"ratios": ratios}
 
 
-if __name__ == "__main__":  # python -m benchmarks.bench_sharded [--quick]
+if __name__ == "__main__":  # python -m benchmarks sharded [--quick]
   print(run("--quick" in sys.argv)[0])

@@ -18,7 +18,7 @@ per-step update cost on one device, 64 sentences x 128 ids (a device's share of 
 ``jit(forward + argmax)``; forward = embedding 256 + one ReLU layer 256 + logits over
 1,000 ids (a small decoder's last step over all positions, about 4 GFLOP).
 
-Run: ``python -m benchmarks.bench_text [--rounds 5] [--sentences 4096]``.
+Run: ``python -m benchmarks text [--rounds 5] [--sentences 4096] [--quick]``.
 """
 
 from __future__ import annotations
@@ -202,7 +202,10 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--sentences", type=int, default=4096)
+  parser.add_argument("--quick", action="store_true", help="512 sentences, 1 round (a smoke test)")
   args = parser.parse_args()
+  if args.quick:
+    args.rounds, args.sentences = 1, 512
   data = corpus(args.sentences)
   print(
     f"{args.sentences} sentences x {LENGTH} ids, batch {BATCH}, {jax.local_device_count()} devices"

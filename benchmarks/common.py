@@ -49,14 +49,23 @@ def naive_pmean_loop(device_value: Callable[[dict], jax.Array], batches: Iterabl
     The mean over steps of the device-averaged batch values, as a float.
   """
   step = jax.pmap(lambda b: jax.lax.pmean(device_value(b), "batch"), axis_name="batch")
-  per_step, previous = [], None
+  per_step = two_in_flight(lambda b: step(shard_rows(b)), batches)
+  return float(jnp.mean(jnp.stack([out[0] for out in per_step])))
+
+
+def two_in_flight(step: Callable[[Any], Any], batches: Iterable) -> list:
+  """``[step(b) for b in batches]``, waiting on step t-1 after dispatching step t (two in flight).
+
+  At most two steps in flight (see DESIGN.md, platform notes); the last output is blocked on.
+  """
+  outputs = []
   for b in batches:
-    out = step(shard_rows(b))
-    if previous is not None:  # at most two steps in flight (see DESIGN.md, platform notes)
-      previous.block_until_ready()
-    previous = out
-    per_step.append(out[0])
-  return float(jnp.mean(jnp.stack(per_step)))
+    outputs.append(step(b))
+    if len(outputs) > 1:
+      block(outputs[-2])
+  if outputs:
+    block(outputs[-1])
+  return outputs
 
 
 def has_masked_eval() -> bool:
@@ -141,6 +150,19 @@ def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1)
       block(fns[name]())
       times[name].append(time.perf_counter() - start)
   return times
+
+
+def host_metrics(logits, labels, dtype=np.float32) -> tuple[int, float]:
+  """Correct count and cross-entropy sum of host logits ``[B, C]``, in numpy at ``dtype``.
+
+  float32: what a host-metrics loop (Flax's ``pad_shard_unpad`` recipe) computes; float64: a
+  reference.
+  """
+  logits = np.asarray(logits, dtype)
+  shifted = logits - logits.max(-1, keepdims=True)
+  log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+  loss = -np.take_along_axis(log_probs, np.asarray(labels)[:, None].astype(np.int64), -1)
+  return int(np.sum(logits.argmax(-1) == labels)), float(loss.sum(dtype=np.float64))
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:

@@ -3,7 +3,7 @@
 torchmetrics needs torch, which the ``test`` extra does not install, so this runs in two
 interpreters:
 
-  python -m benchmarks.peers_torchmetrics dump OUT.npz       # with padded_eval (jax)
+  python -m benchmarks peers dump OUT.npz                     # with padded_eval (jax)
   TORCH_PYTHON benchmarks/peers_torchmetrics.py check OUT.npz  # with torch + torchmetrics
 
 ``dump`` builds padded batches (a ``[B, L]`` candidate mask, NaN/garbage in padding),
@@ -111,4 +111,11 @@ def check(path):
 
 
 if __name__ == "__main__":
-  {"dump": dump, "check": check}[sys.argv[1]](sys.argv[2])
+  if sys.argv[1:] == ["--quick"]:  # the smoke test: padded_eval's side only (no torch in tests)
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+      dump(os.path.join(directory, "peers.npz"))
+  else:
+    {"dump": dump, "check": check}[sys.argv[1]](sys.argv[2])

@@ -12,7 +12,7 @@ Reported: median wall time over rounds, ratios to "metric only" and to the bare 
 bytes (the buffers of ``jax.live_arrays()``, each counted once, sampled as each batch is read, minus the bytes live before the call) at N/2 and N
 rows: flat in N means the outputs do not accumulate on the devices.
 
-Run alone: ``python -m benchmarks.per_row_outputs [--quick]``; ``python -m benchmarks`` includes it.
+Run alone: ``python -m benchmarks outputs [--quick]``; ``python -m benchmarks`` includes it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""`python -m benchmarks --quick` runs end to end and writes its tables (no timing assertions).
+"""Every benchmark runs end to end in its quick mode (no timing assertions).
 
-It runs in a subprocess (the benchmark sets its own XLA flags) with clu, metrax and matplotlib
-hidden, as in CI where only the test extra is installed: their cells must say "not installed".
+`python -m benchmarks --quick` (the full run's tables), and each benchmark of `benchmarks.BENCHMARKS`
+that it does not include (`python -m benchmarks NAME QUICK-ARGS`). Each runs in a subprocess (a
+benchmark sets its own XLA flags); the full run with clu, metrax and matplotlib hidden, as in CI
+where only the test extra is installed: their cells must say "not installed".
 """
 
 import json
@@ -11,6 +13,8 @@ import subprocess
 import sys
 
 import pytest
+
+from benchmarks import BENCHMARKS, IN_FULL_RUN
 
 pytestmark = pytest.mark.slow  # demo / example / benchmark: run by CI, not by the fast tier
 
@@ -100,3 +104,27 @@ def test_a_fresh_process_times_one_first_call():
   """What the default (``--cold fresh``) starts per loop and cold repeat: one first call, in seconds."""
   done = _run_benchmark("benchmarks.bench_from_flax", "--cold-child", "mnist_nnx", "converted")
   assert json.loads(done.stdout.splitlines()[-1])["seconds"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "name", [name for name in BENCHMARKS if name not in IN_FULL_RUN + ("from_flax", "accelerator")]
+)
+def test_registered_benchmark_runs_in_its_quick_mode(name):
+  """``from_flax`` and ``accelerator`` have tests of their own; the full run's members, the first."""
+  done = _run_benchmark("benchmarks", name, *BENCHMARKS[name][2])
+  assert done.stdout.strip()  # it printed its figures
+
+
+@pytest.mark.slow
+def test_accelerator_benchmark_prints_every_loop_of_every_model(tmp_path):
+  out = tmp_path / "accelerator.json"
+  _run_benchmark("benchmarks", "accelerator", "--quick", "--repeats", "1", "--json", str(out))
+  rows = json.loads(out.read_text())["rows"]
+  assert {row["model"] for row in rows} == {"mlp", "cnn", "transformer", "logits"}
+  for model in ("mlp", "cnn", "transformer", "logits"):
+    loops = [row for row in rows if row["model"] == model]
+    assert len(loops) == 9  # hand, naive, pad_shard_unpad, masked_eval 2 backends x 3 sources
+    assert all(row["warm_s"] > 0 and row["first_s"] > 0 for row in loops)
+    exact = [row for row in loops if row["loop"].startswith("masked_eval")]
+    assert all(row["loss_error"] < 1e-5 and row["accuracy_error"] < 1e-5 for row in exact)
