@@ -44,31 +44,28 @@ from padded_eval.data.sources.base import (
 )
 from padded_eval.data.sources.fields import name_fields
 
-# What was built or read over a tf.data dataset the user passed (its padding pipelines, its tuple
-# elements named as dicts, the rows of its first batch) is kept on the dataset itself, under
-# `_CACHE_ATTR`: each derived pipeline holds its input, so a weakly keyed table would keep every
-# dataset alive; on the dataset, the cycle goes with it. `_CACHED` finds them for `clear_cache`.
-_CACHE_ATTR = "_padded_eval_cache"
-_CACHED: weakref.WeakSet = weakref.WeakSet()
+# What `pad_batches` built or read over a tf.data dataset the user passed (its padding pipelines,
+# the rows of its first batch), kept between calls: weakly keyed by the dataset, so an entry goes
+# with its dataset, and nothing is written onto it. A pipeline built over the dataset itself would
+# hold it as its input and keep the weak key alive, so the pipelines are built over a detached view
+# of it (`TfDataSource._detached`: the same tf.data graph, `tf.data.experimental.from_variant`),
+# which does not hold the user's Python object. `clear_cache` (`pe.clear_caches()`) empties it.
+_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 __all__ = ["TfDataSource", "clear_cache", "is_tf_dataset"]
 
 
 def clear_cache() -> None:
-  """Drops the padding pipelines (and first-batch sizes) kept on the datasets still alive."""
-  for dataset in list(_CACHED):
-    vars(dataset).pop(_CACHE_ATTR, None)
-  _CACHED.clear()
+  """Drops the padding pipelines (and first-batch sizes) kept for the datasets still alive."""
+  _BUILT.clear()
 
 
 def _built_for(dataset: Any) -> dict:
-  """The cache of `dataset` (a fresh dict, not kept, if it takes no attributes or weak references)."""
+  """What was built for `dataset` (a fresh dict, not kept, if it cannot be weakly referenced)."""
   try:
-    built = vars(dataset).setdefault(_CACHE_ATTR, {})
-    _CACHED.add(dataset)
+    return _BUILT.setdefault(dataset, {})
   except TypeError:
     return {}
-  return built
 
 
 CHUNK_ROWS = 1024  # rows per chunk when `chunks` reads an unbatched dataset
@@ -115,13 +112,9 @@ class TfDataSource(Source):
         drops them (``drop_remainder=True``).
     """
     self._built, self._keys = _built_for(obj), None if keys is None else tuple(keys)
-    if (
-      keys is not None
-    ):  # named once per dataset and keys: a new map would miss the cached pipelines
-      named_key = ("named", self._keys)
-      if named_key not in self._built:
-        self._built[named_key] = _named(obj, keys)
-      obj = self._built[named_key]
+    self._passed = obj  # the user's dataset (the padding pipelines are built over a view of it)
+    if keys is not None:
+      obj = _named(obj, keys)
     self._dataset = obj
     element_spec = obj.element_spec
     if not isinstance(element_spec, cabc.Mapping):
@@ -281,8 +274,8 @@ class TfDataSource(Source):
 
   def _padded_pipeline(self, batch_size, mask_key, pad_value, ids, start_batch) -> Any:
     """The padding tf.data pipeline over the source's dataset, built once per dataset and
-    arguments (kept on the dataset, see `_CACHE_ATTR`): tracing its map function was most of a short evaluation's data
-    time, paid again at every ``pad_batches`` of the same eval dataset."""
+    arguments (kept in `_BUILT`, over `_detached`): tracing its map function was most of a short
+    evaluation's data time, paid again at every ``pad_batches`` of the same eval dataset."""
     import tensorflow as tf
 
     fills = self._spec.fills(pad_value)
@@ -303,9 +296,9 @@ class TfDataSource(Source):
     if key in built:
       return built[key]
     if self._batched:  # rebatch checks that a batch's leading sizes agree (see _explain)
-      dataset = self._dataset.rebatch(batch_size)
+      dataset = self._detached().rebatch(batch_size)
     else:
-      dataset = self._dataset.batch(batch_size)
+      dataset = self._detached().batch(batch_size)
     pad = _make_pad_fn(batch_size, mask_key, fills, ids)
     if ids is not None:  # every batch but the last is full, so batch b starts at row b * batch_size
       dataset = dataset.enumerate()
@@ -317,6 +310,19 @@ class TfDataSource(Source):
     # pool and a prefetch cost more to start than they saved (once per pad_batches iteration)
     built[key] = dataset.map(pad)
     return built[key]
+
+  def _detached(self) -> Any:
+    """The dataset (its tuples named, with `keys`) over a view of the user's that does not hold the
+    user's Python object: the same graph (``tf.data.experimental.from_variant``), read while the
+    user's dataset is alive (this source holds it), so that what is kept in `_BUILT` does not keep
+    it alive."""
+    import tensorflow as tf
+
+    passed = self._passed
+    view = tf.data.experimental.from_variant(
+      tf.data.experimental.to_variant(passed), passed.element_spec
+    )
+    return view if self._keys is None else _named(view, self._keys)
 
   def _numpy(self, dataset: Any) -> Iterator[FlatBatch]:
     """Iterates `dataset` as flat numpy batches, with tf.data's leading-size error in our words.
