@@ -12,7 +12,7 @@ import padded_eval as pe
 from padded_eval.data import sources
 from padded_eval.data._batch_spec import BatchSpec, LeafSpec
 from padded_eval.data._tree import flatten, unflatten
-from padded_eval.data.sources.base import pad, rechunk
+from padded_eval.data.sources.base import Padding, SourceOptions, pad, rechunk
 from padded_eval.data.sources.iterable import IterableSource
 from padded_eval.data.sources.mapping import MappingSource
 
@@ -53,7 +53,7 @@ def assert_same_rows(got, data):
 
 def test_mapping_source():
   data = dataset(7)
-  source = MappingSource(data, mask_key="mask")
+  source = MappingSource(data, SourceOptions("mask"))
   assert MappingSource.accepts(data) and not MappingSource.accepts([data])
   assert source.num_rows() == 7
   assert source.spec == BatchSpec(
@@ -65,7 +65,7 @@ def test_mapping_source():
   assert_same_rows(concatenated(source.chunks()), data)
   assert_same_rows(concatenated(source.chunks()), data)  # re-read
   with pytest.raises(ValueError, match=r"^the source has a key 'mask' equal to mask_key"):
-    MappingSource({"mask": np.zeros(3)}, mask_key="mask")
+    MappingSource({"mask": np.zeros(3)}, SourceOptions("mask"))
 
 
 # ---- iterable of batches ----------------------------------------------------------------------------------------
@@ -74,18 +74,18 @@ def test_mapping_source():
 def test_iterable_source_keeps_order_and_rereads_lists():
   data = dataset(11)
   batches = split(data, [3, 0, 8])
-  source = IterableSource(batches, mask_key="mask")
+  source = IterableSource(batches, SourceOptions("mask"))
   assert IterableSource.accepts(batches) and not IterableSource.accepts(data)
   assert not IterableSource.accepts("abc")
   assert source.spec is None and source.num_rows() == 11
   assert [rows for _, rows in source.chunks()] == [3, 0, 8]
   assert_same_rows(concatenated(source.chunks()), data)
-  assert IterableSource(iter(batches), mask_key="mask").num_rows() is None
+  assert IterableSource(iter(batches), SourceOptions("mask")).num_rows() is None
 
 
 def test_iterable_source_one_shot_is_read_once():
   data = dataset(5)
-  source = IterableSource((b for b in split(data, [2, 3])), mask_key="mask")
+  source = IterableSource((b for b in split(data, [2, 3])), SourceOptions("mask"))
   assert_same_rows(concatenated(source.chunks()), data)
   with pytest.raises(
     ValueError, match=r"^source is a one-shot iterator \(generator\) and was already read"
@@ -95,7 +95,7 @@ def test_iterable_source_one_shot_is_read_once():
 
 def test_iterable_source_checks_each_batch_against_the_first():
   batches = [{"x": np.zeros((2, 3))}, {"x": np.zeros((2, 3))}, {"x": np.zeros((1, 4))}]
-  chunks = IterableSource(batches, mask_key="mask").chunks()
+  chunks = IterableSource(batches, SourceOptions("mask")).chunks()
   next(chunks), next(chunks)
   with pytest.raises(
     ValueError,
@@ -127,19 +127,21 @@ def split_flat(data, sizes):
 
 def test_tf_data_source():
   tf = pytest.importorskip("tensorflow", reason="the tf extra is not installed")
-  from padded_eval.data.sources.tf_data import TfDataSource, is_tf_dataset
+  from padded_eval.data.sources.tf_data import TfDataSource
 
   data = dataset(10)
   unbatched = tf.data.Dataset.from_tensor_slices(data)
   assert (
-    is_tf_dataset(unbatched) and not is_tf_dataset(data) and not is_tf_dataset(split(data, [10]))
+    TfDataSource.accepts(unbatched)
+    and not TfDataSource.accepts(data)
+    and not TfDataSource.accepts(split(data, [10]))
   )
   for dataset_, rows, chunk_rows in (
     (unbatched, 10, [10]),
     (unbatched.take(8).batch(4, drop_remainder=True), 8, [4, 4]),  # drops nothing
     (unbatched.batch(3), None, [3, 3, 3, 1]),
   ):
-    source = TfDataSource(dataset_, mask_key="mask")
+    source = TfDataSource(dataset_, SourceOptions("mask"))
     assert source.num_rows() == rows
     chunks = list(source.chunks())
     assert [n for _, n in chunks] == chunk_rows
@@ -149,7 +151,7 @@ def test_tf_data_source():
     )
     assert source.spec.leaves[("x",)] == LeafSpec((2,), np.dtype(np.float32))
   ragged = TfDataSource(
-    unbatched.padded_batch(4, padded_shapes={"x": [None], "y": {"id": []}}), mask_key="m"
+    unbatched.padded_batch(4, padded_shapes={"x": [None], "y": {"id": []}}), SourceOptions("m")
   )
   assert ragged.spec.leaves[("x",)].shape == (None,) and ragged.spec.has_unknown_sizes
 
@@ -161,9 +163,9 @@ def test_tf_data_source_pads_in_the_graph_and_returns_the_real_spec():
   data = dataset(6)
   source = TfDataSource(
     tf.data.Dataset.from_tensor_slices(data).padded_batch(4, {"x": [None], "y": {"id": []}}),
-    mask_key="mask",
+    SourceOptions("mask"),
   )
-  padded = source.padded(4, "mask", -1)
+  padded = source.padded(Padding(4, "mask", -1))
   got = []
   while True:
     try:
@@ -356,7 +358,7 @@ class ColumnsSource(sources.Source):  # the whole of a new kind: five short memb
   def accepts(cls, obj):
     return isinstance(obj, Columns)
 
-  def __init__(self, obj, *, mask_key, batched=None):
+  def __init__(self, obj, options):
     self._flat = flatten(obj.columns)
 
   @property

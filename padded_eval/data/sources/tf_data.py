@@ -31,15 +31,23 @@ from typing import Any
 import numpy as np
 
 from padded_eval.data._batch_spec import BatchSpec, FlatBatch, LeafSpec, Path
-from padded_eval.data._tree import flatten, path_name, ragged_message, unflatten
+from padded_eval.data._tree import (
+  flatten,
+  pad_shapes_literal,
+  path_name,
+  ragged_message,
+  unflatten,
+)
 from padded_eval.data.sources import tf_pipeline
 from padded_eval.data.sources.base import (
   ID_DTYPE,
   PADDING_ID,
   Chunk,
+  Padding,
   RaggedRowsError,
   RowIds,
   Source,
+  SourceOptions,
   check_index_key,
 )
 from padded_eval.data.sources.fields import name_fields
@@ -52,7 +60,7 @@ from padded_eval.data.sources.fields import name_fields
 # which does not hold the user's Python object. `clear_cache` (`pe.clear_caches()`) empties it.
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-__all__ = ["TfDataSource", "clear_cache", "is_tf_dataset"]
+__all__ = ["TfDataSource", "clear_cache"]
 
 
 def clear_cache() -> None:
@@ -71,39 +79,24 @@ def _built_for(dataset: Any) -> dict:
 CHUNK_ROWS = 1024  # rows per chunk when `chunks` reads an unbatched dataset
 
 
-def is_tf_dataset(obj: Any) -> bool:
-  """Whether `obj` is a tf.data.Dataset (tfds included), decided without importing TensorFlow."""
-  return any(cls.__module__.startswith("tensorflow.python.data.") for cls in type(obj).__mro__)
-
-
 class TfDataSource(Source):
   """Checks a dataset's element spec when wrapped and pads inside the tf.data graph."""
 
   description = "a tf.data.Dataset"
   names_fields = True
 
-  @classmethod
-  def accepts(cls, obj: Any) -> bool:
-    return is_tf_dataset(obj)
+  library = ("tensorflow.python.data", None)
 
-  def __init__(
-    self,
-    obj: Any,
-    *,
-    mask_key: str,
-    batched: bool | None = None,
-    keys: tuple[str, ...] | None = None,
-  ):
+  def __init__(self, obj: Any, options: SourceOptions):
     """Reads the element spec.
 
     Args:
       obj: a `tf.data.Dataset` of dicts, or, with `keys`, of tuples (``(image, label)``: named by one ``map``
         in the graph, which keeps the cardinality and the pipeline's checks).
-      mask_key: the mask's key; no dataset key may equal it.
-      batched: whether elements are batches. None: a scalar leaf means unbatched, an unknown leading size
-        means batched, else the pipeline is searched for a batch op; the guess is named, with
-        ``batched=False``, at the end of a shape error (`spec_hint`).
-      keys: the names of the fields of tuple elements, in order (see `name_fields`).
+      options: the mask's key (no dataset key may equal it); `batched`, whether elements are batches (None: a
+        scalar leaf means unbatched, an unknown leading size means batched, else the pipeline is searched for
+        a batch op; the guess is named, with ``batched=False``, at the end of a shape error: `spec_hint`);
+        `keys`, the names of the fields of tuple elements, in order (see `name_fields`).
 
     Raises:
       ValueError: elements that are not dicts (without `keys`), tuples that do not fit `keys`, a key equal to `mask_key`, no tensors, a leaf that is not a tensor (a tuple, a SparseTensor), a leaf of unknown rank
@@ -111,7 +104,8 @@ class TfDataSource(Source):
         (infinite cardinality), repeats rows (``.repeat(n)``, n other than 1, with an unknown cardinality) or
         drops them (``drop_remainder=True``).
     """
-    self._built, self._keys = _built_for(obj), None if keys is None else tuple(keys)
+    mask_key, batched, keys = options
+    self._built, self._keys = _built_for(obj), keys
     self._passed = obj  # the user's dataset (the padding pipelines are built over a view of it)
     if keys is not None:
       obj = _named(obj, keys)
@@ -225,12 +219,7 @@ class TfDataSource(Source):
     )
 
   def padded(
-    self,
-    batch_size: int,
-    mask_key: str,
-    pad_value: Any,
-    ids: RowIds | None = None,
-    start_batch: int = 0,
+    self, padding: Padding, start_batch: int = 0
   ) -> Generator[FlatBatch, None, BatchSpec | None]:
     """Re-chunks and pads in the tf.data graph (the row ids too); see `Source.padded`. Batches before
     `start_batch` are skipped in the graph (``Dataset.skip``), before padding.
@@ -242,14 +231,14 @@ class TfDataSource(Source):
     Returns:
       (as the generator's return value) the row spec of the first batch (real sizes), else the static one.
     """
-
+    batch_size, mask_key, _, ids = padding
     # rebatch cannot join batches of two shapes, nor tf.pad pad a RaggedTensor
     varying = (self._batched and self._spec.has_unknown_sizes) or self._ragged
     if self.shape_fitter is not None or varying or self._fills_batches(batch_size):  # in numpy
-      return (yield from super().padded(batch_size, mask_key, pad_value, ids, start_batch))
+      return (yield from super().padded(padding, start_batch))
     if ids is not None:
       check_index_key(self._tensor_specs, ids.key)
-    dataset = self._padded_pipeline(batch_size, mask_key, pad_value, ids, start_batch)
+    dataset = self._padded_pipeline(padding, start_batch)
     first_spec, first_id = None, 0 if ids is None else ids.offset + start_batch * batch_size
     added = () if ids is None else ((ids.key,),)
     for index, flat in enumerate(self._numpy(dataset)):
@@ -272,12 +261,13 @@ class TfDataSource(Source):
     more than a short evaluation's whole pass over the pipeline."""
     return self._batched and tf_pipeline.nearest_batch_size(self._dataset) == batch_size
 
-  def _padded_pipeline(self, batch_size, mask_key, pad_value, ids, start_batch) -> Any:
+  def _padded_pipeline(self, padding: Padding, start_batch: int) -> Any:
     """The padding tf.data pipeline over the source's dataset, built once per dataset and
     arguments (kept in `_BUILT`, over `_detached`): tracing its map function was most of a short
     evaluation's data time, paid again at every ``pad_batches`` of the same eval dataset."""
     import tensorflow as tf
 
+    batch_size, mask_key, pad_value, ids = padding
     fills = self._spec.fills(pad_value)
     row_ids = None if ids is None else (ids.key, ids.offset)
     specs = repr(sorted(self._tensor_specs.items()))
@@ -362,13 +352,10 @@ class TfDataSource(Source):
       sizes = tuple(
         max(a, b) for a, b in zip(_parsed_shape(first_shape), _parsed_shape(other_shape))
       )
-      literal = repr(sizes)
-      for key in reversed(path):
-        literal = f"{{{key!r}: {literal}}}"
       return (
         f"key {path_name(path)} holds ragged rows (rows 0 and {other} of a batch have shapes {first_shape} and "
         f"{other_shape}); expected rows of one shape: pad them to fixed sizes with pe.pad_batches(..., "
-        f"pad_shapes={literal}), sizes of at least the longest row"
+        f"pad_shapes={pad_shapes_literal(path, sizes)}), sizes of at least the longest row"
       )
     found = re.search(
       r"Component (\d+) had size (\d+) but component (\d+) had size,? (\d+)", message
