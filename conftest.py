@@ -31,7 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_NUMPY_RANK_PROMOTION", "raise")
 
 # pytest imports padded_eval (and so JAX) before this file, to resolve the warning categories of
-# pyproject's filterwarnings: in this process the variable above comes too late, so it is set
+# setup.cfg's filterwarnings: in this process the variable above comes too late, so it is set
 # below; it reaches every subprocess a test starts (multi-host workers, the benchmark and demo
 # runs, pytest-xdist's workers) through the environment.
 
@@ -101,7 +101,7 @@ def _release_compiled_programs_now_and_then():
 
 
 # A test worker that dies (an XLA abort, a segfault) takes its C-level stderr with it: pytest's
-# default fd capture holds it in a temporary file. pyproject's addopts capture at the sys level
+# default fd capture holds it in a temporary file. setup.cfg's addopts capture at the sys level
 # instead, each xdist worker sends its fd 2 to a file, and after the run the controller prints
 # the files of the workers that went down, so CI's last lines say why a worker crashed.
 _WORKER_LOGS = "PADDED_EVAL_TEST_WORKER_LOGS"

@@ -20,7 +20,15 @@ assert "padded_eval/py.typed" in package, "py.typed is missing from the wheel"
 assert not [n for n in package if "__pycache__" in n or n.endswith(".pyc")], "compiled files"
 assert any(n.endswith(".dist-info/licenses/LICENSE") for n in info), info
 members = tarfile.open(sdist).getnames()
-for wanted in ("LICENSE", "README.md", "CHANGELOG.md", "pyproject.toml", "padded_eval/py.typed"):
+wanted_files = (
+  "LICENSE",
+  "README.md",
+  "CHANGELOG.md",
+  "pyproject.toml",
+  "setup.cfg",
+  "padded_eval/py.typed",
+)
+for wanted in wanted_files:
   assert any(m.endswith("/" + wanted) for m in members), f"the sdist lacks {wanted}"
 print(f"wheel {wheel.name}: {wheel.stat().st_size / 1024:.0f} KiB, {len(names)} files")
 for name in names:

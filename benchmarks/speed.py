@@ -28,6 +28,7 @@ from benchmarks.common import (
   shard_rows,
   split_rows,
 )
+from padded_eval.exact.accumulate import ExactSum
 
 
 @dataclasses.dataclass(frozen=True)
@@ -419,7 +420,7 @@ def compensated_sum_table(sizes: Sizes, log=print) -> tuple[str, dict]:
     o = mlp(p, x)
     real = jnp.broadcast_to(mask[:, None], o.shape).astype(jnp.float32)
     sums = jnp.sum(jnp.stack([jnp.where(real > 0, o, 0.0), real]), axis=(1, 2))
-    return pe.accumulate.ExactSum.of(sums[0]), pe.accumulate.ExactSum.of(sums[1])
+    return ExactSum.of(sums[0]), ExactSum.of(sums[1])
 
   steps = {
     "forward": jax.jit(lambda p, x, mask: mlp(p, x)),

@@ -6,15 +6,12 @@ initialise a JAX backend. How the modules fit together: docs/architecture.md.
 first use.
 """
 
-import importlib
+import importlib as _importlib
 
 from padded_eval import collections as collections
 from padded_eval import losses as losses
-from padded_eval import masking as masking
 from padded_eval import metrics as metrics
 from padded_eval import plot as plot
-from padded_eval import routing as routing
-from padded_eval import validation as validation
 from padded_eval.collections import Losses as Losses
 from padded_eval.collections import LossesAndMetrics as LossesAndMetrics
 from padded_eval.collections import Metrics as Metrics
@@ -33,10 +30,8 @@ from padded_eval.eval.cache import RecompileWarning as RecompileWarning
 from padded_eval.eval.cache import clear_caches as clear_caches
 from padded_eval.eval.results import EvalResults as EvalResults
 from padded_eval.eval.results import best as best
-from padded_eval.exact import accumulate as accumulate
 from padded_eval.losses import regularizers as regularizers
 from padded_eval.metrics.base import Metric as Metric
-from padded_eval.multihost import distributed as distributed
 from padded_eval.multihost.distributed import process_slice as process_slice
 
 # The one place the version is written; pyproject.toml reads it ([tool.setuptools.dynamic]).
@@ -46,7 +41,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
   """``pe.nnx`` and ``pe.clu``: imported when first read, so flax and clu stay optional."""
   if name in ("nnx", "clu"):
-    module = importlib.import_module(f"padded_eval.ecosystem.{name}")
+    module = _importlib.import_module(f"padded_eval.ecosystem.{name}")
     globals()[name] = module
     return module
   raise AttributeError(f"module 'padded_eval' has no attribute {name!r}")

@@ -38,7 +38,6 @@ Examples:
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
@@ -209,10 +208,19 @@ class _Collection(Metric):
       self, name=name or type(self).__name__.lower(), names=tuple(children), children=children
     )
 
-  @staticmethod
-  @abc.abstractmethod
-  def _leaf(value, path) -> Metric:
-    """The child metric for ``value`` found at ``path`` (raises ValueError if none)."""
+  _holds: ClassVar[type]  # the metrics a child may be as it is (a Loss is held as its LossAverage)
+  _takes: ClassVar[str]  # what a child may be, in the error message: "Metric instances (e.g. ...)"
+
+  def _leaf(self, value, path) -> Metric:
+    """The child metric for ``value`` found at ``path``: a Loss's `LossAverage`, or ``value`` itself
+    if it is one of `_holds`; else ValueError."""
+    if isinstance(value, Loss):
+      return LossAverage(loss=value)
+    if isinstance(value, self._holds):
+      return value
+    raise ValueError(
+      f"{type(self).__name__} takes {self._takes}; got {value!r} at {'/'.join(path) or 'the top level'}"
+    )
 
   def _batch_state(self, **kwargs):
     # the members' totals of one shape are summed together (one reduction; `finished_together`);
@@ -275,19 +283,11 @@ class Metrics(_Collection):
     {'accuracy': 0.75, 'recall': 0.8333}
   """
 
+  _holds = Metric
+  _takes = "Metric instances (e.g. pe.metrics.Accuracy())"
+
   def __init__(self, metrics, *, name: str | None = None):
     self._setup(metrics, name)
-
-  @staticmethod
-  def _leaf(value, path) -> Metric:
-    if isinstance(value, Loss):
-      return LossAverage(loss=value)
-    if not isinstance(value, Metric):
-      raise ValueError(
-        f"Metrics takes Metric instances (e.g. pe.metrics.Accuracy()); got "
-        f"{value!r} at {'/'.join(path) or 'the top level'}"
-      )
-    return value
 
 
 class Losses(_Collection):
@@ -311,20 +311,12 @@ class Losses(_Collection):
     {'meansquarederror': 2.5, 'meanabsoluteerror': 1.5}
   """
 
+  _takes = "padded_eval.losses.base.Loss instances (e.g. pe.losses.Crossentropy(), pe.regularizers.L2(1e-4))"
+
+  _holds = LossAverage
+
   def __init__(self, losses, *, name: str | None = None):
     self._setup(losses, name)
-
-  @staticmethod
-  def _leaf(value, path) -> Metric:
-    if isinstance(value, LossAverage):
-      return value
-    if not isinstance(value, Loss):
-      raise ValueError(
-        f"Losses takes padded_eval.losses.base.Loss instances (e.g. "
-        f"pe.losses.Crossentropy(), pe.regularizers.L2(1e-4)); got {value!r} "
-        f"at {'/'.join(path) or 'the top level'}"
-      )
-    return LossAverage(loss=value)
 
   def total_loss(self) -> jax.Array:
     """The sum of the losses' means (float32 scalar; NaN if nothing was seen)."""
@@ -427,19 +419,18 @@ class LossesAndMetrics(Metric):
 
   def compute(self) -> dict[str, Any]:
     """``{"loss": total, **losses, **metrics}``, flat, names kept unique."""
-    logs = {"loss": self.total_loss()}
-    for part in (self.losses, self.metrics):
-      if part is not None:
-        for key, value in part.compute().items():
-          logs[unique_name(key, logs)] = value
-    return logs
+    return self._with_loss(lambda part: part.compute())
 
   def compute_logs(self) -> dict[str, Any]:
     """The flat dict of :meth:`compute`, plus the keys members log beside their values
     (``pe.metrics.Bootstrap``: ``name_low`` and ``name_high``)."""
+    return self._with_loss(lambda part: part.compute_logs())
+
+  def _with_loss(self, read: Callable[[Metric], dict]) -> dict[str, Any]:
+    """``{"loss": total}``, then ``read(part)`` of the losses and of the metrics, names kept unique."""
     logs = {"loss": self.total_loss()}
     for part in (self.losses, self.metrics):
       if part is not None:
-        for key, value in part.compute_logs().items():
+        for key, value in read(part).items():
           logs[unique_name(key, logs)] = value
     return logs

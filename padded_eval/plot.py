@@ -207,9 +207,7 @@ def roc_curve(m, ax=None, *, class_index=None, name=None):
     >>> ax.get_xlabel(), ax.get_ylabel()
     ('false positive rate', 'true positive rate')
   """
-  m = find_metric(m, AUROC, "m", name)
-  ax = new_axes(ax)
-  curves = _curves_by_name(m.curve(class_index))
+  m, ax, curves = _metric_curves(m, AUROC, ax, class_index, name)
   for name, (fpr, tpr, _) in curves.items():
     ax.plot(fpr, tpr, lw=1.5, label=_curve_label(name, np.trapezoid(tpr, fpr), len(curves)))
   ax.plot([0, 1], [0, 1], ls="--", color="gray", lw=1, label="chance")
@@ -234,16 +232,17 @@ def pr_curve(m, ax=None, *, class_index=None, name=None):
     ValueError: ``m`` is not and holds no AUPRC (or several and no ``name``), or a bad ``class_index``.
 
   Examples:
+    One line per class of a multiclass metric (one-vs-rest), the title holding the macro average:
+
     >>> import numpy as np
     >>> import padded_eval as pe
-    >>> m = pe.metrics.AUPRC().update(preds=np.array([0.1, 0.4, 0.35, 0.8]), target=np.array([0, 0, 1, 1]))
-    >>> ax = pe.plot.pr_curve(m)
-    >>> ax.get_xlabel(), ax.get_ylabel()
-    ('recall', 'precision')
+    >>> scores = np.array([[0.7, 0.2, 0.1], [0.2, 0.5, 0.3], [0.1, 0.3, 0.6], [0.5, 0.4, 0.1], [0.3, 0.3, 0.4]])
+    >>> m = pe.metrics.AUPRC(task="multiclass", num_classes=3)
+    >>> ax = pe.plot.pr_curve(m.update(preds=scores, target=np.array([0, 1, 2, 1, 0])))
+    >>> [line.get_label() for line in ax.lines], ax.get_title()
+    (['class 0 (area = 0.8333)', 'class 1 (area = 1.0000)', 'class 2 (area = 1.0000)'], 'AUPRC, macro = 0.9444')
   """
-  m = find_metric(m, AUPRC, "m", name)
-  ax = new_axes(ax)
-  curves = _curves_by_name(m.curve(class_index))
+  m, ax, curves = _metric_curves(m, AUPRC, ax, class_index, name)
   for name, (precision, recall, _) in curves.items():
     area = -np.sum(np.diff(recall) * precision[:-1])
     ax.plot(
@@ -253,10 +252,14 @@ def pr_curve(m, ax=None, *, class_index=None, name=None):
   return ax
 
 
-def _curves_by_name(curves) -> dict[str, tuple]:
+def _metric_curves(m, kind: type, ax, class_index, name) -> tuple:
+  """``(metric, Axes, {label: curve})``: the `kind` metric `m` holds, the Axes to draw on, and the
+  curves of ``m.curve(class_index)`` by the name a legend gives them (``"class c"``; one curve: ``""``)."""
+  m = find_metric(m, kind, "m", name)
+  curves = m.curve(class_index)
   if isinstance(curves, dict):
-    return {f"class {c}": curve for c, curve in curves.items()}
-  return {"": curves}
+    return m, new_axes(ax), {f"class {c}": curve for c, curve in curves.items()}
+  return m, new_axes(ax), {"": curves}
 
 
 def _curve_label(name: str, area: float, count: int) -> str | None:

@@ -1,4 +1,4 @@
-"""Independent numpy expectation for padded batches (used by test_data.py and test_tfds.py), and
+"""Independent numpy expectation for padded batches (used by tests/data/test_padded.py, test_sources_tf_data.py, ...), and
 `garbage_padded`: padded batches whose padded rows hold NaN, inf and out-of-range labels."""
 
 import numpy as np

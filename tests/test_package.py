@@ -133,3 +133,72 @@ def test_public_surface_takes_arraylike_and_returns_jax_arrays():
     ):  # those return what they wrap
       returned = inspect.signature(metric.compute).return_annotation
       assert returned == "jax.Array", (metric.__name__, returned)
+
+
+# The facade's names: the public API as DESIGN.md ("Public contract") and docs/api/ promise it.
+# Internal modules (routing, validation, masking, exact.accumulate, multihost.distributed) are
+# imported from their own module paths, not through `pe`.
+FACADE = {
+  # modules
+  "collections",
+  "losses",
+  "metrics",
+  "plot",
+  "regularizers",
+  "results",
+  # data
+  "pad_batches",
+  "PaddedBatches",
+  "shard",
+  "unshard",
+  "prefetch_to_device",
+  "global_batch",
+  "data_axes",
+  "process_slice",
+  # metrics and collections
+  "Metric",
+  "Metrics",
+  "Losses",
+  "LossesAndMetrics",
+  # the driver
+  "masked_eval",
+  "place_params",
+  "EvalResults",
+  "best",
+  "InvalidValuesWarning",
+  "RecompileWarning",
+  "clear_caches",
+}
+LAZY = {"nnx", "clu"}  # imported on first read (flax, clu optional)
+
+
+def facade_re_exports() -> set[str]:
+  """The names `padded_eval/__init__.py` re-exports (``from x import y as y``), read with ast."""
+  import ast
+
+  tree = ast.parse((ROOT / "padded_eval" / "__init__.py").read_text())
+  names = set()
+  for node in tree.body:
+    if isinstance(node, ast.ImportFrom):
+      names.update(a.asname for a in node.names if a.asname == a.name)
+  return names
+
+
+def test_the_facade_exports_the_public_api_only():
+  assert facade_re_exports() == FACADE, sorted(facade_re_exports() ^ FACADE)
+  for name in FACADE | LAZY | {"__version__"}:
+    assert getattr(pe, name) is not None, name
+  internal = {"routing", "validation", "masking", "accumulate", "distributed", "importlib"}
+  assert not internal & facade_re_exports()
+  assert "importlib" not in vars(pe)  # the lazy import's helper is private
+
+
+def test_every_facade_name_is_documented():
+  """Each name the facade exports is on a page of docs/api/ (a module on modules.md) or in
+  DESIGN's contract, as ``pe.<name>``, in the README or the HOWTO."""
+  api = "".join(page.read_text() for page in (ROOT / "docs" / "api").glob("*.md"))
+  prose = (ROOT / "README.md").read_text() + (ROOT / "HOWTO.md").read_text()
+  for name in sorted(FACADE):
+    module = getattr(pe, name).__name__ if isinstance(getattr(pe, name), type(pe)) else None
+    on_a_page = f"::: padded_eval.{name}\n" in api or f"::: {module}\n" in api
+    assert on_a_page or f"pe.{name}" in prose, name

@@ -67,3 +67,20 @@ def test_a_crashed_workers_c_level_stderr_ends_the_summary(tmp_path):
   summary = out[out.index("C-level stderr of the crashed test worker gw0") :]
   assert "the reason the worker died" in summary
   assert "1 failed, 1 passed" in out
+
+
+def test_pytest_is_configured_in_setup_cfg_and_nothing_twice(request):
+  """setup.cfg holds pytest's section and nothing else; pyproject.toml every other tool's, not pytest's."""
+  import configparser
+
+  import tomllib
+
+  config = configparser.ConfigParser(interpolation=None)
+  config.read(os.path.join(ROOT, "setup.cfg"))
+  assert config.sections() == ["tool:pytest"], config.sections()
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    tools = tomllib.load(f)["tool"]
+  cfg_tools = {section.split(":")[-1] for section in config.sections()}
+  assert not cfg_tools & set(tools), cfg_tools & set(tools)  # each tool configured in one file
+  assert request.config.inipath.name == "setup.cfg"  # the file this run read
+  assert "error" in request.config.getini("filterwarnings")

@@ -23,13 +23,13 @@ from padded_eval.data._tree import (
   Path,
   check_key_kinds,
   check_mask_fn_result,
-  check_not_strings,
   fill_value,
   flatten,
   leaf_dtype,
   mapping_paths,
   pad_shapes_hint,
   path_name,
+  row_leaves,
   tree_leaves,
   unflatten,
 )
@@ -151,7 +151,6 @@ class BatchSpec:
         "expected a bool array [batch_size]"
       )
     batch_size = mask_shape[0]
-    leaves = {}
     if index == 0:  # later batches are compared with the first one's structure
       check_key_kinds(mapping_paths(batch), index=index)
     try:
@@ -160,17 +159,9 @@ class BatchSpec:
       # a later batch's dict keys JAX cannot sort: named here, not as JAX's comparator error
       check_key_kinds(mapping_paths(batch), index=index)
       raise
-    for key_path, leaf in flat:
-      path = tuple(map(_spec_key, key_path))
-      shape, dtype = np.shape(leaf), leaf_dtype(leaf)
-      if not shape or shape[0] != batch_size:
-        raise ValueError(
-          f"batch {index}: key {path_name(path)} has shape {shape}; expected "
-          f"leading size {batch_size}, the size of {mask_key!r}"
-        )
-      check_not_strings(path, dtype, index, allow_strings, leaf)
-      if path != (mask_key,):
-        leaves[path] = LeafSpec(shape[1:], dtype)
+    named = ("key", f", the size of {mask_key!r}")
+    rows = row_leaves(flat, _spec_key, batch_size, index, allow_strings, named)
+    leaves = {path: LeafSpec(*row) for path, row in rows.items() if path != (mask_key,)}
     return cls(leaves, batch_size, mask_key, structure)
 
   # --- comparing batches --------------------------------------------------------------------------------------

@@ -27,8 +27,10 @@ __all__ = [
   "leaf_dtype",
   "mapping_paths",
   "pad_shapes_hint",
+  "pad_shapes_literal",
   "path_name",
   "ragged_message",
+  "row_leaves",
   "tree_leaves",
   "unflatten",
 ]
@@ -140,19 +142,44 @@ def tree_leaves(batch: Any, index: int, allow_strings: bool = False) -> tuple[di
   first_path = tuple(map(key_name, flat[0][0]))
   first_shape = np.shape(flat[0][1])
   batch_size = first_shape[0] if first_shape else None
+  why = (
+    f" like leaf {path_name(first_path)}: with mask_fn, every leaf's leading axis is the batch's rows "
+    "(stack one padded graph per row, e.g. one per device, on a new leading axis)"
+  )
+  leaves = row_leaves(flat, key_name, batch_size, index, allow_strings, ("leaf", why))
+  return leaves, batch_size, structure
+
+
+def row_leaves(
+  flat: list, key: Any, batch_size: int, index: int, allow_strings: bool, named: tuple[str, str]
+) -> dict[Path, tuple[tuple, np.dtype]]:
+  """``{path: (row shape, dtype)}`` of a batch's leaves, each checked to have `batch_size` rows.
+
+  Args:
+    flat: ``[(key path, leaf)]``, as ``jax.tree_util.tree_flatten_with_path`` gives them.
+    key: one key of a key path as a path holds it (`key_name`, or a spec's).
+    batch_size: the leading size of every leaf.
+    index: the batch's position, for messages.
+    allow_strings: accept string/bytes leaves.
+    named: ``(noun, why)``: how a message names a leaf (``"key"``, ``"leaf"``) and what it adds after the
+      expected leading size.
+
+  Raises:
+    ValueError: a leaf without `batch_size` rows, or (unless `allow_strings`) a string leaf.
+  """
+  noun, why = named
   leaves = {}
   for key_path, leaf in flat:
-    path = tuple(map(key_name, key_path))
+    path = tuple(map(key, key_path))
     shape, dtype = np.shape(leaf), leaf_dtype(leaf)
     if not shape or shape[0] != batch_size:
       raise ValueError(
-        f"batch {index}: leaf {path_name(path)} has shape {shape}; expected leading size {batch_size} "
-        f"like leaf {path_name(first_path)}: with mask_fn, every leaf's leading axis is the batch's rows "
-        "(stack one padded graph per row, e.g. one per device, on a new leading axis)"
+        f"batch {index}: {noun} {path_name(path)} has shape {shape}; expected leading size "
+        f"{batch_size}{why}"
       )
-    check_not_strings(path, dtype, index, allow_strings)
+    check_not_strings(path, dtype, index, allow_strings, leaf)
     leaves[path] = (shape[1:], dtype)
-  return leaves, batch_size, structure
+  return leaves
 
 
 def check_mask_fn_result(mask: Any, batch_size: int, index: int) -> None:
@@ -171,12 +198,9 @@ def pad_shapes_hint(path: Path, got: tuple, want: tuple) -> str | None:
     return None
   first = next(axis for axis, (a, b) in enumerate(zip(got, want)) if a != b)
   sizes = tuple(max(a, b) if a != b else None for a, b in zip(got[first:], want[first:]))
-  literal = repr(sizes)
-  for key in reversed(path):
-    literal = f"{{{key!r}: {literal}}}"
   return (
     f". Its trailing sizes vary between batches (variable lengths?): pad them to fixed sizes, e.g. "
-    f"pe.pad_batches(..., pad_shapes={literal}) with sizes of at least the longest row (None keeps an "
+    f"pe.pad_batches(..., pad_shapes={pad_shapes_literal(path, sizes)}) with sizes of at least the longest row (None keeps an "
     "axis), so that every batch has one shape and the step compiles once"
   )
 
@@ -207,7 +231,7 @@ def ragged_message(path: Path, leaf: Any) -> str | None:
   if not shapes or len({len(shape) for shape in shapes}) != 1 or not shapes[0]:
     return (
       f"key {name} holds rows of different shapes or ranks; expected rows of one shape. Ragged rows "
-      f"(sequences of different lengths) are padded by pe.pad_batches(..., pad_shapes={_literal(path, 'L')}), "
+      f"(sequences of different lengths) are padded by pe.pad_batches(..., pad_shapes={pad_shapes_literal(path, 'L')}), "
       "L the longest row"
     )
   other = next(i for i, shape in enumerate(shapes) if shape != shapes[0])
@@ -215,12 +239,14 @@ def ragged_message(path: Path, leaf: Any) -> str | None:
   return (
     f"key {name} holds ragged rows (row 0 has shape {shapes[0]}, row {other} has shape {shapes[other]}); "
     f"expected rows of one shape: pad them to fixed sizes with pe.pad_batches(..., "
-    f"pad_shapes={_literal(path, sizes)}), sizes of at least the longest row (these rows' longest shown), "
+    f"pad_shapes={pad_shapes_literal(path, sizes)}), sizes of at least the longest row (these rows' longest shown), "
     "so that every batch has one shape"
   )
 
 
-def _literal(path: Path, sizes: Any) -> str:
+def pad_shapes_literal(path: Path, sizes: Any) -> str:
+  """The ``pad_shapes=`` value that pads leaf `path` to `sizes` (a tuple, or a name such as ``"L"``), as a
+  user writes it: ``{'features': {'tokens': (60,)}}``."""
   literal = sizes if isinstance(sizes, str) else repr(sizes)
   literal = f"({literal},)" if isinstance(sizes, str) else literal
   for key in reversed(path):

@@ -16,7 +16,7 @@ from typing import Any
 from padded_eval.data import sources
 from padded_eval.data._batch_spec import BatchSpec, FlatBatch
 from padded_eval.data._tree import unflatten
-from padded_eval.data.sources import RowIds, check_index_key, row_ids
+from padded_eval.data.sources import Padding, RowIds, check_index_key, row_ids
 from padded_eval.data.sources.shapes import ShapeFitter
 from padded_eval.validation import check_divisible, check_int
 
@@ -270,8 +270,7 @@ class PaddedBatches(cabc.Iterable):
       )
 
   def __iter__(self) -> Iterator[dict]:
-    padded = self._source.padded(self.batch_size, self.mask_key, self.pad_value, self._ids)
-    return self._counted(padded)
+    return self._counted(self._padded())
 
   def skip(self, num_batches: int) -> Iterator[dict]:
     """Like ``iter(self)``, from batch `num_batches` on (a resumed `masked_eval` skips what it consumed).
@@ -286,10 +285,7 @@ class PaddedBatches(cabc.Iterable):
     num_batches = check_int("num_batches", num_batches, minimum=0)
     if self.num_batches is not None and num_batches > self.num_batches:
       raise ValueError(f"cannot skip {num_batches} batches of num_batches={self.num_batches}")
-    padded = self._source.padded(
-      self.batch_size, self.mask_key, self.pad_value, self._ids, start_batch=num_batches
-    )
-    return self._counted(padded, start=num_batches)
+    return self._counted(self._padded(num_batches), start=num_batches)
 
   @property
   def num_rows(self) -> int | None:
@@ -344,6 +340,10 @@ class PaddedBatches(cabc.Iterable):
         f"({self._source.description}) {found}; pass batch_size= (a multiple of the device count)"
       )
     return -(-rows // num_devices) * num_devices
+
+  def _padded(self, start_batch: int = 0) -> Generator[FlatBatch, None, BatchSpec | None]:
+    padding = Padding(self.batch_size, self.mask_key, self.pad_value, self._ids)
+    return self._source.padded(padding, start_batch)
 
   def _num_real_batches(self) -> int | None:
     """Number of batches the source fills, or None when unknown without reading it."""

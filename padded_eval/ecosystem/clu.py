@@ -19,6 +19,7 @@ from typing import Any
 from clu import metrics as clu_metrics
 from flax import struct
 
+from padded_eval.ecosystem import check_wrapped
 from padded_eval.metrics import base
 
 __all__ = ["metric"]
@@ -50,11 +51,7 @@ def metric(metric: base.Metric) -> type[clu_metrics.Metric]:
     >>> float(Metrics.empty().merge(update).compute()["mean"])
     2.0
   """
-  if not isinstance(metric, base.Metric):
-    raise ValueError(
-      "pe.clu.metric wraps a padded_eval metric or collection (e.g. pe.metrics.Accuracy(), "
-      f"pe.Metrics([...]); a loss as pe.Metrics([loss])); got metric={metric!r}"
-    )
+  check_wrapped(metric, "pe.clu.metric")
   template = metric
 
   @struct.dataclass

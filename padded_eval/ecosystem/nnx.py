@@ -16,6 +16,7 @@ from typing import Any
 
 from flax import nnx
 
+from padded_eval.ecosystem import check_wrapped
 from padded_eval.metrics import base
 
 __all__ = ["Metric"]
@@ -36,21 +37,22 @@ class Metric(nnx.Metric):
     ValueError: ``metric`` is not a padded_eval metric.
 
   Example:
+    Beside nnx's own metrics in one ``nnx.MultiMetric``, sharing one ``update(**batch)``:
+
     >>> import jax.numpy as jnp
     >>> from flax import nnx
     >>> import padded_eval as pe
-    >>> metrics = nnx.MultiMetric(mean=pe.nnx.Metric(pe.metrics.Mean("loss")))
-    >>> metrics.update(loss=jnp.array([1.0, 3.0, jnp.nan]), mask=jnp.array([True, True, False]))
-    >>> float(metrics.compute()["mean"])
-    2.0
+    >>> metrics = nnx.MultiMetric(
+    ...   accuracy=pe.nnx.Metric(pe.metrics.Accuracy()), loss=nnx.metrics.Average("loss")
+    ... )
+    >>> batch = {"preds": jnp.array([1, 0, 1]), "target": jnp.array([1, 1, 0]), "loss": jnp.array([0.5, 1.5, 9.0])}
+    >>> metrics.update(**batch, mask=jnp.array([True, True, False]))  # the last row is padding
+    >>> {name: float(value) for name, value in metrics.compute().items()}
+    {'accuracy': 0.5, 'loss': 1.0}
   """
 
   def __init__(self, metric: base.Metric):
-    if not isinstance(metric, base.Metric):
-      raise ValueError(
-        "pe.nnx.Metric wraps a padded_eval metric or collection (e.g. pe.metrics.Accuracy(), "
-        f"pe.Metrics([...]); a loss as pe.Metrics([loss])); got metric={metric!r}"
-      )
+    check_wrapped(metric, "pe.nnx.Metric")
     self.state = nnx.metrics.MetricState(metric.empty())
 
   @property

@@ -43,7 +43,7 @@ class ColumnsSource(Source):
   def accepts(cls, obj):
     return type(obj).__name__ == "ColumnsOf"
 
-  def __init__(self, obj, *, mask_key, batched=None):
+  def __init__(self, obj, options):
     self._data = obj.data
 
   @property

@@ -12,7 +12,8 @@ import pytest
 from _source_cases import check_exact, check_padded, make_data, numeric, rows_of
 
 import padded_eval as pe
-from padded_eval.data.sources.grain import GrainSource, grain_kind
+from padded_eval.data.sources.base import SourceOptions, library_class
+from padded_eval.data.sources.grain import GrainSource
 
 N = 37  # 2 full batches of 16 and 5 real rows in the last
 
@@ -60,7 +61,7 @@ def test_every_row_once_in_order_with_the_mask_and_len(name):
   data = make_data(N)
   build, known_len = PIPELINES[name]
   source = build(rows_of(data))
-  assert grain_kind(source) in ("MapDataset", "IterDataset", "DataLoader")
+  assert library_class(source, *GrainSource.library) in ("MapDataset", "IterDataset", "DataLoader")
   check_padded(source, data, known_len=known_len)
 
 
@@ -83,9 +84,9 @@ def test_batched_can_be_given():
   shuffled = (
     grain.MapDataset.source(rows).batch(5).shuffle(seed=1)
   )  # the short batch may come first
-  assert GrainSource(shuffled, mask_key="mask").num_rows() is None
+  assert GrainSource(shuffled, SourceOptions("mask")).num_rows() is None
   # And rows that happen to be vectors are rows when batched=False.
-  source = GrainSource(grain.MapDataset.source(rows), mask_key="mask", batched=False)
+  source = GrainSource(grain.MapDataset.source(rows), SourceOptions("mask", batched=False))
   assert source.num_rows() == N
 
 

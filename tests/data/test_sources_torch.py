@@ -18,7 +18,8 @@ from _source_cases import GARBAGE, check_exact, check_padded, make_data, numeric
 
 import padded_eval as pe
 from padded_eval.data.sources.array_like import is_torch_tensor, to_numpy
-from padded_eval.data.sources.torch import TorchLoaderSource, is_torch_loader
+from padded_eval.data.sources.base import SourceOptions
+from padded_eval.data.sources.torch import TorchLoaderSource
 
 N, PER_BATCH = 37, 5
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -123,7 +124,7 @@ if HAS_TORCH:
 def test_loader_every_row_once_in_order_len_from_the_sampler(kind):
   data = bf16_data()
   loader = LOADERS[kind](data, batch_size=PER_BATCH)
-  assert is_torch_loader(loader) and TorchLoaderSource.accepts(loader)
+  assert TorchLoaderSource.accepts(loader)
   batches = check_padded(loader, data, known_len=True)
   last = list(batches)[-1]
   assert last["y"].dtype == ml_dtypes.bfloat16  # bit for bit, not via float32
@@ -208,7 +209,7 @@ def test_len_unknown_without_a_sized_sampler():
   data = bf16_data(9)
   loader = fake_loader(data, batch_size=4)
   loader.sampler = iter(range(9))  # no len()
-  assert TorchLoaderSource(loader, mask_key="mask").num_rows() is None
+  assert TorchLoaderSource(loader, SourceOptions("mask")).num_rows() is None
   if HAS_TORCH:
     check_padded(torch_loader(data, iterable_style=True, batch_size=4), data, known_len=False)
 

@@ -20,6 +20,7 @@ import padded_eval as pe
 from padded_eval.eval import backends
 from padded_eval.eval.backends import StepInput
 from padded_eval.eval.step import RowMask
+from padded_eval.exact.accumulate import ExactCount
 from padded_eval.multihost import distributed
 
 # --- the registry -------------------------------------------------------------------------
@@ -171,7 +172,7 @@ def _lowered_step(name, sync):
   flags = (np.ones(backend.num_shards, np.int32),) if sync else ()
   params, placed = backend.place_params(np.float32(2)), backend.place_batch(StepInput(batch, flags))
   shapes = compiled.state_shapes(params, placed.batch)
-  empty = (shapes[0].empty(), pe.accumulate.ExactCount.zeros(shapes[1].shape))
+  empty = (shapes[0].empty(), ExactCount.zeros(shapes[1].shape))
   return compiled.step.lower(params, backend.place_state(empty), placed).as_text()
 
 

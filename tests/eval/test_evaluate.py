@@ -19,6 +19,7 @@ from _source_cases import AccuracyAndMSE
 from sklearn.metrics import accuracy_score
 
 import padded_eval as pe
+from padded_eval.exact.accumulate import ExactCount
 from padded_eval.metrics.base import Metric, state
 
 NUM_FEATURES, NUM_CLASSES, BATCH = 3, 5, 64
@@ -246,11 +247,11 @@ def test_progress_bar_counts_batches(capsys):
 
 def test_array_metric_comes_back_as_numpy():
   class Histogram(Metric):
-    counts: pe.accumulate.ExactCount = state(lambda self: pe.accumulate.ExactCount.zeros((3,)))
+    counts: ExactCount = state(lambda self: ExactCount.zeros((3,)))
 
     def _batch_state(self, *, target, mask, **_):
       hits = (target[:, None] == jnp.arange(3)[None, :]) & mask[:, None]
-      return {"counts": pe.accumulate.ExactCount.of(hits.sum(0, dtype=jnp.int32))}
+      return {"counts": ExactCount.of(hits.sum(0, dtype=jnp.int32))}
 
     def compute(self):
       return self.counts.total()

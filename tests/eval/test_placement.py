@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import padded_eval as pe
 from padded_eval.eval import placement
 from padded_eval.eval.step import RowMask
+from padded_eval.exact.accumulate import ExactCount
 
 FEATURES, CLASSES = 6, 5
 
@@ -176,7 +177,7 @@ def test_small_and_large_states_are_exact(backend, limit, monkeypatch):
 def test_combined_on_one_device_declines_large_states(monkeypatch):
   mesh = Mesh(np.array(jax.devices()), ("batch",))
   split = NamedSharding(mesh, PartitionSpec("batch"))
-  state = (pe.accumulate.ExactCount.of(jax.device_put(jnp.arange(8, dtype=jnp.int32), split)),)
+  state = (ExactCount.of(jax.device_put(jnp.arange(8, dtype=jnp.int32), split)),)
   combined = placement.combined_on_one_device(state)
   assert int(combined[0].to_numpy()) == 28
   monkeypatch.setattr(placement, "SMALL_STATE_BYTES", 4)  # per shard: 8 bytes each here

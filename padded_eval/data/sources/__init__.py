@@ -14,8 +14,10 @@ from padded_eval.data.sources import (
   torch,
 )
 from padded_eval.data.sources.base import Chunk as Chunk
+from padded_eval.data.sources.base import Padding as Padding
 from padded_eval.data.sources.base import RowIds as RowIds
 from padded_eval.data.sources.base import Source as Source
+from padded_eval.data.sources.base import SourceOptions as SourceOptions
 from padded_eval.data.sources.base import check_index_key as check_index_key
 from padded_eval.data.sources.base import row_ids as row_ids
 from padded_eval.data.sources.registry import kinds as kinds

@@ -29,12 +29,15 @@ __all__ = [
   "ID_DTYPE",
   "PADDING_ID",
   "Chunk",
+  "Padding",
   "RaggedRowsError",
   "RowIds",
   "Source",
+  "SourceOptions",
   "check_index_key",
   "drop_rows",
   "flatten_rows",
+  "library_class",
   "pad",
   "rechunk",
   "row_ids",
@@ -45,11 +48,28 @@ ID_DTYPE = np.int32
 PADDING_ID = -1  # the id of a padding row
 
 
+class SourceOptions(NamedTuple):
+  """What ``pad_batches`` tells a kind when it wraps the user's object (`Source.__init__`).
+
+  Attributes:
+    mask_key: the key the mask will take; a source key equal to it raises ValueError.
+    batched: whether elements are batches (None: inferred); read by the kinds whose elements may be either
+      (tf.data, grain), ignored by the others.
+    keys: the names of the fields of tuple elements, in order (``pad_batches(..., keys=...)``), for a kind
+      that `names_fields`; None otherwise.
+  """
+
+  mask_key: str = "mask"
+  batched: bool | None = None
+  keys: tuple[str, ...] | None = None
+
+
 class Source(abc.ABC):
   """One kind of data source, wrapped for `pad_batches`.
 
-  A subclass implements `accepts` (decided without importing the source's library), `__init__` (check the object
-  and reject a key equal to `mask_key`), `spec`, `num_rows` and `chunks`, and is registered with
+  A subclass implements `accepts` (decided without importing the source's library: a kind of another library's
+  objects names its classes in `library` instead), `__init__` (check the object and reject a key equal to
+  ``options.mask_key``), `spec`, `num_rows` and `chunks`, and is registered with
   `padded_eval.data.sources.register`.
 
   A kind that reads batches of its own (an iterable, a loader) passes them through `checked_chunks`, which
@@ -63,8 +83,10 @@ class Source(abc.ABC):
     fits_shapes: whether `chunks` already applies `shape_fitter` (through `checked_chunks`).
     spec_hint: a sentence ending the messages about the rows' shapes ("" for none): how the kind guessed
       what a row is, when it guessed (a tf.data source whose `batched` was inferred).
-    names_fields: whether the kind's ``__init__`` takes ``keys=`` (``pad_batches(..., keys=...)``: the names
-      of the fields of tuple elements, applied with `name_fields`); a kind without it refuses ``keys=``.
+    names_fields: whether the kind reads ``options.keys`` (``pad_batches(..., keys=...)``: the names of the
+      fields of tuple elements, applied with `name_fields`); ``pad_batches`` refuses ``keys=`` for another.
+    library: for a kind of another library's objects, ``(package, class names)`` of `library_class` (names
+      None: any class of the package), which the default `accepts` reads; None for a kind that overrides it.
   """
 
   description: str = "a data source"
@@ -74,20 +96,21 @@ class Source(abc.ABC):
   )
   fits_shapes: bool = False
   names_fields: bool = False
+  library: tuple[str, cabc.Container[str] | None] | None = None
 
   @classmethod
-  @abc.abstractmethod
   def accepts(cls, obj: Any) -> bool:
-    """Whether `obj` is a source of this kind."""
+    """Whether `obj` is a source of this kind: the default, an object of one of `library`'s classes."""
+    return cls.library is not None and library_class(obj, *cls.library) is not None
 
   @abc.abstractmethod
-  def __init__(self, obj: Any, *, mask_key: str, batched: bool | None = None):
+  def __init__(self, obj: Any, options: SourceOptions):
     """Wraps `obj`.
 
     Args:
       obj: the user's source.
-      mask_key: the key the mask will take; a source key equal to it raises ValueError.
-      batched: tf.data only: whether elements are batches (None: inferred). Other kinds ignore it.
+      options: the mask's key (a source key equal to it raises ValueError), and `batched` and `keys` for the
+        kinds that read them (see `SourceOptions`).
     """
 
   @property
@@ -168,21 +191,13 @@ class Source(abc.ABC):
     return chunks if start_row == 0 else drop_rows(chunks, start_row)
 
   def padded(
-    self,
-    batch_size: int,
-    mask_key: str,
-    pad_value: Any,
-    ids: RowIds | None = None,
-    start_batch: int = 0,
+    self, padding: Padding, start_batch: int = 0
   ) -> Generator[FlatBatch, None, BatchSpec | None]:
-    """Flat batches of exactly `batch_size` rows plus ``(mask_key,)``: bool ``[batch_size]``, real rows first.
+    """Flat batches of exactly ``padding.batch_size`` rows plus ``(mask_key,)``: bool ``[batch_size]``, real
+    rows first (and the row ids).
 
     Args:
-      batch_size: rows per batch.
-      mask_key: top-level key of the mask.
-      pad_value: what padded rows hold (see `BatchSpec.fills`).
-      ids: if given, each batch also gets ``(ids.key,)``: int32 ``[batch_size]``, each real row's position in
-        the source plus ``ids.offset``, and -1 on padding rows.
+      padding: the batch size, the mask's key, the pad value and the row ids (see `Padding`).
       start_batch: the first batch to yield; the rows of the batches before it are skipped (see `chunks_from`).
 
     Yields:
@@ -197,6 +212,7 @@ class Source(abc.ABC):
       ValueError: as `chunks`, a `pad_value` that does not fit (see `BatchSpec.fills`), a source key equal to
         ``ids.key``, or more rows than int32 ids can number.
     """
+    batch_size, mask_key, pad_value, ids = padding
     start = start_batch * batch_size
     chunks = self.chunks_from(batch_size, start)
     if self.shape_fitter is not None and not self.fits_shapes:
@@ -226,8 +242,44 @@ def _fitted(chunks: Iterator[Chunk], fitter: ShapeFitter, first_row: int) -> Ite
     first_row += rows
 
 
+def library_class(obj: Any, module: str, names: cabc.Container[str] | None = None) -> str | None:
+  """The name of the class of `obj` (or of a base class) that a library defines, decided without importing it.
+
+  Args:
+    obj: any object.
+    module: the library's package (or one of its subpackages), e.g. ``"grain"`` or ``"torch.utils.data"``: a
+      class of it or of a module below it counts.
+    names: the class names to look for (None: any class of `module`).
+
+  Returns:
+    The first such class's name in ``type(obj).__mro__``, or None.
+  """
+  for cls in type(obj).__mro__:
+    inside = cls.__module__ == module or cls.__module__.startswith(module + ".")
+    if inside and (names is None or cls.__name__ in names):
+      return cls.__name__
+  return None
+
+
 class RaggedRowsError(ValueError):
   """A source key holds ragged rows (rows of different shapes) that no `pad_shapes` pads."""
+
+
+class Padding(NamedTuple):
+  """How `Source.padded` pads (``pad_batches``' arguments).
+
+  Attributes:
+    batch_size: rows per batch.
+    mask_key: top-level key of the bool ``[batch_size]`` mask.
+    pad_value: what padded rows hold (see `BatchSpec.fills`).
+    ids: if given, each batch also gets ``(ids.key,)``: int32 ``[batch_size]``, each real row's position in the
+      source plus ``ids.offset``, and -1 on padding rows.
+  """
+
+  batch_size: int
+  mask_key: str
+  pad_value: Any = 0
+  ids: RowIds | None = None
 
 
 class RowIds(NamedTuple):

@@ -17,19 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from padded_eval.data.sources.base import SourceOptions, library_class
 from padded_eval.data.sources.mapping import MappingSource
 
-__all__ = ["DataFrameSource", "is_dataframe"]
+__all__ = ["DataFrameSource"]
 
 _NUMBERS = "biufc"  # numpy kinds a device holds: bool, ints, floats, complex
-
-
-def is_dataframe(obj: Any) -> bool:
-  """Whether `obj` is a pandas DataFrame (a subclass included), decided without importing pandas."""
-  return any(
-    cls.__name__ == "DataFrame" and cls.__module__.split(".")[0] == "pandas"
-    for cls in type(obj).__mro__
-  )
 
 
 class DataFrameSource(MappingSource):
@@ -37,11 +30,15 @@ class DataFrameSource(MappingSource):
 
   description = "a pandas DataFrame"
 
-  @classmethod
-  def accepts(cls, obj: Any) -> bool:
-    return is_dataframe(obj)
+  library = ("pandas", ("DataFrame",))  # a subclass included; pandas never imported here
 
-  def __init__(self, obj: Any, *, mask_key: str, batched: bool | None = None):
+  @classmethod
+  def accepts(
+    cls, obj: Any
+  ) -> bool:  # the default's, not MappingSource's (a DataFrame is no Mapping)
+    return library_class(obj, *cls.library) is not None
+
+  def __init__(self, obj: Any, options: SourceOptions):
     """Reads the columns as numpy arrays.
 
     Raises:
@@ -49,7 +46,7 @@ class DataFrameSource(MappingSource):
         nullable column whose missing values numpy cannot hold, or see `MappingSource` (a column named
         `mask_key`, no columns).
     """
-    super().__init__(_columns(obj), mask_key=mask_key, batched=batched)
+    super().__init__(_columns(obj), options)
 
 
 def _columns(frame: Any) -> dict:

@@ -28,24 +28,21 @@ import numpy as np
 
 from padded_eval.data._tree import flatten, ragged_message, unflatten
 from padded_eval.data.sources.array_like import to_numpy
-from padded_eval.data.sources.base import Chunk, Source, drop_rows
-from padded_eval.data.sources.fields import name_fields
+from padded_eval.data.sources.base import (
+  Chunk,
+  Source,
+  SourceOptions,
+  drop_rows,
+  library_class,
+)
+from padded_eval.data.sources.fields import named
 
-__all__ = ["CHUNK_ROWS", "GrainSource", "grain_kind"]
+__all__ = ["CHUNK_ROWS", "GrainSource"]
 
 CHUNK_ROWS = (
   1024  # rows read at a time from an unbatched source (rounded to a multiple of the batch size)
 )
-_KINDS = ("MapDataset", "IterDataset", "DataLoader")
 _MAX_PIPELINE_DEPTH = 256
-
-
-def grain_kind(obj: Any) -> str | None:
-  """``"MapDataset"``, ``"IterDataset"`` or ``"DataLoader"`` for a grain object, else None (grain not imported)."""
-  for cls in type(obj).__mro__:
-    if cls.__module__.startswith("grain.") and cls.__name__ in _KINDS:
-      return cls.__name__
-  return None
 
 
 class GrainSource(Source):
@@ -55,27 +52,17 @@ class GrainSource(Source):
   fits_shapes = True
   names_fields = True
 
-  @classmethod
-  def accepts(cls, obj: Any) -> bool:
-    return grain_kind(obj) is not None
+  library = ("grain", ("MapDataset", "IterDataset", "DataLoader"))
 
-  def __init__(
-    self,
-    obj: Any,
-    *,
-    mask_key: str,
-    batched: bool | None = None,
-    keys: tuple[str, ...] | None = None,
-  ):
+  def __init__(self, obj: Any, options: SourceOptions):
     """Inspects the pipeline.
 
     Args:
       obj: a grain `MapDataset`, `IterDataset` or `DataLoader` whose elements are dicts, or, with `keys`, tuples
         (rows ``(x, y)``, or grain's batches of them).
-      mask_key: the mask's key; no element key may equal it (checked on reading).
-      batched: whether elements are batches; None: a batch step in the pipeline (``.batch``, the Batch
-        operation) says so.
-      keys: the names of the fields of tuple elements, in order (see `name_fields`).
+      options: the mask's key (no element key may equal it: checked on reading); `batched`, whether elements
+        are batches (None: a batch step in the pipeline, ``.batch`` or the Batch operation, says so); `keys`,
+        the names of the fields of tuple elements, in order (see `name_fields`).
 
     Raises:
       ValueError: a pipeline that drops rows (``drop_remainder=True``, sharding with a remainder), repeats
@@ -83,9 +70,8 @@ class GrainSource(Source):
         forever.
     """
     self._data = obj
-    self._kind = grain_kind(obj)
-    self._mask_key = mask_key
-    self._keys = keys
+    self._kind = library_class(obj, *self.library)  # "MapDataset", "IterDataset" or "DataLoader"
+    self._mask_key, batched, self._keys = options
     if self._kind == "DataLoader":
       batch_ops = _check_loader(obj)
       self._lineage: list = []
@@ -187,19 +173,15 @@ class GrainSource(Source):
     return self.checked_chunks(named, self._mask_key, "batch {index}")
 
 
-def _named(element: Any, index: int, keys: tuple[str, ...] | None = None) -> Any:
-  """`element`, if a Mapping (a tuple named by `keys`); else the ValueError that says how to name its fields."""
-  if keys is not None:
-    return name_fields(element, keys, f"element {index} of the grain source")
-  if isinstance(element, cabc.Mapping):
-    return element
-  what = f"a {type(element).__name__}"
-  if isinstance(element, (tuple, list)):
-    what += f" of {len(element)} values"
-  raise ValueError(
-    f"element {index} of the grain source is {what}; expected a dict of arrays, so that each field has a "
-    "name: pass pe.pad_batches(ds, ..., keys=('image', 'label')) with one name per value, or map the rows to "
-    "dicts first, e.g. ds.map(lambda row: {'image': row[0], 'label': row[1]})"
+def _named(element: Any, index: int, keys: tuple[str, ...] | None = None) -> cabc.Mapping:
+  """`element` as a Mapping (see `fields.named`)."""
+  return named(
+    element,
+    keys,
+    f"element {index} of the grain source",
+    expected="a dict of arrays",
+    passed="ds",
+    how="map the rows to dicts first, e.g. ds.map(lambda row: {'image': row[0], 'label': row[1]})",
   )
 
 

@@ -26,22 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from padded_eval.data.sources.base import Chunk, Source
+from padded_eval.data.sources.base import Chunk, Source, SourceOptions, library_class
 
-__all__ = ["CHUNK_ROWS", "HuggingFaceSource", "hf_kind"]
+__all__ = ["CHUNK_ROWS", "HuggingFaceSource"]
 
 CHUNK_ROWS = 1024  # rows read at a time (rounded to a multiple of the batch size)
-_KINDS = ("Dataset", "IterableDataset", "DatasetDict", "IterableDatasetDict")
 _CONTAINER_FORMATS = (None, "python", "arrow", "pandas", "polars")  # read as "numpy" instead
 _MAX_PIPELINE_DEPTH = 256
-
-
-def hf_kind(obj: Any) -> str | None:
-  """The `datasets` class name of a Hugging Face dataset (or dict of splits), else None (nothing imported)."""
-  for cls in type(obj).__mro__:
-    if cls.__module__.startswith("datasets.") and cls.__name__ in _KINDS:
-      return cls.__name__
-  return None
 
 
 class HuggingFaceSource(Source):
@@ -50,24 +41,21 @@ class HuggingFaceSource(Source):
   description = "a Hugging Face dataset"
   fits_shapes = True
 
-  @classmethod
-  def accepts(cls, obj: Any) -> bool:
-    return hf_kind(obj) is not None
+  library = ("datasets", ("Dataset", "IterableDataset", "DatasetDict", "IterableDatasetDict"))
 
-  def __init__(self, obj: Any, *, mask_key: str, batched: bool | None = None):
+  def __init__(self, obj: Any, options: SourceOptions):
     """Picks the format to read with.
 
     Args:
       obj: a `datasets.Dataset` or `datasets.IterableDataset` (rows are examples).
-      mask_key: the mask's key; no column may equal it.
-      batched: ignored (rows are always examples).
+      options: the mask's key (no column may equal it); `batched` is ignored (rows are always examples).
 
     Raises:
       ValueError: a `DatasetDict` (a dict of splits: pick one), a column named `mask_key`, or an
         `IterableDataset` that repeats its rows (``.repeat(n)`` with n other than 1; None repeats forever).
     """
-    del batched  # tf.data and grain only
-    kind = hf_kind(obj)
+    mask_key = options.mask_key
+    kind = library_class(obj, *self.library)
     if kind.endswith("Dict"):
       raise ValueError(
         f"source is a Hugging Face {kind} of splits {sorted(obj)}; pass one split, e.g. ds[{sorted(obj)[0]!r}]"

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from padded_eval.data.sources.base import Chunk, Source, flatten_rows
-from padded_eval.data.sources.fields import name_fields
+from padded_eval.data.sources.base import Chunk, Source, SourceOptions, flatten_rows
+from padded_eval.data.sources.fields import kind_of, name_fields
 
 __all__ = ["IterableSource"]
 
@@ -34,31 +34,21 @@ class IterableSource(Source):
   def accepts(cls, obj: Any) -> bool:
     return isinstance(obj, cabc.Iterable) and not isinstance(obj, (str, bytes, cabc.Mapping))
 
-  def __init__(
-    self,
-    obj: cabc.Iterable,
-    *,
-    mask_key: str,
-    batched: bool | None = None,
-    keys: tuple[str, ...] | None = None,
-  ):
+  def __init__(self, obj: cabc.Iterable, options: SourceOptions):
     """Wraps the batches (a Sequence's first element is checked now, nothing else is read).
 
     Args:
       obj: the batches: Mappings of arrays ``[rows, ...]``, or, with `keys`, tuples of them.
-      mask_key: the mask's key; no batch key may equal it.
-      batched: ignored (tf.data only).
-      keys: the names of the fields of tuple batches, in order (see `name_fields`).
+      options: the mask's key (no batch key may equal it) and `keys`, the names of the fields of tuple
+        batches, in order (see `name_fields`); `batched` is ignored (tf.data and grain only).
 
     Raises:
       ValueError: `obj` is an array (its rows would be read as batches), or a Sequence whose first element is
         not a Mapping (without `keys`) or does not fit `keys`.
     """
-    del batched  # tf.data only
-    _check_not_rows(obj, keys)
+    self._mask_key, _, self._keys = options
+    _check_not_rows(obj, self._keys)
     self._batches = obj
-    self._mask_key = mask_key
-    self._keys = keys
     self._one_shot = isinstance(
       obj, cabc.Iterator
     )  # a generator or iterator: iter() returns itself
@@ -165,12 +155,8 @@ def _check_not_rows(obj: Any, keys: tuple[str, ...] | None = None) -> None:
   if isinstance(obj, cabc.Sequence) and len(obj) and keys is not None:
     name_fields(obj[0], keys, "batch 0")
   elif isinstance(obj, cabc.Sequence) and len(obj) and not isinstance(obj[0], cabc.Mapping):
-    first = obj[0]
-    what = type(first).__name__
-    if isinstance(first, (tuple, list)):
-      what += f" of {len(first)} values"
     raise ValueError(
-      f"source is a {type(obj).__name__} whose element 0 is a {what}; {expected}, so that each field has a "
+      f"source is a {type(obj).__name__} whose element 0 is {kind_of(obj[0])}; {expected}, so that each field has a "
       "name (e.g. [{'image': x, 'label': y}, ...]), or tuple batches with pe.pad_batches(..., "
       "keys=('image', 'label'))"
     )

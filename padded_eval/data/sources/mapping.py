@@ -7,7 +7,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from padded_eval.data._batch_spec import BatchSpec
-from padded_eval.data.sources.base import Chunk, RaggedRowsError, Source, flatten_rows
+from padded_eval.data.sources.base import (
+  Chunk,
+  RaggedRowsError,
+  Source,
+  SourceOptions,
+  flatten_rows,
+)
 
 __all__ = ["MappingSource"]
 
@@ -21,16 +27,15 @@ class MappingSource(Source):
   def accepts(cls, obj: Any) -> bool:
     return isinstance(obj, cabc.Mapping)
 
-  def __init__(self, obj: cabc.Mapping, *, mask_key: str, batched: bool | None = None):
+  def __init__(self, obj: cabc.Mapping, options: SourceOptions):
     """Checks and flattens the dataset (leaves become numpy arrays).
 
     Raises:
       ValueError: see `flatten_rows` (leading sizes that disagree, a key equal to `mask_key`, no arrays, ragged
         rows, ...).
     """
-    del batched  # tf.data only
     try:
-      self._flat, self._rows = flatten_rows(obj, mask_key, where="the source")
+      self._flat, self._rows = flatten_rows(obj, options.mask_key, where="the source")
     except (
       RaggedRowsError
     ) as err:  # pad_shapes pads the batches of an iterable, not a whole dataset

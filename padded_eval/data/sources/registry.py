@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from padded_eval.data.sources.base import Source
+from padded_eval.data.sources.base import Source, SourceOptions
 
 __all__ = ["kinds", "open_source", "register", "unregister"]
 
@@ -49,7 +49,7 @@ def open_source(
   Args:
     obj: the user's source.
     mask_key: passed to the kind (a source key equal to it raises ValueError).
-    batched: passed to the kind (tf.data only).
+    batched: passed to the kind (tf.data and grain read it).
     keys: the names of the fields of tuple elements, passed to a kind that `names_fields`.
 
   Raises:
@@ -58,15 +58,12 @@ def open_source(
   """
   for kind in reversed(_KINDS):
     if kind.accepts(obj):
-      if keys is None:
-        return kind(obj, mask_key=mask_key, batched=batched)
-      if not kind.names_fields:
+      if keys is not None and not kind.names_fields:
         raise ValueError(
           f"keys={keys!r} names the fields of tuple elements, but the source is {kind.description} "
           "(its fields have names already); drop keys="
         )
-      named: Any = kind  # the kinds that name fields take keys= (names_fields)
-      return named(obj, mask_key=mask_key, batched=batched, keys=keys)
+      return kind(obj, SourceOptions(mask_key, batched, keys))
   names = [kind.description for kind in _KINDS]
   listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
   raise TypeError(f"source must be {listed}; got {type(obj).__name__}")

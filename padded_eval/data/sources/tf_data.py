@@ -31,52 +31,52 @@ from typing import Any
 import numpy as np
 
 from padded_eval.data._batch_spec import BatchSpec, FlatBatch, LeafSpec, Path
-from padded_eval.data._tree import flatten, path_name, ragged_message, unflatten
+from padded_eval.data._tree import (
+  flatten,
+  pad_shapes_literal,
+  path_name,
+  ragged_message,
+  unflatten,
+)
 from padded_eval.data.sources import tf_pipeline
 from padded_eval.data.sources.base import (
   ID_DTYPE,
   PADDING_ID,
   Chunk,
+  Padding,
   RaggedRowsError,
   RowIds,
   Source,
+  SourceOptions,
   check_index_key,
 )
 from padded_eval.data.sources.fields import name_fields
 
-# What was built or read over a tf.data dataset the user passed (its padding pipelines, its tuple
-# elements named as dicts, the rows of its first batch) is kept on the dataset itself, under
-# `_CACHE_ATTR`: each derived pipeline holds its input, so a weakly keyed table would keep every
-# dataset alive; on the dataset, the cycle goes with it. `_CACHED` finds them for `clear_cache`.
-_CACHE_ATTR = "_padded_eval_cache"
-_CACHED: weakref.WeakSet = weakref.WeakSet()
+# What `pad_batches` built or read over a tf.data dataset the user passed (its padding pipelines,
+# the rows of its first batch), kept between calls: weakly keyed by the dataset, so an entry goes
+# with its dataset, and nothing is written onto it. A pipeline built over the dataset itself would
+# hold it as its input and keep the weak key alive, so the pipelines are built over a detached view
+# of it (`TfDataSource._detached`: the same tf.data graph, `tf.data.experimental.from_variant`),
+# which does not hold the user's Python object. `clear_cache` (`pe.clear_caches()`) empties it.
+_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-__all__ = ["TfDataSource", "clear_cache", "is_tf_dataset"]
+__all__ = ["TfDataSource", "clear_cache"]
 
 
 def clear_cache() -> None:
-  """Drops the padding pipelines (and first-batch sizes) kept on the datasets still alive."""
-  for dataset in list(_CACHED):
-    vars(dataset).pop(_CACHE_ATTR, None)
-  _CACHED.clear()
+  """Drops the padding pipelines (and first-batch sizes) kept for the datasets still alive."""
+  _BUILT.clear()
 
 
 def _built_for(dataset: Any) -> dict:
-  """The cache of `dataset` (a fresh dict, not kept, if it takes no attributes or weak references)."""
+  """What was built for `dataset` (a fresh dict, not kept, if it cannot be weakly referenced)."""
   try:
-    built = vars(dataset).setdefault(_CACHE_ATTR, {})
-    _CACHED.add(dataset)
+    return _BUILT.setdefault(dataset, {})
   except TypeError:
     return {}
-  return built
 
 
 CHUNK_ROWS = 1024  # rows per chunk when `chunks` reads an unbatched dataset
-
-
-def is_tf_dataset(obj: Any) -> bool:
-  """Whether `obj` is a tf.data.Dataset (tfds included), decided without importing TensorFlow."""
-  return any(cls.__module__.startswith("tensorflow.python.data.") for cls in type(obj).__mro__)
 
 
 class TfDataSource(Source):
@@ -85,28 +85,18 @@ class TfDataSource(Source):
   description = "a tf.data.Dataset"
   names_fields = True
 
-  @classmethod
-  def accepts(cls, obj: Any) -> bool:
-    return is_tf_dataset(obj)
+  library = ("tensorflow.python.data", None)
 
-  def __init__(
-    self,
-    obj: Any,
-    *,
-    mask_key: str,
-    batched: bool | None = None,
-    keys: tuple[str, ...] | None = None,
-  ):
+  def __init__(self, obj: Any, options: SourceOptions):
     """Reads the element spec.
 
     Args:
       obj: a `tf.data.Dataset` of dicts, or, with `keys`, of tuples (``(image, label)``: named by one ``map``
         in the graph, which keeps the cardinality and the pipeline's checks).
-      mask_key: the mask's key; no dataset key may equal it.
-      batched: whether elements are batches. None: a scalar leaf means unbatched, an unknown leading size
-        means batched, else the pipeline is searched for a batch op; the guess is named, with
-        ``batched=False``, at the end of a shape error (`spec_hint`).
-      keys: the names of the fields of tuple elements, in order (see `name_fields`).
+      options: the mask's key (no dataset key may equal it); `batched`, whether elements are batches (None: a
+        scalar leaf means unbatched, an unknown leading size means batched, else the pipeline is searched for
+        a batch op; the guess is named, with ``batched=False``, at the end of a shape error: `spec_hint`);
+        `keys`, the names of the fields of tuple elements, in order (see `name_fields`).
 
     Raises:
       ValueError: elements that are not dicts (without `keys`), tuples that do not fit `keys`, a key equal to `mask_key`, no tensors, a leaf that is not a tensor (a tuple, a SparseTensor), a leaf of unknown rank
@@ -114,14 +104,11 @@ class TfDataSource(Source):
         (infinite cardinality), repeats rows (``.repeat(n)``, n other than 1, with an unknown cardinality) or
         drops them (``drop_remainder=True``).
     """
-    self._built, self._keys = _built_for(obj), None if keys is None else tuple(keys)
-    if (
-      keys is not None
-    ):  # named once per dataset and keys: a new map would miss the cached pipelines
-      named_key = ("named", self._keys)
-      if named_key not in self._built:
-        self._built[named_key] = _named(obj, keys)
-      obj = self._built[named_key]
+    mask_key, batched, keys = options
+    self._built, self._keys = _built_for(obj), keys
+    self._passed = obj  # the user's dataset (the padding pipelines are built over a view of it)
+    if keys is not None:
+      obj = _named(obj, keys)
     self._dataset = obj
     element_spec = obj.element_spec
     if not isinstance(element_spec, cabc.Mapping):
@@ -232,12 +219,7 @@ class TfDataSource(Source):
     )
 
   def padded(
-    self,
-    batch_size: int,
-    mask_key: str,
-    pad_value: Any,
-    ids: RowIds | None = None,
-    start_batch: int = 0,
+    self, padding: Padding, start_batch: int = 0
   ) -> Generator[FlatBatch, None, BatchSpec | None]:
     """Re-chunks and pads in the tf.data graph (the row ids too); see `Source.padded`. Batches before
     `start_batch` are skipped in the graph (``Dataset.skip``), before padding.
@@ -249,14 +231,14 @@ class TfDataSource(Source):
     Returns:
       (as the generator's return value) the row spec of the first batch (real sizes), else the static one.
     """
-
+    batch_size, mask_key, _, ids = padding
     # rebatch cannot join batches of two shapes, nor tf.pad pad a RaggedTensor
     varying = (self._batched and self._spec.has_unknown_sizes) or self._ragged
     if self.shape_fitter is not None or varying or self._fills_batches(batch_size):  # in numpy
-      return (yield from super().padded(batch_size, mask_key, pad_value, ids, start_batch))
+      return (yield from super().padded(padding, start_batch))
     if ids is not None:
       check_index_key(self._tensor_specs, ids.key)
-    dataset = self._padded_pipeline(batch_size, mask_key, pad_value, ids, start_batch)
+    dataset = self._padded_pipeline(padding, start_batch)
     first_spec, first_id = None, 0 if ids is None else ids.offset + start_batch * batch_size
     added = () if ids is None else ((ids.key,),)
     for index, flat in enumerate(self._numpy(dataset)):
@@ -279,12 +261,13 @@ class TfDataSource(Source):
     more than a short evaluation's whole pass over the pipeline."""
     return self._batched and tf_pipeline.nearest_batch_size(self._dataset) == batch_size
 
-  def _padded_pipeline(self, batch_size, mask_key, pad_value, ids, start_batch) -> Any:
+  def _padded_pipeline(self, padding: Padding, start_batch: int) -> Any:
     """The padding tf.data pipeline over the source's dataset, built once per dataset and
-    arguments (kept on the dataset, see `_CACHE_ATTR`): tracing its map function was most of a short evaluation's data
-    time, paid again at every ``pad_batches`` of the same eval dataset."""
+    arguments (kept in `_BUILT`, over `_detached`): tracing its map function was most of a short
+    evaluation's data time, paid again at every ``pad_batches`` of the same eval dataset."""
     import tensorflow as tf
 
+    batch_size, mask_key, pad_value, ids = padding
     fills = self._spec.fills(pad_value)
     row_ids = None if ids is None else (ids.key, ids.offset)
     specs = repr(sorted(self._tensor_specs.items()))
@@ -303,9 +286,9 @@ class TfDataSource(Source):
     if key in built:
       return built[key]
     if self._batched:  # rebatch checks that a batch's leading sizes agree (see _explain)
-      dataset = self._dataset.rebatch(batch_size)
+      dataset = self._detached().rebatch(batch_size)
     else:
-      dataset = self._dataset.batch(batch_size)
+      dataset = self._detached().batch(batch_size)
     pad = _make_pad_fn(batch_size, mask_key, fills, ids)
     if ids is not None:  # every batch but the last is full, so batch b starts at row b * batch_size
       dataset = dataset.enumerate()
@@ -317,6 +300,19 @@ class TfDataSource(Source):
     # pool and a prefetch cost more to start than they saved (once per pad_batches iteration)
     built[key] = dataset.map(pad)
     return built[key]
+
+  def _detached(self) -> Any:
+    """The dataset (its tuples named, with `keys`) over a view of the user's that does not hold the
+    user's Python object: the same graph (``tf.data.experimental.from_variant``), read while the
+    user's dataset is alive (this source holds it), so that what is kept in `_BUILT` does not keep
+    it alive."""
+    import tensorflow as tf
+
+    passed = self._passed
+    view = tf.data.experimental.from_variant(
+      tf.data.experimental.to_variant(passed), passed.element_spec
+    )
+    return view if self._keys is None else _named(view, self._keys)
 
   def _numpy(self, dataset: Any) -> Iterator[FlatBatch]:
     """Iterates `dataset` as flat numpy batches, with tf.data's leading-size error in our words.
@@ -356,13 +352,10 @@ class TfDataSource(Source):
       sizes = tuple(
         max(a, b) for a, b in zip(_parsed_shape(first_shape), _parsed_shape(other_shape))
       )
-      literal = repr(sizes)
-      for key in reversed(path):
-        literal = f"{{{key!r}: {literal}}}"
       return (
         f"key {path_name(path)} holds ragged rows (rows 0 and {other} of a batch have shapes {first_shape} and "
         f"{other_shape}); expected rows of one shape: pad them to fixed sizes with pe.pad_batches(..., "
-        f"pad_shapes={literal}), sizes of at least the longest row"
+        f"pad_shapes={pad_shapes_literal(path, sizes)}), sizes of at least the longest row"
       )
     found = re.search(
       r"Component (\d+) had size (\d+) but component (\d+) had size,? (\d+)", message

@@ -18,18 +18,10 @@ import collections.abc as cabc
 from collections.abc import Iterator
 from typing import Any
 
-from padded_eval.data.sources.base import Chunk, Source
-from padded_eval.data.sources.fields import name_fields
+from padded_eval.data.sources.base import Chunk, Source, SourceOptions, library_class
+from padded_eval.data.sources.fields import named
 
-__all__ = ["TorchLoaderSource", "is_torch_loader"]
-
-
-def is_torch_loader(obj: Any) -> bool:
-  """Whether `obj` is a torch `DataLoader` (decided without importing torch)."""
-  return any(
-    cls.__module__.startswith("torch.utils.data") and cls.__name__ == "DataLoader"
-    for cls in type(obj).__mro__
-  )
+__all__ = ["TorchLoaderSource"]
 
 
 class TorchLoaderSource(Source):
@@ -39,37 +31,25 @@ class TorchLoaderSource(Source):
   fits_shapes = True
   names_fields = True
 
-  @classmethod
-  def accepts(cls, obj: Any) -> bool:
-    return is_torch_loader(obj)
+  library = ("torch.utils.data", ("DataLoader",))
 
-  def __init__(
-    self,
-    obj: Any,
-    *,
-    mask_key: str,
-    batched: bool | None = None,
-    keys: tuple[str, ...] | None = None,
-  ):
+  def __init__(self, obj: Any, options: SourceOptions):
     """Wraps the loader (nothing is read yet).
 
     Args:
       obj: a `torch.utils.data.DataLoader` yielding dicts (nested dicts allowed) of tensors ``[rows, ...]``, or,
         with `keys`, tuples or lists of them (a `TensorDataset`'s ``[x, y]``).
-      mask_key: the mask's key; no batch key may equal it.
-      batched: ignored (a DataLoader yields batches).
-      keys: the names of the fields of tuple batches, in order (see `name_fields`).
+      options: the mask's key (no batch key may equal it) and `keys`, the names of the fields of tuple
+        batches, in order (see `name_fields`); `batched` is ignored (a DataLoader yields batches).
 
     Raises:
       ValueError: a `DistributedSampler` over a dataset its replicas do not divide (it repeats or drops rows);
         ``drop_last=True`` when the last batch would be short (or of unknown size): it drops rows.
     """
-    del batched
     _check_sampler(getattr(obj, "sampler", None))
     _check_drop_last(obj)
     self._loader = obj
-    self._mask_key = mask_key
-    self._keys = keys
+    self._mask_key, _, self._keys = options
 
   @property
   def spec(self) -> None:
@@ -106,19 +86,19 @@ class TorchLoaderSource(Source):
 def _named(batches: Iterator[Any], keys: tuple[str, ...] | None) -> Iterator[cabc.Mapping]:
   """The batches, each a Mapping: tuples named by `keys`; else a ValueError that says how to name the fields."""
   for index, batch in enumerate(batches):
-    if keys is not None:
-      batch = name_fields(batch, keys, f"batch {index} of the DataLoader")
-    elif not isinstance(batch, cabc.Mapping):
-      raise ValueError(_unnamed_message(batch, index))
-    yield batch
+    yield named(
+      batch,
+      keys,
+      f"batch {index} of the DataLoader",
+      expected="a dict of tensors",
+      passed="loader",
+      how=_AS_DICTS,
+    )
 
 
 def _check_sampler(sampler: Any) -> None:
   """Refuses a DistributedSampler that repeats rows (to even out the shares) or drops them."""
-  if not any(
-    cls.__module__.startswith("torch.utils.data") and cls.__name__ == "DistributedSampler"
-    for cls in type(sampler).__mro__
-  ):
+  if library_class(sampler, "torch.utils.data", ("DistributedSampler",)) is None:
     return
   rows, replicas = len(sampler.dataset), sampler.num_replicas
   if rows % replicas:
@@ -157,20 +137,11 @@ def _check_drop_last(loader: Any) -> None:
 
 def _is_iterable_style(dataset: Any) -> bool:
   """Whether `dataset` is a torch `IterableDataset` (no sampler decides its length)."""
-  return any(
-    cls.__module__.startswith("torch.utils.data") and cls.__name__ == "IterableDataset"
-    for cls in type(dataset).__mro__
-  )
+  return library_class(dataset, "torch.utils.data", ("IterableDataset",)) is not None
 
 
-def _unnamed_message(batch: Any, index: int) -> str:
-  what = f"a {type(batch).__name__}"
-  if isinstance(batch, (tuple, list)):
-    what += f" of {len(batch)} values"
-  return (
-    f"batch {index} of the DataLoader is {what}; expected a dict of tensors, so that each field has a name: "
-    "pass pe.pad_batches(loader, ..., keys=('image', 'label')) with one name per value, or have the "
-    "dataset's __getitem__ return a dict, e.g. {'image': x, 'label': y} (the default collate_fn "
-    "stacks it into a dict of tensors), or pass collate_fn=lambda rows: {'image': torch.stack([r[0] for r "
-    "in rows]), 'label': torch.stack([r[1] for r in rows])}"
-  )
+_AS_DICTS = (  # how a loader's batches become dicts
+  "have the dataset's __getitem__ return a dict, e.g. {'image': x, 'label': y} (the default collate_fn "
+  "stacks it into a dict of tensors), or pass collate_fn=lambda rows: {'image': torch.stack([r[0] for r "
+  "in rows]), 'label': torch.stack([r[1] for r in rows])}"
+)

@@ -1,12 +1,18 @@
-"""pad_batches over tf.data and a real tfds dataset (scikit-learn digits, built offline)."""
+"""pad_batches over tf.data and a real tfds dataset (scikit-learn digits, built offline), and the
+TfDataSource of padded_eval/data/sources/tf_data.py read directly."""
 
 import operator
+import subprocess
+import sys
 
+import _source_rows
 import numpy as np
 import pytest
 from _padding_reference import assert_batches_equal, expected_batches
 
 import padded_eval as pe
+from padded_eval.data._batch_spec import LeafSpec
+from padded_eval.data.sources.base import Padding, SourceOptions
 
 tf = pytest.importorskip(
   "tensorflow", reason="the tf extra is not installed: pip install -e '.[tf,test]'"
@@ -565,3 +571,136 @@ def test_a_repeat_of_unknown_cardinality_claims_no_length(keep):
   rows = {key: value[order] for key, value in data.items()}
   want = expected_batches(rows, 4, pad=-1) if kept.any() else []
   assert_batches_equal(got, want)
+
+
+# ---- the TfDataSource, read directly --------------------------------------------------------------------------
+
+
+def test_tf_data_source():
+  tf = pytest.importorskip("tensorflow", reason="the tf extra is not installed")
+  from padded_eval.data.sources.tf_data import TfDataSource
+
+  data = _source_rows.dataset(10)
+  unbatched = tf.data.Dataset.from_tensor_slices(data)
+  assert (
+    TfDataSource.accepts(unbatched)
+    and not TfDataSource.accepts(data)
+    and not TfDataSource.accepts(_source_rows.split(data, [10]))
+  )
+  for dataset_, rows, chunk_rows in (
+    (unbatched, 10, [10]),
+    (unbatched.take(8).batch(4, drop_remainder=True), 8, [4, 4]),  # drops nothing
+    (unbatched.batch(3), None, [3, 3, 3, 1]),
+  ):
+    source = TfDataSource(dataset_, SourceOptions("mask"))
+    assert source.num_rows() == rows
+    chunks = list(source.chunks())
+    assert [n for _, n in chunks] == chunk_rows
+    kept = sum(chunk_rows)
+    _source_rows.assert_same_rows(
+      _source_rows.concatenated(chunks),
+      {"x": data["x"][:kept], "y": {"id": data["y"]["id"][:kept]}},
+    )
+    assert source.spec.leaves[("x",)] == LeafSpec((2,), np.dtype(np.float32))
+  ragged = TfDataSource(
+    unbatched.padded_batch(4, padded_shapes={"x": [None], "y": {"id": []}}), SourceOptions("m")
+  )
+  assert ragged.spec.leaves[("x",)].shape == (None,) and ragged.spec.has_unknown_sizes
+
+
+def test_tf_data_source_pads_in_the_graph_and_returns_the_real_spec():
+  tf = pytest.importorskip("tensorflow", reason="the tf extra is not installed")
+  from padded_eval.data.sources.tf_data import TfDataSource
+
+  data = _source_rows.dataset(6)
+  source = TfDataSource(
+    tf.data.Dataset.from_tensor_slices(data).padded_batch(4, {"x": [None], "y": {"id": []}}),
+    SourceOptions("mask"),
+  )
+  padded = source.padded(Padding(4, "mask", -1))
+  got = []
+  while True:
+    try:
+      got.append(next(padded))
+    except StopIteration as end:
+      row_spec = end.value
+      break
+  assert [b[("mask",)].tolist() for b in got] == [[True] * 4, [True, True, False, False]]
+  assert got[1][("y", "id")].tolist() == [4, 5, -1, -1]
+  assert row_spec.leaves[("x",)] == LeafSpec(
+    (2,), np.dtype(np.float32)
+  )  # the static spec said (None,)
+
+
+@pytest.mark.parametrize("ends", ["exhausted", "closed early"])
+def test_tf_data_iterator_is_released_off_the_evaluating_thread(monkeypatch, ends):
+  """Deleting an exhausted tf.data iterator can wait for its autotuning thread (0.4-0.6 s
+  at the end of Flax mnist's eval): pad_batches drops it on a thread of its own."""
+  tf = pytest.importorskip("tensorflow", reason="the tf extra is not installed")
+  import threading
+
+  from padded_eval.data.sources import tf_data
+
+  deleted_on, threads = [], []
+
+  class Watched:
+    def __init__(self, inner):
+      self.inner = inner
+
+    def __next__(self):
+      return next(self.inner)
+
+    def __del__(self):
+      deleted_on.append(threading.current_thread())
+
+  real = tf.data.Dataset.as_numpy_iterator
+  monkeypatch.setattr(tf.data.Dataset, "as_numpy_iterator", lambda ds: Watched(real(ds)))
+  release = getattr(tf_data, "release_iterator", None)
+  monkeypatch.setattr(
+    tf_data, "release_iterator", lambda held: threads.append(release(held)), raising=False
+  )
+  data = _source_rows.dataset(20)
+  for pipeline in (tf.data.Dataset.from_tensor_slices(data), data_batched(tf, data)):
+    deleted_on.clear()
+    batches = iter(pe.pad_batches(pipeline, 8))
+    got = [next(batches)] if ends == "closed early" else list(batches)
+    del batches  # closes the generators
+    for thread in threads:
+      thread.join()
+    assert got and deleted_on and threading.current_thread() not in deleted_on
+
+
+@pytest.mark.parametrize("where", ["the step", "the loop"])
+def test_an_error_over_tf_data_ends_the_process(where):
+  """An exception out of masked_eval (or out of a loop over pad_batches) that nothing catches,
+  with a tf.data iterator still open: the process prints it and exits. The iterator's
+  generator is closed while the interpreter shuts down, when no thread can start (Python 3.11
+  then waited forever in Thread.start)."""
+  pytest.importorskip("tensorflow")
+  raising = (
+    "pe.masked_eval(step, None, pe.pad_batches(ds, 128), backend='jit')\n"
+    if where == "the step"
+    else "batches = iter(pe.pad_batches(ds, 128)); next(batches); raise RuntimeError('boom')\n"
+  )
+  code = (
+    "import numpy as np, tensorflow as tf, padded_eval as pe\n"
+    "ds = tf.data.Dataset.from_tensor_slices({'x': np.arange(1003, dtype=np.float32)}).batch(100)\n"
+    "def step(params, batch):\n"
+    "  raise RuntimeError('boom')\n" + raising
+  )
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+  assert done.returncode == 1 and "RuntimeError: boom" in done.stderr, done.stderr[-2000:]
+
+
+def data_batched(tf, data):
+  return tf.data.Dataset.from_tensor_slices(data).batch(8).prefetch(1)
+
+
+def test_tensorflow_is_imported_only_for_tf_sources():
+  code = (
+    "import sys, numpy as np, padded_eval as pe\n"
+    "batches = list(pe.pad_batches({'x': np.arange(5)}, 4, num_devices=1))\n"
+    "batches += list(pe.pad_batches([{'x': np.arange(5)}], 4, num_devices=1))\n"
+    "assert len(batches) == 4 and 'tensorflow' not in sys.modules, sorted(sys.modules)\n"
+  )
+  subprocess.run([sys.executable, "-c", code], check=True)

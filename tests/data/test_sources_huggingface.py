@@ -9,7 +9,8 @@ from _padding_reference import assert_batches_equal, expected_batches
 from _source_cases import GARBAGE, check_exact, check_padded, make_data, numeric
 
 import padded_eval as pe
-from padded_eval.data.sources.huggingface import HuggingFaceSource, hf_kind
+from padded_eval.data.sources.base import library_class
+from padded_eval.data.sources.huggingface import HuggingFaceSource
 
 N = 37
 
@@ -31,7 +32,7 @@ def test_dataset_every_row_once_in_order_with_len_and_string_padding():
 def test_iterable_dataset_every_row_once_in_order():
   data = make_data(N)
   source = hf_dataset(data).to_iterable_dataset(num_shards=3)
-  assert hf_kind(source) == "IterableDataset"
+  assert library_class(source, *HuggingFaceSource.library) == "IterableDataset"
   check_padded(source, data, known_len=False)
 
 

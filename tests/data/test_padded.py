@@ -516,3 +516,65 @@ def test_an_object_column_of_str_pads_with_str_and_one_of_bytes_with_bytes():
     batch = next(iter(pe.pad_batches({"s": texts, "y": np.arange(3)}, 8, num_devices=8)))
     assert batch["s"].tolist() == [*texts.tolist(), *[empty] * 5]
     assert {type(value) for value in batch["s"]} == {type(empty)}
+
+
+# ---- nothing is written onto the user's objects (DESIGN, "A leaner house") ------------------------------------
+
+
+def _held(obj):
+  """What ``obj`` holds, by identity: a Mapping's or list's items, else its attributes (``vars``)."""
+  if isinstance(obj, dict):
+    return {key: id(value) for key, value in obj.items()}
+  if isinstance(obj, list):
+    return [_held(item) for item in obj]
+  return {key: id(value) for key, value in vars(obj).items()}
+
+
+def _user_sources():
+  """``{kind: (make the source, pad_batches keywords)}``: 21 rows of ``x`` in every kind."""
+  import grain
+  import pandas as pd
+  import tensorflow as tf
+  from datasets import Dataset
+
+  data = dataset(21)
+  columns = {"x": data["x"][:, 0], "label": data["label"]}
+  return {
+    "mapping": (lambda: dict(columns), {}),
+    "list": (lambda: split(columns, [5, 9, 7]), {}),
+    "tf.data tuples": (
+      lambda: tf.data.Dataset.from_tensor_slices((columns["x"], columns["label"])),
+      {"keys": ("x", "label")},
+    ),
+    "tf.data batched": (lambda: tf.data.Dataset.from_tensor_slices(columns).batch(5), {}),
+    "grain": (lambda: grain.MapDataset.source([{"x": x} for x in columns["x"]]), {}),
+    "hugging face": (lambda: Dataset.from_dict(columns), {}),
+    "dataframe": (lambda: pd.DataFrame(columns), {}),
+  }
+
+
+@pytest.mark.parametrize("kind", sorted(_user_sources()))
+def test_nothing_is_written_onto_the_sources_and_params_passed(kind):
+  make, options = _user_sources()[kind]
+  source, params = make(), {"w": np.float32(2.0)}
+  list(source)  # what the library sets on its own object when read (grain's statistics) is set
+  before, params_before = _held(source), _held(params)
+  list(source)  # and what it replaces at every read (grain's `_stats`) is compared by name only
+  replaced = (
+    set() if isinstance(before, list) else {k for k, v in _held(source).items() if before[k] != v}
+  )
+
+  def step(params, batch):
+    return pe.metrics.Mean().update(values=batch["x"] * params["w"], mask=batch["mask"])
+
+  for backend in ("jit", "pmap"):
+    got = pe.masked_eval(step, params, pe.pad_batches(source, 8, **options), backend=backend)
+    assert got["num_examples"] == 21
+  if kind == "tf.data batched":
+    list(pe.pad_batches(source, None, num_devices=1))  # the first batch's rows, kept
+  after = _held(source)
+  if isinstance(after, dict):
+    assert after.keys() == before.keys(), f"{kind}: {sorted(after.keys() ^ before.keys())}"
+    after, before = ({k: v for k, v in d.items() if k not in replaced} for d in (after, before))
+  assert after == before, kind
+  assert _held(params) == params_before
