@@ -16,7 +16,6 @@ from jax.sharding import Mesh
 from padded_eval.eval.backends._base import Backend as Backend
 from padded_eval.eval.backends._base import CompiledStep as CompiledStep
 from padded_eval.eval.backends._base import MeshBackend as MeshBackend
-from padded_eval.eval.backends._base import finalize_program
 from padded_eval.eval.backends.jit import JitBackend as JitBackend
 from padded_eval.eval.backends.pmap import PmapBackend as PmapBackend
 from padded_eval.eval.backends.shard_map import ShardMapBackend as ShardMapBackend
@@ -95,13 +94,12 @@ def place_params(
 
 
 CACHE_SIZE = 64
-"""The most backends (settings) and compiled final reduces kept."""
+"""The most backends (settings) kept."""
 
 
 def clear_cache() -> None:
-  """Drops the cached backends and their compiled final reduces."""
+  """Drops the cached backends."""
   _made_backend.cache_clear()
-  finalize_program.cache_clear()
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
