@@ -9,7 +9,7 @@ median ratio of process CPU time (steadier when other processes share the cores)
 Then how long a resume takes to skip 10,000 consumed batches: a Mapping behind ``pe.pad_batches`` (seeks: views)
 and a plain generator (read and dropped), and the same generator behind ``pe.pad_batches`` (dropped unpadded).
 
-Then the cost of the params checksum (`padded_eval.eval.checkpoint.params_checksum`, computed once per call with a
+Then the cost of the params checksum (`padded_eval.eval.fingerprint.params_checksum`, computed once per call with a
 directory) on a ~100M-parameter tree (24 float32 leaves of 2048 x 2048), as a ratio to one step of the MLP above
 (its median time per step in a ``masked_eval`` call, measured in the same rounds), and in milliseconds (wall and
 process CPU time: other processes share the cores): the tree on one device (what the checksum reads of replicated
@@ -163,7 +163,7 @@ def checksum_cost(rounds, steps, leaves=24, side=2048):
   """The params checksum of a ``leaves x side x side`` float32 tree against one MLP step (ratio and ms)."""
   from jax.sharding import NamedSharding, PartitionSpec
 
-  from padded_eval.eval.checkpoint import params_checksum
+  from padded_eval.eval.fingerprint import params_checksum
 
   rng = np.random.default_rng(2)
   tree = [rng.standard_normal((side, side), np.float32) for _ in range(leaves)]

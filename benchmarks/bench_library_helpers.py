@@ -4,7 +4,7 @@ Measured, same machine, printed as Markdown for docs/architecture.md ("Well-kept
 
 1. **Checkpoint files**: one save of a small carried state (the 8 shards of an Accuracy + Mean
    state, host arrays) with orbax's ``StandardCheckpointer`` (save, then wait until finished)
-   against `padded_eval.eval.checkpoint.write_state_file` (one file: JSON header, raw leaves,
+   against `padded_eval.eval.checkpoint_files.write_state_file` (one file: JSON header, raw leaves,
    fsync, atomic rename); medians over interleaved rounds, and the ratio. Also the seconds to
    import ``orbax.checkpoint`` in a fresh interpreter against ``padded_eval``.
 2. **The multi-host pre-flight**: 2 real `jax.distributed` processes on 127.0.0.1 (one CPU device
@@ -46,7 +46,7 @@ def _state_leaves() -> list[np.ndarray]:
 def checkpoint_files(rounds: int) -> dict:
   import orbax.checkpoint as ocp
 
-  from padded_eval.eval.checkpoint import write_state_file
+  from padded_eval.eval.checkpoint_files import write_state_file
 
   leaves, times = _state_leaves(), {"orbax": [], "padded_eval": []}
   with tempfile.TemporaryDirectory() as root:

@@ -25,12 +25,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from padded_eval.data.sources import tf_data
-from padded_eval.eval import backends, placement
+from padded_eval.caches import registry
 from padded_eval.eval import packing as packing_lib
 from padded_eval.eval.compiling import Compiling
 from padded_eval.exact.accumulate import ExactCount
-from padded_eval.metrics.base import clear_eager_programs, full_state_shapes, trimmed
+from padded_eval.metrics.base import full_state_shapes, trimmed
 
 __all__ = [
   "FINAL_COMPILE_THREAD",
@@ -127,7 +126,9 @@ def _shapes_key(tree: Any) -> Hashable:
   return treedef, tuple((np.shape(x), getattr(x, "dtype", type(x))) for x in leaves)
 
 
-_compiles: collections.Counter = collections.Counter()  # (origin, backend, ..., shapes) -> count
+_compiles: collections.Counter = registry.kept(
+  collections.Counter(), "padded_eval.eval.cache._compiles"
+)  # (origin, backend, ..., shapes) -> count
 CACHE_SIZE = 64
 """The most compiled steps kept (least recently used dropped first)."""
 ENTRY_SIZE = 16
@@ -271,7 +272,9 @@ def _count_compile(what: Hashable) -> None:
     )
 
 
-_cache: collections.OrderedDict = collections.OrderedDict()
+_cache: collections.OrderedDict = registry.kept(
+  collections.OrderedDict(), "padded_eval.eval.cache._cache"
+)
 
 
 def cached_step(step_fn: Callable, backend: Any, mask: Any, outputs: bool) -> CachedStep:
@@ -303,29 +306,25 @@ def cached_step(step_fn: Callable, backend: Any, mask: Any, outputs: bool) -> Ca
 
 
 def clear_caches() -> None:
-  """Drops every compiled step and placed state `masked_eval` keeps between calls.
+  """Empties everything padded_eval keeps between calls: the one list of
+  `padded_eval.caches.registry` (`registry.registered()` names each cache).
 
-  Every cache of the package is bounded (`CACHE_SIZE`, `ENTRY_SIZE`, `COMPILES_KEPT`, the
-  backends' `padded_eval.eval.backends.CACHE_SIZE`); this empties them all at once: the compiled
-  steps with their empty states and placed packed states, the compile counts behind
-  `RecompileWarning`, the jitted ``compute_logs`` programs, the backends and their compiled
-  final reduces, the package's own jitted helpers, the programs of eager metric calls
-  (`padded_eval.metrics.base.clear_eager_programs`), and the padding pipelines `pad_batches`
+  Every cache is bounded (`CACHE_SIZE`, `ENTRY_SIZE`, `COMPILES_KEPT`, the backends'
+  `padded_eval.eval.backends.CACHE_SIZE`); this empties them all at once: the compiled steps
+  with their empty states, final reduces and placed packed states, the compile counts behind
+  `RecompileWarning`, the jitted ``compute_logs`` programs, the backends, the package's own
+  jitted helpers, the programs of eager metric calls, and the padding pipelines `pad_batches`
   built over tf.data datasets still alive. A later call compiles (and builds) again.
 
   >>> import padded_eval as pe
   >>> pe.clear_caches()
   """
-  _cache.clear()
-  _compiles.clear()
-  _logs_programs.clear()
-  backends.clear_cache()
-  placement.clear_cache()
-  clear_eager_programs()
-  tf_data.clear_cache()
+  registry.clear()
 
 
-_logs_programs: dict = {}  # (treedef, leaf shapes) -> jitted compute_logs, None: not jittable,
+_logs_programs: dict = registry.kept(
+  {}, "padded_eval.eval.cache._logs_programs"
+)  # (treedef, leaf shapes) -> jitted compute_logs, None: not jittable,
 # or a Compiling: compiled ahead of the steps by `prepare_logs`
 _MISSING = object()
 LOGS_COMPILE_THREAD = "padded_eval-compile-logs"

@@ -9,17 +9,17 @@ Nothing here keeps anything on the devices but the pmap anchor (`anchor`): the c
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from padded_eval.caches import registry
+
 __all__ = [
   "SMALL_STATE_BYTES",
   "anchor",
-  "clear_cache",
   "fetched",
   "is_small_state",
   "stacked",
@@ -57,12 +57,7 @@ def fetched(tree: Any) -> Any:
   )
 
 
-@functools.cache
+@registry.cache
 def anchor() -> jax.Array:
   """One int32 zero on the default device (pmap's anchor for params without leaves)."""
   return jnp.zeros((), jnp.int32)
-
-
-def clear_cache() -> None:
-  """Drops the anchor array (`padded_eval.eval.cache.clear_caches`)."""
-  anchor.cache_clear()

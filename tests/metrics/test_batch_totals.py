@@ -116,7 +116,7 @@ def test_a_jit_step_of_accuracy_or_mean_gathers_one_stacked_array(step_fn):
   placed = runner.place_batch(backends.StepInput(next(iter(pe.pad_batches(data, 32)))))
   placed_params = runner.place_params(params)
   empty = cached.empty_state(placed_params, placed.batch)
-  _, step, packed = cached.packed(empty, count_rows=False)  # the jit run counts on the host
+  _, step, packed = cached.packed(empty)
   text = step.lower(placed_params, packed, placed).compile().as_text()
   assert re.findall(ALL_REDUCE, text) == []
   gathers = re.findall(ALL_GATHER, text)
@@ -187,7 +187,7 @@ def test_a_collections_members_of_one_shape_are_summed_in_one_reduction():
   placed = runner.place_batch(backends.StepInput(batches[0]))
   placed_params = runner.place_params(params)
   empty = cached.empty_state(placed_params, placed.batch)
-  _, step, packed = cached.packed(empty, count_rows=False)
+  _, step, packed = cached.packed(empty)
   text = step.lower(placed_params, packed, placed).compile().as_text()
   assert re.findall(ALL_REDUCE, text) == []
   gathers = re.findall(ALL_GATHER, text)

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from padded_eval.caches import registry
 from padded_eval.data._batch_spec import BatchSpec, FlatBatch, LeafSpec, Path
 from padded_eval.data._tree import flatten, path_name, ragged_message, unflatten
 from padded_eval.data.sources import tf_pipeline
@@ -49,7 +50,7 @@ from padded_eval.data.sources.fields import name_fields
 # `_CACHE_ATTR`: each derived pipeline holds its input, so a weakly keyed table would keep every
 # dataset alive; on the dataset, the cycle goes with it. `_CACHED` finds them for `clear_cache`.
 _CACHE_ATTR = "_padded_eval_cache"
-_CACHED: weakref.WeakSet = weakref.WeakSet()
+_CACHED: weakref.WeakSet = weakref.WeakSet()  # registered below, with clear_cache
 
 __all__ = ["TfDataSource", "clear_cache", "is_tf_dataset"]
 
@@ -59,6 +60,9 @@ def clear_cache() -> None:
   for dataset in list(_CACHED):
     vars(dataset).pop(_CACHE_ATTR, None)
   _CACHED.clear()
+
+
+registry.kept(_CACHED, "padded_eval.data.sources.tf_data._CACHED", clear=clear_cache)
 
 
 def _built_for(dataset: Any) -> dict:

@@ -7,12 +7,12 @@ The driver (`padded_eval.eval`) never tests the backend's name: it calls the `Ba
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 from jax.sharding import Mesh
 
+from padded_eval.caches import registry
 from padded_eval.eval.backends._base import Backend as Backend
 from padded_eval.eval.backends._base import CompiledStep as CompiledStep
 from padded_eval.eval.backends._base import MeshBackend as MeshBackend
@@ -97,12 +97,7 @@ CACHE_SIZE = 64
 """The most backends (settings) kept."""
 
 
-def clear_cache() -> None:
-  """Drops the cached backends."""
-  _made_backend.cache_clear()
-
-
-@functools.lru_cache(maxsize=CACHE_SIZE)
+@registry.lru_cache(maxsize=CACHE_SIZE)
 def _made_backend(
   name: str, axis_name: str, mesh: Mesh | None, data_axes: Any, context: Any
 ) -> Backend:
