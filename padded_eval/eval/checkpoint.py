@@ -49,7 +49,12 @@ from padded_eval.eval.fingerprint import (
 )
 from padded_eval.eval.results import EvalResults
 from padded_eval.multihost._coordination import exchange
-from padded_eval.multihost.distributed import DEFAULT_TIMEOUT_S, ResumeAt, next_call_number
+from padded_eval.multihost.distributed import (
+  DEFAULT_TIMEOUT_S,
+  ResumeAt,
+  next_call_number,
+  several_processes,
+)
 
 __all__ = ["Saver"]
 
@@ -128,7 +133,7 @@ class Saver(Hook):
       num_rows=num_rows,
     )
     steps, stored = directory.saved_steps(), directory.result()
-    if jax.process_count() > 1:
+    if several_processes():
       steps, everyone_done = _agree(steps, stored is not None, timeout)
       stored = stored if everyone_done else None
     if stored is not None:
@@ -147,7 +152,7 @@ class Saver(Hook):
     if not consumed:
       return iter(batches)
     remaining = skipped(batches, consumed)
-    if jax.process_count() > 1 or self.resume_at.spec is None:
+    if several_processes() or self.resume_at.spec is None:
       return remaining  # the lockstep feeds all-padding batches when none is left
     return self._or_padding(remaining, BatchSpec.from_json(self.resume_at.spec))
 
@@ -248,7 +253,7 @@ class Saver(Hook):
     self._due = self._due or self._steps % self._dir.every == 0
     if not self._due or self._no_save:
       return
-    if jax.process_count() == 1 and self._dir.busy():
+    if not several_processes() and self._dir.busy():
       return
     self._due = False
     header = {"steps": self._steps, "batches": batches_consumed, "fingerprint": self._found}

@@ -22,6 +22,7 @@ import numpy as np
 from padded_eval.caches import registry
 from padded_eval.data._batch_spec import BatchSpec
 from padded_eval.eval.fingerprint import FINGERPRINT_NAMES
+from padded_eval.multihost.distributed import several_processes
 from padded_eval.validation import check_positive_int
 
 __all__ = ["CheckpointDir", "Restored", "in_daemon_thread", "read_state_file", "write_state_file"]
@@ -122,7 +123,7 @@ class CheckpointDir:
 
   def _prunable_before(self, steps: int) -> int:
     """Checkpoints before this step may go (with several processes: none, see `finish`)."""
-    return steps if jax.process_count() == 1 else 0
+    return 0 if several_processes() else steps
 
   def _prune(self, keep_from: int) -> None:
     for name in os.listdir(self.path):

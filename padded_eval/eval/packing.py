@@ -107,8 +107,8 @@ class StatePacking:
 
     Args:
       packed: the carried state, packed by this layout (no leading axes).
-      batch: one batch's state, of the empty state's structure; a part that is None (the row
-        count of a run that counts rows on the host) is kept as it is.
+      batch: one batch's state, of the empty state's structure; a part that is None is kept
+        as it is.
     """
     parts = self._parts.flatten_up_to(batch)
     words: list = []

@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from padded_eval.data import sharding as sharding_lib
 from padded_eval.eval import packing as packing_lib
 from padded_eval.eval import placement
-from padded_eval.multihost.distributed import StepInput
+from padded_eval.multihost.distributed import StepInput, several_processes
 
 __all__ = ["Backend", "CompiledStep", "MeshBackend"]
 
@@ -206,7 +206,7 @@ class MeshBackend(abc.ABC):
     return self.prepared_params(params)
 
   def place_batch(self, inputs):
-    if jax.process_count() == 1:  # checked by the driver (BatchSpec): one transfer, no re-check
+    if not several_processes():  # checked by the driver (BatchSpec): one transfer, no re-check
       return jax.device_put(sharding_lib.as_arrays(inputs), self.split)
     return sharding_lib.global_batch(inputs, self.mesh, self.data_axes)
 

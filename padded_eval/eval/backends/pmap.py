@@ -15,6 +15,7 @@ from padded_eval.eval import placement
 from padded_eval.eval import step as step_parts
 from padded_eval.eval.backends._base import CompiledStep, MeshBackend
 from padded_eval.eval.step import checked_step_fn
+from padded_eval.multihost.distributed import several_processes
 
 __all__ = ["PmapBackend"]
 
@@ -63,7 +64,7 @@ class PmapBackend(MeshBackend):
   def _mapped(self, fn, arity, donate=False):
     """``fn(params, *per-device args)`` mapped over the devices as ``jax.pmap`` maps it."""
     donate_argnums = (1,) if donate else ()
-    if jax.process_count() > 1:  # pmap's axis spans every process's devices
+    if several_processes():  # pmap's axis spans every process's devices
       in_axes = (None,) + (0,) * (arity - 1)
       return jax.pmap(fn, self.data_axis, in_axes=in_axes, donate_argnums=donate_argnums)
     mapped = jax.shard_map(  # what jax.pmap runs, without its Python work on every call

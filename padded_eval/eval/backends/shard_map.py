@@ -12,6 +12,7 @@ from padded_eval.data import sharding as sharding_lib
 from padded_eval.eval import step as step_parts
 from padded_eval.eval.backends._base import CompiledStep, MeshBackend
 from padded_eval.eval.step import checked_step_fn
+from padded_eval.multihost.distributed import several_processes
 
 __all__ = ["ShardMapBackend"]
 
@@ -20,7 +21,7 @@ class ShardMapBackend(MeshBackend):
   """``jax.shard_map`` over the mesh; one partial state per shard of the data axis."""
 
   def place_saved_state(self, state):
-    if jax.process_count() == 1:  # this process's part is the whole: one transfer
+    if not several_processes():  # this process's part is the whole: one transfer
       return jax.device_put(state, self.split)
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.split, x), state)
 
