@@ -30,6 +30,7 @@ from padded_eval.eval import packing as packing_lib
 from padded_eval.eval.compiling import Compiling
 from padded_eval.exact.accumulate import ExactCount
 from padded_eval.metrics.base import full_state_shapes, trimmed
+from padded_eval.multihost.distributed import several_processes
 
 __all__ = [
   "FINAL_COMPILE_THREAD",
@@ -214,8 +215,10 @@ class RunEntry:
 
   def compile_final_ahead(self, params: Any, state: Any) -> None:
     """Starts compiling the final reduce for ``state`` on a worker thread, once (traced and
-    lowered here; not under ``jax.disable_jit()``, where it runs op by op)."""
+    lowered here; one process, and not under ``jax.disable_jit()``, where it runs op by op)."""
     if self._final is None or self._compiled_final is not None or jax.config.jax_disable_jit:
+      return
+    if several_processes():  # a multi-process pmap's AOT program takes global shapes: jitted
       return
     self._compiled_final = Compiling(self._final.lower(params, state), FINAL_COMPILE_THREAD)
 
