@@ -8,7 +8,9 @@ gives (padded_eval.eval.run, padded_eval.eval.compiling).
 * One compile tier: on ONE CPU device (a subprocess: the suite runs on 8), the per-row outputs
   of `masked_eval(..., outputs=True)` equal the user's own ``jax.jit`` of the same function on
   the same padded batches, bit for bit, on pmap and jit, with a dataset size (203) that the
-  batch size (64) does not divide.
+  batch size (64) does not divide. (A tanh MLP: its elementwise polynomials are where an
+  unoptimized compile rounds otherwise; the CPU quick tier of earlier versions differed in 1,505
+  of the 2,030 values.)
 """
 
 import functools
@@ -120,18 +122,18 @@ _ONE_DEVICE_SCRIPT = textwrap.dedent(
 
   assert jax.device_count() == 1, jax.devices()
   rng = np.random.default_rng(0)
-  sizes = [(32, 64), (64, 64), (64, 10)]
+  sizes = [(32, 64), (64, 10)]
   params = [
-    (rng.normal(size=s).astype(np.float32) / np.sqrt(s[0]), rng.normal(size=s[1]).astype(np.float32))
+    (rng.normal(size=s).astype(np.float32), rng.normal(size=s[1]).astype(np.float32))
     for s in sizes
   ]
-  x = rng.normal(size=(203, 32)).astype(np.float32)
+  x = (3 * rng.normal(size=(203, 32))).astype(np.float32)
   y = rng.integers(0, 10, 203).astype(np.int32)
 
   def model(params, x):
     for i, (w, b) in enumerate(params):
       x = x @ w + b
-      x = jax.nn.relu(x) if i < len(params) - 1 else x
+      x = jnp.tanh(x) if i < len(params) - 1 else x
     return jax.nn.log_softmax(x)
 
   def step_fn(params, batch):
@@ -157,7 +159,7 @@ _ONE_DEVICE_SCRIPT = textwrap.dedent(
   h = x.astype(np.float64)  # numpy float64: the reference is near the exact model
   for i, (w, b) in enumerate(params):
     h = h @ w.astype(np.float64) + b
-    h = np.maximum(h, 0) if i < len(params) - 1 else h
+    h = np.tanh(h) if i < len(params) - 1 else h
   h = h - h.max(-1, keepdims=True)
   exact = h - np.log(np.exp(h).sum(-1, keepdims=True))
   out["want_close"] = bool(np.allclose(want, exact, atol=1e-4))
