@@ -15,8 +15,8 @@ import os
 # kept, in a collective check). 300 s lets a starved rendezvous finish; a real deadlock still
 # aborts, and XLA's warning at 20 s names the stuck program.
 _COLLECTIVE_TIMEOUT = "--xla_cpu_collective_call_terminate_timeout_seconds=300"
-# The suite compiles thousands of small programs: with XLA's fusion emitters off (as masked_eval
-# compiles its own, padded_eval/eval/compiling.py) they compile faster; files ran 15-30% faster.
+# The suite compiles thousands of small programs: with XLA's fusion emitters off they compile
+# faster; files ran 15-30% faster (masked_eval sets no option of its own: it compiles as jax.jit).
 # The tests of a promise at XLA's defaults ask for them (tests/_xla_defaults.py). An XLA_FLAGS that
 # names the option wins: XLA_FLAGS=--xla_cpu_use_fusion_emitters=true runs the suite on XLA's own.
 _EMITTERS = "xla_cpu_use_fusion_emitters"
@@ -109,10 +109,9 @@ _crashed_workers: list[str] = []
 
 
 # With test workers on every core (pytest-xdist, ``-n auto``), each worker compiles its programs'
-# machine code in one part: XLA's parallel code generation (and masked_eval's four parts per core,
-# padded_eval/eval/compiling.py) only adds threads to cores the other workers keep busy. A test file
-# run in two workers side by side took 120 s instead of 135 s. The split changes no bit
-# (tests/eval/test_compiling.py); an XLA_FLAGS that names the option wins.
+# machine code in one part: XLA's parallel code generation only adds threads to cores the other
+# workers keep busy. A test file run in two workers side by side took 120 s instead of 135 s. The
+# split changes no bit; an XLA_FLAGS that names the option wins.
 _SPLIT = "xla_cpu_parallel_codegen_split_count"
 
 

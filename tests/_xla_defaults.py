@@ -1,13 +1,12 @@
 """XLA's own CPU code generation, named for the tests that compare with it.
 
 The suite compiles with XLA's fusion emitters off (``--xla_cpu_use_fusion_emitters=false``, set by
-the repository's conftest.py), as masked_eval compiles its own programs
-(`padded_eval.eval.compiling`): its thousands of small programs compile faster (files of the suite
+the repository's conftest.py): its thousands of small programs compile faster (files of the suite
 ran 15-30% faster), and, with pytest-xdist's workers, in one codegen part per program
-(``--xla_cpu_parallel_codegen_split_count=1``; the number of parts changes no bit,
-``tests/eval/test_compiling.py``). A test that checks a promise at XLA's defaults (error-free transformations
-that XLA could contract or reassociate, results bit for bit with XLA's defaults) compiles with
-`XLA_DEFAULTS`.
+(``--xla_cpu_parallel_codegen_split_count=1``). masked_eval itself sets no XLA option: it compiles
+what ``jax.jit`` compiles. A test that checks a promise at XLA's defaults (error-free
+transformations that XLA could contract or reassociate, results bit for bit with XLA's defaults)
+compiles with `XLA_DEFAULTS`.
 """
 
 XLA_DEFAULTS = {"xla_cpu_use_fusion_emitters": True}

@@ -28,6 +28,7 @@ LAYERS = {
   "padded_eval.validation": 0,  # leaves: config checks, the mask rule, keyword routing
   "padded_eval.masking": 0,
   "padded_eval.routing": 0,
+  "padded_eval.caches": 0,  # the one list of what is kept between calls (every layer registers)
   "padded_eval.exact": 1,  # error-free floats, exact accumulators
   "padded_eval.metrics": 2,  # the Metric protocol and one file per family
   "padded_eval.losses": 3,  # never metrics

@@ -189,9 +189,8 @@ def masked_eval(
     With ``outputs=True``, the pair ``(results, per_row)``: ``per_row`` has the
     structure ``step_fn`` returned, with numpy leaves of exactly this process's
     real rows (padding removed), in the order of its batches: ``[num_examples, ...]``
-    with one process. (On CPU a small step is compiled without LLVM's optimizations,
-    `padded_eval.eval.compiling`: its float values may differ in the last bit from an
-    optimized ``jax.jit`` of the same model, which contracts multiply-adds.) With several processes each process gets its own rows back
+    with one process, bit for bit what the user's own ``jax.jit`` of ``step_fn`` computes for
+    those rows. With several processes each process gets its own rows back
     (gather them with ids from ``pe.pad_batches(..., index_key=...)``; see HOWTO.md).
 
   Raises:
@@ -352,8 +351,7 @@ def _run_steps(run: run_lib.CompiledRun, feed, first, hooks: list[Hook]) -> Any:
   in_flight: collections.deque = collections.deque()  # (index, token) not waited for
   host, placed, state = first, run.first, run.initial_state
   try:
-    run.compile_ahead()  # the step compiles on a worker thread while the logs program lowers
-    cache_lib.prepare_logs(run.empty[0])
+    cache_lib.prepare_logs(run.empty[0])  # compiles on a worker thread while the step compiles
     for index in itertools.count():
       state, token, per_row = run.step(state, placed)  # dispatch step t
       in_flight.append((index, token))

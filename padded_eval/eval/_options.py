@@ -14,7 +14,7 @@ from typing import Any
 import jax
 
 from padded_eval.eval.step import RowMask
-from padded_eval.multihost.distributed import check_timeout
+from padded_eval.multihost.distributed import check_timeout, several_processes
 from padded_eval.validation import check_choice, check_int, check_positive_int
 
 __all__ = ["ON_INVALID", "EvalOptions"]
@@ -103,7 +103,7 @@ class EvalOptions:
       for name, given in [
         ("outputs=True", self.outputs),
         ("checkpoint_dir", self.checkpoint_dir is not None),
-        (f"{jax.process_count()} processes", jax.process_count() > 1),
+        (f"{jax.process_count()} processes", several_processes()),
       ]
       if given
     ]

@@ -25,16 +25,18 @@ from typing import Any
 import jax
 import numpy as np
 
-from padded_eval.data.sources import tf_data
-from padded_eval.eval import backends, placement
+from padded_eval.caches import registry
 from padded_eval.eval import packing as packing_lib
-from padded_eval.eval.compiling import Compiling, logs_compiler_options
+from padded_eval.eval.compiling import Compiling
 from padded_eval.exact.accumulate import ExactCount
-from padded_eval.metrics.base import clear_eager_programs, full_state_shapes, trimmed
+from padded_eval.metrics.base import full_state_shapes, trimmed
+from padded_eval.multihost.distributed import several_processes
 
 __all__ = [
+  "FINAL_COMPILE_THREAD",
   "RECOMPILES_BEFORE_WARNING",
   "CachedStep",
+  "RunEntry",
   "RecompileWarning",
   "cached_step",
   "clear_caches",
@@ -44,6 +46,8 @@ __all__ = [
 ]
 
 RECOMPILES_BEFORE_WARNING = 3
+FINAL_COMPILE_THREAD = "padded_eval-compile-final"
+"""The name of the worker thread a run's final reduce compiles on (`RunEntry`)."""
 
 
 class RecompileWarning(UserWarning):
@@ -123,7 +127,9 @@ def _shapes_key(tree: Any) -> Hashable:
   return treedef, tuple((np.shape(x), getattr(x, "dtype", type(x))) for x in leaves)
 
 
-_compiles: collections.Counter = collections.Counter()  # (origin, backend, ..., shapes) -> count
+_compiles: collections.Counter = registry.kept(
+  collections.Counter(), "padded_eval.eval.cache._compiles"
+)  # (origin, backend, ..., shapes) -> count
 CACHE_SIZE = 64
 """The most compiled steps kept (least recently used dropped first)."""
 ENTRY_SIZE = 16
@@ -134,7 +140,7 @@ COMPILES_KEPT = 4096
 
 class CachedStep:
   """One compiled step and what a call on it reuses: per input shapes, the empty state; per
-  empty state, its packed layout, packed step and placed packed state.
+  empty state and carrier, a `RunEntry` (the step, its final reduce, a packed state placed once).
 
   Attributes:
     backend: the `padded_eval.eval.backends.Backend` it was compiled for.
@@ -146,7 +152,7 @@ class CachedStep:
     self.backend, self.mask, self.compiled = backend, mask, compiled
     self._origin = origin  # what stays the same when the same step is rebuilt
     self._empty: collections.OrderedDict = collections.OrderedDict()
-    self._packed: collections.OrderedDict = collections.OrderedDict()  # id(empty) -> entry
+    self._entries: collections.OrderedDict = collections.OrderedDict()  # (id(empty), packed)
 
   def empty_state(self, params: Any, batch: Any) -> Any:
     """The empty carried state ``(metric, ExactCount)`` of one shard, as host arrays.
@@ -162,49 +168,69 @@ class CachedStep:
     Raises:
       ValueError: the metric's ``empty()`` does not have the updated state's structure.
     """
-    return self.first_state(params, batch)[0]
-
-  def first_state(self, params: Any, batch: Any) -> tuple[Any, bool, int]:
-    """``(empty_state(params, batch), new, written)``: ``new`` when the input shapes are new to
-    this step, so that the step for them compiles on this call; ``written``, the bytes one
-    batch's statistics write (`padded_eval.eval.compiling.choose_tier` reads it)."""
     key = _shapes_key((params, batch))
     found = self._empty.get(key)
     if found is not None:
-      return found[0], False, found[1]
+      return found
     _count_compile((*self._origin, key))
-    shapes, written = self.compiled.traced_statistics(params, batch)
-    empty = jax.tree.map(np.asarray, _checked_empty(shapes))
-    self._empty[key] = (empty, written)
+    empty = jax.tree.map(np.asarray, _checked_empty(self.compiled.traced_statistics(params, batch)))
+    self._empty[key] = empty
     _bound(self._empty, ENTRY_SIZE)
-    return empty, True, written
+    return empty
 
-  def packed(self, empty: Any, count_rows: bool) -> tuple[Any, Callable, Any]:
-    """``(packing, step, placed state)`` carrying ``empty`` packed (`padded_eval.eval.packing`).
+  def entry(self, empty: Any, packed: bool) -> RunEntry:
+    """The `RunEntry` of ``empty`` (as `empty_state` returned it) carried packed or as its tree:
+    made once, so a later call with the same shapes compiles nothing."""
+    key = (id(empty), packed)
+    found = self._entries.get(key)
+    if found is None or found[0] is not empty or found[1].deleted():
+      carrier = packing_lib.StatePacking(empty) if packed else packing_lib.TreeLayout(empty)
+      found = self._entries[key] = (empty, RunEntry(self.compiled, self.backend, carrier, packed))
+      _bound(self._entries, ENTRY_SIZE)
+    else:
+      self._entries.move_to_end(key)
+    return found[1]
 
-    Made once per ``empty`` (as `empty_state` returned it) and ``count_rows``: the layout, the
-    compiled step (which does not donate the state) and the packed empty state, placed once and
-    handed to every call (it is never donated, so it stays empty).
-    """
-    return self.packed_entry(empty, count_rows)[:3]
-
-  def packed_entry(self, empty: Any, count_rows: bool) -> tuple[Any, Callable, Any, bool]:
-    """`packed`'s ``(packing, step, placed state)`` and whether they were made now (the
-    step then compiles on this call)."""
-    key = (id(empty), count_rows)
-    found = self._packed.get(key)
-    new = found is None or found[0] is not empty or _deleted(found[3])
-    if new:
-      packing = packing_lib.StatePacking(empty)
-      step = self.compiled.packed_step(packing, count_rows)
-      placed = self.backend.place_state(packing.empty)
-      found = self._packed[key] = (empty, packing, step, placed)
-      _bound(self._packed, ENTRY_SIZE)
-    return (*found[1:], new)
+  def packed(self, empty: Any) -> tuple[Any, Callable, Any]:
+    """``(packing, step, placed state)`` carrying ``empty`` packed (`padded_eval.eval.packing`)."""
+    entry = self.entry(empty, packed=True)
+    return entry.carrier, entry.step, entry.placed
 
 
-def _deleted(tree: Any) -> bool:
-  return any(leaf.is_deleted() for leaf in jax.tree.leaves(tree))
+class RunEntry:
+  """What a run reuses per empty state and carrier (kept by `CachedStep`):
+  the carrier, the step, the final reduce and, packed, the placed empty state.
+
+  Attributes:
+    carrier: a `padded_eval.eval.packing.StatePacking` or `TreeLayout`.
+    step: the compiled step for ``carrier``.
+    placed: the placed packed empty state (packed), else None.
+  """
+
+  def __init__(self, compiled: Any, backend: Any, carrier: Any, packed: bool):
+    self.carrier, self.step = carrier, compiled.step_for(carrier)
+    self._final = None if compiled.final_for is None else compiled.final_for(carrier)
+    self._compiled_final: Any = None  # a Compiling, then the compiled program
+    self.placed = backend.place_state(carrier.empty) if packed else None
+
+  def compile_final_ahead(self, params: Any, state: Any) -> None:
+    """Starts compiling the final reduce for ``state`` on a worker thread, once (traced and
+    lowered here; one process, and not under ``jax.disable_jit()``, where it runs op by op)."""
+    if self._final is None or self._compiled_final is not None or jax.config.jax_disable_jit:
+      return
+    if several_processes():  # a multi-process pmap's AOT program takes global shapes: jitted
+      return
+    self._compiled_final = Compiling(self._final.lower(params, state), FINAL_COMPILE_THREAD)
+
+  def final_program(self) -> Callable | None:
+    """The final reduce ``(params, state) -> state``, or None (the state is global already)."""
+    if isinstance(self._compiled_final, Compiling):
+      self._compiled_final = self._compiled_final.result()  # None: failed, jitted below raises
+    return self._compiled_final or self._final
+
+  def deleted(self) -> bool:
+    """Whether the placed packed state was deleted (a test or the user deleted its buffers)."""
+    return self.placed is not None and any(x.is_deleted() for x in jax.tree.leaves(self.placed))
 
 
 def _bound(cache: collections.OrderedDict, size: int) -> None:
@@ -249,7 +275,9 @@ def _count_compile(what: Hashable) -> None:
     )
 
 
-_cache: collections.OrderedDict = collections.OrderedDict()
+_cache: collections.OrderedDict = registry.kept(
+  collections.OrderedDict(), "padded_eval.eval.cache._cache"
+)
 
 
 def cached_step(step_fn: Callable, backend: Any, mask: Any, outputs: bool) -> CachedStep:
@@ -281,30 +309,25 @@ def cached_step(step_fn: Callable, backend: Any, mask: Any, outputs: bool) -> Ca
 
 
 def clear_caches() -> None:
-  """Drops every compiled step and placed state `masked_eval` keeps between calls.
+  """Empties everything padded_eval keeps between calls: the one list of
+  `padded_eval.caches.registry` (`registry.registered()` names each cache).
 
-  Every cache of the package is bounded (`CACHE_SIZE`, `ENTRY_SIZE`, `COMPILES_KEPT`, the
-  backends' `padded_eval.eval.backends.CACHE_SIZE`); this empties them all at once: the compiled
-  steps with their empty states and placed packed states, the compile counts behind
-  `RecompileWarning`, the jitted ``compute_logs`` programs, the backends and their compiled
-  final reduces, the package's own jitted helpers, the programs of eager metric calls
-  (`padded_eval.metrics.base.clear_eager_programs`), and the padding pipelines `pad_batches`
+  Every cache is bounded (`CACHE_SIZE`, `ENTRY_SIZE`, `COMPILES_KEPT`, the backends'
+  `padded_eval.eval.backends.CACHE_SIZE`); this empties them all at once: the compiled steps
+  with their empty states, final reduces and placed packed states, the compile counts behind
+  `RecompileWarning`, the jitted ``compute_logs`` programs, the backends, the package's own
+  jitted helpers, the programs of eager metric calls, and the padding pipelines `pad_batches`
   built over tf.data datasets still alive. A later call compiles (and builds) again.
 
   >>> import padded_eval as pe
   >>> pe.clear_caches()
   """
-  _cache.clear()
-  _compiles.clear()
-  _logs_programs.clear()
-  backends.clear_cache()
-  placement.clear_cache()
-  packing_lib.clear_cache()
-  clear_eager_programs()
-  tf_data.clear_cache()
+  registry.clear()
 
 
-_logs_programs: dict = {}  # (treedef, leaf shapes) -> jitted compute_logs, None: not jittable,
+_logs_programs: dict = registry.kept(
+  {}, "padded_eval.eval.cache._logs_programs"
+)  # (treedef, leaf shapes) -> jitted compute_logs, None: not jittable,
 # or a Compiling: compiled ahead of the steps by `prepare_logs`
 _MISSING = object()
 LOGS_COMPILE_THREAD = "padded_eval-compile-logs"
@@ -312,10 +335,8 @@ LOGS_COMPILE_THREAD = "padded_eval-compile-logs"
 
 
 def _logs_program() -> Any:
-  """A new ``jax.jit`` of ``compute_logs``, with the logs program's options for the default
-  device (`padded_eval.eval.compiling.logs_compiler_options`)."""
-  options = logs_compiler_options(jax.default_backend())
-  return jax.jit(lambda m: m.compute_logs(), compiler_options=options)
+  """A new ``jax.jit`` of ``compute_logs``."""
+  return jax.jit(lambda m: m.compute_logs())
 
 
 def prepare_logs(empty_metric: Any) -> None:

@@ -14,10 +14,11 @@ sides of the step (36 extra kernels for Flax mnist's accuracy and loss: the step
 0.71 s instead of 0.29 s). A 64-bit leaf is two words; 8- and 16-bit leaves and bools take a
 word per element (they are rare in states and small).
 
-The layout is fixed by the empty state's structure, shapes and dtypes (it is hashable: the
-jitted programs that unpack it take it as a static argument). `masked_eval` packs only small
-states (`padded_eval.eval.placement.is_small_state`) with one process and no checkpoint: a large
-state would be copied whole on every step, and a checkpoint saves the tree.
+The layout is fixed by the empty state's structure, shapes and dtypes (it is hashable).
+`masked_eval` packs only small states (`padded_eval.eval.placement.is_small_state`) without a
+checkpoint: a packed state is not donated, so a large one would be copied whole on every step,
+and a checkpoint saves the tree. Everything else is carried as its tree (`TreeLayout`, the same
+interface, each conversion the identity).
 """
 
 from __future__ import annotations
@@ -28,11 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from padded_eval.eval import compiling
 from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
 from padded_eval.metrics.base import Metric
 
-__all__ = ["AGGREGATE_COMPILE_THREAD", "StatePacking", "aggregate_packed", "prepare_aggregate"]
+__all__ = ["StatePacking", "TreeLayout"]
 
 
 class StatePacking:
@@ -44,6 +44,8 @@ class StatePacking:
     nwords: the length of the packed vector.
     empty: ``pack_host`` of the empty state it was made from (a host ``uint32`` array).
   """
+
+  donated = False  # placed once per compiled step and handed to every call: never donated
 
   def __init__(self, empty: Any):
     """``empty``: the empty state of one shard, a pytree of host arrays."""
@@ -105,8 +107,8 @@ class StatePacking:
 
     Args:
       packed: the carried state, packed by this layout (no leading axes).
-      batch: one batch's state, of the empty state's structure; a part that is None (the row
-        count of a run that counts rows on the host) is kept as it is.
+      batch: one batch's state, of the empty state's structure; a part that is None is kept
+        as it is.
     """
     parts = self._parts.flatten_up_to(batch)
     words: list = []
@@ -251,64 +253,35 @@ def _host_from_words(words: np.ndarray, dtype: np.dtype) -> np.ndarray:
   return words.view(dtype)
 
 
-AGGREGATE_COMPILE_THREAD = "padded_eval-compile-aggregate"
-"""The name of the worker thread `prepare_aggregate` compiles a combination program on."""
-PROGRAMS_KEPT = 16
-_programs: dict = {}  # (packing, shards) -> Compiled, or a Compiling (`prepare_aggregate`)
+class TreeLayout:
+  """The carried state as its tree, merged metric by metric: `StatePacking`'s interface, each
+  conversion the identity (the carrier of large states, several processes and checkpoints).
 
-
-def _combined(packed: jax.Array, packing: StatePacking) -> jax.Array:
-  state = packing.unpack(packed)
-  combined = jax.tree.map(
-    lambda part: part.aggregate(), state, is_leaf=lambda x: hasattr(x, "aggregate")
-  )
-  return packing.pack(combined)
-
-
-def _lowered(packing: StatePacking, shards: int) -> Any:
-  # once per call, on a small state: compiled as the logs program is (LLVM unoptimized on CPU)
-  options = compiling.logs_compiler_options(jax.default_backend())
-  program = jax.jit(_combined, static_argnums=1, compiler_options=options)
-  return program.lower(jax.ShapeDtypeStruct((shards, packing.nwords), np.uint32), packing)
-
-
-def prepare_aggregate(packing: StatePacking, shards: int) -> None:
-  """Starts compiling `aggregate_packed` for ``shards`` partial states of ``packing``, on a
-  worker thread (`AGGREGATE_COMPILE_THREAD`): called before the first step, so that it compiles
-  while the step traces and compiles, instead of after the last step (the combination of
-  Flax imagenet's 8 partial states compiled in about 0.3 s, a fifth of its first call)."""
-  key = (packing, shards)
-  if key not in _programs and not jax.config.jax_disable_jit:
-    _keep(key, compiling.Compiling(_lowered(packing, shards), AGGREGATE_COMPILE_THREAD))
-
-
-def _keep(key: tuple, program: Any) -> None:
-  if key not in _programs and len(_programs) >= PROGRAMS_KEPT:
-    _programs.pop(next(iter(_programs)))  # bounded: the oldest goes
-  _programs[key] = program
-
-
-def aggregate_packed(packed: np.ndarray, packing: StatePacking) -> jax.Array:
-  """Per-shard packed states ``uint32 [shards, nwords]`` -> their exact combination, packed.
-
-  Every part of the state (metrics, accumulators: whatever has ``aggregate()``) is combined
-  over the leading shard axis with ``aggregate()``, in one single-device program, compiled
-  once per packing and shard count (ahead of the steps where `prepare_aggregate` started it).
-  Under ``jax.disable_jit()`` it runs op by op, as everything else then does (a compiled
-  program cannot run there).
+  Attributes:
+    empty: the empty state of one shard it was made from (host arrays).
   """
-  if jax.config.jax_disable_jit:
-    return _combined(jnp.asarray(packed), packing)
-  key = (packing, int(np.shape(packed)[0]))
-  program = _programs.get(key)
-  if isinstance(program, compiling.Compiling):
-    program = program.result()  # None: its compile failed, compiled again here to raise
-  if program is None:
-    program = _lowered(*key).compile()
-  _keep(key, program)
-  return program(packed)
 
+  donated = True  # placed fresh for every call: donated from step to step
 
-def clear_cache() -> None:
-  """Drops the compiled combination programs (`padded_eval.clear_caches`)."""
-  _programs.clear()
+  def __init__(self, empty: Any = None):
+    self.empty = empty
+
+  def pack(self, state: Any) -> Any:
+    return state
+
+  def unpack(self, carried: Any) -> Any:
+    return carried
+
+  def pack_host(self, state: Any) -> Any:
+    return state
+
+  def unpack_host(self, carried: Any) -> Any:
+    return carried
+
+  def merge(self, carried: Any, batch: Any) -> Any:
+    """``carried`` ``(metric, count)`` with one batch's ``(metric, count)`` merged in."""
+    (metric, count), (batch_metric, batch_count) = carried, batch
+    return metric.merge(batch_metric), count.merge(batch_count)
+
+  def last_part(self, carried: Any) -> Any:
+    return carried[-1]

@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from padded_eval.eval.compiling import written_bytes
 from padded_eval.eval.outputs import split_step_result
 from padded_eval.exact.accumulate import ExactCount
 
@@ -28,6 +27,7 @@ __all__ = [
   "batch_statistics",
   "checked_step_fn",
   "merge_step",
+  "reduce_carried",
   "reduce_state",
   "restack",
   "row_count",
@@ -121,41 +121,32 @@ def batch_statistics(inner: Callable, mask: RowMask, axis: str | None) -> Callab
 
 
 def traced_statistics(statistics: Callable, per_device: bool = False) -> Callable:
-  """``(params, batch) -> (shapes, written)`` of `batch_statistics` ``statistics``, from one trace
-  (``jax.make_jaxpr``): the state's ``jax.ShapeDtypeStruct`` tree (``per_device``: a pmap's,
-  without its leading device axis) and the bytes its program writes
-  (`padded_eval.eval.compiling.written_bytes`)."""
+  """``(params, batch) -> shapes`` of `batch_statistics` ``statistics``, from one trace
+  (``jax.eval_shape``): the state's ``jax.ShapeDtypeStruct`` tree (``per_device``: a pmap's,
+  without its leading device axis)."""
 
   def traced(params, batch):
-    jaxpr, shapes = jax.make_jaxpr(statistics, return_shape=True)(params, batch)
+    shapes = jax.eval_shape(statistics, params, batch)
     if per_device:
       shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), shapes)
-    return shapes, written_bytes(jaxpr.jaxpr)
+    return shapes
 
   return traced
 
 
-def merge_step(
-  inner: Callable, mask: RowMask, sync_total: Callable, count_rows: bool = True, packing: Any = None
-) -> Callable:
+def merge_step(inner: Callable, mask: RowMask, sync_total: Callable, carrier: Any) -> Callable:
   """``(params, state, inputs) -> (state, token, per_row)``: one batch merged into ``state``,
-  locally (no collective but ``sync_total`` of the multi-host flags). Without ``count_rows``
-  the carried count stays as it came: the driver counts the real rows on the host.
+  locally (no collective but ``sync_total`` of the multi-host flags).
 
-  ``packing`` (a `padded_eval.eval.packing.StatePacking`): the state is carried packed, one
-  ``uint32 [nwords]`` vector, and merged by `StatePacking.merge` (its exact sums and counts
-  as vectors) inside the compiled program; None: the state's tree, merged metric by metric."""
+  ``carrier`` says how the state is carried (`padded_eval.eval.packing`): a `StatePacking`
+  (one ``uint32 [nwords]`` vector, merged as vectors inside the program) or a `TreeLayout`
+  (the state's tree, merged metric by metric); the step reads only its ``merge`` and
+  ``last_part``."""
 
   def masked_eval_step(params, state, inputs: Any):  # inputs: a backends.StepInput
     metric, per_row = inner(params, inputs.batch)
-    count = row_count(inputs.batch, mask) if count_rows else None
-    if packing is None:
-      metric_total, count_total = state
-      count_total = count_total if count is None else count_total.merge(count)
-      state = (metric_total.merge(metric), count_total)
-    else:
-      state = packing.merge(state, (metric, count))
-      count_total = packing.last_part(state)
+    state = carrier.merge(state, (metric, row_count(inputs.batch, mask)))
+    count_total = carrier.last_part(state)
     token = (count_total.total(), tuple(sync_total(flag) for flag in inputs.sync))
     return state, token, per_row
 
@@ -165,6 +156,12 @@ def merge_step(
 def reduce_state(axis: str) -> Callable:
   """``(metric, count) -> (metric, count)`` combined across the mapped axis ``axis``."""
   return lambda state: (state[0].reduce(axis), state[1].reduce(axis))
+
+
+def reduce_carried(carrier: Any, axis: str) -> Callable:
+  """``(params, carried) -> carried``: one shard's carried state combined exactly across the
+  mapped axis ``axis`` (`reduce_state`), read and written by ``carrier``: the final reduce."""
+  return lambda params, state: carrier.pack(reduce_state(axis)(carrier.unpack(state)))
 
 
 def unstack(tree: Any) -> Any:

@@ -37,6 +37,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from padded_eval import validation
+from padded_eval.caches import registry
 from padded_eval.exact._floats import compensated_sum
 from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum, on_several_devices
 from padded_eval.metrics._formatting import reported_invalid_counts
@@ -412,7 +413,7 @@ def _runs_eagerly(*trees) -> bool:
 
 # A metric whose own code needs concrete values (numpy on its inputs: one written for eager use
 # only) cannot be traced; its structure is remembered here and it runs op by op, as before.
-_UNTRACEABLE: set = set()
+_UNTRACEABLE: set = registry.kept(set(), "padded_eval.metrics.base._UNTRACEABLE")
 _TRACING_ERRORS = (
   jax.errors.ConcretizationTypeError,
   jax.errors.TracerArrayConversionError,
@@ -442,8 +443,8 @@ def _on_one_device(tree: Any) -> Any:
   return jax.tree.map(lambda x: jax.device_get(x) if on_several_devices(x) else x, tree)
 
 
-_eager_aggregate = jax.jit(lambda metric: metric._aggregated())
-_eager_merge = jax.jit(lambda metric, other: metric._merged(other))
+_eager_aggregate = registry.jit(lambda metric: metric._aggregated())
+_eager_merge = registry.jit(lambda metric, other: metric._merged(other))
 _EAGER_COMPUTES: list = []  # each metric class's jitted compute (see _unstacked_only)
 
 
@@ -480,7 +481,7 @@ def _unstacked_only(compute: Callable) -> Callable:
       in_order, plain, trimmed(self), errors=(*_TRACING_ERRORS, TypeError)
     )
 
-  jitted = jax.jit(lambda metric: _dicts_in_order(compute(metric), _InOrder))
+  jitted = registry.jit(lambda metric: _dicts_in_order(compute(metric), _InOrder))
   in_order = lambda metric: _dicts_in_order(jitted(metric), dict)  # noqa: E731
   _EAGER_COMPUTES.append(jitted)
   checked._checks_stacking = True
@@ -531,7 +532,8 @@ def full_state_shapes(tree: Any) -> list[tuple[str, tuple[int, ...]]]:
   return shapes
 
 
-_EMPTY_SHAPES: dict = {}  # pytree structure -> state leaf shapes; bounded below
+# pytree structure -> state leaf shapes; bounded below
+_EMPTY_SHAPES: dict = registry.kept({}, "padded_eval.metrics.base._EMPTY_SHAPES")
 
 
 def _empty_shapes(metric: Metric) -> tuple[tuple[int, ...], ...]:
@@ -821,7 +823,7 @@ def batch_totals(totals: list, counts: list) -> tuple[list, list]:
   return float_sums, [zero if c is None else int_sums[next(found)] for c in counts]
 
 
-@jax.jit
+@registry.jit
 def _one_reduction(totals: list, flags: list) -> tuple[tuple | None, list]:
   """Compensated float32 sums of ``totals`` and int32 counts of ``flags`` (all of one shape),
   from one reduction of their stack: ``((hi [n], lo [n]) or None without totals, counts)``.

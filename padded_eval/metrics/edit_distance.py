@@ -10,12 +10,12 @@ and invalid ids: see :mod:`padded_eval.metrics.token_sequences`.
 
 from __future__ import annotations
 
-import functools
 from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
+from padded_eval.caches import registry
 from padded_eval.exact.accumulate import ExactCount
 from padded_eval.metrics._classification_inputs import config_field
 from padded_eval.metrics.base import empty_count, invalid_state, state
@@ -29,7 +29,7 @@ from padded_eval.metrics.token_sequences import (
 )
 
 
-@jax.jit  # one dispatch when updated eagerly
+@registry.jit  # one dispatch when updated eagerly
 def lcs_lengths(hyps: Sequences, refs: Sequences) -> jax.Array:
   """int32 ``[B, R]``: the longest common subsequence of each hypothesis and reference.
 
@@ -52,7 +52,7 @@ def lcs_lengths(hyps: Sequences, refs: Sequences) -> jax.Array:
   return table[..., -1]
 
 
-@jax.jit  # one dispatch when updated eagerly
+@registry.jit  # one dispatch when updated eagerly
 def edit_distances(hyps: Sequences, refs: Sequences) -> jax.Array:
   """int32 ``[B]``: the Levenshtein distance between each hypothesis and its reference.
 
@@ -78,7 +78,7 @@ def edit_distances(hyps: Sequences, refs: Sequences) -> jax.Array:
   return jnp.take_along_axis(table, refs.lengths[:, None], axis=1)[:, 0]
 
 
-@jax.jit  # one dispatch when updated eagerly
+@registry.jit  # one dispatch when updated eagerly
 def rouge_l_scores(batch: TokenBatch) -> jax.Array:
   """float32 ``[B]``: each row's best ROUGE-L F-measure over its references."""
   lcs = lcs_lengths(batch.hyps, batch.refs)
@@ -195,7 +195,7 @@ class ExactMatch(MeanRowScore):
     return exact_matches(batch, self.pad_id)
 
 
-@functools.partial(jax.jit, static_argnames="pad_id")  # one dispatch when updated eagerly
+@registry.jit(static_argnames="pad_id")  # one dispatch when updated eagerly
 def exact_matches(batch: TokenBatch, pad_id: int) -> jax.Array:
   """float32 ``[B]``: 1 where the hypothesis equals a reference the row has, else 0."""
   hyp, ref = batch.hyps.tokens, batch.refs.tokens

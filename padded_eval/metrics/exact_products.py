@@ -15,12 +15,11 @@ sums have at most ``2**16`` terms.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from padded_eval.caches import registry
 from padded_eval.exact.accumulate import ExactCount
 
 DIGIT_BITS = 12
@@ -104,7 +103,7 @@ def _row_and_column_sums(table: ExactCount):
   return tuple(map(digits, (true_count, pred_count, n, correct)))
 
 
-@jax.jit  # compiled once per table shape, also for eager compute()
+@registry.jit  # compiled once per table shape, also for eager compute()
 def matthews_corrcoef(table: ExactCount) -> jax.Array:
   """float32 Matthews correlation of an exact square table ``[K, K]`` (0 where undefined).
 
@@ -129,7 +128,7 @@ def matthews_corrcoef(table: ExactCount) -> jax.Array:
   )
 
 
-@functools.partial(jax.jit, static_argnames="weights")
+@registry.jit(static_argnames="weights")
 def cohen_kappa(
   table: ExactCount, weights: str | None = None, undefined: jax.typing.ArrayLike = 0.0
 ) -> jax.Array:

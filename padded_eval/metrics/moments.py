@@ -31,6 +31,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
+from padded_eval.caches import registry
 from padded_eval.exact._floats import (
   ZERO_EXPONENT,
   compensated_sum,
@@ -183,11 +184,11 @@ class Moments(Accumulator):
 
 
 # Jitted so that eager use (host-side merges) runs one compiled program, not dozens of ops.
-_merge_moments = jax.jit(Moments._merge)
-_aggregate_moments = jax.jit(Accumulator.aggregate)
+_merge_moments = registry.jit(Moments._merge)
+_aggregate_moments = registry.jit(Accumulator.aggregate)
 
 
-@functools.partial(jax.jit, static_argnums=3)
+@registry.jit(static_argnums=3)
 def _batch_moments(values, real, w, axes) -> Moments:
   """See :meth:`Moments.of`."""
   # An element of weight 0 is not seen: its value sets no scale or shift (1e20 there made

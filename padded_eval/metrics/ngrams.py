@@ -9,7 +9,6 @@ vocabulary-sized array is needed. Inputs, padding and invalid ids: see
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -17,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval import validation
+from padded_eval.caches import registry
 from padded_eval.exact.accumulate import ExactCount
 from padded_eval.metrics._classification_inputs import check_flag, config_field
 from padded_eval.metrics.base import empty_count, invalid_state, state
@@ -86,7 +86,7 @@ def closest_reference_lengths(batch: TokenBatch) -> jax.Array:
   return jnp.min(key, axis=-1) % span
 
 
-@functools.partial(jax.jit, static_argnames="max_order")  # one dispatch when updated eagerly
+@registry.jit(static_argnames="max_order")  # one dispatch when updated eagerly
 def bleu_rows(batch: TokenBatch, max_order: int) -> list[jax.Array]:
   """int32 ``[B]`` columns: the clipped matches of each order, the n-grams of each order,
   the hypothesis length and the closest reference length of each row."""
@@ -98,7 +98,7 @@ def bleu_rows(batch: TokenBatch, max_order: int) -> list[jax.Array]:
   return matches + totals + [batch.hyps.lengths, closest_reference_lengths(batch)]
 
 
-@functools.partial(jax.jit, static_argnames="n")  # one dispatch when updated eagerly
+@registry.jit(static_argnames="n")  # one dispatch when updated eagerly
 def rouge_n_scores(batch: TokenBatch, n: int) -> jax.Array:
   """float32 ``[B]``: each row's best ROUGE-N F-measure over its references."""
   *_, (_, rank, in_hyp, ref_count) = ngram_counts(batch.hyps, batch.refs, n)

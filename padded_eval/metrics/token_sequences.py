@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import functools
 from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
 from padded_eval import validation
+from padded_eval.caches import registry
 from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.masking import broadcast_mask, leading_ones
 from padded_eval.metrics.base import Metric, empty_count, empty_sum, invalid_state, state
@@ -169,7 +169,7 @@ class TokenMetric(Metric):
     return sentences(preds, target, real, pad_id=self.pad_id, vocab_size=self.vocab_size)
 
 
-@functools.partial(jax.jit, static_argnames=("pad_id", "vocab_size"))  # one dispatch eagerly
+@registry.jit(static_argnames=("pad_id", "vocab_size"))  # one dispatch eagerly
 def sentences(
   preds: jax.Array, target: jax.Array, real: jax.Array, *, pad_id: int, vocab_size: int | None
 ) -> TokenBatch:
@@ -192,7 +192,7 @@ def _bad(tokens: jax.Array, pad_id: int, vocab_size: int | None) -> jax.Array:
   return bad & (tokens != pad_id)
 
 
-@jax.jit  # one dispatch when updated eagerly
+@registry.jit  # one dispatch when updated eagerly
 def row_sums(columns: list[jax.Array], real: jax.Array) -> jax.Array:
   """int32 ``[K]``: the totals over the real rows of ``K`` int ``[B]`` columns, from one
   reduction (under a sharded jit one all-reduce per step, whatever ``K``; see

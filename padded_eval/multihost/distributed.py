@@ -71,6 +71,7 @@ __all__ = [
   "lockstep",
   "next_call_number",
   "process_slice",
+  "several_processes",
   "step_feed",
 ]
 
@@ -84,6 +85,14 @@ with 1, every wait on a peer is a deadline-bounded wait on a finished dispatch."
 
 _call_numbers = itertools.count()
 _POLL_FIRST_S, _POLL_MAX_S = 2e-5, 1e-3
+
+
+def several_processes() -> bool:
+  """Whether this evaluation spans several processes (``jax.distributed``): the one place the
+  driver reads the process count. Every branch between one process and several (the feed, the
+  placement of a batch or a saved state, the pmap program, the checkpoint's agreement) asks
+  here; everything else runs the same code for any process count."""
+  return jax.process_count() > 1
 
 
 def process_slice(
@@ -174,7 +183,7 @@ def step_feed(
   Both count the real batches they yielded (``batches_consumed``), from ``resume`` if given.
   """
   resume = resume or ResumeAt()
-  if jax.process_count() == 1:
+  if not several_processes():
     return OneProcess(batches, steps_in_flight, resume.batches)
   return lockstep(batches, length, options, resume)
 

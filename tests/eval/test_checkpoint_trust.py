@@ -1,7 +1,7 @@
 """A checkpoint directory answers only its own question (#26, "Checkpoints").
 
 A finished directory returns its stored result only for the same metric, batch spec, batch size
-and params (by value: `checkpoint.params_checksum`); the stored result keeps its final metric,
+and params (by value: `padded_eval.eval.fingerprint.params_checksum`); the stored result keeps its final metric,
 so curves and plots work after a resume. 203 rows in batches of 16 (8 devices): neither divides
 the rows; padded rows hold NaN / inf features and out-of-range labels. References: scikit-learn.
 """
@@ -177,7 +177,7 @@ _MASK32 = 2**32 - 1
 
 
 def _reference_checksum(tree) -> str:
-  """`checkpoint.params_checksum` written out in numpy (uint64 arithmetic, masked to 32 bits)."""
+  """`padded_eval.eval.fingerprint.params_checksum` written out in numpy (uint64 arithmetic, masked to 32 bits)."""
   words = []
   for leaf in jax.tree.leaves(tree):
     leaf = np.asarray(leaf)
@@ -213,7 +213,7 @@ def _mixed_tree(rng):
 def test_params_checksum_equals_its_numpy_definition_wherever_the_params_lie():
   from jax.sharding import NamedSharding, PartitionSpec
 
-  from padded_eval.eval.checkpoint import params_checksum
+  from padded_eval.eval.fingerprint import params_checksum
 
   tree = _mixed_tree(np.random.default_rng(3))
   reference = _reference_checksum(tree)
@@ -228,7 +228,7 @@ def test_params_checksum_equals_its_numpy_definition_wherever_the_params_lie():
 
 
 def test_params_checksum_catches_every_bit_flip_and_every_swap():
-  from padded_eval.eval.checkpoint import params_checksum
+  from padded_eval.eval.fingerprint import params_checksum
 
   tree = _mixed_tree(np.random.default_rng(4))
   original = params_checksum(jax.tree.map(jax.numpy.asarray, tree))
@@ -252,11 +252,11 @@ def test_params_checksum_catches_every_bit_flip_and_every_swap():
 
 
 def test_the_checksum_is_stored_with_the_result(tmp_path):
-  from padded_eval.eval import checkpoint
+  from padded_eval.eval import checkpoint_files
 
   data, params = _data(), _params()
   pe.masked_eval(accuracy_step, params, _batches(data), backend="jit", checkpoint_dir=tmp_path)
-  header, leaves = checkpoint.read_state_file(tmp_path / "process_0" / "result.state")
+  header, leaves = checkpoint_files.read_state_file(tmp_path / "process_0" / "result.state")
   assert header["fingerprint"]["params_checksum"] == _reference_checksum(params)
   assert len(leaves) == len(jax.tree.leaves(pe.metrics.Accuracy()))
 

@@ -156,7 +156,9 @@ def test_one_compilation_and_reuse_across_calls(backend, compiles):
   traces = []
   step_fn = make_step(traces)
   first = pe.masked_eval(step_fn, params, garbage_batches(make_data(1003)), backend=backend)
-  assert len(compiles) == 1, compiles  # the step, once, for 16 steps and a short last batch
+  # the step, once, for 16 steps and a short last batch; under pmap and shard_map its final
+  # reduce of the partial states, once (jit's state is global: no final program)
+  assert len(compiles) == (1 if backend == "jit" else 2), compiles
   assert len(traces) == 1
   compiles.clear()
   data = make_data(65, seed=7)

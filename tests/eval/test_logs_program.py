@@ -1,10 +1,9 @@
-"""masked_eval's programs compiled on worker threads: the step itself
-(padded_eval.eval.run.CompiledRun.compile_ahead), the final ``compute_logs`` program
-(padded_eval.eval.cache.prepare_logs, metric_logs) and the combination of the partial states
-(padded_eval.eval.packing.prepare_aggregate, aggregate_packed).
+"""masked_eval's programs compiled on worker threads: the final ``compute_logs`` program
+(padded_eval.eval.cache.prepare_logs, metric_logs) and the final reduce of the partial states
+(padded_eval.eval.cache.RunEntry, pmap and shard_map).
 
 Each is traced and lowered on the calling thread before the first step, and compiled on a worker
-thread while the others compile; the answer must be the same as computing at the end: every
+thread while the step compiles; the answer must be the same as computing at the end: every
 result here is checked against numpy float64 or scikit-learn, with NaN/inf and out-of-range
 labels in the padded rows.
 """
@@ -22,9 +21,7 @@ from sklearn.metrics import roc_auc_score
 
 import padded_eval as pe
 from padded_eval.eval import cache as _cache
-from padded_eval.eval import packing as _packing
-from padded_eval.eval import run as _run
-from padded_eval.exact.accumulate import ExactCount
+from padded_eval.eval import placement
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 FEATURES, CLASSES = 5, 4
@@ -129,29 +126,31 @@ def test_the_logs_program_compiles_on_a_worker_while_the_step_compiles(backend, 
   check(result, again)
 
 
+@pytest.mark.parametrize("packed", (True, False))
 @pytest.mark.parametrize("backend", ("jit", "pmap", "shard_map"))
-def test_the_partial_states_combination_compiles_on_a_worker_while_the_step_compiles(
-  backend, compiles
+def test_the_final_reduce_compiles_on_a_worker_while_the_step_compiles(
+  backend, packed, compiles, monkeypatch
 ):
+  if not packed:
+    monkeypatch.setattr(placement, "SMALL_STATE_BYTES", 0)
   pe.clear_caches()
   jax.clear_caches()  # JAX keeps compiled programs of its own, keyed by the lowered module
   data = dataset(117, seed=7)
   result = pe.masked_eval(step, W, garbage_padded(data, 24), backend=backend)
   assert result["num_examples"] == 117
   check(result, data)
-  ahead = [c for c in compiles if c[0] == _packing.AGGREGATE_COMPILE_THREAD]
-  if backend == "jit":  # one global state: nothing to combine
+  ahead = [c for c in compiles if c[0] == _cache.FINAL_COMPILE_THREAD]
+  if backend == "jit":  # one global state: nothing to reduce
     assert ahead == []
     return
   assert len(ahead) == 1, compiles  # compiled once, on the worker
-  steps = [c for c in compiles if c[0] == _run.STEP_COMPILE_THREAD]
-  assert len(steps) == 1, compiles  # the step, compiled once, on its own worker (compile_ahead)
-  assert ahead[0][1] < steps[0][2]  # while the step compiled
-  assert not any(t.name == _packing.AGGREGATE_COMPILE_THREAD for t in threading.enumerate())
+  main = [c for c in compiles if c[0] == threading.main_thread().name]
+  assert ahead[0][1] < max(end for _, _, end in main)  # while the step compiled
+  assert not any(t.name == _cache.FINAL_COMPILE_THREAD for t in threading.enumerate())
   compiles.clear()
   again = dataset(53, seed=8)
   result = pe.masked_eval(step, W, garbage_padded(again, 24), backend=backend)
-  assert compiles == []  # the compiled combination is reused
+  assert compiles == []  # the compiled reduce is reused
   check(result, again)
 
 
@@ -176,31 +175,31 @@ def test_a_metric_whose_final_shapes_depend_on_the_data_is_compiled_at_the_end(c
 
 
 @pytest.mark.parametrize("backend", ("jit", "pmap", "shard_map"))
-def test_the_step_compiles_once_on_a_worker_and_a_warm_call_compiles_nothing(
-  backend, compiles, monkeypatch
-):
+def test_a_warm_call_compiles_nothing_and_starts_no_thread(backend, compiles, monkeypatch):
   pe.clear_caches()
   jax.clear_caches()
   data = dataset(203, seed=11)
   result = pe.masked_eval(step, W, garbage_padded(data, 32), backend=backend)
   assert result["num_examples"] == 203
   check(result, data)
-  steps = [c for c in compiles if c[0] == _run.STEP_COMPILE_THREAD]
-  assert len(steps) == 1, compiles  # the step: one compile, on the worker
-  logs = worker_compiles(compiles)
-  assert len(logs) == 1 and logs[0][1] < steps[0][2], compiles  # the logs program beside it
-  assert not any(t.name == _run.STEP_COMPILE_THREAD for t in threading.enumerate())
+  assert len(worker_compiles(compiles)) == 1, compiles  # the logs program
   compiles.clear()
   again = dataset(45, seed=12)  # a warm call: no compile, nothing started on a worker
   started = []
-  monkeypatch.setattr(_run, "Compiling", lambda *args: started.append(args))
+
+  class Recorded(_cache.Compiling):
+    def __init__(self, *args):
+      started.append(args)
+      super().__init__(*args)
+
+  monkeypatch.setattr(_cache, "Compiling", Recorded)
   result = pe.masked_eval(step, W, garbage_padded(again, 32), backend=backend)
   assert compiles == [] and started == []
   assert result["num_examples"] == 45
   check(result, again)
 
 
-def test_a_checkpointed_run_compiles_its_step_ahead_too(compiles, tmp_path):
+def test_a_checkpointed_run_compiles_its_final_reduce_ahead_too(compiles, tmp_path):
   pe.clear_caches()
   jax.clear_caches()
   data = dataset(150, seed=13)
@@ -208,13 +207,13 @@ def test_a_checkpointed_run_compiles_its_step_ahead_too(compiles, tmp_path):
     step,
     W,
     garbage_padded(data, 16),
-    backend="jit",
+    backend="shard_map",
     checkpoint_dir=tmp_path / "ckpt",
     checkpoint_every=3,
   )
   assert result["num_examples"] == 150
   check(result, data)
-  assert len([c for c in compiles if c[0] == _run.STEP_COMPILE_THREAD]) == 1, compiles
+  assert len([c for c in compiles if c[0] == _cache.FINAL_COMPILE_THREAD]) == 1, compiles
 
 
 def test_masked_eval_runs_under_disable_jit(compiles):
@@ -225,31 +224,5 @@ def test_masked_eval_runs_under_disable_jit(compiles):
     result = pe.masked_eval(step, W, garbage_padded(data, 16), backend="jit")
   assert result["num_examples"] == 61
   check(result, data)
-  assert not [c for c in compiles if c[0] == _run.STEP_COMPILE_THREAD]
-  pe.clear_caches()
-
-
-def test_the_partial_states_combine_under_disable_jit():
-  """pmap's and shard_map's packed partial states, combined under ``jax.disable_jit()``: it used
-  to raise "Disable jit is not supported in the AOT path" (the combination is a compiled
-  program); now it runs op by op, to the bits of the compiled combination. (A whole pmap or
-  shard_map evaluation under disable_jit takes about 25 s here: each op runs alone per device.)"""
-  pe.clear_caches()
-  rng = np.random.default_rng(22)
-  values = [(rng.normal(size=13) * 10 + 1e4).astype(np.float32) for _ in range(8)]
-  metric = pe.metrics.Mean()
-  parts = [
-    (jax.device_get(metric.batch_updates(values=v)), jax.device_get(ExactCount.of(v.size)))
-    for v in values
-  ]
-  packing = _packing.StatePacking(parts[0])
-  packed = np.stack([packing.pack_host(part) for part in parts])
-  compiled = np.asarray(_packing.aggregate_packed(packed, packing))
-  with jax.disable_jit():
-    eager = np.asarray(_packing.aggregate_packed(packed, packing))
-  assert eager.tobytes() == compiled.tobytes()
-  total, count = packing.unpack_host(eager)
-  want = np.mean(np.concatenate(values).astype(np.float64))
-  np.testing.assert_allclose(float(total.compute()), want, rtol=1e-7)
-  assert int(count.to_numpy()) == 8 * 13
+  assert not [c for c in compiles if c[0] == _cache.FINAL_COMPILE_THREAD]
   pe.clear_caches()

@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jax.sharding import Mesh, PartitionSpec
 from sklearn.metrics import roc_auc_score
 from test_placement import check, dataset, garbage_padded, step, weights  # same data and metrics
 
 import padded_eval as pe
 from padded_eval.eval import backends, packing, placement
 from padded_eval.eval import cache as step_cache
+from padded_eval.eval import step as step_parts
 from padded_eval.exact.accumulate import ExactCount, ExactSum
 
 
@@ -111,11 +113,12 @@ def test_layouts_are_equal_when_structure_shapes_and_dtypes_are():
   assert packing.StatePacking(a) != packing.StatePacking(c)
 
 
-def test_aggregate_packed_is_the_exact_total_of_the_shards():
-  """Per-shard exact sums (50 elements each) and counts, combined packed, against float64 and
-  integer totals over the shards: large offsets, tiny and huge magnitudes, cancellation."""
+def test_the_packed_final_reduce_is_the_exact_total_of_the_shards():
+  """Per-shard exact sums (50 elements each) and counts, reduced packed across 8 devices (the
+  final reduce of pmap and shard_map: `padded_eval.eval.step.reduce_carried`), against float64
+  and integer totals over the shards: large offsets, tiny and huge magnitudes, cancellation."""
   rng = np.random.default_rng(3)
-  shards = 8
+  shards = jax.device_count()
   values = (rng.normal(size=(shards, 50)) * 1e6).astype(np.float32)
   values[:, :5] = np.float32(1e-25)
   values[:, 5] = np.float32(1e18) * np.where(np.arange(shards) % 2, 1, -1)
@@ -124,9 +127,21 @@ def test_aggregate_packed_is_the_exact_total_of_the_shards():
   parts = [(ExactSum.of(v), ExactCount.of(c)) for v, c in zip(values, counts)]
   layout = packing.StatePacking(jax.device_get(parts[0]))
   stacked = np.stack([layout.pack_host(jax.device_get(p)) for p in parts])
-  total_sum, total_count = layout.unpack_host(np.asarray(packing.aggregate_packed(stacked, layout)))
-  np.testing.assert_array_equal(total_sum.to_numpy(), values.astype(np.float64).sum(0))
-  np.testing.assert_array_equal(total_count.to_numpy(), counts.astype(np.int64).sum(0))
+  mesh = Mesh(np.array(jax.devices()), ("shards",))
+  reduce = step_parts.reduce_carried(layout, "shards")
+  final = jax.jit(
+    jax.shard_map(
+      lambda state: step_parts.restack(reduce(None, step_parts.unstack(state))),
+      mesh=mesh,
+      in_specs=PartitionSpec("shards"),
+      out_specs=PartitionSpec("shards"),
+    )
+  )
+  reduced = np.asarray(final(stacked))
+  for shard in reduced:  # every shard holds the total
+    total_sum, total_count = layout.unpack_host(shard)
+    np.testing.assert_array_equal(total_sum.to_numpy(), values.astype(np.float64).sum(0))
+    np.testing.assert_array_equal(total_count.to_numpy(), counts.astype(np.int64).sum(0))
 
 
 # --- masked_eval's packed path -------------------------------------------------------------
@@ -137,18 +152,21 @@ class StateSpy:
 
   def __init__(self, monkeypatch):
     self.states = []
-    original = step_cache.CachedStep.packed_entry
+    original = step_cache.CachedStep.entry
 
-    def packed_entry(cached, empty, count_rows):
-      layout, compiled, state, new = original(cached, empty, count_rows)
+    def entry(cached, empty, packed):
+      found = original(cached, empty, packed)
+      if packed and not getattr(found, "spied", False):
+        compiled = found.step
 
-      def spied(params, state, inputs):
-        self.states.append(state)
-        return compiled(params, state, inputs)
+        def spied(params, state, inputs):
+          self.states.append(state)
+          return compiled(params, state, inputs)
 
-      return layout, spied, state, new
+        found.step, found.spied = spied, True
+      return found
 
-    monkeypatch.setattr(step_cache.CachedStep, "packed_entry", packed_entry)
+    monkeypatch.setattr(step_cache.CachedStep, "entry", entry)
 
 
 def test_masked_eval_carries_one_word_vector_and_stays_exact(backend, monkeypatch):

@@ -1,6 +1,5 @@
 """What masked_eval keeps between calls and what it does not (padded_eval.eval.placement, _cache):
-no copy of the params outlives a call; small states are packed, placed once per compiled step and
-combined on one device instead of by a collective.
+no copy of the params outlives a call; small states are packed and placed once per compiled step.
 
 References are numpy (float64, or exact integer counts); padded rows hold NaN/inf garbage.
 """
@@ -11,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import padded_eval as pe
 from padded_eval.eval import placement
@@ -160,13 +158,13 @@ def test_numpy_params_changed_in_place_between_calls():
   check(got, data, -w, b)
 
 
-# --- small states combined on one device, large ones by the collective ------------------------
+# --- small states packed, large ones as a tree; both reduced by the collective ------------------
 
 
 @pytest.mark.parametrize("limit", [1 << 16, 0])
 def test_small_and_large_states_are_exact(backend, limit, monkeypatch):
-  """Small: the packed state placed once (a step that keeps it) and one-device combine; large
-  (limit 0, the one switch off): a fresh tree donated to the step, and the collective reduce."""
+  """Small: the packed state placed once (a step that keeps it); large (limit 0, the one switch
+  off): a fresh tree donated to the step. Both reduced once by the collective (pmap, shard_map)."""
   monkeypatch.setattr(placement, "SMALL_STATE_BYTES", limit)
   data = dataset(301, seed=6)
   w, b = weights(7)
@@ -174,42 +172,22 @@ def test_small_and_large_states_are_exact(backend, limit, monkeypatch):
   check(got, data, w, b)
 
 
-def test_combined_on_one_device_declines_large_states(monkeypatch):
-  mesh = Mesh(np.array(jax.devices()), ("batch",))
-  split = NamedSharding(mesh, PartitionSpec("batch"))
-  state = (ExactCount.of(jax.device_put(jnp.arange(8, dtype=jnp.int32), split)),)
-  combined = placement.combined_on_one_device(state)
-  assert int(combined[0].to_numpy()) == 28
-  monkeypatch.setattr(placement, "SMALL_STATE_BYTES", 4)  # per shard: 8 bytes each here
-  assert placement.combined_on_one_device(state) is None
-
-
-def test_pmap_partial_states_with_zero_size_leaves_combine_under_disable_jit():
+def test_a_zero_size_leaf_of_a_pmap_state_is_saved_as_zeros_of_its_shape():
   """Under ``jax.disable_jit()`` (a user debugging a checkpointed pmap run, whose state is carried
   as a tree), pmap returns zero-size leaves (Accuracy's empty per-class weights) that cannot be
-  fetched: "could not broadcast input array from shape (8,4,0) into shape (1,4,0)". The partial
-  states are combined all the same, to numpy's float64 totals, and a zero-size leaf is saved as
-  zeros of its shape."""
+  fetched: "could not broadcast input array from shape (8,4,0) into shape (1,4,0)". A
+  checkpoint saves such a leaf as zeros of its shape."""
   rng = np.random.default_rng(23)
-  values = [(rng.normal(size=9) * 10 + 1e4).astype(np.float32) for _ in range(8)]
   logits = [rng.normal(size=(9, CLASSES)).astype(np.float32) for _ in range(8)]
   labels = [rng.integers(0, CLASSES, 9) for _ in range(8)]
-  metrics = pe.collections.Metrics([pe.metrics.Accuracy(), pe.metrics.Mean()])
   parts = [
-    jax.device_get(metrics.batch_updates(preds=p, target=t, values=v))
-    for p, t, v in zip(logits, labels, values)
+    jax.device_get(pe.metrics.Accuracy().batch_updates(preds=p, target=t))
+    for p, t in zip(logits, labels)
   ]
   host = jax.tree.map(lambda *x: np.stack(x), *parts)
   assert any(np.size(x) == 0 for x in jax.tree.leaves(host))
   with jax.disable_jit():
     mapped = jax.pmap(lambda state: state)(host)
-    combined = placement.combined_on_one_device(mapped, keep_axis=True)
-  assert all(np.shape(x)[0] == 1 for x in jax.tree.leaves(combined))
-  got = jax.tree.map(lambda x: x[0], combined).compute()
-  correct = sum(int(np.sum(np.argmax(p, -1) == t)) for p, t in zip(logits, labels))
-  assert round(float(got["accuracy"]) * 72) == correct
-  want = np.mean(np.concatenate(values).astype(np.float64))
-  np.testing.assert_allclose(float(got["mean"]), want, rtol=1e-7)
   empty = next(x for x in jax.tree.leaves(mapped) if np.size(x) == 0)
   from padded_eval.eval.backends import make_backend
 
@@ -225,9 +203,11 @@ def test_the_reused_empty_state_is_never_donated_or_changed(backend):
     check(got, data, w, b)
   from padded_eval.eval import cache as _cache
 
-  entries = [e for c in _cache._cache.values() for e in c._packed.values()]  # noqa: SLF001
+  entries = [e for c in _cache._cache.values() for _, e in c._entries.values()]  # noqa: SLF001
+  entries = [e for e in entries if e.placed is not None]  # the packed ones
   assert entries
-  for _, packing, _, placed in entries:  # (empty, layout, step, placed packed empty state)
+  for entry in entries:  # the placed packed empty state
+    packing, placed = entry.carrier, entry.placed
     assert not placed.is_deleted()
     got_leaf = np.asarray(placed)
     np.testing.assert_array_equal(got_leaf, np.broadcast_to(packing.empty, got_leaf.shape))
@@ -236,7 +216,7 @@ def test_the_reused_empty_state_is_never_donated_or_changed(backend):
 @pytest.mark.parametrize("backend", ["pmap", "shard_map"])
 def test_pmap_and_shard_map_steps_run_no_collective(backend):
   """Per-shard partial states: the compiled step has no collective; the reduce is once, at the
-  end (on one device when small, so a short evaluation runs no collective at all)."""
+  end."""
   import re
 
   from padded_eval.eval import backends
@@ -255,7 +235,7 @@ def test_pmap_and_shard_map_steps_run_no_collective(backend):
   text = cached.compiled.step.lower(params, state, placed).compile().as_text()
   collective = r" (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(-start)?\("
   assert not re.findall(collective, text)
-  _, packed_step, packed = cached.packed(empty, True)  # the state as one byte vector per shard
+  _, packed_step, packed = cached.packed(empty)  # the state as one word vector per shard
   text = packed_step.lower(params, packed, placed).compile().as_text()
   assert not re.findall(collective, text)
 

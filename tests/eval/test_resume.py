@@ -19,7 +19,7 @@ import pytest
 from _backends import BACKENDS
 
 import padded_eval as pe
-from padded_eval.eval import checkpoint
+from padded_eval.eval import checkpoint_files
 
 WORKER = os.path.join(os.path.dirname(__file__), "_resume_worker.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -154,9 +154,9 @@ def _other_step(params, batch):
 
 def _rewrite_process_count(directory):
   (path,) = [p for p in (directory / "process_0").iterdir() if p.suffix == ".state"]
-  header, leaves = checkpoint.read_state_file(path)
+  header, leaves = checkpoint_files.read_state_file(path)
   header["fingerprint"]["process_count"] = 2
-  checkpoint.write_state_file(path, header, leaves)
+  checkpoint_files.write_state_file(path, header, leaves)
 
 
 @pytest.mark.parametrize(

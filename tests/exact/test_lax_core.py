@@ -7,8 +7,8 @@ keeps, on random values of every magnitude, broadcast operands included.
   (broadcast, promoted): ``two_sum`` stays error-free against numpy float64, and a merge with a
   scalar total equals the merge with that total broadcast.
 
-Each runs compiled with the driver's options (`padded_eval.eval.compiling`) and with XLA's
-defaults, at the default optimisation level.
+Each runs compiled by ``jax.jit`` with the suite's options (fusion emitters off: conftest.py) and
+with XLA's defaults, at the default optimisation level.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from _xla_defaults import XLA_DEFAULTS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from padded_eval.eval.compiling import CPU_COMPILER_OPTIONS
 from padded_eval.exact._floats import two_sum
 from padded_eval.exact.accumulate import ExactSum
 
-OPTIONS = {"driver": CPU_COMPILER_OPTIONS, "xla_defaults": XLA_DEFAULTS}
+OPTIONS = {"suite": None, "xla_defaults": XLA_DEFAULTS}  # the suite's jax.jit (conftest.py)
 SEEDS = st.integers(0, 2**32 - 1)
 
 

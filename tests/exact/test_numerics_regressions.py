@@ -17,7 +17,6 @@ from _xla_defaults import XLA_DEFAULTS
 from sklearn.metrics import r2_score
 
 import padded_eval as pe
-from padded_eval.eval.compiling import CPU_COMPILER_OPTIONS, QUICK_OPTIONS
 from padded_eval.exact._floats import (
   exact_product,
   int_parts,
@@ -105,14 +104,13 @@ _CONTEXTS = {
   "quotient_in": lambda a, b, c: (a / c[0], jnp.broadcast_to(c[0], a.shape)),
 }
 _TWO_SUM_CONTEXTS = ("operands", "sums_in", "powers_of_two_in", "reductions_in")
-_OPTIONS = {  # XLA's defaults; masked_eval's programs on CPU; its quick tier (LLVM unoptimized)
+_OPTIONS = {  # XLA's defaults; the suite's jax.jit (fusion emitters off: conftest.py)
   "defaults": XLA_DEFAULTS,
-  "driver": CPU_COMPILER_OPTIONS,
-  "quick": {**CPU_COMPILER_OPTIONS, **QUICK_OPTIONS},
+  "suite": None,
 }
 
 
-@pytest.mark.parametrize("options", ("defaults", "driver", "quick"))
+@pytest.mark.parametrize("options", sorted(_OPTIONS))
 @pytest.mark.parametrize(
   "transform, context",
   [("two_sum", c) for c in _TWO_SUM_CONTEXTS] + [("two_prod", c) for c in sorted(_CONTEXTS)],
@@ -123,8 +121,7 @@ def test_error_free_transformations_under_jit(transform, context, options):
   The operands are computed in the same program as the transformation, so that XLA may
   fuse their producers into it; the operands it was given are returned from the same
   program (as the rounded values they are) and the identity is checked on them. Compiled
-  with XLA's defaults, and with the options masked_eval compiles its programs with on CPU
-  (`padded_eval.eval.compiling`: XLA's fusion emitters off).
+  by ``jax.jit`` at XLA's defaults, and with the suite's fusion emitters off (conftest.py).
   """
   rng = np.random.default_rng(sorted(_CONTEXTS).index(context) + 10 * (transform == "two_sum"))
   n = 50_000
@@ -368,14 +365,14 @@ def test_accumulators_expose_totals_the_same_way():
   )
 
 
-@pytest.mark.parametrize("options", ("defaults", "driver", "quick"))
+@pytest.mark.parametrize("options", sorted(_OPTIONS))
 @pytest.mark.parametrize("context", sorted(_CONTEXTS))
 def test_exact_product_under_jit(context, options):
   """``hi + lo == a * b`` exactly in float64 and ``hi`` numpy's rounded float32 product, for
   operands from 1e-20 to 1e20 (products beyond float32's range both ways): where the product
   overflows, ``hi`` is inf and ``lo`` 0; below ``2**-78`` the error may fall under float32's
   normal range and be flushed: ``hi + lo`` is then within ``2**-126`` of the product. Operands computed in the same program, compiled at XLA's defaults and with the
-  driver's options (see `test_error_free_transformations_under_jit`)."""
+  suite's options (see `test_error_free_transformations_under_jit`)."""
   rng = np.random.default_rng(100 + sorted(_CONTEXTS).index(context))
   n = 50_000
   a, b = _random_floats(rng, n, 20), _random_floats(rng, n, 20)
@@ -403,12 +400,12 @@ def test_exact_product_under_jit(context, options):
   assert np.all(np.abs(hi[tiny] + lo[tiny] - exact[tiny]) <= 2.0**-126)
 
 
-@pytest.mark.parametrize("options", ("defaults", "driver", "quick"))
+@pytest.mark.parametrize("options", sorted(_OPTIONS))
 @pytest.mark.parametrize("dtype", ("int32", "uint32"))
 def test_int_parts_are_exact_under_jit(dtype, options):
   """``hi + lo`` equals the integer (float64), both parts exact in float32, ``0 <= lo < 4096``,
   over the dtype's whole range (its extremes included) and for integers computed in the same
-  program, compiled at XLA's defaults and with the driver's options."""
+  program, compiled at XLA's defaults and with the suite's options."""
   info = np.iinfo(dtype)
   rng = np.random.default_rng(7)
   x = rng.integers(info.min, int(info.max) + 1, 20_000, dtype=np.int64)
@@ -427,7 +424,7 @@ def test_int_parts_are_exact_under_jit(dtype, options):
     assert np.all((low >= 0) & (low < 4096)) and np.all(np.mod(h.astype(F64), 4096) == 0)
 
 
-@pytest.mark.parametrize("options", ("defaults", "driver", "quick"))
+@pytest.mark.parametrize("options", sorted(_OPTIONS))
 @pytest.mark.parametrize("dtypes", (("int32", "int32"), ("uint32", "uint32"), ("float32", "int32")))
 def test_rounded_difference_is_the_exact_difference_rounded_once_under_jit(dtypes, options):
   """``rounded_difference(a, b)`` is ``a - b`` (exact in float64 for these ranges) rounded once

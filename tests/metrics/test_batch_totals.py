@@ -1,5 +1,5 @@
 """A batch's statistics in one reduction (padded_eval.metrics.base.batch_totals), and what it buys
-under a sharded jit: one all-reduce per step for Accuracy and Mean, the real rows counted on the host.
+under a sharded jit: one all-reduce per step for Accuracy and Mean, and one of the real rows counted.
 
 References are numpy (float64 sums, exact integer counts) on data whose padded rows hold NaN / inf.
 """
@@ -102,7 +102,7 @@ def mean_step(params, batch):
 
 @pytest.mark.parametrize("step_fn", [accuracy_step, mean_step])
 def test_a_jit_step_of_accuracy_or_mean_gathers_one_stacked_array(step_fn):
-  """One process: the driver counts the real rows on the host, and the metric's statistics are
+  """One process: the step counts the real rows (one int32 all-reduce), and the metric's statistics are
   one array. Its sums are compensated (one variadic reduction with an error-free combiner,
   issue 26), which XLA partitions as a local reduction and one gather of each device's
   ``(sum, error)`` pair: no all-reduce, two small gathers."""
@@ -116,15 +116,15 @@ def test_a_jit_step_of_accuracy_or_mean_gathers_one_stacked_array(step_fn):
   placed = runner.place_batch(backends.StepInput(next(iter(pe.pad_batches(data, 32)))))
   placed_params = runner.place_params(params)
   empty = cached.empty_state(placed_params, placed.batch)
-  _, step, packed = cached.packed(empty, count_rows=False)  # the jit run counts on the host
+  _, step, packed = cached.packed(empty)
   text = step.lower(placed_params, packed, placed).compile().as_text()
-  assert re.findall(ALL_REDUCE, text) == []
+  assert re.findall(ALL_REDUCE, text) == ["s32[]"]  # the real rows, counted in the step
   gathers = re.findall(ALL_GATHER, text)
   assert len(gathers) == 2 and all("(" not in shape for shape in gathers), gathers
 
 
 def test_masks_with_holes_are_counted_exactly_on_every_backend(backend):
-  """The host count (jit) and the device counts (pmap, shard_map) against numpy."""
+  """The counts of the real rows on every backend against numpy."""
   rng = np.random.default_rng(5)
   x = rng.normal(size=(1003, 3)).astype(np.float32)
   y = rng.integers(0, 3, 1003).astype(np.int32)
@@ -187,9 +187,9 @@ def test_a_collections_members_of_one_shape_are_summed_in_one_reduction():
   placed = runner.place_batch(backends.StepInput(batches[0]))
   placed_params = runner.place_params(params)
   empty = cached.empty_state(placed_params, placed.batch)
-  _, step, packed = cached.packed(empty, count_rows=False)
+  _, step, packed = cached.packed(empty)
   text = step.lower(placed_params, packed, placed).compile().as_text()
-  assert re.findall(ALL_REDUCE, text) == []
+  assert re.findall(ALL_REDUCE, text) == ["s32[]"]  # the real rows, counted in the step
   gathers = re.findall(ALL_GATHER, text)
   assert len(gathers) == 2 and all("(" not in shape for shape in gathers), gathers
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from padded_eval.caches import registry
 from padded_eval.data._batch_spec import BatchSpec, FlatBatch, LeafSpec, Path
 from padded_eval.data._tree import (
   flatten,
@@ -66,6 +67,9 @@ __all__ = ["TfDataSource", "clear_cache"]
 def clear_cache() -> None:
   """Drops the padding pipelines (and first-batch sizes) kept for the datasets still alive."""
   _BUILT.clear()
+
+
+registry.kept(_BUILT, "padded_eval.data.sources.tf_data._BUILT", clear=clear_cache)
 
 
 def _built_for(dataset: Any) -> dict:

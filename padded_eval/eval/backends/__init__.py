@@ -7,16 +7,15 @@ The driver (`padded_eval.eval`) never tests the backend's name: it calls the `Ba
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 from jax.sharding import Mesh
 
+from padded_eval.caches import registry
 from padded_eval.eval.backends._base import Backend as Backend
 from padded_eval.eval.backends._base import CompiledStep as CompiledStep
 from padded_eval.eval.backends._base import MeshBackend as MeshBackend
-from padded_eval.eval.backends._base import finalize_program
 from padded_eval.eval.backends.jit import JitBackend as JitBackend
 from padded_eval.eval.backends.pmap import PmapBackend as PmapBackend
 from padded_eval.eval.backends.shard_map import ShardMapBackend as ShardMapBackend
@@ -95,16 +94,10 @@ def place_params(
 
 
 CACHE_SIZE = 64
-"""The most backends (settings) and compiled final reduces kept."""
+"""The most backends (settings) kept."""
 
 
-def clear_cache() -> None:
-  """Drops the cached backends and their compiled final reduces."""
-  _made_backend.cache_clear()
-  finalize_program.cache_clear()
-
-
-@functools.lru_cache(maxsize=CACHE_SIZE)
+@registry.lru_cache(maxsize=CACHE_SIZE)
 def _made_backend(
   name: str, axis_name: str, mesh: Mesh | None, data_axes: Any, context: Any
 ) -> Backend:

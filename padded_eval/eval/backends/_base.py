@@ -1,22 +1,22 @@
 """What every backend shares: the `Backend` protocol, `CompiledStep` and `MeshBackend`.
 
 A backend places the params, each step's input and the empty state on the devices, compiles
-the step ``(params, state, StepInput) -> (state, token)``, reduces the per-device partial
-states once at the end (`Backend.finalize`) and fetches the state to the host. One backend is
-one module of this package (`pmap`, `shard_map`, `jit`) plus one line in `BACKENDS`
-(``padded_eval/eval/backends/__init__.py``).
+the step ``(params, state, StepInput) -> (state, token, per_row)`` and, where every shard
+carries its own partial state, the final reduce of the partial states; and fetches the state to
+the host. One backend is one module of this package (`pmap`, `shard_map`, `jit`) plus one line
+in `BACKENDS` (``padded_eval/eval/backends/__init__.py``).
 
 Under pmap and shard_map every shard of the data axis carries its own partial state (stacked
-on a leading axis): a step merges locally and runs no collective; `finalize` reduces the
-partial states exactly, once: small states (one process) are fetched and combined with
-``aggregate()`` in one single-device program (`padded_eval.eval.placement.combined_on_one_device`),
-larger ones by ``Metric.reduce``, the one collective of a call. The pieces of the step itself
-are in `padded_eval.eval.step`.
+on a leading axis): a step merges locally and runs no collective; the final reduce
+(``CompiledStep.final_for``) combines them exactly, once, with ``Metric.reduce`` across the
+data axis: the one collective of a call, one route for every state and process count. Under
+jit the carried state is global already (XLA reduces each step's sums): no final program.
 
-A small state with one process and no checkpoint is carried packed, one ``uint32`` vector per
-shard (`padded_eval.eval.packing`; ``CompiledStep.packed_step``, and the
-``packing`` argument of ``finalize`` and ``to_host``): a short evaluation then copies one
-array per shard instead of one per leaf and shard.
+How the state is carried (its tree, or one ``uint32`` vector per shard for a small state:
+`padded_eval.eval.packing`) is the run's choice (`padded_eval.eval.run`): a backend builds its
+programs around the carrier it is handed (``CompiledStep.step_for`` / ``final_for``) and reads
+nothing of it but ``merge``, ``last_part``, ``pack``, ``unpack`` and ``donated``. The pieces of
+the step itself are in `padded_eval.eval.step`.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from padded_eval.data import sharding as sharding_lib
-from padded_eval.eval import compiling, placement
 from padded_eval.eval import packing as packing_lib
-from padded_eval.multihost.distributed import StepInput
+from padded_eval.eval import placement
+from padded_eval.multihost.distributed import StepInput, several_processes
 
-__all__ = ["Backend", "CompiledStep", "MeshBackend", "finalize_program"]
+__all__ = ["Backend", "CompiledStep", "MeshBackend"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,30 +44,33 @@ class CompiledStep:
   """The compiled functions of one ``(step_fn, backend, mask)``.
 
   Attributes:
-    traced_statistics: ``(placed params, placed batch) -> (shapes, written)``: ``shapes``, the
-      ``(metric, ExactCount)`` of ``jax.ShapeDtypeStruct`` of one shard's carried state, and
-      ``written``, the bytes the statistics' program writes
-      (`padded_eval.eval.compiling.written_bytes`, what chooses the step's tier), from one trace
-      of one batch's statistics (`padded_eval.eval.step.traced_statistics`, which traces
-      ``step_fn`` into the jit cache the step reuses).
-    step: ``(placed params, state, placed StepInput) -> (state, token, per_row)``;
-      ``state`` (the tree) is donated. ``token`` is ``(rows_so_far, sync_totals)``: a small
-      array that is ready when the step has finished, and each ``sync`` array summed over all
-      shards. ``per_row`` is what ``step_fn`` returned next to its metric (``outputs=True``),
-      rows split over the data axis like the batch; None without outputs.
-    packed_step: ``(packing, count_rows) -> step`` for a `padded_eval.eval.packing.StatePacking`:
-      the step (not donating) whose carried state is one ``uint32`` vector per shard
-      (`padded_eval.eval.step.merge_step` with the packing); without ``count_rows`` it leaves the carried count
-      as it came (the run counts the rows on the host: `padded_eval.eval.run`).
+    traced_statistics: ``(placed params, placed batch) -> shapes``: the ``(metric, ExactCount)``
+      of ``jax.ShapeDtypeStruct`` of one shard's carried state, from one trace of one batch's
+      statistics (`padded_eval.eval.step.traced_statistics`, which traces ``step_fn`` into the
+      jit cache the step reuses).
+    step_for: ``carrier -> step`` for a carrier of `padded_eval.eval.packing` (a `TreeLayout`
+      or a `StatePacking`): ``(placed params, state, placed StepInput) -> (state, token,
+      per_row)``; the state is donated when ``carrier.donated``. ``token`` is ``(rows_so_far,
+      sync_totals)``: a small array that is ready when the step has finished, and each ``sync``
+      array summed over all shards. ``per_row`` is what ``step_fn`` returned next to its metric
+      (``outputs=True``), rows split over the data axis like the batch; None without outputs.
+    final_for: ``carrier -> program``: ``(placed params, state) -> state``, the per-shard
+      partial states reduced exactly across the data axis (every shard gets the total, still
+      carried by ``carrier``); None for a backend whose carried state is global already.
   """
 
   traced_statistics: Callable
-  step: Callable
-  packed_step: Callable
+  step_for: Callable
+  final_for: Callable | None = None
+
+  @functools.cached_property
+  def step(self) -> Callable:
+    """The step of the state's tree (`padded_eval.eval.packing.TreeLayout`), donated."""
+    return self.step_for(packing_lib.TreeLayout())
 
   def state_shapes(self, params: Any, batch: Any) -> Any:
-    """The ``shapes`` of `traced_statistics`: one shard's carried state."""
-    return self.traced_statistics(params, batch)[0]
+    """`traced_statistics`: one shard's carried state."""
+    return self.traced_statistics(params, batch)
 
 
 @runtime_checkable
@@ -84,7 +87,6 @@ class Backend(Protocol):
   mesh: Mesh
   data_axes: tuple[str, ...]
   row_axes: int  # leading axes of a step's per_row output that index rows (pmap: device, row)
-  counts_rows_on_host: bool  # a count in the step costs a collective: the run counts on the host
 
   @property
   def data_axis(self) -> str | tuple[str, ...]: ...
@@ -136,20 +138,9 @@ class Backend(Protocol):
     marks."""
     ...
 
-  def finalize(self, state: Any, packing: Any = None) -> Any:
-    """The carried state -> the global state: the one exact reduce across shards (``packing``:
-    the state is packed by this `padded_eval.eval.packing.StatePacking`, and stays packed)."""
+  def to_host(self, state: Any) -> Any:
+    """One copy of the final (replicated) carried state, as numpy, one transfer per leaf."""
     ...
-
-  def to_host(self, state: Any, packing: Any = None) -> Any:
-    """One copy of the finalized (replicated) state, as numpy, in one transfer (unpacked)."""
-    ...
-
-
-@functools.lru_cache(maxsize=64)
-def finalize_program(backend: Backend) -> Callable:
-  """The compiled finalize of ``backend``, shared by every step function on it."""
-  return backend.finalize_program()
 
 
 # --- the backends -----------------------------------------------------------------------
@@ -181,16 +172,9 @@ class MeshBackend(abc.ABC):
     named = f"axis {axes[0]!r}" if len(axes) == 1 else f"axes {axes!r} (data_axes)"
     return f"the {self.num_shards} shards of the mesh's data {named} (mesh {dict(self.mesh.shape)})"
 
-  @functools.cached_property
-  def compiler_options(self) -> dict | None:
-    """The XLA options of this backend's programs (`padded_eval.eval.compiling`)."""
-    return compiling.compiler_options(self.mesh.devices.flat[0].platform)
-
-  def jit_step(self, fn: Callable, **jit_kwargs) -> compiling.TieredStep:
-    """``fn`` jitted as a step of this backend: `padded_eval.eval.compiling.TieredStep` with
-    `compiler_options` (on CPU also a quick tier, chosen per input shapes by the run)."""
-    platform = self.mesh.devices.flat[0].platform
-    return compiling.TieredStep(fn, self.compiler_options, platform, **jit_kwargs)
+  def jit_step(self, fn: Callable, **jit_kwargs) -> Callable:
+    """``fn`` jitted as a program of this backend: ``jax.jit`` as the user's own, XLA's defaults."""
+    return jax.jit(fn, **jit_kwargs)
 
   @property
   def replicated(self) -> NamedSharding:
@@ -222,40 +206,11 @@ class MeshBackend(abc.ABC):
     return self.prepared_params(params)
 
   def place_batch(self, inputs):
-    if jax.process_count() == 1:  # checked by the driver (BatchSpec): one transfer, no re-check
+    if not several_processes():  # checked by the driver (BatchSpec): one transfer, no re-check
       return jax.device_put(sharding_lib.as_arrays(inputs), self.split)
     return sharding_lib.global_batch(inputs, self.mesh, self.data_axes)
 
   per_shard_state = True  # the carried leaves are [shards, ...]: one partial state per shard
-  counts_rows_on_host = False  # the step counts the real rows (free without a collective)
-  keeps_device_axis = False  # the finalized leaves keep a leading axis of size 1 (pmap)
-
-  def packed_steps(self, make: Callable, merge: Callable) -> Callable:
-    """`CompiledStep.packed_step` of a backend whose steps are ``make(merge(count_rows,
-    packing), donate)``. Where the partial states are combined at the end (`finalize`), their
-    combination starts compiling with the step, on a worker thread
-    (`padded_eval.eval.packing.prepare_aggregate`), instead of after the last step."""
-
-    def packed_step(packing, count_rows):
-      if self.per_shard_state:
-        packing_lib.prepare_aggregate(packing, self.num_shards)
-      return make(merge(count_rows, packing), ())
-
-    return packed_step
-
-  def finalize(self, state, packing=None):
-    if packing is not None:  # small, one process: fetched, combined on one device, packed
-      if not self.per_shard_state:
-        return state
-      return packing_lib.aggregate_packed(np.asarray(state), packing)
-    if self.per_shard_state:  # small and one process: no collective (placement module)
-      combined = placement.combined_on_one_device(state, self.keeps_device_axis)
-      if combined is not None:
-        return combined
-      # XLA lays out a zero-size output (an empty score buffer) replicated; the reduce takes
-      # every carried leaf split over the devices
-      state = jax.tree.map(lambda x: jax.device_put(x, self.split) if x.size == 0 else x, state)
-    return finalize_program(self)(state)
 
   @property
   def layout(self) -> dict:
@@ -276,11 +231,8 @@ class MeshBackend(abc.ABC):
   def place_state(self, state):
     return self.place_saved_state(placement.stacked(state, self.num_shards))
 
-  @abc.abstractmethod
-  def finalize_program(self) -> Callable:
-    """The uncached compiled reduce of the carried state; `finalize` caches it per backend."""
-
-  def to_host(self, state, packing=None):
-    if packing is not None:  # one array: the combined (or replicated) packed state
-      return packing.unpack_host(np.asarray(state.addressable_data(0)))
-    return jax.device_get(jax.tree.map(lambda x: x.addressable_data(0), state))
+  def to_host(self, state):
+    fetched = jax.device_get(jax.tree.map(lambda x: x.addressable_data(0), state))
+    if self.per_shard_state:  # every shard holds the total, as its [1, ...] block
+      return jax.tree.map(lambda x: x[0], fetched)
+    return fetched

@@ -23,7 +23,6 @@ class JitBackend(MeshBackend):
   """``jax.jit`` of the global batch; one replicated state whose sums XLA makes global."""
 
   per_shard_state = False
-  counts_rows_on_host = True  # a count in the step would be one more all-reduce per step
 
   @classmethod
   def create(cls, axis_name, mesh, data_axes=None):
@@ -53,18 +52,13 @@ class JitBackend(MeshBackend):
     statistics = jax.jit(step_parts.batch_statistics(inner, mask, None))
     # per_row stays split like the batch: each process reads back its own rows
     shardings = (self.replicated, self.replicated, self.split)
-    merge = lambda count_rows, packing=None: step_parts.merge_step(
-      inner, mask, jnp.sum, count_rows, packing
+    step_for = lambda carrier: self.jit_step(
+      step_parts.merge_step(inner, mask, jnp.sum, carrier),
+      donate_argnums=(1,) if carrier.donated else (),
+      out_shardings=shardings,
     )
-    make = lambda merge, donate: self.jit_step(
-      merge, donate_argnums=donate, out_shardings=shardings
-    )
-    traced = step_parts.traced_statistics(statistics)
-    packed = self.packed_steps(make, merge)
-    return CompiledStep(traced, make(merge(True), 1), packed)
-
-  def finalize_program(self):
-    return lambda state: state  # already global: XLA reduced every step's sums across the mesh
+    # no final program: the carried state is global, XLA reduced every step's sums
+    return CompiledStep(step_parts.traced_statistics(statistics), step_for)
 
 
 def _explicit_context_is(mesh: jax.sharding.Mesh) -> bool:

@@ -15,6 +15,7 @@ from padded_eval.eval import placement
 from padded_eval.eval import step as step_parts
 from padded_eval.eval.backends._base import CompiledStep, MeshBackend
 from padded_eval.eval.step import checked_step_fn
+from padded_eval.multihost.distributed import several_processes
 
 __all__ = ["PmapBackend"]
 
@@ -23,7 +24,6 @@ class PmapBackend(MeshBackend):
   """``jax.pmap`` over the local devices; one partial state per device."""
 
   row_axes = 2  # a step's per_row output is [devices, rows per device, ...]
-  keeps_device_axis = True
 
   @classmethod
   def create(cls, axis_name, mesh, data_axes=None):
@@ -54,34 +54,27 @@ class PmapBackend(MeshBackend):
     statistics = jax.pmap(
       unanchored(step_parts.batch_statistics(inner, mask, axis)), axis, in_axes=(None, 0)
     )
-    merge = lambda count_rows, packing=None: unanchored(
-      step_parts.merge_step(inner, mask, sync_total, count_rows, packing)
+    step_for = lambda carrier: self._mapped(
+      unanchored(step_parts.merge_step(inner, mask, sync_total, carrier)), 3, carrier.donated
     )
-
-    def make(merge, donate):
-      if jax.process_count() > 1:  # pmap's axis spans every process's devices
-        return jax.pmap(merge, axis, in_axes=(None, 0, 0), donate_argnums=donate)
-      mapped = jax.shard_map(  # what jax.pmap runs, without its Python work on every call
-        lambda params, *blocks: step_parts.restack(merge(params, *step_parts.unstack(blocks))),
-        mesh=self.mesh,
-        in_specs=(PartitionSpec(), self.split.spec, self.split.spec),
-        out_specs=self.split.spec,
-        check_vma=False,
-      )
-      return self.jit_step(mapped, donate_argnums=donate)
-
+    final_for = lambda carrier: self._mapped(step_parts.reduce_carried(carrier, axis), 2)
     traced = step_parts.traced_statistics(statistics, per_device=True)
-    packed = self.packed_steps(make, merge)
-    return CompiledStep(traced, make(merge(True), 1), packed)
+    return CompiledStep(traced, step_for, final_for)
 
-  def finalize_program(self):
-    return jax.pmap(step_parts.reduce_state(self.data_axis), self.data_axis)
-
-  def to_host(self, state, packing=None):
-    if packing is not None:
-      return super().to_host(state, packing)
-    # index on the host: x[0] on the device is one dispatch per leaf
-    return jax.tree.map(lambda x: x[0], super().to_host(state))
+  def _mapped(self, fn, arity, donate=False):
+    """``fn(params, *per-device args)`` mapped over the devices as ``jax.pmap`` maps it."""
+    donate_argnums = (1,) if donate else ()
+    if several_processes():  # pmap's axis spans every process's devices
+      in_axes = (None,) + (0,) * (arity - 1)
+      return jax.pmap(fn, self.data_axis, in_axes=in_axes, donate_argnums=donate_argnums)
+    mapped = jax.shard_map(  # what jax.pmap runs, without its Python work on every call
+      lambda params, *blocks: step_parts.restack(fn(params, *step_parts.unstack(blocks))),
+      mesh=self.mesh,
+      in_specs=(PartitionSpec(),) + (self.split.spec,) * (arity - 1),
+      out_specs=self.split.spec,
+      check_vma=False,
+    )
+    return self.jit_step(mapped, donate_argnums=donate_argnums)
 
 
 def refuse_replicated(params) -> None:
