@@ -14,7 +14,6 @@ import pytest
 import padded_eval as pe
 from padded_eval.eval import placement
 from padded_eval.eval.step import RowMask
-from padded_eval.exact.accumulate import ExactCount
 
 FEATURES, CLASSES = 6, 5
 
