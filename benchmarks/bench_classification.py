@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval.metrics import AUROC
-from padded_eval.metrics import _classification_inputs as ci
+from padded_eval.metrics.classification import _inputs as ci
 
 BATCH = 1024
 

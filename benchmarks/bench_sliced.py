@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 
 import padded_eval as pe  # noqa: E402
 from benchmarks.common import interleaved_seconds, markdown_table  # noqa: E402
-from padded_eval.metrics.bootstrap import nbytes  # noqa: E402
+from padded_eval.metrics.resampling.bootstrap import nbytes  # noqa: E402
 
 SLICE_COUNTS = (1, 100, 10_000)
 

@@ -39,7 +39,7 @@ from jax.typing import ArrayLike
 from padded_eval import validation
 from padded_eval.exact._floats import compensated_sum
 from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum, on_several_devices
-from padded_eval.metrics._formatting import reported_invalid_counts
+from padded_eval.metrics.classification._formatting import reported_invalid_counts
 from padded_eval.routing import KeywordReader, dataclass_transform
 
 _STATE = "padded_eval_state"

@@ -15,7 +15,7 @@ from scipy import stats
 from sklearn.metrics import accuracy_score, cohen_kappa_score, f1_score, matthews_corrcoef
 
 import padded_eval as pe
-from padded_eval.metrics._poisson_counts import poisson_counts
+from padded_eval.metrics.resampling._poisson_counts import poisson_counts
 
 M32 = 0xFFFFFFFF
 R = 24  # replicas in most tests

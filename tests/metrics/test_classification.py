@@ -378,7 +378,7 @@ def test_counts_are_exact_past_2_to_31():
 
 
 def test_scatter_and_matmul_counts_agree():
-  from padded_eval.metrics import _classification_inputs as ci
+  from padded_eval.metrics.classification import _inputs as ci
 
   rng = np.random.default_rng(0)
   labels = jnp.asarray(rng.integers(0, 7, 64), jnp.int32)

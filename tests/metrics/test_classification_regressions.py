@@ -18,7 +18,7 @@ import sklearn.metrics as skm
 from metric_checks import with_garbage_rows
 
 import padded_eval as pe
-from padded_eval.metrics._formatting import LOGIT_EVIDENCE
+from padded_eval.metrics.classification._formatting import LOGIT_EVIDENCE
 
 M = pe.metrics
 C = 4
@@ -433,7 +433,7 @@ def test_inputs_are_parsed_once_for_every_classification_metric():
     for private_parser in ("def _config", "def score_inputs", "def _elements", "def _in_top_k"):
       assert private_parser not in source, (name, private_parser)
   for cls in (M.Precision, M.ConfusionMatrix, M.AUROC, M.AUPRC, M.CalibrationError):
-    assert issubclass(cls, pe.metrics._classification_inputs.ClassificationMetric)
+    assert issubclass(cls, pe.metrics.classification._inputs.ClassificationMetric)
 
 
 def test_valid_inputs_with_garbage_padding_count_nothing_invalid():

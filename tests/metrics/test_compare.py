@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import padded_eval as pe
-from padded_eval.metrics._poisson_counts import poisson_counts
+from padded_eval.metrics.resampling._poisson_counts import poisson_counts
 
 R = 400
 

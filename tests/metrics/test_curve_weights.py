@@ -18,7 +18,7 @@ from metric_checks import check_eager, check_jit_traces_once, check_pmap, check_
 from sklearn.preprocessing import label_binarize
 
 import padded_eval as pe
-from padded_eval.metrics.weighted_curves import INVALID_WEIGHT
+from padded_eval.metrics.curves.weighted import INVALID_WEIGHT
 
 M = pe.metrics
 C = 4

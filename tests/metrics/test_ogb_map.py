@@ -14,8 +14,8 @@ import sklearn.metrics as skm
 
 import padded_eval as pe
 from padded_eval import metrics as M
-from padded_eval.metrics import curves
-from padded_eval.metrics._formatting import LOGIT_EVIDENCE
+from padded_eval.metrics.classification._formatting import LOGIT_EVIDENCE
+from padded_eval.metrics.curves import histogram as curves
 
 PAD = 6
 GRID = 1000  # scores k / 1000 with num_thresholds=1001 linear bins: exact mode

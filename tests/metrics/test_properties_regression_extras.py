@@ -9,7 +9,7 @@ Tolerances (``EPS = 2**-24``):
   final division and square roots (``4 EPS``): ``atol = 64 EPS``. Ranks do not see the
   scale: values of scale 1e-25 or 1e18 give the same answer.
 * Tweedie deviance: each unit deviance keeps its relative precision near the target (no
-  cancellation of the textbook form, see ``padded_eval/metrics/deviance.py``); far from it the
+  cancellation of the textbook form, see ``padded_eval/metrics/regression/deviance.py``); far from it the
   two ``expm1`` terms, and ``y**(2 - p)``, cost about ``|2 - p|`` times a few ``EPS`` (2.9e-6
   measured at ``p = -1.5``); the mean of non-negative terms adds the weighted mean's ``20
   EPS``: ``rtol = 64 EPS * max(1, |2 - p|)``.

@@ -220,13 +220,13 @@ def test_higher_is_better():
 
 
 @pytest.mark.parametrize(
-  "module", [pe.metrics.ngrams, pe.metrics.edit_distance, pe.metrics.token_sequences]
+  "module", [pe.metrics.text.ngrams, pe.metrics.text.edit_distance, pe.metrics.text.token_sequences]
 )
 def test_docstring_examples(module):
   import doctest
 
   result = doctest.testmod(module)
-  assert result.failed == 0 and (module is pe.metrics.token_sequences or result.attempted > 0)
+  assert result.failed == 0 and (module is pe.metrics.text.token_sequences or result.attempted > 0)
 
 
 def test_weights_are_refused_so_a_bootstrap_resamples_rows_through_the_mask():

@@ -6,7 +6,7 @@ counts the elements of class ``t`` by the bin of their class-``a`` score (``C * 
 class ``a`` or ``b``: positives ``a`` against negatives ``b`` on column ``a`` (rows ``a C + a``
 and ``a C + b``), and the reverse on column ``b``; its score is their mean (Hand and Till),
 averaged over the pairs of classes that occur (``"macro"``) or weighted by the pair's
-elements (``"weighted"``), as scikit-learn does. See :mod:`padded_eval.metrics.curves`.
+elements (``"weighted"``), as scikit-learn does. See :mod:`padded_eval.metrics.curves.histogram`.
 """
 
 from __future__ import annotations

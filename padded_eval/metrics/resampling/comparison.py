@@ -1,12 +1,12 @@
 """compare: is model B better than model A? A paired bootstrap from two separate runs.
 
-Replica ``r`` of a :class:`~padded_eval.metrics.bootstrap.Bootstrap` counts example ``i``
+Replica ``r`` of a :class:`~padded_eval.metrics.resampling.bootstrap.Bootstrap` counts example ``i``
 ``k_ri`` times, a pure function of ``(seed, r, id_i)``. Two runs over the same examples with
 the same seed and replica count therefore weight every example identically in replica
 ``r``: the replica differences ``D_r = B_r - A_r`` are a paired bootstrap of the difference
 ``d = B - A`` of the point estimates, with no need to hold both models in one pass. The
 example ids are checked through an order-free checksum each Bootstrap keeps
-(:meth:`~padded_eval.metrics.bootstrap.Bootstrap.examples_checksum`).
+(:meth:`~padded_eval.metrics.resampling.bootstrap.Bootstrap.examples_checksum`).
 
 * ``difference``: ``d = b.compute() - a.compute()`` (exact point estimates);
 * ``low``, ``high``: the percentile interval of the ``D_r`` (``(1 - c) / 2`` and
@@ -40,8 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
-from padded_eval.metrics.bootstrap import Bootstrap
-from padded_eval.metrics.sliced import Sliced
+from padded_eval.metrics.resampling.bootstrap import Bootstrap
+from padded_eval.metrics.resampling.sliced import Sliced
 
 
 def _bootstraps(metric: Any, argname: str) -> Bootstrap:

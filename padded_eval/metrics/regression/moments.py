@@ -48,9 +48,13 @@ from padded_eval.exact.accumulate import (
   upcast,
 )
 from padded_eval.masking import element_weights
-from padded_eval.metrics._multioutput import MULTIOUTPUT_NAMES, check_multioutput, combine
 from padded_eval.metrics.averages import NAN_VALUE
 from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
+from padded_eval.metrics.regression._multioutput import (
+  MULTIOUTPUT_NAMES,
+  check_multioutput,
+  combine,
+)
 from padded_eval.validation import check_choice, check_nonnegative_int
 
 

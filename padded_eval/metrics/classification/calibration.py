@@ -21,7 +21,7 @@ confidence of bin ``b`` (over non-empty bins):
 * ``norm="l2"``: ``sqrt(sum_b n_b / N * (acc_b - conf_b)**2)``;
 * ``norm="max"`` (MCE): ``max_b |acc_b - conf_b|``.
 
-Inputs are read by the one formatter of :mod:`padded_eval.metrics._formatting`
+Inputs are read by the one formatter of :mod:`padded_eval.metrics.classification._formatting`
 (int targets; multiclass ``preds`` are ``[..., C]`` scores). Elements are dropped when
 masked out, when the target is not a valid label (0/1, or a class id in ``[0, C)``) or
 equals ``ignore_index``, or when the confidence is NaN. Real elements of nonzero weight that
@@ -44,7 +44,14 @@ import numpy as np
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.masking import leading_ones
-from padded_eval.metrics._classification_inputs import (
+from padded_eval.metrics.averages import WeightedMean, weighted_totals
+from padded_eval.metrics.base import invalid_state, state
+from padded_eval.metrics.classification._formatting import (
+  SCORE_INVALID_KINDS,
+  format_inputs,
+  probabilities,
+)
+from padded_eval.metrics.classification._inputs import (
   ClassificationMetric,
   check_flag,
   check_ignore_index,
@@ -52,9 +59,6 @@ from padded_eval.metrics._classification_inputs import (
   check_task,
   config_field,
 )
-from padded_eval.metrics._formatting import SCORE_INVALID_KINDS, format_inputs, probabilities
-from padded_eval.metrics.averages import WeightedMean, weighted_totals
-from padded_eval.metrics.base import invalid_state, state
 
 NORMS = ("l1", "l2", "max")
 

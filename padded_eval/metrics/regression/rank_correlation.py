@@ -1,7 +1,7 @@
 """Rank correlations: SpearmanCorrelation and KendallTau (scipy / torchmetrics), exact.
 
 Ranks are not psum-able (one element's rank depends on the whole dataset), so both keep
-every counted ``(preds, target)`` pair in a :class:`~padded_eval.metrics.pair_buffer.PairBuffer`
+every counted ``(preds, target)`` pair in a :class:`~padded_eval.metrics.regression.pair_buffer.PairBuffer`
 of a fixed ``capacity`` per output, merged and gathered exactly, and rank once at the end.
 The value is then the exact one over the whole dataset, whatever the batching, devices and
 hosts. Memory: ``8 * L * capacity`` bytes per device (``L`` = ``num_outputs``), plus the
@@ -30,10 +30,10 @@ from padded_eval import validation
 from padded_eval.exact._floats import rounded_difference
 from padded_eval.exact.accumulate import ExactCount, upcast
 from padded_eval.masking import broadcast_mask
-from padded_eval.metrics import pair_buffer
 from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
-from padded_eval.metrics.moments import Moments, PearsonCorrelation
-from padded_eval.metrics.pair_buffer import PairBuffer, average_ranks, kendall_terms
+from padded_eval.metrics.regression import pair_buffer
+from padded_eval.metrics.regression.moments import Moments, PearsonCorrelation
+from padded_eval.metrics.regression.pair_buffer import PairBuffer, average_ranks, kendall_terms
 
 ROUNDED = "integer that float32 rounds (beyond 2**24; subtract an offset, e.g. the minimum)"
 """The invalid kind of an int32/uint32 element whose float32 value is not the integer."""

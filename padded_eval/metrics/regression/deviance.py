@@ -35,7 +35,7 @@ from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
 from padded_eval.masking import element_weights
 from padded_eval.metrics.averages import WeightedMean, pair_and_error, weighted_totals, zero_total
 from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
-from padded_eval.metrics.moments import Moments
+from padded_eval.metrics.regression.moments import Moments
 
 OUTSIDE = "outside the domain of power"
 _SERIES_TERMS = 16

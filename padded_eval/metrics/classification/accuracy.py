@@ -10,22 +10,22 @@ import jax.numpy as jnp
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.masking import element_weights
-from padded_eval.metrics._classification_inputs import (
-  check_flag,
-  check_ignore_index,
-  check_task,
-  config_field,
-)
-from padded_eval.metrics._formatting import (
+from padded_eval.metrics.averages import zero_total
+from padded_eval.metrics.base import Metric, Totals, empty_count, invalid_state, state
+from padded_eval.metrics.classification._formatting import (
   INVALID_KINDS,
   class_elements,
   label_elements,
   probabilities,
   weighed_invalid,
 )
-from padded_eval.metrics.averages import zero_total
-from padded_eval.metrics.base import Metric, Totals, empty_count, invalid_state, state
-from padded_eval.metrics.per_sample import weighted_counts
+from padded_eval.metrics.classification._inputs import (
+  check_flag,
+  check_ignore_index,
+  check_task,
+  config_field,
+)
+from padded_eval.metrics.classification.per_sample import weighted_counts
 
 ACCURACY_AVERAGES = ("micro", "macro", "weighted", None)
 
@@ -76,7 +76,7 @@ class Accuracy(Metric):
   int 0/1; ``mask`` and ``weights`` a prefix of ``target``'s shape.
 
   Invalid real elements of nonzero weight are counted by kind (:meth:`invalid_counts`, see
-  :mod:`padded_eval.metrics._formatting`): ``"target out of range"`` (negative, ``>= C``
+  :mod:`padded_eval.metrics.classification._formatting`): ``"target out of range"`` (negative, ``>= C``
   with scores, not 0/1 for binary: not counted), ``"pred id out of range"`` (a negative
   class id: a miss), ``"nan score"`` (a miss unless another class ranks) and
   ``"probability outside [0, 1]"`` (binary without ``from_logits``).

@@ -51,7 +51,7 @@ positives), ``"micro"`` (one area of the summed histograms), ``"ogb"`` (see belo
 ``None`` (``[C]``). The
 area is NaN where undefined: AUROC without positives or without negatives, AUPRC
 without positives (so an empty metric is NaN). Inputs are read by the one formatter of
-:mod:`padded_eval.metrics._formatting` (int targets; multiclass ``preds`` are
+:mod:`padded_eval.metrics.classification._formatting` (int targets; multiclass ``preds`` are
 ``[..., C]`` scores). Elements are dropped when masked out, when the target is not a
 valid label (0/1, or a class id) or equals ``ignore_index`` (a multiclass class id
 ``ignore_index`` is also left out of every average), or when the score is NaN. Real
@@ -72,7 +72,7 @@ only the model's outputs (with a Mean instead: 1.4x; 2_049 bins: 1.8x; 1_025: 1.
 :meth:`AUROC.error_bound` and :meth:`AUPRC.error_bound` bound the error from the state.
 
 Exact mode (``exact=True, capacity=N``): every counted (score, label) element is kept
-instead of the histograms (:mod:`padded_eval.metrics.exact_scores`, ``5 * L * capacity``
+instead of the histograms (:mod:`padded_eval.metrics.curves.exact_scores`, ``5 * L * capacity``
 bytes: ``capacity`` float32 scores and int8 labels per column, ``N`` at least the elements
 one column sees, e.g. ``len(batches) * batch_size``; elements beyond it are reported as
 invalid and the value is NaN), sorted once in ``compute()``: scikit-learn's
@@ -110,7 +110,7 @@ then averaged).
 
 Multilabel ``average="samples"`` (AUROC and AUPRC; scikit-learn's meaning): the mean over
 rows of each row's area over its labels, computed exactly inside the batch
-(:mod:`padded_eval.metrics.sample_curves`); the state is the row values' compensated sum
+(:mod:`padded_eval.metrics.curves.samples`); the state is the row values' compensated sum
 and the count of rows scored (no histogram). An AUROC row needs a counted positive and a
 counted negative label (scikit-learn raises on the others; here they are not rows); an
 AUPRC row without a positive scores 0, as in scikit-learn. Not with ``exact=True``,
@@ -134,13 +134,13 @@ lets a positive's own weight tend to 0, so it is a little wider than the unweigh
 A real element whose weight is negative, NaN or inf is not counted and is reported as the
 invalid kind ``"weight negative or not finite"``; weight 0 counts nothing. With
 ``exact=True`` each kept element keeps its float32 weight too
-(:class:`~padded_eval.metrics.exact_scores.WeightedScoreBuffer`, ``9 * L * capacity`` bytes)
+(:class:`~padded_eval.metrics.curves.exact_scores.WeightedScoreBuffer`, ``9 * L * capacity`` bytes)
 and the areas (``max_fpr`` included) and curves are computed from compensated weight sums:
 scikit-learn's value, ties included, within 1e-6. Not with ``thresholds=``,
 ``average="samples"`` or ``multi_class="ovo"`` (a ValueError says why; scikit-learn itself
 refuses ``sample_weight`` with ``"ovo"``). Without
 ``weighted=True`` the state is the integer counts as before and ``weights=`` raises "mask
-elements out instead". See :mod:`padded_eval.metrics.weighted_curves`.
+elements out instead". See :mod:`padded_eval.metrics.curves.weighted`.
 
 Logits given without ``from_logits=True`` are probabilities outside ``[0, 1]``: counted
 (nothing can raise under jit) and reported by ``masked_eval`` as such, with "pass
@@ -183,9 +183,14 @@ import numpy as np
 from padded_eval import validation
 from padded_eval.exact._floats import frexp, ldexp
 from padded_eval.exact.accumulate import ExactCount, ExactSum
-from padded_eval.metrics import curve_segments as segments
-from padded_eval.metrics import exact_scores, one_vs_one, sample_curves, weighted_curves
-from padded_eval.metrics._classification_inputs import (
+from padded_eval.metrics.base import state
+from padded_eval.metrics.classification._formatting import (
+  PROBABILITY_OUT_OF_RANGE,
+  SCORE_INVALID_KINDS,
+  nan_missing_labels,
+  probabilities,
+)
+from padded_eval.metrics.classification._inputs import (
   AVERAGES,
   ClassificationMetric,
   check_flag,
@@ -194,14 +199,10 @@ from padded_eval.metrics._classification_inputs import (
   divide,
   num_columns,
 )
-from padded_eval.metrics._formatting import (
-  PROBABILITY_OUT_OF_RANGE,
-  SCORE_INVALID_KINDS,
-  nan_missing_labels,
-  probabilities,
-)
-from padded_eval.metrics.base import state
-from padded_eval.metrics.exact_scores import ScoreBuffer, WeightedScoreBuffer
+from padded_eval.metrics.curves import exact_scores, one_vs_one, segments
+from padded_eval.metrics.curves import samples as sample_curves
+from padded_eval.metrics.curves import weighted as weighted_curves
+from padded_eval.metrics.curves.exact_scores import ScoreBuffer, WeightedScoreBuffer
 
 DEFAULT_NUM_THRESHOLDS = 65_537
 #: The default state of a multilabel metric stays within this many bytes (16 MiB).
@@ -443,7 +444,7 @@ class ScoreHistogram(ClassificationMetric):
 
   def _weighted_state(self, scores, truth, valid, invalid, mask, weights):
     """``weighted=True``: each counted element adds its weight to its bin (see
-    :mod:`padded_eval.metrics.weighted_curves`); bad weights are counted, not used."""
+    :mod:`padded_eval.metrics.curves.weighted`); bad weights are counted, not used."""
     w, bad = weighted_curves.element_weights_of(self, truth, mask, weights)
     valid = valid & (w > 0)
     invalid = invalid.merge(self.count_invalid(**{weighted_curves.INVALID_WEIGHT: bad}))
@@ -678,7 +679,7 @@ class AUROC(ScoreHistogram):
     exact: keep every counted element's score (``capacity`` of them per column) and compute
       scikit-learn's ``roc_auc_score`` exactly (ties as half a pair) instead of binning.
       Memory ``5 * L * capacity`` bytes (``9 *`` with ``weighted=True``), ``L`` = 1
-      (binary) or ``num_classes``; see :mod:`padded_eval.metrics.exact_scores`.
+      (binary) or ``num_classes``; see :mod:`padded_eval.metrics.curves.exact_scores`.
     capacity: with ``exact=True``, the most elements one column sees (for one call of
       ``masked_eval``: ``len(batches) * batch_size`` rows, times spatial elements); more are
       counted as invalid and the value is NaN. Under ``Bootstrap`` a replica holds each row as

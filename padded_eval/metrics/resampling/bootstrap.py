@@ -3,7 +3,7 @@
 ``Bootstrap(metric)`` keeps the wrapped metric's state (the point estimate, unchanged)
 and ``num_replicas`` more copies of it on a leading axis. In replica ``r`` row ``i``
 counts ``k_ri`` times, a Poisson(1) count that is a pure function of
-``(seed, r, index_i)`` (:mod:`padded_eval.metrics._poisson_counts`), read from the
+``(seed, r, index_i)`` (:mod:`padded_eval.metrics.resampling._poisson_counts`), read from the
 ``index`` keyword (``pe.pad_batches(..., index_key="index")``). Every replica is a
 sufficient statistic like any other, merged and ``psum``-reduced exactly, so the
 replicas, and the interval, do not depend on batch size, batch order, padding, device
@@ -49,8 +49,13 @@ from jax.typing import ArrayLike
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount
-from padded_eval.metrics._poisson_counts import COUNT_BITS, ID_DIGITS, id_digits, poisson_counts
 from padded_eval.metrics.base import Metric, real_row_flags, state
+from padded_eval.metrics.resampling._poisson_counts import (
+  COUNT_BITS,
+  ID_DIGITS,
+  id_digits,
+  poisson_counts,
+)
 
 RESAMPLE_MODES = ("auto", "weights", "repeat")
 #: The default bound on the state's size (point estimate plus replicas), in bytes.

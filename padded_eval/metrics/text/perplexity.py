@@ -9,14 +9,14 @@ import jax.numpy as jnp
 
 from padded_eval.exact.accumulate import ExactCount, upcast
 from padded_eval.masking import broadcast_mask, element_weights
-from padded_eval.metrics._classification_inputs import check_ignore_index
-from padded_eval.metrics._formatting import (
+from padded_eval.metrics.averages import NAN_VALUE, WeightedMean, weighted_totals
+from padded_eval.metrics.base import invalid_state, state
+from padded_eval.metrics.classification._formatting import (
   PROBABILITIES_AS_LOGITS,
   TARGET_OUT_OF_RANGE,
   looks_like_probabilities,
 )
-from padded_eval.metrics.averages import NAN_VALUE, WeightedMean, weighted_totals
-from padded_eval.metrics.base import invalid_state, state
+from padded_eval.metrics.classification._inputs import check_ignore_index
 
 
 def token_cross_entropy(logits: jax.Array, target: jax.Array) -> jax.Array:

@@ -5,7 +5,7 @@ A *sample* is one row of the batch (``"samplewise"``: its counts are over the ro
 extra axes, torchmetrics' ``multidim_average="samplewise"``) or one ``[C]`` row of
 multilabel labels (``average="samples"``, scikit-learn's meaning). Its counts are the
 ``[4, L]`` tp / fp / fn / tn of its elements; a sample without a counted element is not a
-sample. See :class:`padded_eval.metrics.scores.ClassScore`.
+sample. See :class:`padded_eval.metrics.classification.scores.ClassScore`.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.masking import element_weights
-from padded_eval.metrics._classification_inputs import (
+from padded_eval.metrics.classification._formatting import probabilities
+from padded_eval.metrics.classification._inputs import (
   class_counts,
   label_counts,
   predicted_classes,
 )
-from padded_eval.metrics._formatting import probabilities
 
 MULTIDIM_AVERAGES = ("global", "samplewise")
 

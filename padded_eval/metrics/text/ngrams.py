@@ -4,7 +4,7 @@ Both count n-grams on the devices, exactly: an n-gram of the hypothesis is compa
 every n-gram of the hypothesis and of each reference (``[T, T]`` and ``[R, T, S]`` equality
 tables per row, built order after order from the unigram tables), so no hashing and no
 vocabulary-sized array is needed. Inputs, padding and invalid ids: see
-:mod:`padded_eval.metrics.token_sequences`.
+:mod:`padded_eval.metrics.text.token_sequences`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import jax.numpy as jnp
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount
-from padded_eval.metrics._classification_inputs import check_flag, config_field
 from padded_eval.metrics.base import empty_count, invalid_state, state
-from padded_eval.metrics.token_sequences import (
+from padded_eval.metrics.classification._inputs import check_flag, config_field
+from padded_eval.metrics.text.token_sequences import (
   BAD_ID,
   MeanRowScore,
   Sequences,

@@ -4,7 +4,7 @@ scikit-learn's ``average="samples"`` scores each row of a ``[N, C]`` multilabel 
 one binary problem over its ``C`` labels and averages the rows. A row lies inside one batch,
 so its area is computed there, exactly, from ``[C, C]`` comparisons of its counted labels
 (ties as scikit-learn counts them); the state is the compensated sum of the row values and
-the count of rows scored, merged by addition. See :mod:`padded_eval.metrics.curves`.
+the count of rows scored, merged by addition. See :mod:`padded_eval.metrics.curves.histogram`.
 """
 
 from __future__ import annotations

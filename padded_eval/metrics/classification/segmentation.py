@@ -1,7 +1,7 @@
-"""Segmentation overlap beside :class:`~padded_eval.metrics.scores.JaccardIndex`: Dice.
+"""Segmentation overlap beside :class:`~padded_eval.metrics.classification.scores.JaccardIndex`: Dice.
 
 Both are ratios of the exact per-class confusion counts of
-:mod:`padded_eval.metrics.confusion` (pixels are elements: ``preds`` ``[B, H, W]`` ids or
+:mod:`padded_eval.metrics.classification.confusion` (pixels are elements: ``preds`` ``[B, H, W]`` ids or
 ``[B, H, W, C]`` scores, ``target`` ``[B, H, W]``, ``mask`` ``[B]`` or ``[B, H, W]``), so
 they are summed over the whole dataset before the ratio, never averaged per image or
 per batch.
@@ -9,13 +9,13 @@ per batch.
 
 from __future__ import annotations
 
-from padded_eval.metrics.scores import ClassScore, f_beta
+from padded_eval.metrics.classification.scores import ClassScore, f_beta
 
 
 class Dice(ClassScore):
   """Dice coefficient ``2 tp / (2 tp + fp + fn)`` (the F1 score of the pixels).
 
-  Configured like :class:`~padded_eval.metrics.scores.JaccardIndex`: for segmentation
+  Configured like :class:`~padded_eval.metrics.classification.scores.JaccardIndex`: for segmentation
   (``task="multiclass"``) the default ``average="macro"`` is the mean Dice over the
   classes present in the target or the predictions; ``average=None`` gives ``[C]``;
   ``ignore_index`` (e.g. 255, or a background class id) removes those pixels, and a class

@@ -1,6 +1,6 @@
 """Counter-based Poisson(1) counts: a pure function of ``(seed, replica, row id)``.
 
-The bootstrap (:class:`padded_eval.metrics.bootstrap.Bootstrap`) weights row ``i`` in
+The bootstrap (:class:`padded_eval.metrics.resampling.bootstrap.Bootstrap`) weights row ``i`` in
 replica ``r`` by a Poisson(1) count. Drawing it from a stateful key would tie the
 count to the batch the row happens to sit in; hashing the row's id instead makes the
 count of every (replica, row) pair independent of batch size, batch order, padding,

@@ -1,7 +1,7 @@
 """More metrics from the exact confusion counts: StatScores, NPV, balanced accuracy, losses.
 
 Inputs, ``ignore_index``, invalid counts and averages are those of
-:mod:`padded_eval.metrics.confusion` (the same :class:`~padded_eval.metrics.confusion.
+:mod:`padded_eval.metrics.classification.confusion` (the same :class:`~padded_eval.metrics.classification.confusion.
 ConfusionState`); only ``compute`` differs. :class:`ZeroOneLoss` also counts whole
 samples (a multilabel sample is wrong when any of its labels is).
 
@@ -24,23 +24,23 @@ import jax.numpy as jnp
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount
-from padded_eval.metrics._classification_inputs import (
+from padded_eval.metrics.base import state
+from padded_eval.metrics.classification._formatting import probabilities
+from padded_eval.metrics.classification._inputs import (
   ClassificationMetric,
   check_flag,
   check_no_weights,
   config_field,
 )
-from padded_eval.metrics._formatting import probabilities
-from padded_eval.metrics.base import state
-from padded_eval.metrics.confusion import ConfusionState
-from padded_eval.metrics.scores import ClassScore
+from padded_eval.metrics.classification.confusion import ConfusionState
+from padded_eval.metrics.classification.scores import ClassScore
 
 
 class NegativePredictiveValue(ClassScore):
   """``tn / (tn + fn)``: the fraction of predicted negatives that are right (NPV).
 
   torchmetrics' ``NegativePredictiveValue``; averages, ``zero_division`` and
-  ``ignore_index`` as for :class:`~padded_eval.metrics.scores.Precision`.
+  ``ignore_index`` as for :class:`~padded_eval.metrics.classification.scores.Precision`.
 
   Examples:
     >>> import numpy as np

@@ -13,8 +13,8 @@ formulas off the weighted sums (scikit-learn's weighted ``roc_curve`` /
 multilabel). A real element whose weight is negative, NaN or inf is not counted and is
 reported as invalid (:data:`INVALID_WEIGHT`); padded rows are never read. Weight 0 counts
 nothing. With ``exact=True`` the weights are kept beside the scores instead
-(:class:`~padded_eval.metrics.exact_scores.WeightedScoreBuffer`). See
-:mod:`padded_eval.metrics.curves`.
+(:class:`~padded_eval.metrics.curves.exact_scores.WeightedScoreBuffer`). See
+:mod:`padded_eval.metrics.curves.histogram`.
 """
 
 from __future__ import annotations

@@ -15,15 +15,19 @@ import jax.numpy as jnp
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.masking import element_weights, leading_ones
-from padded_eval.metrics._classification_inputs import (
+from padded_eval.metrics.averages import zero_total
+from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
+from padded_eval.metrics.classification._formatting import (
+  NAN_SCORE,
+  TARGET_OUT_OF_RANGE,
+  format_inputs,
+)
+from padded_eval.metrics.classification._inputs import (
   check_flag,
   check_ignore_index,
   check_task,
   config_field,
 )
-from padded_eval.metrics._formatting import NAN_SCORE, TARGET_OUT_OF_RANGE, format_inputs
-from padded_eval.metrics.averages import zero_total
-from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 
 MULTICLASS_MODES = ("crammer-singer", "one-vs-all")
 

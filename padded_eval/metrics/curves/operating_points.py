@@ -2,7 +2,7 @@
 
 :class:`RecallAtFixedPrecision`, :class:`PrecisionAtFixedRecall`,
 :class:`SensitivityAtSpecificity`, :class:`SpecificityAtSensitivity` and :class:`EER` read the
-same state as :class:`~padded_eval.metrics.curves.AUROC` (its histograms, ``thresholds=``, or
+same state as :class:`~padded_eval.metrics.curves.histogram.AUROC` (its histograms, ``thresholds=``, or
 ``exact=True``'s kept scores; tasks, averages, masks and invalid counts as there) and pick
 one point of the curve in ``compute()``, inside jit.
 
@@ -16,7 +16,7 @@ The points are the curve's thresholds, as torchmetrics builds them:
 * the binned default (``num_thresholds`` bins): one point per bin (its lowest score), plus
   the ROC's empty point; distinct scores of one bin are merged, so the value is the exact
   one only where no bin holds two distinct scores that matter (``binning="linear"`` grid
-  scores, see :mod:`padded_eval.metrics.curves`).
+  scores, see :mod:`padded_eval.metrics.curves.histogram`).
 
 A point where nothing is predicted positive is not a precision-recall point (torchmetrics'
 binned curves give it precision 1; they never pick it except with ``min_recall=0``). With no
@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from padded_eval.metrics import exact_scores
-from padded_eval.metrics.curves import ScoreHistogram, suffix_sums
+from padded_eval.metrics.curves import exact_scores
+from padded_eval.metrics.curves.histogram import ScoreHistogram, suffix_sums
 
 
 def _required_rate():

@@ -5,7 +5,7 @@ each step updating a whole row of the table at once: the row recurrence
 ``new[j] = max(a[j], new[j - 1])`` (LCS) is a running maximum of ``a``, and
 ``new[j] = min(a[j], new[j - 1] + 1)`` (Levenshtein) is ``j + running min(a[k] - k)``,
 so a step costs ``O(R S)`` vector work instead of ``S`` sequential ones. Inputs, padding
-and invalid ids: see :mod:`padded_eval.metrics.token_sequences`.
+and invalid ids: see :mod:`padded_eval.metrics.text.token_sequences`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.exact.accumulate import ExactCount
-from padded_eval.metrics._classification_inputs import config_field
 from padded_eval.metrics.base import empty_count, invalid_state, state
-from padded_eval.metrics.token_sequences import (
+from padded_eval.metrics.classification._inputs import config_field
+from padded_eval.metrics.text.token_sequences import (
   MeanRowScore,
   Sequences,
   TokenBatch,

@@ -46,7 +46,7 @@ import numpy as np
 from padded_eval import validation
 from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
 from padded_eval.metrics.base import Metric, invalid_state, real_row_flags, state
-from padded_eval.metrics.bootstrap import (
+from padded_eval.metrics.resampling.bootstrap import (
   Bootstrap,
   check_one_per_row,
   nbytes,

@@ -1,7 +1,7 @@
 """ClassificationReport: scikit-learn's per-class report from one exact confusion state.
 
 The state is the multiclass ``[C, C + 1]`` confusion matrix of
-:mod:`padded_eval.metrics.confusion` (exact integer counts, reduced with ``psum``), so
+:mod:`padded_eval.metrics.classification.confusion` (exact integer counts, reduced with ``psum``), so
 precision, recall, F1 and support of every class, accuracy and the macro and weighted
 averages all come from one pass, with the inputs, ``ignore_index`` and invalid counts of
 the confusion metrics.
@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from padded_eval.metrics._classification_inputs import divide
-from padded_eval.metrics.confusion import ConfusionState
-from padded_eval.metrics.scores import f_beta
+from padded_eval.metrics.classification._inputs import divide
+from padded_eval.metrics.classification.confusion import ConfusionState
+from padded_eval.metrics.classification.scores import f_beta
 
 #: The per-class fields of :meth:`ClassificationReport.report`, in ``compute()``'s order.
 FIELDS = ("precision", "recall", "f1-score", "support")

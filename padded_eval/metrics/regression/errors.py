@@ -3,7 +3,7 @@
 MAPE and MSLE are weighted means of a per-element value (the weighted-mean base of
 :mod:`padded_eval.metrics.averages`: two exact totals). ExplainedVariance needs two
 variances around the dataset's means, kept as Chan-merged
-:class:`~padded_eval.metrics.moments.Moments`, so it equals one pass over the data
+:class:`~padded_eval.metrics.regression.moments.Moments`, so it equals one pass over the data
 whatever the batching, devices and hosts.
 
 Update keywords: ``preds``, ``target`` float of equal shape ``[B, ...]``; ``mask`` and
@@ -23,10 +23,14 @@ from padded_eval import validation
 from padded_eval.exact._floats import ZERO_EXPONENT, ldexp
 from padded_eval.exact.accumulate import ExactCount, upcast
 from padded_eval.masking import element_weights
-from padded_eval.metrics._multioutput import MULTIOUTPUT_NAMES, check_multioutput, combine
 from padded_eval.metrics.averages import WeightedMean, pair_and_error, weighted_totals
 from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
-from padded_eval.metrics.moments import Moments, nan_seen
+from padded_eval.metrics.regression._multioutput import (
+  MULTIOUTPUT_NAMES,
+  check_multioutput,
+  combine,
+)
+from padded_eval.metrics.regression.moments import Moments, nan_seen
 
 #: scikit-learn's floor on ``|target|`` in MAPE (``np.finfo(np.float64).eps``).
 MAPE_EPSILON = float(np.finfo(np.float64).eps)

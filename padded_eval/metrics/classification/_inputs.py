@@ -4,11 +4,11 @@
 metrics: it holds the configuration they share (``task``, ``num_classes``,
 ``from_logits``, ``ignore_index``), checks it once (through
 :mod:`padded_eval.validation`), reads the update inputs through the one formatter of
-:mod:`padded_eval.metrics._formatting` and counts the invalid elements it reports.
+:mod:`padded_eval.metrics.classification._formatting` and counts the invalid elements it reports.
 
 The int32 batch counts (per-class tp/fp/fn/tn, the ``[C, C + 1]`` matrix) are wrapped in
 :class:`~padded_eval.exact.accumulate.ExactCount` by the metrics. See
-:mod:`padded_eval.metrics.confusion` for the semantics.
+:mod:`padded_eval.metrics.classification.confusion` for the semantics.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import numpy as np
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount
-from padded_eval.metrics._formatting import INVALID_KINDS, format_inputs
 from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
+from padded_eval.metrics.classification._formatting import INVALID_KINDS, format_inputs
 
 TASKS = ("binary", "multiclass", "multilabel")
 AVERAGES = ("micro", "macro", "weighted", None)
@@ -117,7 +117,7 @@ class ClassificationMetric(Metric):
   """Base of the confusion, curve and calibration metrics.
 
   Subclasses set the default ``task``, list their ``invalid_kinds`` (a subset of
-  :data:`~padded_eval.metrics._formatting.INVALID_KINDS`) and call :meth:`elements` in
+  :data:`~padded_eval.metrics.classification._formatting.INVALID_KINDS`) and call :meth:`elements` in
   ``_batch_state``; its invalid counts go in the ``invalid`` state field.
   """
 

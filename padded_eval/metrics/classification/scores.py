@@ -1,10 +1,10 @@
 """Per-class scores from the exact confusion counts: Precision, Recall, F-scores, ...
 
 :class:`ClassScore` turns the per-class counts of
-:class:`~padded_eval.metrics.confusion.ConfusionState` into one ratio per class and
+:class:`~padded_eval.metrics.classification.confusion.ConfusionState` into one ratio per class and
 averages it; its subclasses define only ``_score``. Inputs, ``ignore_index``, the
 averages, the per-sample modes, ``labels``, ``weighted`` and the differences from the
-peers are described in :mod:`padded_eval.metrics.confusion`.
+peers are described in :mod:`padded_eval.metrics.classification.confusion`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import numpy as np
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, ExactSum
-from padded_eval.metrics import per_sample
-from padded_eval.metrics._classification_inputs import (
+from padded_eval.metrics.base import state
+from padded_eval.metrics.classification import per_sample
+from padded_eval.metrics.classification._inputs import (
   AVERAGES,
   average_scores,
   check_flag,
@@ -30,9 +31,8 @@ from padded_eval.metrics._classification_inputs import (
   config_field,
   divide,
 )
-from padded_eval.metrics.base import state
-from padded_eval.metrics.confusion import ConfusionState
-from padded_eval.metrics.per_sample import MULTIDIM_AVERAGES
+from padded_eval.metrics.classification.confusion import ConfusionState
+from padded_eval.metrics.classification.per_sample import MULTIDIM_AVERAGES
 
 
 class ClassScore(ConfusionState):

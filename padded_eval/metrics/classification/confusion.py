@@ -1,7 +1,7 @@
 """Classification metrics from one exact confusion state.
 
 Precision, recall and F-scores cannot be averaged per batch; they need counts.
-Every metric here, and the per-class scores of :mod:`padded_eval.metrics.scores`
+Every metric here, and the per-class scores of :mod:`padded_eval.metrics.classification.scores`
 (Precision, Recall, F-scores, Specificity, JaccardIndex), keeps exact integer counts (:class:`~padded_eval.exact.accumulate.ExactCount`,
 exact past ``2**31``, reduced with ``psum``) and differs from the others only in
 ``compute``:
@@ -12,7 +12,7 @@ exact past ``2**31``, reduced with ``psum``) and differs from the others only in
   counts predictions of no class) for multiclass ConfusionMatrix, MatthewsCorrCoef
   and CohenKappa.
 
-Inputs (``task``), read by the one formatter of :mod:`padded_eval.metrics._formatting`:
+Inputs (``task``), read by the one formatter of :mod:`padded_eval.metrics.classification._formatting`:
 
 * ``"binary"``: ``preds`` ``[...]`` probabilities (or logits with ``from_logits=True``,
   or hard 0/1 ints), positive where the probability (``sigmoid`` of logits) is
@@ -85,7 +85,7 @@ Differences that remain, ours beside the peer's:
 
 Counts are of elements: sample ``weights`` are refused (``ValueError``) except by the
 per-class scores and ConfusionMatrix with ``weighted=True``
-(:class:`~padded_eval.metrics.scores.ClassScore`, scikit-learn's ``sample_weight``).
+(:class:`~padded_eval.metrics.classification.scores.ClassScore`, scikit-learn's ``sample_weight``).
 """
 
 from __future__ import annotations
@@ -99,8 +99,10 @@ import numpy as np
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, ExactSum
-from padded_eval.metrics import exact_products, per_sample
-from padded_eval.metrics._classification_inputs import (
+from padded_eval.metrics.base import state
+from padded_eval.metrics.classification import exact_products, per_sample
+from padded_eval.metrics.classification._formatting import probabilities
+from padded_eval.metrics.classification._inputs import (
   MAX_MATRIX_CLASSES,
   ClassificationMetric,
   check_flag,
@@ -113,8 +115,6 @@ from padded_eval.metrics._classification_inputs import (
   num_columns,
   predicted_classes,
 )
-from padded_eval.metrics._formatting import probabilities
-from padded_eval.metrics.base import state
 
 # --- the shared state ------------------------------------------------------------------
 
@@ -318,7 +318,7 @@ class MatthewsCorrCoef(ConfusionState):
   With ``n`` elements, ``c`` correct, ``t_k`` / ``p_k`` the true / predicted counts of
   class ``k``: ``(c n - sum t_k p_k) / sqrt((n^2 - sum p_k^2) (n^2 - sum t_k^2))``, each
   of the three terms formed exactly from the integer counts
-  (:mod:`padded_eval.metrics.exact_products`) and rounded once, so nearly constant
+  (:mod:`padded_eval.metrics.classification.exact_products`) and rounded once, so nearly constant
   inputs do not cancel (constant inputs give exactly 0, like scikit-learn).
 
   Examples:
@@ -360,7 +360,7 @@ class CohenKappa(ConfusionState):
   agreement 1, e.g. constant inputs) computes ``replace_undefined_by`` (default 0).
   ``1 - observed / chance`` is formed from
   exact integer products of the counts and rounded once
-  (:func:`padded_eval.metrics.exact_products.cohen_kappa`), so agreement at chance level
+  (:func:`padded_eval.metrics.classification.exact_products.cohen_kappa`), so agreement at chance level
   is exactly 0, as in scikit-learn.
 
   Examples:
