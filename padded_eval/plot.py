@@ -30,7 +30,7 @@ from padded_eval.eval.results import EvalResults, find_metric
 from padded_eval.metrics.base import Metric
 from padded_eval.metrics.classification.calibration import CalibrationError
 from padded_eval.metrics.classification.confusion import NORMALIZE, ConfusionMatrix
-from padded_eval.metrics.curves.histogram import AUPRC, AUROC
+from padded_eval.metrics.curves.auc import AUPRC, AUROC
 
 MAX_CELL_TEXT = 20  # above this many classes a confusion matrix has no per-cell text
 MAX_TICKS = 20  # at most this many tick labels per axis of a confusion matrix

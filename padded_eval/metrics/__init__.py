@@ -26,8 +26,8 @@ from padded_eval.metrics.classification.stat_scores import (
 )
 from padded_eval.metrics.classification.stat_scores import StatScores as StatScores
 from padded_eval.metrics.classification.stat_scores import ZeroOneLoss as ZeroOneLoss
-from padded_eval.metrics.curves.histogram import AUPRC as AUPRC
-from padded_eval.metrics.curves.histogram import AUROC as AUROC
+from padded_eval.metrics.curves.auc import AUPRC as AUPRC
+from padded_eval.metrics.curves.auc import AUROC as AUROC
 from padded_eval.metrics.images import PSNR as PSNR
 from padded_eval.metrics.images import SSIM as SSIM
 from padded_eval.metrics.ranking import MRR as MRR

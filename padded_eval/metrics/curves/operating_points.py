@@ -2,7 +2,7 @@
 
 :class:`RecallAtFixedPrecision`, :class:`PrecisionAtFixedRecall`,
 :class:`SensitivityAtSpecificity`, :class:`SpecificityAtSensitivity` and :class:`EER` read the
-same state as :class:`~padded_eval.metrics.curves.histogram.AUROC` (its histograms, ``thresholds=``, or
+same state as :class:`~padded_eval.metrics.curves.auc.AUROC` (its histograms, ``thresholds=``, or
 ``exact=True``'s kept scores; tasks, averages, masks and invalid counts as there) and pick
 one point of the curve in ``compute()``, inside jit.
 
