@@ -30,7 +30,7 @@ from padded_eval.eval import backends, placement
 from padded_eval.eval import packing as packing_lib
 from padded_eval.eval.compiling import Compiling, logs_compiler_options
 from padded_eval.exact.accumulate import ExactCount
-from padded_eval.metrics.base import clear_eager_programs, full_state_shapes, trimmed
+from padded_eval.metrics.eager import clear_eager_programs, full_state_shapes, trimmed
 
 __all__ = [
   "RECOMPILES_BEFORE_WARNING",
@@ -288,7 +288,7 @@ def clear_caches() -> None:
   steps with their empty states and placed packed states, the compile counts behind
   `RecompileWarning`, the jitted ``compute_logs`` programs, the backends and their compiled
   final reduces, the package's own jitted helpers, the programs of eager metric calls
-  (`padded_eval.metrics.base.clear_eager_programs`), and the padding pipelines `pad_batches`
+  (`padded_eval.metrics.eager.clear_eager_programs`), and the padding pipelines `pad_batches`
   built over tf.data datasets still alive. A later call compiles (and builds) again.
 
   >>> import padded_eval as pe

@@ -16,8 +16,9 @@ import jax.numpy as jnp
 from padded_eval.exact._floats import exact_product, int_parts, rounded_difference
 from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import element_weights
-from padded_eval.metrics.base import Metric, Totals, empty_count, invalid_state, state
+from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 from padded_eval.metrics.regression._multioutput import check_multioutput, combine
+from padded_eval.metrics.totals import Totals
 from padded_eval.validation import check_positive_int
 
 NAN_VALUE = "nan value"

@@ -45,14 +45,8 @@ import jax.numpy as jnp
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import broadcast_mask, broadcast_prefix
-from padded_eval.metrics.base import (
-  Metric,
-  Totals,
-  empty_count,
-  empty_sum,
-  invalid_state,
-  state,
-)
+from padded_eval.metrics.base import Metric, empty_count, empty_sum, invalid_state, state
+from padded_eval.metrics.totals import Totals
 
 
 @dataclasses.dataclass(frozen=True)

@@ -113,6 +113,25 @@ def num_columns(task: str, num_classes) -> int:
   return 1 if task == "binary" else num_classes
 
 
+def formatted_inputs(metric, preds, target, mask, weights=None, *, scores_only, from_logits=None):
+  """``(elements, {kind: flags})``: the inputs read by the one formatter with ``metric``'s
+  configuration (``task``, ``num_classes``, ``ignore_index``, and ``from_logits`` unless given),
+  and the invalid flags of the kinds ``metric`` reports (``metric.invalid_kinds``; an element
+  of weight 0 in ``weights``, the update's sample weights, is not counted)."""
+  elements = format_inputs(
+    preds,
+    target,
+    mask,
+    task=metric.task,
+    num_classes=metric.num_classes,
+    from_logits=metric.from_logits if from_logits is None else from_logits,
+    ignore_index=metric.ignore_index,
+    scores_only=scores_only,
+    weights=weights,
+  )
+  return elements, {k: v for k, v in elements.invalid.items() if k in metric.invalid_kinds}
+
+
 class ClassificationMetric(Metric):
   """Base of the confusion, curve and calibration metrics.
 
@@ -140,18 +159,9 @@ class ClassificationMetric(Metric):
   def elements(self, preds, target, mask, weights=None):
     """``(elements, invalid counts)``: the formatted inputs and this batch's ``invalid``
     (an element of weight 0 in ``weights``, the update's sample weights, is not counted)."""
-    elements = format_inputs(
-      preds,
-      target,
-      mask,
-      task=self.task,
-      num_classes=self.num_classes,
-      from_logits=self.from_logits,
-      ignore_index=self.ignore_index,
-      scores_only=self._scores_only,
-      weights=weights,
+    elements, kinds = formatted_inputs(
+      self, preds, target, mask, weights, scores_only=self._scores_only
     )
-    kinds = {k: v for k, v in elements.invalid.items() if k in self.invalid_kinds}
     return elements, self.count_invalid(**kinds)
 
   def included_classes(self) -> np.ndarray:

@@ -11,7 +11,7 @@ from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.masking import element_weights
 from padded_eval.metrics.averages import zero_total
-from padded_eval.metrics.base import Metric, Totals, empty_count, invalid_state, state
+from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 from padded_eval.metrics.classification._formatting import (
   INVALID_KINDS,
   class_elements,
@@ -26,6 +26,7 @@ from padded_eval.metrics.classification._inputs import (
   config_field,
 )
 from padded_eval.metrics.classification.per_sample import weighted_counts
+from padded_eval.metrics.totals import Totals
 
 ACCURACY_AVERAGES = ("micro", "macro", "weighted", None)
 

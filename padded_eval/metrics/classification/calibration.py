@@ -48,7 +48,6 @@ from padded_eval.metrics.averages import WeightedMean, weighted_totals
 from padded_eval.metrics.base import invalid_state, state
 from padded_eval.metrics.classification._formatting import (
   SCORE_INVALID_KINDS,
-  format_inputs,
   probabilities,
 )
 from padded_eval.metrics.classification._inputs import (
@@ -58,6 +57,7 @@ from padded_eval.metrics.classification._inputs import (
   check_no_weights,
   check_task,
   config_field,
+  formatted_inputs,
 )
 
 NORMS = ("l1", "l2", "max")
@@ -240,17 +240,7 @@ class BrierScore(WeightedMean):
     return jnp.asarray(preds), "preds"
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
-    elements = format_inputs(
-      preds,
-      target,
-      mask,
-      task=self.task,
-      num_classes=self.num_classes,
-      from_logits=self.from_logits,
-      ignore_index=self.ignore_index,
-      scores_only=True,
-      weights=weights,
-    )
+    elements, kinds = formatted_inputs(self, preds, target, mask, weights, scores_only=True)
     if self.task == "multiclass":
       probs = probabilities(elements.scores, self.from_logits, axis=-1)
       truth = elements.labels[..., None] == leading_ones(
@@ -262,7 +252,6 @@ class BrierScore(WeightedMean):
       truth, valid = elements.truth, elements.valid[..., 0] & ~jnp.isnan(probs[..., 0])
     squares = jnp.sum(jnp.square(jnp.where(valid[..., None], probs, 0.0) - truth), -1)
     squares = squares * self._factor()  # a power of two: exact
-    kinds = {k: v for k, v in elements.invalid.items() if k in self.invalid_kinds}
     if self.task == "binary":
       kinds = {k: v[..., 0] for k, v in kinds.items()}
     invalid = self.count_invalid(**kinds)

@@ -20,13 +20,13 @@ from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 from padded_eval.metrics.classification._formatting import (
   NAN_SCORE,
   TARGET_OUT_OF_RANGE,
-  format_inputs,
 )
 from padded_eval.metrics.classification._inputs import (
   check_flag,
   check_ignore_index,
   check_task,
   config_field,
+  formatted_inputs,
 )
 
 MULTICLASS_MODES = ("crammer-singer", "one-vs-all")
@@ -102,18 +102,9 @@ class HingeLoss(Metric):
     return ("preds",)  # target holds labels
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
-    elements = format_inputs(
-      preds,
-      target,
-      mask,
-      task=self.task,
-      num_classes=self.num_classes,
-      from_logits=True,  # scores as given: no probability range
-      ignore_index=self.ignore_index,
-      scores_only=True,
-      weights=weights,
+    elements, invalid = formatted_inputs(  # scores as given: no probability range
+      self, preds, target, mask, weights, scores_only=True, from_logits=True
     )
-    invalid = {k: v for k, v in elements.invalid.items() if k in self.invalid_kinds}
     if self.task == "binary":
       scores, truth = elements.scores[..., 0], elements.truth[..., 0]
       valid = elements.valid[..., 0] & ~jnp.isnan(scores)

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval.exact._floats import compensated_suffix_sums, scaled_to_unit, two_sum
-from padded_eval.exact.accumulate import Accumulator, on_several_devices
+from padded_eval.exact.accumulate import GatheredBuffer
 
 MAX_CAPACITY = 1 << 29  # sizes of two merged buffers stay below 2**31
 
@@ -76,7 +76,7 @@ def _register_buffer(cls):
 
 
 @_register_buffer
-class ScoreBuffer(Accumulator):
+class ScoreBuffer(GatheredBuffer):
   """Kept (score, label) elements per column.
 
   Attributes:
@@ -192,38 +192,6 @@ class ScoreBuffer(Accumulator):
     size = jnp.minimum(count, limit)
     dropped = total.dropped + part.dropped + (count - size)
     return self._of_fields({**kept, "size": size, "dropped": dropped}, limit)
-
-  def reduce(self, axis_name) -> ScoreBuffer:
-    """Every device's buffer gathered and folded (every device gets the whole).
-
-    The gather is a ``psum`` of each buffer written into its own row of a zero
-    ``[devices, ...]`` stack (exact: every other row adds zero), so its result is known to be
-    the same on every device (what ``shard_map``'s replication check asks of ``P()``).
-    """
-    devices = jax.lax.psum(1, axis_name)
-    me = jax.lax.axis_index(axis_name)
-
-    def gathered(x):
-      stack = jnp.zeros((devices,) + x.shape, x.dtype).at[me].set(x)
-      return jax.lax.psum(stack, axis_name)
-
-    return jax.tree.map(gathered, self).aggregate()
-
-  def aggregate(self) -> ScoreBuffer:
-    """The buffers stacked on a leading axis, folded into one."""
-    parts = self
-    if any(on_several_devices(x) for x in jax.tree.leaves(self)):
-      parts = jax.device_get(self)  # eager parts over several devices: fold on the host
-    folded = jax.tree.map(lambda x: x[0], parts)
-    for i in range(1, parts.size.shape[0]):
-      folded = folded.merge(jax.tree.map(lambda x, i=i: x[i], parts))
-    return folded
-
-  def _combine(self, total, maximum, n):
-    del total, maximum, n
-    raise ValueError(
-      "a ScoreBuffer is combined by gathering, not summing: use reduce(axis_name) or aggregate()"
-    )
 
   def label_counts(self) -> tuple[jax.Array, jax.Array]:
     """float32 ``(positives [L], negatives [L])`` kept (weighted: their weights' sums)."""

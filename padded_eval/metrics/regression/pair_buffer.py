@@ -24,14 +24,17 @@ import jax
 import jax.numpy as jnp
 
 from padded_eval.exact._floats import compensated_sum
-from padded_eval.exact.accumulate import Accumulator, on_several_devices, register_accumulator
+from padded_eval.exact.accumulate import (
+  GatheredBuffer,
+  register_accumulator,
+)
 from padded_eval.masking import leading_ones
 
 MAX_CAPACITY = 1 << 23  # per-slot counts stay exact in float32, merged sizes fit int32
 
 
 @register_accumulator
-class PairBuffer(Accumulator):
+class PairBuffer(GatheredBuffer):
   """Kept ``(x, y)`` pairs per column.
 
   Attributes:
@@ -76,34 +79,6 @@ class PairBuffer(Accumulator):
     total = self.size + other.size
     size = jnp.minimum(total, capacity)
     return self._make(pairs, size, self.dropped + other.dropped + (total - size))
-
-  def reduce(self, axis_name) -> PairBuffer:
-    """Every device's buffer gathered (a ``psum`` of each written into its own row of a zero
-    stack: exact, and known replicated) and folded; every device gets the whole."""
-    devices = jax.lax.psum(1, axis_name)
-    me = jax.lax.axis_index(axis_name)
-
-    def gathered(x):
-      stack = jnp.zeros((devices,) + x.shape, x.dtype).at[me].set(x)
-      return jax.lax.psum(stack, axis_name)
-
-    return jax.tree.map(gathered, self).aggregate()
-
-  def aggregate(self) -> PairBuffer:
-    """The buffers stacked on a leading axis, folded into one."""
-    parts = self
-    if any(on_several_devices(x) for x in jax.tree.leaves(self)):
-      parts = jax.device_get(self)  # eager parts over several devices: fold on the host
-    folded = jax.tree.map(lambda x: x[0], parts)
-    for i in range(1, parts.size.shape[0]):
-      folded = folded.merge(jax.tree.map(lambda x, i=i: x[i], parts))
-    return folded
-
-  def _combine(self, total, maximum, n, spread=None):
-    del total, maximum, n, spread
-    raise ValueError(
-      "a PairBuffer is combined by gathering, not summing: use reduce(axis_name) or aggregate()"
-    )
 
   def used(self) -> jax.Array:
     """bool ``[L, capacity]``: the slots holding a pair."""

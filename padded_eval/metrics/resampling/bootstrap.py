@@ -49,13 +49,14 @@ from jax.typing import ArrayLike
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount
-from padded_eval.metrics.base import Metric, real_row_flags, state
+from padded_eval.metrics.base import Metric, state
 from padded_eval.metrics.resampling._poisson_counts import (
   COUNT_BITS,
   ID_DIGITS,
   id_digits,
   poisson_counts,
 )
+from padded_eval.metrics.totals import real_row_flags
 
 RESAMPLE_MODES = ("auto", "weights", "repeat")
 #: The default bound on the state's size (point estimate plus replicas), in bytes.

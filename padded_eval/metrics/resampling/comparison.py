@@ -17,7 +17,7 @@ example ids are checked through an order-free checksum each Bootstrap keeps
 
 Pairing removes the examples' shared difficulty from the spread: the interval is narrower
 than the one for two independent runs (``sqrt(var A + var B)``) whenever the models agree on
-which examples are hard (``tests/metrics/test_compare.py`` measures both).
+which examples are hard (``tests/metrics/resampling/test_comparison.py`` measures both).
 
 Example:
   >>> import jax.numpy as jnp

@@ -45,7 +45,7 @@ import numpy as np
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
-from padded_eval.metrics.base import Metric, invalid_state, real_row_flags, state
+from padded_eval.metrics.base import Metric, invalid_state, state
 from padded_eval.metrics.resampling.bootstrap import (
   Bootstrap,
   check_one_per_row,
@@ -53,6 +53,7 @@ from padded_eval.metrics.resampling.bootstrap import (
   stacked,
   with_row_mask,
 )
+from padded_eval.metrics.totals import real_row_flags
 
 METHODS = ("auto", "segments", "vmap")
 #: Rows combined by one exact segment sum (ExactCount sums at most 2**16 parts exactly).

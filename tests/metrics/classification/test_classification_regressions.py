@@ -421,13 +421,14 @@ def test_inputs_are_parsed_once_for_every_classification_metric():
   """The formatter is the only parser: no _config or private input parser is left."""
   root = pathlib.Path(pe.__file__).parent / "metrics"
   for name in (
-    "confusion",
-    "scores",
-    "stat_scores",
-    "curves",
-    "calibration",
-    "accuracy",
-    "_classification_inputs",
+    "classification/confusion",
+    "classification/scores",
+    "classification/stat_scores",
+    "curves/histogram",
+    "curves/auc",
+    "classification/calibration",
+    "classification/accuracy",
+    "classification/_inputs",
   ):
     source = (root / f"{name}.py").read_text()
     for private_parser in ("def _config", "def score_inputs", "def _elements", "def _in_top_k"):

@@ -6,7 +6,7 @@ dispatched them all. Their shapes are the state's, so one program per configurat
 every batch. ``batch_updates`` stays op by op: jitted, each new batch shape would compile the
 whole update where op by op it compiles only that shape's few reductions. The numbers are the
 traced code's own, so they match the references as the jitted update does
-(tests/metrics/test_metric_core.py checks both).
+(tests/metrics/test_base.py checks both).
 """
 
 import jax

@@ -105,7 +105,7 @@ def test_device_checks(name):
 
 # Not backend="pmap": a state this large is carried as a donated tree, and pmap's placement of
 # its zero-size leaves (the binned curves' empty score buffer) fails on the base commit too
-# (tests/metrics/test_ogb_map.py::test_masked_eval_over_devices_matches_the_rule[pmap]).
+# (tests/metrics/curves/test_ogb_map.py::test_masked_eval_over_devices_matches_the_rule[pmap]).
 @pytest.mark.parametrize("backend", ["jit", "shard_map"])
 @pytest.mark.parametrize("case", CASES[::2], ids=lambda c: c.name)
 def test_through_masked_eval_on_8_devices(case, backend):

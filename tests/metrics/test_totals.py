@@ -1,4 +1,4 @@
-"""A batch's statistics in one reduction (padded_eval.metrics.base.batch_totals), and what it buys
+"""A batch's statistics in one reduction (padded_eval.metrics.totals.batch_totals), and what it buys
 under a sharded jit: one all-reduce per step for Accuracy and Mean, the real rows counted on the host.
 
 References are numpy (float64 sums, exact integer counts) on data whose padded rows hold NaN / inf.
@@ -15,7 +15,7 @@ import padded_eval as pe
 from padded_eval.eval import backends
 from padded_eval.eval import cache as step_cache
 from padded_eval.eval.step import RowMask
-from padded_eval.metrics import base
+from padded_eval.metrics import totals
 
 ALL_REDUCE = r"= (.+?) all-reduce(?:-start)?\("
 ALL_GATHER = r"= (.+?) all-gather(?:-start)?\("
@@ -29,15 +29,15 @@ def masked_data(rng, rows, cols=None):
   return values, real
 
 
-@pytest.mark.parametrize("limit", [base.FLOAT_COUNT_LIMIT, 4])  # 4: the counts summed as int32
+@pytest.mark.parametrize("limit", [totals.FLOAT_COUNT_LIMIT, 4])  # 4: the counts summed as int32
 def test_totals_and_counts_match_numpy(limit, monkeypatch):
-  monkeypatch.setattr(base, "FLOAT_COUNT_LIMIT", limit)
+  monkeypatch.setattr(totals, "FLOAT_COUNT_LIMIT", limit)
   rng = np.random.default_rng(0)
   values, real = masked_data(rng, 301)
   weights = rng.random(301).astype(np.float32)
   flags = [real & (values > 0), None, real & (values < -500)]
   terms = [np.where(real, values * weights, 0), np.where(real, weights, 0)]
-  sums, counts = jax.jit(base.batch_totals)(terms, flags)
+  sums, counts = jax.jit(totals.batch_totals)(terms, flags)
   np.testing.assert_allclose(
     [float(s.to_numpy()) for s in sums],
     [np.sum(t.astype(np.float64)) for t in terms],
@@ -52,7 +52,7 @@ def test_arrays_of_different_shapes_are_summed_apart_and_stay_exact():
   rng = np.random.default_rng(1)
   values, real = masked_data(rng, 40, 3)
   row_flags = real.any(-1)
-  sums, counts = base.batch_totals([np.where(real, values, 0)], [real, row_flags, None])
+  sums, counts = totals.batch_totals([np.where(real, values, 0)], [real, row_flags, None])
   assert float(sums[0].to_numpy()) == pytest.approx(
     np.sum(np.where(real, values, 0).astype(np.float64))
   )

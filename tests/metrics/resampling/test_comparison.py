@@ -1,6 +1,6 @@
 """compare: the paired bootstrap of two runs, against float64 numpy and for calibration.
 
-The Poisson counts are checked against the documented hash in tests/metrics/test_bootstrap.py;
+The Poisson counts are checked against the documented hash in tests/metrics/resampling/test_bootstrap.py;
 here they only drive the float64 reference of the replicas.
 """
 
