@@ -62,12 +62,6 @@ def check_task(task, num_classes, *, tasks=TASKS) -> None:
     raise ValueError(f"task='multiclass' needs num_classes, an int >= 2; got {num_classes!r}")
 
 
-def check_flag(argname: str, value) -> None:
-  """Raises ValueError unless ``value`` is True or False."""
-  if not isinstance(value, bool):
-    raise ValueError(f"{argname} must be True or False; got {value!r}")
-
-
 def check_ignore_index(ignore_index) -> None:
   """Raises ValueError unless ``ignore_index`` is None or an int in int32's range (the
   target ids' type: a larger one would overflow at the first update)."""
@@ -153,7 +147,7 @@ class ClassificationMetric(Metric):
 
   def _check_config(self):
     check_task(self.task, self.num_classes, tasks=self._tasks)
-    check_flag("from_logits", self.from_logits)
+    validation.check_flag("from_logits", self.from_logits)
     check_ignore_index(self.ignore_index)
 
   def elements(self, preds, target, mask, weights=None):

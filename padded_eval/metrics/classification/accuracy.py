@@ -20,7 +20,6 @@ from padded_eval.metrics.classification._formatting import (
   weighed_invalid,
 )
 from padded_eval.metrics.classification._inputs import (
-  check_flag,
   check_ignore_index,
   check_task,
   config_field,
@@ -118,7 +117,7 @@ class Accuracy(Metric):
     validation.check_positive_int("top_k", self.top_k)
     validation.check_choice("task", self.task, ("multiclass", "binary", "multilabel"))
     validation.check_probability("threshold", self.threshold)
-    check_flag("from_logits", self.from_logits)
+    validation.check_flag("from_logits", self.from_logits)
     validation.check_choice("average", self.average, ACCURACY_AVERAGES)
     check_ignore_index(self.ignore_index)
     if self.task != "multiclass" and self.top_k != 1:

@@ -52,7 +52,6 @@ from padded_eval.metrics.classification._formatting import (
 )
 from padded_eval.metrics.classification._inputs import (
   ClassificationMetric,
-  check_flag,
   check_ignore_index,
   check_no_weights,
   check_task,
@@ -215,7 +214,7 @@ class BrierScore(WeightedMean):
 
   def _check_config(self):
     check_task(self.task, self.num_classes, tasks=("binary", "multiclass"))
-    check_flag("from_logits", self.from_logits)
+    validation.check_flag("from_logits", self.from_logits)
     check_ignore_index(self.ignore_index)
     if not (
       self.scale_by_half is True or self.scale_by_half is False or self.scale_by_half == "auto"

@@ -105,7 +105,6 @@ from padded_eval.metrics.classification._formatting import probabilities
 from padded_eval.metrics.classification._inputs import (
   MAX_MATRIX_CLASSES,
   ClassificationMetric,
-  check_flag,
   check_no_weights,
   class_counts,
   config_field,
@@ -263,7 +262,7 @@ class ConfusionMatrix(ConfusionState):
   def _check_config(self):
     super()._check_config()
     validation.check_choice("normalize", self.normalize, NORMALIZE)
-    check_flag("weighted", self.weighted)
+    validation.check_flag("weighted", self.weighted)
 
   def _empty_confusion(self):
     if self.weighted:  # float weights: compensated sums, not integer counts

@@ -22,7 +22,6 @@ from padded_eval.metrics.classification._formatting import (
   TARGET_OUT_OF_RANGE,
 )
 from padded_eval.metrics.classification._inputs import (
-  check_flag,
   check_ignore_index,
   check_task,
   config_field,
@@ -88,7 +87,7 @@ class HingeLoss(Metric):
 
   def _check_config(self):
     check_task(self.task, self.num_classes, tasks=("binary", "multiclass"))
-    check_flag("squared", self.squared)
+    validation.check_flag("squared", self.squared)
     validation.check_choice("multiclass_mode", self.multiclass_mode, MULTICLASS_MODES)
     check_ignore_index(self.ignore_index)
 

@@ -24,7 +24,6 @@ from padded_eval.metrics.classification import per_sample
 from padded_eval.metrics.classification._inputs import (
   AVERAGES,
   average_scores,
-  check_flag,
   check_labels,
   check_no_weights,
   check_zero_division,
@@ -87,7 +86,7 @@ class ClassScore(ConfusionState):
     object.__setattr__(self, "zero_division", canonical)
     if self.labels is not None:
       object.__setattr__(self, "labels", check_labels(self.labels, self.task, self.num_classes))
-    check_flag("weighted", self.weighted)
+    validation.check_flag("weighted", self.weighted)
     if self.weighted and self._per_sample():
       raise ValueError(
         "weighted=True counts elements with their sample weights over the whole dataset; "

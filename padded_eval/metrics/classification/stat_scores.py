@@ -28,7 +28,6 @@ from padded_eval.metrics.base import state
 from padded_eval.metrics.classification._formatting import probabilities
 from padded_eval.metrics.classification._inputs import (
   ClassificationMetric,
-  check_flag,
   check_no_weights,
   config_field,
 )
@@ -124,7 +123,7 @@ class BalancedAccuracy(ConfusionState):
 
   def _check_config(self):
     super()._check_config()
-    check_flag("adjusted", self.adjusted)
+    validation.check_flag("adjusted", self.adjusted)
 
   def compute(self) -> jax.Array:
     tp, fp, fn, tn = self.class_stats()

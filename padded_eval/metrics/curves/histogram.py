@@ -108,7 +108,6 @@ from padded_eval.metrics.classification._formatting import (
 from padded_eval.metrics.classification._inputs import (
   AVERAGES,
   ClassificationMetric,
-  check_flag,
   check_no_weights,
   config_field,
   num_columns,
@@ -272,7 +271,7 @@ class ScoreHistogram(ClassificationMetric):
     if self.thresholds is None:
       validation.check_choice("binning", self.binning, BINNINGS)
     self._check_exact()
-    check_flag("weighted", self.weighted)
+    validation.check_flag("weighted", self.weighted)
     if self.weighted and not self._takes_weights:
       raise ValueError(
         f"{type(self).__name__} reads one point of the counted curve and takes no sample "
@@ -304,8 +303,7 @@ class ScoreHistogram(ClassificationMetric):
 
   def _check_exact(self):
     name = type(self).__name__
-    if not isinstance(self.exact, bool):
-      raise ValueError(f"exact must be True or False; got {self.exact!r}")
+    validation.check_flag("exact", self.exact)
     if not self.exact:
       if self.capacity is not None:
         raise ValueError(
@@ -313,11 +311,7 @@ class ScoreHistogram(ClassificationMetric):
           f"{self.capacity!r} with exact=False: pass exact=True, or drop capacity"
         )
       return
-    if (
-      isinstance(self.capacity, bool)
-      or not isinstance(self.capacity, int)
-      or not 1 <= self.capacity <= exact_scores.MAX_CAPACITY
-    ):
+    if not validation.is_int(self.capacity) or not 1 <= self.capacity <= exact_scores.MAX_CAPACITY:
       raise ValueError(
         f"{name}(exact=True) keeps every counted element: capacity must be an int in [1, "
         f"{exact_scores.MAX_CAPACITY}], the most elements one class column sees (rows x "

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from padded_eval import validation
 from padded_eval.metrics.curves import exact_scores
 from padded_eval.metrics.curves.histogram import ScoreHistogram, suffix_sums
 
@@ -53,8 +54,7 @@ class OperatingPoint(ScoreHistogram):
     super()._check_config()
     for name in self._rate_names():
       rate = getattr(self, name)
-      if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
-        raise ValueError(f"{name} must be a float in [0, 1]; got {rate!r}")
+      validation.check_probability(name, rate)
 
   def _rate_names(self) -> tuple[str, ...]:
     return ()
@@ -173,7 +173,29 @@ class PrecisionAtFixedRecall(OperatingPoint):
     return jnp.where(total_pos[:, 0] > 0, value, jnp.nan)
 
 
-class SensitivityAtSpecificity(OperatingPoint):
+class RocRatePoint(OperatingPoint):
+  """The highest rate ``best_rate`` at a ROC point whose ``bounded_rate`` is at least the
+  configured bound (the field ``min_<bounded_rate>``); 0 if none qualifies, NaN without
+  positives or without negatives. The rates are ``"sensitivity"`` (``tp / P``) and
+  ``"specificity"`` (``1 - fpr``)."""
+
+  higher_is_better: ClassVar[bool | None] = True
+
+  best_rate: ClassVar[str]
+  bounded_rate: ClassVar[str]
+  _roc_origin = True
+
+  def _rate_names(self):
+    return (f"min_{self.bounded_rate}",)
+
+  def _value(self, tp, fp, point, total_pos, total_neg):
+    rates = {"sensitivity": _ratio(tp, total_pos), "specificity": _ratio(total_neg - fp, total_neg)}
+    bound = getattr(self, f"min_{self.bounded_rate}")
+    value = _best(rates[self.best_rate], point & (rates[self.bounded_rate] >= bound))
+    return jnp.where((total_pos[:, 0] > 0) & (total_neg[:, 0] > 0), value, jnp.nan)
+
+
+class SensitivityAtSpecificity(RocRatePoint):
   """The highest sensitivity (recall) at a ROC point whose specificity ``1 - fpr`` is
   ``>= min_specificity`` (torchmetrics' ``SensitivityAtSpecificity``; 0 if none qualifies,
   NaN without positives or without negatives).
@@ -189,21 +211,12 @@ class SensitivityAtSpecificity(OperatingPoint):
     0.3333
   """
 
-  higher_is_better: ClassVar[bool | None] = True
-
   min_specificity: float = _required_rate()
-  _roc_origin = True
-
-  def _rate_names(self):
-    return ("min_specificity",)
-
-  def _value(self, tp, fp, point, total_pos, total_neg):
-    specificity = _ratio(total_neg - fp, total_neg)
-    value = _best(_ratio(tp, total_pos), point & (specificity >= self.min_specificity))
-    return jnp.where((total_pos[:, 0] > 0) & (total_neg[:, 0] > 0), value, jnp.nan)
+  best_rate: ClassVar[str] = "sensitivity"
+  bounded_rate: ClassVar[str] = "specificity"
 
 
-class SpecificityAtSensitivity(OperatingPoint):
+class SpecificityAtSensitivity(RocRatePoint):
   """The highest specificity at a ROC point whose sensitivity is ``>= min_sensitivity``
   (torchmetrics' ``SpecificityAtSensitivity``; 0 if none qualifies, NaN without positives or
   without negatives).
@@ -219,18 +232,9 @@ class SpecificityAtSensitivity(OperatingPoint):
     0.3333
   """
 
-  higher_is_better: ClassVar[bool | None] = True
-
   min_sensitivity: float = _required_rate()
-  _roc_origin = True
-
-  def _rate_names(self):
-    return ("min_sensitivity",)
-
-  def _value(self, tp, fp, point, total_pos, total_neg):
-    sensitivity = _ratio(tp, total_pos)
-    value = _best(_ratio(total_neg - fp, total_neg), point & (sensitivity >= self.min_sensitivity))
-    return jnp.where((total_pos[:, 0] > 0) & (total_neg[:, 0] > 0), value, jnp.nan)
+  best_rate: ClassVar[str] = "specificity"
+  bounded_rate: ClassVar[str] = "sensitivity"
 
 
 class EER(OperatingPoint):
@@ -301,7 +305,7 @@ class LogAUC(OperatingPoint):
     super()._check_config()
     bounds = self.fpr_range
     pair = isinstance(bounds, (tuple, list)) and len(bounds) == 2
-    numbers = pair and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
+    numbers = pair and all(validation.is_number(b) for b in bounds)
     if not numbers or not 0 < bounds[0] < bounds[1] <= 1:
       raise ValueError(
         f"fpr_range must be two floats (lo, hi) with 0 < lo < hi <= 1; got {bounds!r}"

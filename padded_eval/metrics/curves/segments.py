@@ -62,7 +62,7 @@ def check_max_fpr(max_fpr) -> None:
   """Raises ValueError unless ``max_fpr`` is None or a float in ``(0, 1]``."""
   if max_fpr is None:
     return
-  if isinstance(max_fpr, bool) or not isinstance(max_fpr, (int, float)) or not 0 < max_fpr <= 1:
+  if not validation.is_number(max_fpr) or not 0 < max_fpr <= 1:
     raise ValueError(
       f"max_fpr must be None or a float in (0, 1] (scikit-learn's range); got {max_fpr!r}"
     )

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from padded_eval import validation
 from padded_eval.exact._floats import compensated_sum, ldexp, rounded_difference, scale_exponent
 from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
 from padded_eval.masking import element_weights
@@ -43,7 +44,7 @@ _SERIES_TERMS = 16
 
 def check_power(power) -> float:
   """``power`` as a float; ValueError unless a finite number ``<= 0`` or ``>= 1``."""
-  if isinstance(power, bool) or not isinstance(power, (int, float)) or not math.isfinite(power):
+  if not validation.is_number(power) or not math.isfinite(power):
     raise ValueError(f"power must be a finite number <= 0 or >= 1; got {power!r}")
   if 0 < power < 1:
     raise ValueError(

@@ -55,7 +55,12 @@ from padded_eval.metrics.regression._multioutput import (
   check_multioutput,
   combine,
 )
-from padded_eval.validation import check_choice, check_nonnegative_int
+from padded_eval.validation import (
+  check_choice,
+  check_nonnegative_int,
+  check_positive_int,
+  is_number,
+)
 
 
 def _outer(u, v):
@@ -287,11 +292,6 @@ def _values_of(kwargs, argname: str, owner: str) -> jax.Array:
   return jnp.asarray(kwargs[argname])
 
 
-def _check_num_outputs(num_outputs) -> None:
-  if not isinstance(num_outputs, int) or isinstance(num_outputs, bool) or num_outputs < 1:
-    raise ValueError(f"num_outputs must be a positive int; got {num_outputs!r}")
-
-
 def _pair(preds, target, num_outputs: int, mask, weights):
   """``(preds, target, real, w, axes)`` for metrics of ``num_outputs`` columns.
 
@@ -353,7 +353,7 @@ class Std(Metric):
 
   def _check_config(self):
     ddof = self.ddof
-    if isinstance(ddof, bool) or not isinstance(ddof, (int, float)) or not 0 <= ddof < math.inf:
+    if not is_number(ddof) or not 0 <= ddof < math.inf:
       raise ValueError(f"ddof must be a non-negative finite number; got {ddof!r}")
 
   def _batch_state(self, *, mask=None, weights=None, **kwargs):
@@ -441,7 +441,7 @@ class R2Score(Metric):
     return () if self.num_outputs == 1 else (self.num_outputs,)
 
   def _check_config(self):
-    _check_num_outputs(self.num_outputs)
+    check_positive_int("num_outputs", self.num_outputs)
     check_multioutput(self, self.num_outputs, MULTIOUTPUT_NAMES)
     check_nonnegative_int("adjusted", self.adjusted)
     check_choice("force_finite", self.force_finite, (True, False))
@@ -522,7 +522,7 @@ class PearsonCorrelation(Metric):
     return self.required_inputs()
 
   def _check_config(self):
-    _check_num_outputs(self.num_outputs)
+    check_positive_int("num_outputs", self.num_outputs)
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     raw = jnp.asarray(preds), jnp.asarray(target)

@@ -81,6 +81,16 @@ def _empty_ids(bootstrap: Bootstrap) -> ExactCount:
   return ExactCount.zeros((1 + ID_DIGITS,))
 
 
+def set_wrapper_config(wrapper: Metric, metric: Metric, name: str | None, **config: Any) -> None:
+  """Sets the configuration fields of ``wrapper``, a metric around ``metric`` (`Bootstrap`,
+  `Sliced`), as a frozen dataclass's ``__init__`` would: ``config``, its ``name`` (the wrapped
+  metric's unless given) and no argument routes of its own (the wrapped metric reads its
+  keywords)."""
+  config.update(name=metric.name if name is None else name, arg_routes=())
+  for field, value in config.items():
+    object.__setattr__(wrapper, field, value)
+
+
 def nbytes(tree) -> int:
   """Total bytes of the array leaves of ``tree``."""
   return sum(
@@ -152,17 +162,16 @@ class Bootstrap(Metric):
       raise ValueError(
         f"Bootstrap wraps a Metric (e.g. pe.metrics.Accuracy()); got metric={metric!r}"
       )
-    config = dict(
+    set_wrapper_config(
+      self,
+      metric,
+      name,
       num_replicas=num_replicas,
       seed=seed,
       confidence=confidence,
       resample=resample,
       max_state_bytes=max_state_bytes,
-      name=metric.name if name is None else name,
-      arg_routes=(),
     )
-    for key, value in config.items():
-      object.__setattr__(self, key, value)
     self._check_config()
     self._check_size(metric)
     object.__setattr__(self, "point", metric.empty())

@@ -50,6 +50,7 @@ from padded_eval.metrics.resampling.bootstrap import (
   Bootstrap,
   check_one_per_row,
   nbytes,
+  set_wrapper_config,
   stacked,
   with_row_mask,
 )
@@ -163,16 +164,9 @@ class Sliced(Metric):
         )
     if not isinstance(key, str) or not key:
       raise ValueError(f"key must be the non-empty name of the slice-id keyword; got {key!r}")
-    config = dict(
-      num_slices=num_slices,
-      key=key,
-      method=method,
-      slice_names=slice_names,
-      name=metric.name if name is None else name,
-      arg_routes=(),
+    set_wrapper_config(
+      self, metric, name, num_slices=num_slices, key=key, method=method, slice_names=slice_names
     )
-    for field, value in config.items():
-      object.__setattr__(self, field, value)
     object.__setattr__(self, "slices", stacked(metric.empty(), num_slices))
     object.__setattr__(self, "slice_rows", _empty_rows(self))
     object.__setattr__(self, "invalid", invalid_state(self))

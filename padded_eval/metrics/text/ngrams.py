@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount
 from padded_eval.metrics.base import empty_count, invalid_state, state
-from padded_eval.metrics.classification._inputs import check_flag, config_field
+from padded_eval.metrics.classification._inputs import config_field
 from padded_eval.metrics.text.token_sequences import (
   BAD_ID,
   MeanRowScore,
@@ -157,7 +157,7 @@ class BLEU(TokenMetric):
   def _check_config(self):
     super()._check_config()
     validation.check_positive_int("max_order", self.max_order)
-    check_flag("smooth", self.smooth)
+    validation.check_flag("smooth", self.smooth)
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     batch = self.token_batch(preds, target, mask, weights)
