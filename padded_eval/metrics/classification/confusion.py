@@ -323,11 +323,10 @@ class MatthewsCorrCoef(ConfusionState):
   Examples:
     >>> import numpy as np
     >>> import padded_eval as pe
-    >>> logits = np.array([[2.0, 1, 0], [0, 2.0, 1], [1, 0, 2.0], [2.0, 0, 1]])
-    >>> labels = np.array([0, 1, 1, 2])
-    >>> m = pe.metrics.MatthewsCorrCoef(num_classes=3).update(preds=logits, target=labels)
-    >>> round(float(m.compute()), 4)  # (2 * 4 - 5) / sqrt((16 - 6) * (16 - 6))
-    0.3
+    >>> preds, labels = np.array([1, 0, 0, 0, 0, 1]), np.array([1, 1, 0, 0, 0, 0])
+    >>> mcc = pe.metrics.MatthewsCorrCoef(task="binary").update(preds=preds, target=labels)
+    >>> float(mcc.compute())  # (tp tn - fp fn) / sqrt(...) = (1 * 3 - 1 * 1) / sqrt(2 * 2 * 4 * 4)
+    0.25
   """
 
   higher_is_better: ClassVar[bool | None] = True

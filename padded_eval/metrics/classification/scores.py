@@ -220,11 +220,10 @@ class Recall(ClassScore):
   Examples:
     >>> import numpy as np
     >>> import padded_eval as pe
-    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
-    >>> labels = np.array([1, 0, 1, 0, 1, 0])
-    >>> m = pe.metrics.Recall(task="binary").update(preds=probs, target=labels)
-    >>> round(float(m.compute()), 4)  # tp / (tp + fn) = 2 / 3
-    0.6667
+    >>> preds, labels = np.array([0, 2, 1, 1, 0, 2]), np.array([0, 1, 1, 2, 0, 2])  # class ids
+    >>> m = pe.metrics.Recall(num_classes=3, average=None).update(preds=preds, target=labels)
+    >>> m.compute().tolist()  # per class: 2 of 2, 1 of 2, 1 of 2 found
+    [1.0, 0.5, 0.5]
   """
 
   def _score(self, tp, fp, fn, tn):
@@ -254,11 +253,11 @@ class F1Score(ClassScore):
   Examples:
     >>> import numpy as np
     >>> import padded_eval as pe
-    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
-    >>> labels = np.array([1, 0, 1, 0, 1, 0])
-    >>> m = pe.metrics.F1Score(task="binary").update(preds=probs, target=labels)
-    >>> round(float(m.compute()), 4)  # 2 tp / (2 tp + fp + fn) = 4 / 7
-    0.5714
+    >>> probs = np.array([[0.9, 0.2], [0.6, 0.7], [0.1, 0.8]])  # 3 rows of 2 labels
+    >>> labels = np.array([[1, 0], [0, 1], [1, 1]])
+    >>> m = pe.metrics.F1Score(task="multilabel", num_classes=2, average="micro")
+    >>> float(m.update(preds=probs, target=labels).compute())  # 2 tp / (2 tp + fp + fn) = 6 / 8
+    0.75
   """
 
   def _score(self, tp, fp, fn, tn):
@@ -275,11 +274,11 @@ class FBetaScore(ClassScore):
   Examples:
     >>> import numpy as np
     >>> import padded_eval as pe
-    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
-    >>> labels = np.array([1, 0, 1, 0, 1, 0])
-    >>> m = pe.metrics.FBetaScore(beta=2.0, task="binary").update(preds=probs, target=labels)
-    >>> round(float(m.compute()), 4)  # 5 tp / (5 tp + 4 fn + fp) = 10 / 16
-    0.625
+    >>> logits = np.array([[2.0, 0.5, 0.1], [0.2, 1.5, 0.3], [0.1, 0.2, 0.9], [1.0, 1.2, 0.0]])
+    >>> labels = np.array([0, 1, 1, 0])  # predicted: 0, 1, 2, 1
+    >>> m = pe.metrics.FBetaScore(beta=0.5, num_classes=3, average="weighted")
+    >>> round(float(m.update(preds=logits, target=labels).compute()), 4)  # (1 + 1/3) / 2
+    0.6667
   """
 
   beta: float = 1.0
@@ -310,11 +309,11 @@ class JaccardIndex(ClassScore):
   Examples:
     >>> import numpy as np
     >>> import padded_eval as pe
-    >>> probs = np.array([0.9, 0.8, 0.3, 0.2, 0.6, 0.7])
-    >>> labels = np.array([1, 0, 1, 0, 1, 0])
-    >>> m = pe.metrics.JaccardIndex(task="binary").update(preds=probs, target=labels)
-    >>> round(float(m.compute()), 4)  # tp / (tp + fp + fn) = 2 / 5
-    0.4
+    >>> pred_ids = np.array([[[0, 1], [0, 1]]])  # one 2x2 image of class ids
+    >>> true_ids = np.array([[[0, 1], [1, 1]]])
+    >>> m = pe.metrics.JaccardIndex(num_classes=2).update(preds=pred_ids, target=true_ids)
+    >>> round(float(m.compute()), 4)  # mIoU: (1/2 + 2/3) / 2
+    0.5833
   """
 
   _allow_nan: ClassVar[bool] = False

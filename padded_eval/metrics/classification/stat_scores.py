@@ -110,10 +110,10 @@ class BalancedAccuracy(ConfusionState):
   Examples:
     >>> import numpy as np
     >>> import padded_eval as pe
-    >>> preds, labels = np.array([0, 1, 1, 2]), np.array([0, 1, 2, 2])
-    >>> m = pe.metrics.BalancedAccuracy(num_classes=3).update(preds=preds, target=labels)
-    >>> round(float(m.compute()), 4)  # mean recall: (1 + 1 + 1/2) / 3
-    0.8333
+    >>> preds, labels = np.array([1, 0, 0, 0, 0, 1]), np.array([1, 1, 0, 0, 0, 0])  # 2 positives
+    >>> m = pe.metrics.BalancedAccuracy(task="binary").update(preds=preds, target=labels)
+    >>> float(m.compute())  # the mean of recall 1/2 and specificity 3/4 (accuracy: 4/6)
+    0.625
   """
 
   higher_is_better: ClassVar[bool | None] = True
@@ -151,10 +151,11 @@ class HammingLoss(ConfusionState):
   Examples:
     >>> import numpy as np
     >>> import padded_eval as pe
-    >>> preds, labels = np.array([0, 1, 1, 2]), np.array([0, 1, 2, 2])
-    >>> m = pe.metrics.HammingLoss(num_classes=3).update(preds=preds, target=labels)
-    >>> float(m.compute())  # 1 of 4 labels wrong
-    0.25
+    >>> probs = np.array([[0.9, 0.2], [0.6, 0.7], [0.1, 0.8]])  # 3 rows of 2 labels
+    >>> labels = np.array([[1, 0], [0, 1], [1, 1]])
+    >>> m = pe.metrics.HammingLoss(task="multilabel", num_classes=2)
+    >>> round(float(m.update(preds=probs, target=labels).compute()), 4)  # 2 of 6 labels wrong
+    0.3333
   """
 
   higher_is_better: ClassVar[bool | None] = False
@@ -184,10 +185,12 @@ class ZeroOneLoss(ClassificationMetric):
   Examples:
     >>> import numpy as np
     >>> import padded_eval as pe
-    >>> preds, labels = np.array([0, 1, 1, 2]), np.array([0, 1, 2, 2])
-    >>> m = pe.metrics.ZeroOneLoss(num_classes=3).update(preds=preds, target=labels)
-    >>> float(m.compute())  # 1 of 4 rows wrong
-    0.25
+    >>> probs = np.array([[0.9, 0.2], [0.6, 0.7], [0.1, 0.8]])  # 3 rows of 2 labels
+    >>> labels = np.array([[1, 0], [0, 1], [1, 1]])
+    >>> loss = pe.metrics.ZeroOneLoss(task="multilabel", num_classes=2)
+    >>> loss = loss.update(preds=probs, target=labels)
+    >>> round(float(loss.compute()), 4)  # rows 2 and 3 have a wrong label (Hamming: 2 of 6)
+    0.6667
   """
 
   higher_is_better: ClassVar[bool | None] = False

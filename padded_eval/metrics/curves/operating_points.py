@@ -110,7 +110,43 @@ def _ratio(numerator, denominator) -> jax.Array:
   return numerator / jax.lax.optimization_barrier(jnp.broadcast_to(safe, shape))
 
 
-class RecallAtFixedPrecision(OperatingPoint):
+class RatePoint(OperatingPoint):
+  """The highest rate ``best_rate`` at a point whose ``bounded_rate`` is at least the configured
+  bound (the field ``min_<bounded_rate>``); 0 if none qualifies.
+
+  The rates: ``"precision"`` (``tp / (tp + fp)``) and ``"recall"`` (``tp / P``) at the
+  thresholds that predict something, NaN without positives; ``"sensitivity"`` (``tp / P``)
+  and ``"specificity"`` (``1 - fpr``) at the ROC points (``_roc_origin``: the point that
+  predicts nothing is one), NaN without positives or without negatives.
+  """
+
+  higher_is_better: ClassVar[bool | None] = True
+
+  best_rate: ClassVar[str]
+  bounded_rate: ClassVar[str]
+
+  def _rate_names(self):
+    return (f"min_{self.bounded_rate}",)
+
+  def _value(self, tp, fp, point, total_pos, total_neg):
+    predicted = tp + fp
+    rates = {
+      "precision": lambda: _ratio(tp, predicted),
+      "recall": lambda: _ratio(tp, total_pos),
+      "sensitivity": lambda: _ratio(tp, total_pos),
+      "specificity": lambda: _ratio(total_neg - fp, total_neg),
+    }
+    bound = getattr(self, f"min_{self.bounded_rate}")
+    candidates = point & (rates[self.bounded_rate]() >= bound)
+    defined = total_pos[:, 0] > 0
+    if self._roc_origin:
+      defined &= total_neg[:, 0] > 0
+    else:  # a precision-recall point predicts something
+      candidates &= predicted > 0
+    return jnp.where(defined, _best(rates[self.best_rate](), candidates), jnp.nan)
+
+
+class RecallAtFixedPrecision(RatePoint):
   """The highest recall at a threshold whose precision is ``>= min_precision`` (torchmetrics'
   ``RecallAtFixedPrecision``; 0 if no threshold qualifies, NaN without positives).
 
@@ -129,22 +165,12 @@ class RecallAtFixedPrecision(OperatingPoint):
     1.0
   """
 
-  higher_is_better: ClassVar[bool | None] = True
-
   min_precision: float = _required_rate()
-
-  def _rate_names(self):
-    return ("min_precision",)
-
-  def _value(self, tp, fp, point, total_pos, total_neg):
-    predicted = tp + fp
-    precision = _ratio(tp, predicted)
-    candidates = point & (predicted > 0) & (precision >= self.min_precision)
-    value = _best(_ratio(tp, total_pos), candidates)
-    return jnp.where(total_pos[:, 0] > 0, value, jnp.nan)
+  best_rate: ClassVar[str] = "recall"
+  bounded_rate: ClassVar[str] = "precision"
 
 
-class PrecisionAtFixedRecall(OperatingPoint):
+class PrecisionAtFixedRecall(RatePoint):
   """The highest precision at a threshold whose recall is ``>= min_recall`` (torchmetrics'
   ``PrecisionAtFixedRecall``; 0 if none qualifies, NaN without positives).
 
@@ -158,44 +184,12 @@ class PrecisionAtFixedRecall(OperatingPoint):
     0.6
   """
 
-  higher_is_better: ClassVar[bool | None] = True
-
   min_recall: float = _required_rate()
-
-  def _rate_names(self):
-    return ("min_recall",)
-
-  def _value(self, tp, fp, point, total_pos, total_neg):
-    predicted = tp + fp
-    recall = _ratio(tp, total_pos)
-    candidates = point & (predicted > 0) & (recall >= self.min_recall)
-    value = _best(_ratio(tp, predicted), candidates)
-    return jnp.where(total_pos[:, 0] > 0, value, jnp.nan)
+  best_rate: ClassVar[str] = "precision"
+  bounded_rate: ClassVar[str] = "recall"
 
 
-class RocRatePoint(OperatingPoint):
-  """The highest rate ``best_rate`` at a ROC point whose ``bounded_rate`` is at least the
-  configured bound (the field ``min_<bounded_rate>``); 0 if none qualifies, NaN without
-  positives or without negatives. The rates are ``"sensitivity"`` (``tp / P``) and
-  ``"specificity"`` (``1 - fpr``)."""
-
-  higher_is_better: ClassVar[bool | None] = True
-
-  best_rate: ClassVar[str]
-  bounded_rate: ClassVar[str]
-  _roc_origin = True
-
-  def _rate_names(self):
-    return (f"min_{self.bounded_rate}",)
-
-  def _value(self, tp, fp, point, total_pos, total_neg):
-    rates = {"sensitivity": _ratio(tp, total_pos), "specificity": _ratio(total_neg - fp, total_neg)}
-    bound = getattr(self, f"min_{self.bounded_rate}")
-    value = _best(rates[self.best_rate], point & (rates[self.bounded_rate] >= bound))
-    return jnp.where((total_pos[:, 0] > 0) & (total_neg[:, 0] > 0), value, jnp.nan)
-
-
-class SensitivityAtSpecificity(RocRatePoint):
+class SensitivityAtSpecificity(RatePoint):
   """The highest sensitivity (recall) at a ROC point whose specificity ``1 - fpr`` is
   ``>= min_specificity`` (torchmetrics' ``SensitivityAtSpecificity``; 0 if none qualifies,
   NaN without positives or without negatives).
@@ -212,11 +206,12 @@ class SensitivityAtSpecificity(RocRatePoint):
   """
 
   min_specificity: float = _required_rate()
+  _roc_origin = True
   best_rate: ClassVar[str] = "sensitivity"
   bounded_rate: ClassVar[str] = "specificity"
 
 
-class SpecificityAtSensitivity(RocRatePoint):
+class SpecificityAtSensitivity(RatePoint):
   """The highest specificity at a ROC point whose sensitivity is ``>= min_sensitivity``
   (torchmetrics' ``SpecificityAtSensitivity``; 0 if none qualifies, NaN without positives or
   without negatives).
@@ -233,6 +228,7 @@ class SpecificityAtSensitivity(RocRatePoint):
   """
 
   min_sensitivity: float = _required_rate()
+  _roc_origin = True
   best_rate: ClassVar[str] = "specificity"
   bounded_rate: ClassVar[str] = "sensitivity"
 

@@ -176,10 +176,11 @@ class KendallTau(_RankCorrelation):
   Examples:
     >>> import numpy as np
     >>> import padded_eval as pe
-    >>> preds, target = np.array([1.0, 2.0, 2.0, 5.0]), np.array([1.0, 3.0, 2.0, 0.0])
-    >>> m = pe.metrics.KendallTau(capacity=8).update(preds=preds, target=target)
-    >>> round(float(m.compute()), 4)  # scipy.stats.kendalltau: -0.1826
-    -0.1826
+    >>> preds = np.array([[1.0, 4.0], [2.0, 3.0], [2.0, 2.0], [5.0, 1.0]])  # 2 outputs
+    >>> target = np.array([[1.0, 1.0], [3.0, 2.0], [2.0, 2.0], [0.0, 3.0]])
+    >>> tau = pe.metrics.KendallTau(capacity=8, num_outputs=2).update(preds=preds, target=target)
+    >>> [round(float(t), 4) for t in tau.compute()]  # scipy.stats.kendalltau per column
+    [-0.1826, -0.9129]
   """
 
   def _correlation(self, buffer: PairBuffer) -> jax.Array:

@@ -91,6 +91,17 @@ def set_wrapper_config(wrapper: Metric, metric: Metric, name: str | None, **conf
     object.__setattr__(wrapper, field, value)
 
 
+def check_mergeable(wrapper: Metric, other: Metric) -> None:
+  """Raises ValueError unless ``other`` is a wrapper of ``wrapper``'s kind whose statistics are
+  configured alike (`Bootstrap`, `Sliced`: the configuration their states merge under)."""
+  kind = type(wrapper).__name__
+  if type(other) is not type(wrapper):
+    raise ValueError(f"cannot merge {kind} with {type(other).__name__}")
+  mine, theirs = wrapper._statistics_config(), other._statistics_config()
+  if mine != theirs:
+    raise ValueError(f"cannot merge {kind} metrics configured differently: {mine} vs {theirs}")
+
+
 def nbytes(tree) -> int:
   """Total bytes of the array leaves of ``tree``."""
   return sum(
@@ -277,11 +288,7 @@ class Bootstrap(Metric):
 
   def merge(self, other: Bootstrap) -> Bootstrap:
     """Both states combined, replica by replica."""
-    if type(other) is not type(self):
-      raise ValueError(f"cannot merge Bootstrap with {type(other).__name__}")
-    mine, theirs = self._statistics_config(), other._statistics_config()
-    if mine != theirs:
-      raise ValueError(f"cannot merge Bootstrap metrics configured differently: {mine} vs {theirs}")
+    check_mergeable(self, other)
     return self.replace_state(
       point=self.point.merge(other.point),
       replica_states=jax.vmap(lambda a, b: a.merge(b))(self.replica_states, other.replica_states),

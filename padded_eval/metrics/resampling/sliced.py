@@ -48,6 +48,7 @@ from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
 from padded_eval.metrics.base import Metric, invalid_state, state
 from padded_eval.metrics.resampling.bootstrap import (
   Bootstrap,
+  check_mergeable,
   check_one_per_row,
   nbytes,
   set_wrapper_config,
@@ -211,11 +212,7 @@ class Sliced(Metric):
 
   def merge(self, other: Sliced) -> Sliced:
     """Both states combined, slice by slice."""
-    if type(other) is not type(self):
-      raise ValueError(f"cannot merge Sliced with {type(other).__name__}")
-    mine, theirs = self._statistics_config(), other._statistics_config()
-    if mine != theirs:
-      raise ValueError(f"cannot merge Sliced metrics configured differently: {mine} vs {theirs}")
+    check_mergeable(self, other)
     return self.replace_state(
       slices=jax.vmap(lambda a, b: a.merge(b))(self.slices, other.slices),
       slice_rows=self.slice_rows.merge(other.slice_rows),
