@@ -16,7 +16,7 @@ import pytest
 import sklearn.metrics as skm
 from metric_cases import MetricCase, padded_batches, real
 from metric_checks import check_eager
-from test_confusion_options import run_masked_eval
+from test_confusion import run_masked_eval
 
 import padded_eval as pe
 
