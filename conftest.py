@@ -85,7 +85,7 @@ def _release_compiled_programs():
 
 RELEASE_EVERY = 250
 """Inside a module, JAX's compiled programs are released every this many tests as well: the protocol
-grid (tests/metrics/test_metric_core.py, over a thousand cases) alone reached 42,000 maps."""
+grid (tests/metrics/test_base.py, over a thousand cases) alone reached 42,000 maps."""
 _tests_run = [0]
 
 

@@ -47,14 +47,8 @@ import jax.numpy as jnp
 
 from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.losses.base import Loss, safe_mean
-from padded_eval.metrics.base import (
-  Metric,
-  empty_count,
-  empty_sum,
-  finished_together,
-  is_state,
-  state,
-)
+from padded_eval.metrics.base import Metric, empty_count, empty_sum, is_state, state
+from padded_eval.metrics.totals import finished_together
 
 # --- names -------------------------------------------------------------------------------
 

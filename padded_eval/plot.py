@@ -28,9 +28,9 @@ import numpy as np
 from padded_eval import validation
 from padded_eval.eval.results import EvalResults, find_metric
 from padded_eval.metrics.base import Metric
-from padded_eval.metrics.calibration import CalibrationError
-from padded_eval.metrics.confusion import NORMALIZE, ConfusionMatrix
-from padded_eval.metrics.curves import AUPRC, AUROC
+from padded_eval.metrics.classification.calibration import CalibrationError
+from padded_eval.metrics.classification.confusion import NORMALIZE, ConfusionMatrix
+from padded_eval.metrics.curves.auc import AUPRC, AUROC
 
 MAX_CELL_TEXT = 20  # above this many classes a confusion matrix has no per-cell text
 MAX_TICKS = 20  # at most this many tick labels per axis of a confusion matrix

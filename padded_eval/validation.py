@@ -38,6 +38,12 @@ def check_choice(argname: str, value: Any, allowed: Collection) -> None:
     raise ValueError(f"{argname} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
 
 
+def check_flag(argname: str, value: Any) -> None:
+  """Raises ValueError unless ``value`` is True or False (a numpy bool or 0 / 1 is refused)."""
+  if not isinstance(value, bool):
+    raise ValueError(f"{argname} must be True or False; got {value!r}")
+
+
 def check_positive_int(argname: str, value: Any, *, allow_none: bool = False) -> None:
   """Raises ValueError unless ``value`` is an int >= 1 (``bool`` is refused).
 

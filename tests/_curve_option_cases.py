@@ -7,7 +7,7 @@ operating points' "best qualifying point, else 0"; EER's ``argmin |fpr - fnr|``)
 ``BRIER_CASES`` join the main table (imported at the end of ``tests/metric_cases.py``: every
 generic check and every test over that table, weights included). ``CURVE_OPTION_CASES`` are
 counting metrics, which refuse ``weights=`` (as the classification and curve tables of
-``test_classification.py`` / ``test_curves.py``): ``tests/metrics/test_curve_options.py``
+``classification/test_classification.py`` / ``curves/test_auc.py``): ``tests/metrics/curves/test_curve_options.py``
 runs every generic check on them (garbage padding, merges, jit, scan, pmap and shard_map on
 8 devices) and uses the references directly.
 """

@@ -7,7 +7,7 @@ from torchmetrics' documented formulas (``CosineSimilarity``: ``<p, t> / (|p| |t
 every generic check (garbage padding, split and merge, jit, scan, pmap and shard_map on 8
 devices) and every test over that table (weights included) runs on them. The rank
 correlations refuse weights: ``RANK_CASES`` are run through every generic check by
-``tests/metrics/test_regression_metrics.py``, as the counting metrics' tables are.
+``tests/metrics/regression/test_regression_metrics.py``, as the counting metrics' tables are.
 """
 
 from __future__ import annotations

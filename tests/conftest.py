@@ -1,11 +1,11 @@
 """Test setup: the one ``backend`` fixture (every registered backend) and the hypothesis profiles
-of the property suite (``tests/metrics/test_properties_*.py``). The 8 virtual CPU devices and
+of the property suite (``tests/metrics/**/test_properties_*.py``). The 8 virtual CPU devices and
 ``JAX_NUMPY_RANK_PROMOTION=raise`` for subprocesses are set in the repository's conftest.py.
 
 Profiles: ``ci`` (loaded by default) runs few examples per property, derandomized so
 every CI run draws the same examples, without shrinking (a failure is reported as drawn);
 ``fuzz`` runs many random examples and shrinks failures: ``HYPOTHESIS_PROFILE=fuzz pytest
-tests/metrics/test_properties_*.py``.
+tests/metrics/**/test_properties_*.py``.
 """
 
 import os

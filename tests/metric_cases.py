@@ -16,7 +16,7 @@ How to add a case (a new metric is one row, not a new test file):
    from per-field generators ``{key: lambda rng, shape: array}`` and poisons the
    padded elements for you. Keep the batch size a multiple of 8 (the tests' device
    count) and the sizes small: every case is jitted, scanned, pmapped and shard_mapped.
-3. ``pytest tests/metrics/test_metric_core.py -k my_case`` runs every check on it.
+3. ``pytest tests/metrics/test_base.py -k my_case`` runs every check on it.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class MetricCase:
     rtol, atol: tolerance against the reference.
     same_update_as: the name of a row whose metric differs from this one in ``compute`` options
       only (R2Score's ``adjusted=``, ``multioutput=``, ``force_finite=``), on the same data: its
-      states are bit for bit that row's (``tests/metrics/test_metric_core.py`` checks it), so the
+      states are bit for bit that row's (``tests/metrics/test_base.py`` checks it), so the
       checks of the update path under jit, scan, pmap and shard_map run on that row alone.
   """
 
@@ -509,7 +509,7 @@ CASES += [
 import metric_cases_text  # noqa: E402, F401
 
 # --- issue 31: the confusion family's new metrics (one row each; more in
-# tests/metrics/test_stat_scores.py) -------------------------------------------------------
+# tests/metrics/classification/test_stat_scores.py) -------------------------------------------------------
 
 
 def _multilabel_fields(rng, b, labels=4):
@@ -706,7 +706,7 @@ CASES += [
 
 
 # --- issue 31: Accuracy average= / multilabel / ignore_index (torchmetrics' MulticlassAccuracy and
-# MultilabelAccuracy semantics; more rows in tests/metrics/test_accuracy_average.py) -------------
+# MultilabelAccuracy semantics; more rows in tests/metrics/classification/test_accuracy.py) -------------
 
 
 def _macro_recall_seen(bs, ignore_index):

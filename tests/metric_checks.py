@@ -13,7 +13,7 @@ about 32 are in flight (HOWTO.md, "Driving metrics yourself").
 
 The second half of the file is the property suite's engine (:func:`evaluate_randomly`:
 random padded batchings, merge trees and device counts), used by
-``tests/metrics/test_properties_*.py``.
+``tests/metrics/**/test_properties_*.py``.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from padded_eval.caches import registry
 from padded_eval.eval import packing as packing_lib
 from padded_eval.eval.compiling import Compiling
 from padded_eval.exact.accumulate import ExactCount
-from padded_eval.metrics.base import full_state_shapes, trimmed
+from padded_eval.metrics.eager import full_state_shapes, trimmed
 from padded_eval.multihost.distributed import several_processes
 
 __all__ = [

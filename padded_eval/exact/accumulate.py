@@ -174,6 +174,45 @@ class Accumulator(abc.ABC):
     return f"{type(self).__name__}({fields})"
 
 
+class GatheredBuffer(Accumulator):
+  """Base of the accumulators that keep elements (the score buffers of exact AUROC, the pair
+  buffers of the rank correlations): parts combine by gathering every part and folding them
+  with ``merge``, never by summing limbs."""
+
+  def reduce(self, axis_name) -> GatheredBuffer:
+    """Every device's buffer gathered and folded (every device gets the whole).
+
+    The gather is a ``psum`` of each buffer written into its own row of a zero
+    ``[devices, ...]`` stack (exact: every other row adds zero), so its result is known to be
+    the same on every device (what ``shard_map``'s replication check asks of ``P()``).
+    """
+    devices = jax.lax.psum(1, axis_name)
+    me = jax.lax.axis_index(axis_name)
+
+    def gathered(x):
+      stack = jnp.zeros((devices,) + x.shape, x.dtype).at[me].set(x)
+      return jax.lax.psum(stack, axis_name)
+
+    return jax.tree.map(gathered, self).aggregate()
+
+  def aggregate(self) -> GatheredBuffer:
+    """The buffers stacked on a leading axis, folded into one."""
+    parts = self
+    if any(on_several_devices(x) for x in jax.tree.leaves(self)):
+      parts = jax.device_get(self)  # eager parts over several devices: fold on the host
+    folded = jax.tree.map(lambda x: x[0], parts)
+    for i in range(1, parts.shape[0]):
+      folded = folded.merge(jax.tree.map(lambda x, i=i: x[i], parts))
+    return folded
+
+  def _combine(self, total, maximum, n, spread=None):
+    del total, maximum, n, spread
+    raise ValueError(
+      f"a {type(self).__name__} is combined by gathering, not summing: use reduce(axis_name) "
+      "or aggregate()"
+    )
+
+
 def on_several_devices(x) -> bool:
   """Whether ``x`` is a concrete array held by more than one local device (not a tracer)."""
   return (

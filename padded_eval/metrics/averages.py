@@ -16,8 +16,9 @@ import jax.numpy as jnp
 from padded_eval.exact._floats import exact_product, int_parts, rounded_difference
 from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import element_weights
-from padded_eval.metrics._multioutput import check_multioutput, combine
-from padded_eval.metrics.base import Metric, Totals, empty_count, invalid_state, state
+from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
+from padded_eval.metrics.regression._multioutput import check_multioutput, combine
+from padded_eval.metrics.totals import Totals
 from padded_eval.validation import check_positive_int
 
 NAN_VALUE = "nan value"
@@ -200,9 +201,11 @@ def _output_total(metric) -> ExactSum:
 
 
 class _PerOutputMean(WeightedMean):
-  """A weighted mean per output (``num_outputs`` columns on the last axis) combined as
-  ``multioutput`` asks (scikit-learn: ``"uniform_average"``, ``"raw_values"`` or
-  ``num_outputs`` weights)."""
+  """A weighted mean of errors per output (``num_outputs`` columns on the last axis) combined
+  as ``multioutput`` asks (scikit-learn: ``"uniform_average"``, ``"raw_values"`` or
+  ``num_outputs`` weights). Lower is better."""
+
+  higher_is_better: ClassVar[bool | None] = False
 
   num_outputs: int = 1
   multioutput: str | tuple[float, ...] = "uniform_average"
@@ -258,8 +261,6 @@ class MSE(_PerOutputMean):
     2.6667
   """
 
-  higher_is_better: ClassVar[bool | None] = False
-
   power = 2
 
   def _values(self, *, preds, target, **_):
@@ -269,15 +270,17 @@ class MSE(_PerOutputMean):
 class MAE(_PerOutputMean):
   """Mean absolute error ``mean(|preds - target|)`` over real elements.
 
+  ``num_outputs`` and ``multioutput`` as for :class:`MSE`.
+
   Examples:
     >>> import numpy as np
     >>> import padded_eval as pe
-    >>> preds, target = np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.0, 5.0])
-    >>> round(float(pe.metrics.MAE().update(preds=preds, target=target).compute()), 4)  # 4 / 3
-    1.3333
+    >>> preds = np.array([[1.0, 2.0], [2.0, 0.0], [3.0, 5.0]])  # 3 rows of 2 outputs
+    >>> target = np.array([[1.0, 0.0], [0.0, 1.0], [5.0, 5.0]])
+    >>> m = pe.metrics.MAE(num_outputs=2, multioutput="raw_values")
+    >>> [round(float(v), 4) for v in m.update(preds=preds, target=target).compute()]  # 4/3, 3/3
+    [1.3333, 1.0]
   """
-
-  higher_is_better: ClassVar[bool | None] = False
 
   def _values(self, *, preds, target, **_):
     return jnp.abs(_error(preds, target)), "preds"

@@ -26,21 +26,33 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import functools
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
 from padded_eval import validation
-from padded_eval.caches import registry
-from padded_eval.exact._floats import compensated_sum
-from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum, on_several_devices
-from padded_eval.metrics._formatting import reported_invalid_counts
+from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
+from padded_eval.metrics.classification._formatting import reported_invalid_counts
+from padded_eval.metrics.eager import (
+  eager_aggregate,
+  eager_merge,
+  full_state_shapes,
+  jitted_if_traceable,
+  on_one_device,
+  runs_eagerly,
+  unstacked_only,
+)
+from padded_eval.metrics.totals import (
+  ROWS_FIELD,
+  Pending,
+  RowsToCount,
+  Totals,
+  finished_together,
+  stacked_counts,
+)
 from padded_eval.routing import KeywordReader, dataclass_transform
 
 _STATE = "padded_eval_state"
@@ -109,7 +121,7 @@ class Metric(KeywordReader, abc.ABC):
     )
     own_compute = cls.__dict__.get("compute")
     if own_compute is not None and not getattr(own_compute, "_checks_stacking", False):
-      cls.compute = _unstacked_only(own_compute)
+      cls.compute = unstacked_only(own_compute)
 
   def __post_init__(self):
     super().__post_init__()  # name, configuration check
@@ -177,19 +189,19 @@ class Metric(KeywordReader, abc.ABC):
     # Op by op even eagerly: jitted, every new batch shape would compile the whole update, where
     # op by op it compiles only the few reductions of that shape (`python -m benchmarks --quick`
     # took 393 s instead of 68 with this jitted too). merge, aggregate and compute, whose shapes
-    # are the state's, run as one program (`_runs_eagerly`).
+    # are the state's, run as one program (`runs_eagerly`).
     return self._statistics(self._checked_inputs(self.routed(kwargs)))
 
   def _statistics(self, kwargs: dict[str, Any]) -> Metric:
     """The batch's state from checked inputs (see :meth:`batch_updates`)."""
     return finished_together([self._pending(kwargs)])[0]
 
-  def _pending(self, kwargs: dict[str, Any]) -> _Pending:
+  def _pending(self, kwargs: dict[str, Any]) -> Pending:
     """The batch's statistics from checked inputs, before its `Totals` are summed (a collection
     sums the totals of its members together: `finished_together`)."""
     counts_rows = ROWS_FIELD in self._state_fields
-    rows = _RowsToCount(kwargs, self.row_inputs()) if counts_rows else None
-    return _Pending(self, self._batch_state(**kwargs), rows)
+    rows = RowsToCount(kwargs, self.row_inputs()) if counts_rows else None
+    return Pending(self, self._batch_state(**kwargs), rows)
 
   def _gathers_totals(self) -> bool:
     """Whether a collection may take this member's batch statistics from `_pending` (its
@@ -246,7 +258,7 @@ class Metric(KeywordReader, abc.ABC):
     Raises:
       ValueError: a kind not in ``invalid_kinds``.
     """
-    return ExactCount.of(_stacked_counts(self.invalid_flags(**bad)))
+    return ExactCount.of(stacked_counts(self.invalid_flags(**bad)))
 
   def invalid_flags(self, **bad: jax.Array) -> list:
     """``bad`` in ``invalid_kinds`` order, None for a kind not given (see :meth:`count_invalid`).
@@ -346,8 +358,8 @@ class Metric(KeywordReader, abc.ABC):
         + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in diff.items())
       )
     self._check_shapes(other, "merge")
-    if _runs_eagerly(self, other):
-      return _jitted_if_traceable(_eager_merge, self._merged, self, other)
+    if runs_eagerly(self, other):
+      return jitted_if_traceable(eager_merge, self._merged, self, other)
     return self._merged(other)
 
   def _merged(self, other: Metric) -> Metric:
@@ -379,9 +391,9 @@ class Metric(KeywordReader, abc.ABC):
     Eagerly, a state spread over several devices (pmap's outputs) is fetched to the host first,
     as each accumulator's ``aggregate`` does, then combined in one program on one device.
     """
-    if _runs_eagerly(self):
-      fetched = _on_one_device(self)
-      return _jitted_if_traceable(_eager_aggregate, fetched._aggregated, fetched)
+    if runs_eagerly(self):
+      fetched = on_one_device(self)
+      return jitted_if_traceable(eager_aggregate, fetched._aggregated, fetched)
     return self._aggregated()
 
   def _aggregated(self) -> Metric:
@@ -394,164 +406,6 @@ class Metric(KeywordReader, abc.ABC):
   def compute_logs(self) -> dict[str, Any]:
     """``{name: value}``."""
     return {self.name: self.compute()}
-
-
-def _runs_eagerly(*trees) -> bool:
-  """Whether ``trees`` hold only concrete arrays (no tracer, no Python object) and a hashable
-  configuration: then an eager call runs as one jitted program (compiled once per configuration
-  and shapes), where op-by-op it would compile and dispatch each of its many small operations."""
-  concrete = (np.ndarray, np.generic, jax.Array)
-  for leaf in jax.tree.leaves(trees):
-    if isinstance(leaf, jax.core.Tracer) or not isinstance(leaf, concrete):
-      return False
-  try:
-    hash(jax.tree.structure(trees))
-  except TypeError:
-    return False
-  return True
-
-
-# A metric whose own code needs concrete values (numpy on its inputs: one written for eager use
-# only) cannot be traced; its structure is remembered here and it runs op by op, as before.
-_UNTRACEABLE: set = registry.kept(set(), "padded_eval.metrics.base._UNTRACEABLE")
-_TRACING_ERRORS = (
-  jax.errors.ConcretizationTypeError,
-  jax.errors.TracerArrayConversionError,
-  jax.errors.TracerBoolConversionError,
-  jax.errors.TracerIntegerConversionError,
-)
-
-
-def _jitted_if_traceable(
-  jitted: Callable, plain: Callable, metric: Metric, *args: Any, errors=_TRACING_ERRORS
-) -> Any:
-  """``jitted(metric, *args)``, or ``plain(*args)`` where ``metric``'s code cannot be traced
-  (tracing raised one of ``errors``; remembered by ``metric``'s structure)."""
-  key = (jax.tree.structure(metric), jitted)
-  if key not in _UNTRACEABLE:
-    try:
-      return jitted(metric, *args)
-    except errors:
-      if len(_UNTRACEABLE) >= 1024:
-        _UNTRACEABLE.clear()
-      _UNTRACEABLE.add(key)
-  return plain(*args)
-
-
-def _on_one_device(tree: Any) -> Any:
-  """``tree`` with every array held by several devices fetched to the host (numpy)."""
-  return jax.tree.map(lambda x: jax.device_get(x) if on_several_devices(x) else x, tree)
-
-
-_eager_aggregate = registry.jit(lambda metric: metric._aggregated())
-_eager_merge = registry.jit(lambda metric, other: metric._merged(other))
-_EAGER_COMPUTES: list = []  # each metric class's jitted compute (see _unstacked_only)
-
-
-def clear_eager_programs() -> None:
-  """Drops the programs eager metric calls compiled, and what they learned could not be traced
-  (`padded_eval.clear_caches` calls it)."""
-  for jitted in (_eager_aggregate, _eager_merge, *_EAGER_COMPUTES):
-    jitted.clear_cache()
-  _UNTRACEABLE.clear()
-
-
-def _unstacked_only(compute: Callable) -> Callable:
-  """``compute`` that raises a ValueError on a stacked state (per-device values would
-  come back silently): the state's shapes must be those of ``empty()``."""
-
-  @functools.wraps(compute)
-  def checked(self, *args, **kwargs):
-    expected = _empty_shapes(self)
-    for (where, shape), want in zip(full_state_shapes(self), expected):
-      if shape != want:
-        raise ValueError(
-          f"{type(self).__name__}.compute() got a stacked state "
-          f"({where}: shape {shape}, expected {want}); a "
-          "per-device state (out of pmap, or from lax.all_gather) must be combined first: "
-          "metric.aggregate().compute()"
-        )
-    if args or kwargs or not _runs_eagerly(self):
-      return compute(self, *args, **kwargs)
-    # eagerly: one program for the dozens of small operations (score buffers first cut to
-    # their used slots on the host, as masked_eval's logs program does); host values or
-    # non-array results (TypeError) keep the op-by-op path
-    plain = lambda: compute(self)  # noqa: E731
-    return _jitted_if_traceable(
-      in_order, plain, trimmed(self), errors=(*_TRACING_ERRORS, TypeError)
-    )
-
-  jitted = registry.jit(lambda metric: _dicts_in_order(compute(metric), _InOrder))
-  in_order = lambda metric: _dicts_in_order(jitted(metric), dict)  # noqa: E731
-  _EAGER_COMPUTES.append(jitted)
-  checked._checks_stacking = True
-  return checked
-
-
-class _InOrder(dict):
-  """A dict that goes through jit in insertion order (a plain dict comes back sorted by key):
-  a ``compute`` that returns ``{"loss": ..., "accuracy": ...}`` keeps its order eagerly."""
-
-
-jax.tree_util.register_pytree_node(
-  _InOrder, lambda d: (list(d.values()), tuple(d)), lambda keys, values: _InOrder(zip(keys, values))
-)
-
-
-def _dicts_in_order(tree: Any, kind: type) -> Any:
-  """``tree`` with its dicts (in dicts, lists and tuples) made ``kind``, keys in the same order."""
-  if type(tree) in (dict, _InOrder):  # other mappings (OrderedDict, ...) keep their own order
-    return kind((k, _dicts_in_order(v, kind)) for k, v in tree.items())
-  if type(tree) in (list, tuple):
-    return type(tree)(_dicts_in_order(v, kind) for v in tree)
-  return tree
-
-
-def trimmed(tree: Any) -> Any:
-  """``tree`` with every accumulator `Accumulator.trimmed`: an exact curve metric's score
-  buffers cut to the slots their elements use (rounded up to a power of two), so that computing
-  a small evaluation with a large ``capacity`` sorts what was seen, not the capacity."""
-  is_accumulator = lambda x: isinstance(x, Accumulator)  # noqa: E731
-  return jax.tree.map(
-    lambda x: x.trimmed() if is_accumulator(x) else x, tree, is_leaf=is_accumulator
-  )
-
-
-def full_state_shapes(tree: Any) -> list[tuple[str, tuple[int, ...]]]:
-  """``(path, shape)`` of every array leaf of ``tree`` (a metric, or its ``eval_shape``), each
-  accumulator's fields at their shapes in a total (`Accumulator.full_shapes`: one batch's score
-  buffer holds fewer slots than a total's). Two states that merge have equal lists."""
-  shapes = []
-  nodes = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, Accumulator))
-  for path, node in nodes[0]:
-    where = jax.tree_util.keystr(path)
-    if isinstance(node, Accumulator):
-      shapes += [(f"{where}.{f}", shape) for f, shape in zip(node._fields, node.full_shapes())]
-    else:
-      shapes.append((where, tuple(np.shape(node))))
-  return shapes
-
-
-# pytree structure -> state leaf shapes; bounded below
-_EMPTY_SHAPES: dict = registry.kept({}, "padded_eval.metrics.base._EMPTY_SHAPES")
-
-
-def _empty_shapes(metric: Metric) -> tuple[tuple[int, ...], ...]:
-  """The state leaf shapes of ``metric.empty()`` (cached by the pytree structure, which
-  holds the configuration of the metric and of any nested ones)."""
-  key = jax.tree.structure(metric)
-  try:
-    return _EMPTY_SHAPES[key]
-  except TypeError:  # an unhashable configuration value: not cached
-    key = None
-  except KeyError:
-    pass
-  shapes = tuple(shape for _, shape in full_state_shapes(jax.eval_shape(metric.empty)))
-  if key is not None:
-    if len(_EMPTY_SHAPES) >= 1024:
-      _EMPTY_SHAPES.clear()
-    _EMPTY_SHAPES[key] = shapes
-  return shapes
 
 
 _INT32 = np.iinfo(np.int32)
@@ -625,282 +479,11 @@ def _member_name(key, child: Metric, name: str) -> str:
   return key if name == child.name else f"{key}/{name}"
 
 
-class _RowsToCount:
-  """The real rows of one update (`Metric.batch_updates`), and their count once a `Totals`
-  reduction has taken them (one all-reduce, not two, under a sharded jit).
-
-  Attributes:
-    flags: bool ``[B]`` (`real_row_flags`), or None: no rows, or a mask that does not fit
-      (``_batch_state`` then raises its own ValueError, naming the input).
-    counted: the int32 count once a `Totals` reduction has summed the flags, else None.
-  """
-
-  def __init__(self, kwargs: dict, row_inputs):
-    reference = [kwargs.get(key) for key in row_inputs]
-    self._args = (kwargs.get("mask"), kwargs.get("weights"), reference)
-    try:
-      self.flags = real_row_flags(*self._args)
-    except (TypeError, ValueError):  # a bad mask: reported by the metric's own checks
-      self.flags = None
-    self.counted = None
-
-  def count(self) -> jax.Array:
-    """int32: the number of real rows (0 without rows)."""
-    if self.counted is not None:
-      return self.counted
-    flags = self.flags
-    if flags is None:  # no rows, or a bad mask: it raises here if the metric did not
-      flags = real_row_flags(*self._args)
-    return jnp.zeros((), jnp.int32) if flags is None else jnp.sum(flags, dtype=jnp.int32)
-
-
-class Totals:
-  """The totals a metric declares for one batch, and how its state is built from them.
-
-  ``_batch_state`` may return one instead of the state dict: `Metric.batch_updates` then sums
-  ``sums`` and ``counts`` together with the update's real rows in as few reductions as they
-  allow (`batch_totals`: one stacked reduction when the shapes agree, so under a sharded jit a
-  step of Accuracy or Mean is one all-reduce of one array) and calls ``build``. This is the one
-  place where statistics share a reduction with the row count: nothing ambient.
-
-  Args:
-    sums: float arrays (values already masked: 0 where not real); each is summed whole.
-    counts: bool arrays (already masked) or None (counts 0).
-    build: ``(ExactSum scalar per sum (compensated), int32 scalar per count) -> state dict``
-      (or what `then` maps to one).
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> totals = Totals([jnp.array([1.0, 2.0])], [jnp.array([True, False])], lambda s, c: (s, c))
-    >>> [float(x.total()) for x in totals.reduced(None)[0][0]]
-    [3.0]
-  """
-
-  def __init__(self, sums: list, counts: list, build: Callable[[list, list], Any]):
-    self.sums, self.counts, self.build = list(sums), list(counts), build
-
-  def then(self, fn: Callable[[Any], Any]) -> Totals:
-    """The same totals, with ``fn`` applied to what ``build`` returns."""
-    return Totals(self.sums, self.counts, lambda s, c: fn(self.build(s, c)))
-
-  def reduced(self, row_flags: jax.Array | None) -> tuple[Any, jax.Array | None]:
-    """``(build(sums, counts), real rows)``; the rows (int32) are counted in the same reduction
-    when ``row_flags`` (bool ``[B]``) has the shape of every summed array, else None."""
-    sums, counts = self.summed(row_flags)
-    return self.built(*batch_totals(sums, counts), row_flags)
-
-  def summed(self, row_flags: jax.Array | None) -> tuple[list, list]:
-    """``(sums, counts)`` to pass to `batch_totals`: ``counts`` ends with ``row_flags`` when it
-    has the shape of every summed array (the rows are then counted in the same reduction)."""
-    return list(self.sums), self.counts + ([row_flags] if self._claims(row_flags) else [])
-
-  def built(self, sums: list, counts: list, row_flags: jax.Array | None) -> tuple[Any, Any]:
-    """``(build(sums, counts), real rows or None)`` from the totals of `summed`'s arrays."""
-    counts = list(counts)
-    rows = counts.pop() if self._claims(row_flags) else None
-    return self.build(sums, counts), rows
-
-  def shape(self, row_flags: jax.Array | None) -> tuple | None:
-    """The one shape of every summed array (`summed`), or None if they differ or there are none:
-    totals of one shape share a reduction with other metrics' (`finished_together`)."""
-    sums, counts = self.summed(row_flags)
-    shapes = {np.shape(a) for a in sums + [c for c in counts if c is not None]}
-    return shapes.pop() if len(shapes) == 1 else None
-
-  def _claims(self, row_flags: jax.Array | None) -> bool:
-    arrays = [jnp.asarray(a) for a in self.sums + [c for c in self.counts if c is not None]]
-    return (
-      row_flags is not None and bool(arrays) and all(a.shape == row_flags.shape for a in arrays)
-    )
-
-
-class _Pending:
-  """One metric's statistics of a batch before its `Totals` (if it declared some) are summed.
-
-  Attributes:
-    metric: the metric whose update this is.
-    state: what its ``_batch_state`` returned: a state dict or `Totals`.
-    rows: its `_RowsToCount`, or None (the metric does not count rows).
-  """
-
-  def __init__(self, metric: Metric, state: Mapping[str, Any] | Totals, rows: Any):
-    self.metric, self.state, self.rows = metric, state, rows
-
-  @property
-  def row_flags(self) -> jax.Array | None:
-    return None if self.rows is None else self.rows.flags
-
-  def finished(self, totals: tuple[list, list] | None = None) -> Metric:
-    """The metric holding the batch's state; ``totals``: `batch_totals` of this update's
-    `Totals.summed` arrays (None: summed here, or no `Totals`)."""
-    batch_state = self.state
-    if isinstance(batch_state, Totals):  # declared totals: one reduction, with the real rows
-      if totals is None:
-        totals = batch_totals(*batch_state.summed(self.row_flags))
-      batch_state, counted = batch_state.built(*totals, self.row_flags)
-      if counted is not None:
-        self.rows.counted = counted
-    batch_state = dict(batch_state)
-    if self.rows is not None and ROWS_FIELD not in batch_state:
-      batch_state[ROWS_FIELD] = ExactCount.of(self.rows.count())
-    return self.metric.replace_state(**batch_state)
-
-
-def finished_together(pending: list[_Pending]) -> list[Metric]:
-  """The metrics of ``pending`` updates, the `Totals` of one shape summed together.
-
-  A collection's members each declare a few totals of one batch (Accuracy its hits and weights,
-  Mean its weighted values and weights, each with its real rows): summed together they are one
-  reduction (under a sharded jit one all-reduce per step, not one per member), normalized as
-  one vector (`batch_totals`). Each total is summed as alone (the same compensated sum of the
-  same elements).
-  """
-  groups: dict[tuple, list[int]] = {}
-  for i, update in enumerate(pending):
-    if isinstance(update.state, Totals):
-      shape = update.state.shape(update.row_flags)
-      groups.setdefault(("alone", i) if shape is None else ("shape", shape), []).append(i)
-  totals: dict[int, tuple[list, list]] = {}
-  for members in groups.values():
-    if len(members) == 1:
-      continue  # summed by `_Pending.finished`
-    parts = [pending[i].state.summed(pending[i].row_flags) for i in members]
-    sums, counts = batch_totals(
-      [a for part in parts for a in part[0]], [c for part in parts for c in part[1]]
-    )
-    sums, counts = iter(sums), iter(counts)
-    for i, (part_sums, part_counts) in zip(members, parts):
-      totals[i] = (
-        [next(sums) for _ in part_sums],
-        [next(counts) for _ in part_counts],
-      )
-  return [update.finished(totals.get(i)) for i, update in enumerate(pending)]
-
-
-FLOAT_COUNT_LIMIT = 1 << 24
-"""Counts of arrays with fewer elements than this are summed exactly in float32 (every partial
-sum is an integer below 2**24), so they can share one reduction with float totals."""
-
-
-def batch_totals(totals: list, counts: list) -> tuple[list, list]:
-  """A batch's float totals (compensated) and True counts, in as few reductions as they allow.
-
-  Under a sharded jit every reduction over the rows is a collective in every step, and XLA on
-  CPU pays a rendezvous of all devices per reduced array: a metric's statistics are cheapest
-  summed as one stacked array. When every array has the same shape (and the counts fewer than
-  `FLOAT_COUNT_LIMIT` elements) they are one reduction; otherwise the totals and the counts are
-  summed apart. A metric declares its totals with `Totals` (which adds the update's real rows).
-
-  Args:
-    totals: float arrays (values already masked: 0 where not real); each is summed whole.
-    counts: bool arrays (already masked), or None (counts 0).
-
-  Returns:
-    ``(ExactSum scalar per total, int32 scalar per count)``, in the order given. The totals
-    are compensated sums (:func:`padded_eval.exact._floats.compensated_sum`: error-free
-    additions in any order), so cancelling values lose nothing to the batching.
-  """
-  totals = [jnp.asarray(t) for t in totals]
-  flags = [f for f in (None if c is None else jnp.asarray(c) for c in counts) if f is not None]
-  arrays = totals + flags
-  shape = arrays[0].shape if arrays else None
-  if (
-    arrays
-    and all(a.shape == shape for a in arrays)
-    and (not flags or math.prod(shape) < FLOAT_COUNT_LIMIT)
-  ):
-    float_sums, int_sums = _one_reduction(totals, flags)
-  else:
-    pairs = [compensated_sum(t.astype(jnp.float32)) for t in totals]
-    float_sums = tuple(jnp.stack(part) for part in zip(*pairs)) if pairs else None
-    int_sums = list(_stacked_counts(flags))
-  found = iter(range(len(int_sums)))
-  zero = jnp.zeros((), jnp.int32)
-  # one ExactSum of every total, normalized as a vector (the same bits as one by one, in a
-  # fraction of the step's operations), then split
-  stacked = None if float_sums is None else ExactSum.of_pair(*float_sums)
-  float_sums = [stacked[i] for i in range(len(totals))]
-  return float_sums, [zero if c is None else int_sums[next(found)] for c in counts]
-
-
-@registry.jit
-def _one_reduction(totals: list, flags: list) -> tuple[tuple | None, list]:
-  """Compensated float32 sums of ``totals`` and int32 counts of ``flags`` (all of one shape),
-  from one reduction of their stack: ``((hi [n], lo [n]) or None without totals, counts)``.
-  Jitted: one dispatch when called eagerly, inlined under jit."""
-  stacked = jnp.stack(
-    [t.astype(jnp.float32) for t in totals] + [f.astype(jnp.float32) for f in flags]
-  )
-  sums, errors = compensated_sum(stacked, axis=tuple(range(1, stacked.ndim)))
-  counts = sums[len(totals) :].astype(jnp.int32)  # exact: integers below 2**24
-  pairs = (sums[: len(totals)], errors[: len(totals)]) if totals else None
-  return pairs, [counts[i] for i in range(len(flags))]
-
-
-def _stacked_counts(flags: list) -> jax.Array:
-  """int32 ``[len(flags)]``: the True count of each bool array (None counts 0).
-
-  Arrays of one shape are counted in one reduction of their stack: under a sharded jit that
-  is one all-reduce for all of them (XLA on CPU pays one rendezvous per reduced array).
-  """
-  counts = [jnp.zeros((), jnp.int32)] * len(flags)
-  groups: dict = {}
-  for i, flag in enumerate(flags):
-    if flag is not None:
-      flag = jnp.asarray(flag)
-      groups.setdefault(flag.shape, []).append((i, flag))
-  for shape, members in groups.items():
-    stacked = jnp.stack([flag for _, flag in members])
-    totals = jnp.sum(stacked, axis=tuple(range(1, len(shape) + 1)), dtype=jnp.int32)
-    for j, (i, _) in enumerate(members):
-      counts[i] = totals[j]
-  return jnp.stack(counts) if counts else jnp.zeros((0,), jnp.int32)
-
-
-#: The state field holding a metric's count of real rows (:meth:`Metric.example_count`).
-ROWS_FIELD = "example_rows"
-
-
 def empty_count(metric: Metric) -> ExactCount:
   """An empty scalar :class:`~padded_eval.exact.accumulate.ExactCount`: ``example_rows =
   state(empty_count)``."""
   del metric  # the same for every configuration
   return ExactCount.zeros()
-
-
-def _row_flags(values, rows: int) -> jax.Array:
-  """bool ``[rows]``: the rows of ``values`` (a prefix of the inputs' shape) with any True."""
-  values = jnp.asarray(values)
-  if values.ndim == 0:
-    return jnp.broadcast_to(values, (rows,))
-  # math.prod, not -1: a 0-row batch has no size to infer the other axis from
-  return jnp.any(values.reshape(values.shape[0], math.prod(values.shape[1:])), axis=-1)
-
-
-def real_row_flags(mask, weights, inputs) -> jax.Array | None:
-  """bool ``[B]``: the rows an update counts as real (see :meth:`Metric.example_count`).
-
-  Args:
-    mask: None or bool, a prefix of the inputs' shape (``[B]``, ``[B, T]``, ...).
-    weights: None or float, a prefix of the inputs' shape; a row whose weights are
-      all 0 is not counted.
-    inputs: the update's row inputs (:meth:`Metric.row_inputs`); the first array with a
-      leading axis gives ``B``. Without one (scalars, pytrees) no row is counted: such
-      an update cannot say.
-
-  Returns:
-    bool ``[B]``, True for a real row; None without row inputs.
-  """
-  shapes = [x.shape for x in inputs if len(getattr(x, "shape", ())) > 0]
-  if not shapes:
-    return None
-  rows = shapes[0][0]
-  real = jnp.ones((rows,), bool)
-  if mask is not None:
-    real &= _row_flags(jnp.asarray(mask).astype(bool), rows)
-  if weights is not None:
-    real &= _row_flags(jnp.asarray(weights) != 0, rows)
-  return real
 
 
 def invalid_state(metric: Metric) -> ExactCount:

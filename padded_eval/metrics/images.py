@@ -24,14 +24,8 @@ from padded_eval import validation
 from padded_eval.exact._floats import scaled_to_unit
 from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import broadcast_mask, broadcast_prefix
-from padded_eval.metrics.base import (
-  Metric,
-  Totals,
-  empty_count,
-  empty_sum,
-  invalid_state,
-  state,
-)
+from padded_eval.metrics.base import Metric, empty_count, empty_sum, invalid_state, state
+from padded_eval.metrics.totals import Totals
 
 
 def image_pair(preds, target, *, min_ndim: int = 2, owner: str) -> tuple[jax.Array, jax.Array]:

@@ -45,14 +45,8 @@ import jax.numpy as jnp
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import broadcast_mask, broadcast_prefix
-from padded_eval.metrics.base import (
-  Metric,
-  Totals,
-  empty_count,
-  empty_sum,
-  invalid_state,
-  state,
-)
+from padded_eval.metrics.base import Metric, empty_count, empty_sum, invalid_state, state
+from padded_eval.metrics.totals import Totals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,10 +98,6 @@ def rank_lists(preds, target, real) -> RankedLists:
   group_start = jax.lax.cummax(jnp.where(first, places, 0), axis=1)
   group_end = jax.lax.cummin(jnp.where(last, places, places[-1]), axis=1, reverse=True)
   return RankedLists(sorted_relevance, kept, group_start, group_end)
-
-
-def _check_k(k, allow_none: bool = True) -> None:
-  validation.check_positive_int("k", k, allow_none=allow_none)
 
 
 class RankingMetric(Metric):
@@ -184,6 +174,16 @@ class RankingMetric(Metric):
     return self.total.ratio(self.queries)
 
 
+class CutOffMetric(RankingMetric):
+  """A ranking metric scored over each query's top ``k`` candidates (``k=None``: all of them)."""
+
+  k: int | None = None
+
+  def _check_config(self):
+    super()._check_config()
+    validation.check_positive_int("k", self.k, allow_none=True)
+
+
 def _top(x: jax.Array, k: int | None) -> jax.Array:
   return x if k is None else x[:, :k]
 
@@ -194,7 +194,7 @@ def _ratio(numerator, denominator) -> jax.Array:
   return jnp.where(defined, numerator / jnp.where(defined, denominator, 1.0), 0.0)
 
 
-class RecallAtK(RankingMetric):
+class RecallAtK(CutOffMetric):
   """Recall at ``k``: the share of a query's relevant candidates ranked in its top ``k``.
 
   Equals torchmetrics ``RetrievalRecall(top_k=k)`` (with ``indexes``); a query with no
@@ -212,17 +212,12 @@ class RecallAtK(RankingMetric):
     0.5
   """
 
-  k: int | None = None
-
-  def _check_config(self):
-    _check_k(self.k)
-
   def _query_scores(self, lists):
     relevant = lists.relevant
     return _ratio(jnp.sum(_top(relevant, self.k), 1), jnp.sum(relevant, 1).astype(jnp.float32))
 
 
-class PrecisionAtK(RankingMetric):
+class PrecisionAtK(CutOffMetric):
   """Precision at ``k``: relevant candidates in the top ``k``, divided by ``k``.
 
   Equals torchmetrics ``RetrievalPrecision(top_k=k)`` (``adaptive_k=False``: a query
@@ -235,16 +230,11 @@ class PrecisionAtK(RankingMetric):
 
   Example:
     >>> import jax.numpy as jnp
-    >>> m = PrecisionAtK(2).update(preds=jnp.array([[0.9, 0.1, 0.5, 0.3]]),
-    ...                            target=jnp.array([[1, 1, 0, 0]]))
-    >>> float(m.compute())
+    >>> m = PrecisionAtK(3).update(preds=jnp.array([[0.9, 0.1, 0.5, 0.3], [0.2, 0.8, 0.4, 0.6]]),
+    ...                            target=jnp.array([[1, 1, 0, 0], [0, 1, 0, 1]]))
+    >>> round(float(m.compute()), 6)  # queries: 1 and 2 relevant in the top 3, (1/3 + 2/3) / 2
     0.5
   """
-
-  k: int | None = None
-
-  def _check_config(self):
-    _check_k(self.k)
 
   def _query_scores(self, lists):
     hits = jnp.sum(_top(lists.relevant, self.k), 1).astype(jnp.float32)
@@ -272,7 +262,7 @@ class MRR(RankingMetric):
     return jnp.where(jnp.any(relevant, 1), 1.0 / (first + 1.0), 0.0)
 
 
-class MAPAtK(RankingMetric):
+class MAPAtK(CutOffMetric):
   """Mean average precision at ``k``.
 
   A query's average precision is the mean, over the relevant candidates ranked in its
@@ -289,11 +279,6 @@ class MAPAtK(RankingMetric):
     0.833333
   """
 
-  k: int | None = None
-
-  def _check_config(self):
-    _check_k(self.k)
-
   def _query_scores(self, lists):
     relevant = _top(lists.relevant, self.k)
     hits = jnp.cumsum(relevant, axis=1).astype(jnp.float32)
@@ -302,7 +287,7 @@ class MAPAtK(RankingMetric):
     return _ratio(precision, jnp.sum(relevant, 1).astype(jnp.float32))
 
 
-class NDCGAtK(RankingMetric):
+class NDCGAtK(CutOffMetric):
   """Normalized discounted cumulative gain at ``k``, with graded relevance.
 
   ``DCG@k = sum_{rank <= k} relevance / log2(rank + 1)`` (linear gains), divided by the
@@ -323,15 +308,10 @@ class NDCGAtK(RankingMetric):
     0.342499
   """
 
-  k: int | None = None
-
   invalid_kinds: ClassVar[tuple[str, ...]] = (
     *RankingMetric.invalid_kinds,
     "infinite relevance",
   )
-
-  def _check_config(self):
-    _check_k(self.k)
 
   def _unusable_relevance(self, target: jax.Array) -> dict[str, jax.Array]:
     return {"infinite relevance": jnp.isposinf(target)}

@@ -1,7 +1,7 @@
 """The exact core written with ``lax`` (no ``jnp`` operators): the same numbers as the rules it
 keeps, on random values of every magnitude, broadcast operands included.
 
-* A batch's totals are normalized as one vector (`padded_eval.metrics.base.batch_totals`): each
+* A batch's totals are normalized as one vector (`padded_eval.metrics.totals.batch_totals`): each
   element must come out bit for bit as if normalized alone.
 * ``two_sum`` and ``ExactSum.merge`` take operands of different shapes or dtypes as ``jnp`` did
   (broadcast, promoted): ``two_sum`` stays error-free against numpy float64, and a merge with a

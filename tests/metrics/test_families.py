@@ -18,7 +18,9 @@ import skimage.metrics
 import sklearn.metrics as skm
 
 import padded_eval as pe
-from padded_eval.metrics import images, ranking, regression, report, segmentation
+from padded_eval.metrics import images, ranking
+from padded_eval.metrics.classification import report, segmentation
+from padded_eval.metrics.regression import errors as regression
 
 N, BATCH, LIST, CLASSES = 45, 16, 7, 4
 

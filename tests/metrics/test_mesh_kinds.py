@@ -4,8 +4,8 @@
 ``jax.sharding.Mesh``: before the fix the ``jit`` backend crashed there for F1, AUROC, MCC,
 CalibrationError ("Resource axis: data ... not found in mesh: ()") and every other metric
 whose batch statistics scatter or one-hot a split batch. Here rows (every metric, every
-code path) of the case tables (``tests/metric_cases.py``, ``test_classification.py``,
-``test_curves.py``) run through ``masked_eval`` on a ``make_mesh`` mesh with default axis
+code path) of the case tables (``tests/metric_cases.py``, ``classification/test_classification.py``,
+``curves/test_auc.py``) run through ``masked_eval`` on a ``make_mesh`` mesh with default axis
 types and on one with explicitly given ``AxisType.Explicit`` axes, against each case's
 independent float64 reference (numpy / scikit-learn / scipy), padded rows full of garbage.
 The cases of one group run as one collection in one step (one compilation per mesh): each
@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sklearn.metrics as skm
+import test_auc
 import test_classification
-import test_curves
 from jax.sharding import NamedSharding, PartitionSpec
 from metric_cases import CASES, poison
 from test_bootstrap import np_counts
@@ -35,7 +35,7 @@ from padded_eval.eval.backends.jit import keep_or_replicate
 AxisType = getattr(jax.sharding, "AxisType", None)
 
 
-_ALL = {case.name: case for case in CASES + test_classification.CASES + test_curves.CASES}
+_ALL = {case.name: case for case in CASES + test_classification.CASES + test_auc.CASES}
 # one row per metric and per code path of its batch statistics (task, class ids, top-k)
 GROUPS = {
   "averages_moments_text": [
