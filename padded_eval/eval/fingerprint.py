@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval.caches import registry
+from padded_eval.metrics.resampling._poisson_counts import mix32
 
 __all__ = [
   "FINGERPRINT_NAMES",
@@ -227,8 +228,4 @@ def _words(leaf: jax.Array) -> jax.Array:
 
 def _fmix32(x: jax.Array) -> jax.Array:
   """murmur3's 32-bit finaliser: a bijection whose every output bit depends on every input bit."""
-  x = x ^ (x >> 16)
-  x = x * jnp.uint32(0x85EBCA6B)
-  x = x ^ (x >> 13)
-  x = x * jnp.uint32(0xC2B2AE35)
-  return x ^ (x >> 16)
+  return mix32(x, (0x85EBCA6B, 0xC2B2AE35), 13)

@@ -49,12 +49,18 @@ def poisson_thresholds() -> np.ndarray:
   return np.asarray(thresholds, np.uint32)
 
 
-def mix32(x: jax.Array) -> jax.Array:
-  """The uint32 mixer of the module docstring (elementwise; a bijection)."""
+def mix32(
+  x: jax.Array, multipliers: tuple[int, int] = (0x7FEB352D, 0x846CA68B), middle_shift: int = 15
+) -> jax.Array:
+  """The uint32 mixer of the module docstring (elementwise; a bijection): xor-shift 16, multiply,
+  xor-shift ``middle_shift``, multiply, xor-shift 16. Other ``multipliers`` (odd) and
+  ``middle_shift`` give other mixers of the same shape (murmur3's finaliser: ``(0x85EBCA6B,
+  0xC2B2AE35)``, 13)."""
+  first, second = multipliers
   x = x ^ (x >> 16)
-  x = x * jnp.uint32(0x7FEB352D)
-  x = x ^ (x >> 15)
-  x = x * jnp.uint32(0x846CA68B)
+  x = x * jnp.uint32(first)
+  x = x ^ (x >> middle_shift)
+  x = x * jnp.uint32(second)
   return x ^ (x >> 16)
 
 
