@@ -42,6 +42,10 @@ class LastBatch(Accumulator):
   """
 
   _fields = ("updates", "last", "total", "weight")
+  updates: jax.Array
+  last: jax.Array
+  total: jax.Array
+  weight: jax.Array
 
   @classmethod
   def zeros(cls) -> LastBatch:

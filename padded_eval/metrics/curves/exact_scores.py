@@ -87,6 +87,10 @@ class ScoreBuffer(GatheredBuffer):
   """
 
   _fields = ("scores", "labels", "size", "dropped")
+  scores: jax.Array
+  labels: jax.Array
+  size: jax.Array
+  dropped: jax.Array
   _slots = (("scores", jnp.float32), ("labels", jnp.int8))  # the per-slot fields
   limit: int  # static: the capacity a merge fills (a batch's buffer may hold fewer slots)
 
@@ -232,6 +236,7 @@ class WeightedScoreBuffer(ScoreBuffer):
   """
 
   _fields = ("scores", "labels", "weights", "size", "dropped")
+  weights: jax.Array
   _slots = ScoreBuffer._slots + (("weights", jnp.float32),)
 
 

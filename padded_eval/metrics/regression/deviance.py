@@ -284,6 +284,10 @@ class _NullDeviance(Accumulator):
   """
 
   _fields = ("weight", "total", "spread")
+  power: float  # static
+  weight: ExactSum
+  total: ExactSum
+  spread: ExactSum
 
   def __init__(self, power: float, weight: ExactSum, total: ExactSum, spread: ExactSum):
     object.__setattr__(self, "power", float(power))

@@ -97,6 +97,11 @@ class Moments(Accumulator):
   """
 
   _fields = ("count", "total", "comoment", "low", "high")
+  count: ExactSum
+  total: ExactSum
+  comoment: ExactSum
+  low: jax.Array
+  high: jax.Array
 
   @classmethod
   def zeros(cls, shape=(), num_vars: int = 1) -> Moments:
