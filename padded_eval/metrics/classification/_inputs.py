@@ -102,9 +102,12 @@ def check_labels(labels, task, num_classes) -> tuple[int, ...]:
   return tuple(sorted(int(i) for i in ids))
 
 
-def num_columns(task: str, num_classes) -> int:
+def num_columns(task: str, num_classes: int | None) -> int:
   """Columns of the per-class counts: 1 for binary, else ``num_classes``."""
-  return 1 if task == "binary" else num_classes
+  if task == "binary":
+    return 1
+  assert num_classes is not None  # check_task: multiclass and multilabel name their classes
+  return num_classes
 
 
 def formatted_inputs(metric, preds, target, mask, weights=None, *, scores_only, from_logits=None):
@@ -158,11 +161,16 @@ class ClassificationMetric(Metric):
     )
     return elements, self.count_invalid(**kinds)
 
+  def _classes(self) -> int:
+    """``num_classes`` of a multiclass / multilabel task (`check_task` makes it an int)."""
+    assert self.num_classes is not None, self.task
+    return self.num_classes
+
   def included_classes(self) -> np.ndarray:
     """bool ``[L]``: False only for a multiclass ``ignore_index`` that is a class id."""
     included = np.ones(num_columns(self.task, self.num_classes), bool)
     if self.task == "multiclass" and self.ignore_index is not None:
-      if 0 <= self.ignore_index < self.num_classes:
+      if 0 <= self.ignore_index < self._classes():
         included[self.ignore_index] = False
     return included
 

@@ -139,7 +139,10 @@ class Accuracy(Metric):
 
   def _class_columns(self) -> int:
     """Columns of the per-class state: ``num_classes`` unless ``average="micro"``."""
-    return 0 if self.average == "micro" else self.num_classes
+    if self.average == "micro":
+      return 0
+    assert self.num_classes is not None  # _check_config: a per-class average needs num_classes
+    return self.num_classes
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     preds, target = jnp.asarray(preds), jnp.asarray(target)
@@ -285,7 +288,7 @@ def check_class_preds(preds: jax.Array, target: jax.Array) -> None:
 
 
 def _holds_ints(preds: jax.Array) -> bool:
-  return bool(jnp.issubdtype(preds.dtype, jnp.integer))
+  return jnp.issubdtype(preds.dtype, jnp.integer)
 
 
 def _any_hit(predicted: jax.Array, labels: jax.Array) -> jax.Array:

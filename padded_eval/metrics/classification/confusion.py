@@ -101,7 +101,11 @@ from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount, ExactSum
 from padded_eval.metrics.base import state
 from padded_eval.metrics.classification import exact_products, per_sample
-from padded_eval.metrics.classification._formatting import probabilities
+from padded_eval.metrics.classification._formatting import (
+  class_inputs,
+  label_inputs,
+  probabilities,
+)
 from padded_eval.metrics.classification._inputs import (
   MAX_MATRIX_CLASSES,
   ClassificationMetric,
@@ -147,7 +151,7 @@ class ConfusionState(ClassificationMetric):
 
   def _counts_shape(self) -> tuple[int, ...]:
     if self._uses_matrix():
-      return (self.num_classes, self.num_classes + 1)
+      return (self._classes(), self._classes() + 1)
     return (4, num_columns(self.task, self.num_classes))
 
   def _check_config(self):
@@ -161,9 +165,9 @@ class ConfusionState(ClassificationMetric):
         f"F-scores, Specificity and JaccardIndex; {type(self).__name__} with "
         f"task={self.task!r} takes top_k=1"
       )
-    if self.task == "multiclass" and self.top_k > self.num_classes:
+    if self.task == "multiclass" and self.top_k > self._classes():
       raise ValueError(f"top_k={self.top_k} exceeds num_classes={self.num_classes}")
-    if self._uses_matrix() and self.num_classes > MAX_MATRIX_CLASSES:
+    if self._uses_matrix() and self._classes() > MAX_MATRIX_CLASSES:
       raise ValueError(
         f"num_classes={self.num_classes} is too many for a [C, C + 1] matrix; "
         f"expected at most {MAX_MATRIX_CLASSES}"
@@ -171,16 +175,19 @@ class ConfusionState(ClassificationMetric):
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     check_no_weights(weights, self)
-    elements, invalid = self.elements(preds, target, mask)
+    inputs, invalid = self.elements(preds, target, mask)
     if self.task != "multiclass":
-      guess = probabilities(elements.scores, self.from_logits) > self.threshold  # NaN: False
-      counts = label_counts(elements.truth, guess, elements.valid)
-    elif self._uses_matrix():
-      predicted = elements.top_k(1)
-      counts = matrix_counts(elements.labels, predicted, elements.valid, self.num_classes)
+      labeled = label_inputs(inputs)
+      guess = probabilities(labeled.scores, self.from_logits) > self.threshold  # NaN: False
+      counts = label_counts(labeled.truth, guess, labeled.valid)
     else:
-      predicted = predicted_classes(self, elements)
-      counts = class_counts(elements.labels, predicted, elements.valid, self.num_classes)
+      elements = class_inputs(inputs)
+      if self._uses_matrix():
+        predicted = elements.top_k(1)
+        counts = matrix_counts(elements.labels, predicted, elements.valid, self._classes())
+      else:
+        predicted = predicted_classes(self, elements)
+        counts = class_counts(elements.labels, predicted, elements.valid, self._classes())
     return {"confusion": ExactCount.of(counts), "invalid": invalid}
 
   # --- views of the counts ---

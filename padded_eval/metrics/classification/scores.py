@@ -110,7 +110,7 @@ class ClassScore(ConfusionState):
 
   def _sample_shape(self) -> tuple[int, ...]:
     if self._per_sample() and self.average is None and self.task != "binary":
-      return (self.num_classes,)
+      return (self._classes(),)
     return ()
 
   def _ratio(self, numerator, denominator) -> jax.Array:

@@ -25,7 +25,11 @@ import jax.numpy as jnp
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount
 from padded_eval.metrics.base import state
-from padded_eval.metrics.classification._formatting import probabilities
+from padded_eval.metrics.classification._formatting import (
+  class_inputs,
+  label_inputs,
+  probabilities,
+)
 from padded_eval.metrics.classification._inputs import (
   ClassificationMetric,
   check_no_weights,
@@ -204,11 +208,13 @@ class ZeroOneLoss(ClassificationMetric):
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     check_no_weights(weights, self)
-    elements, invalid = self.elements(preds, target, mask)
+    inputs, invalid = self.elements(preds, target, mask)
     if self.task == "multiclass":
-      wrong = elements.top_k(1)[..., 0] != elements.labels
-      counted = elements.valid
+      classes = class_inputs(inputs)
+      wrong = classes.top_k(1)[..., 0] != classes.labels
+      counted = classes.valid
     else:
+      elements = label_inputs(inputs)
       guess = probabilities(elements.scores, self.from_logits) > self.threshold
       wrong = jnp.any(elements.valid & (guess != elements.truth), axis=-1)
       counted = jnp.any(elements.valid, axis=-1)
