@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import abc
 import functools
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -121,10 +122,12 @@ class WeightedMean(Metric):
   invalid_kinds: ClassVar[tuple[str, ...]] = (NAN_VALUE,)
 
   @abc.abstractmethod
-  def _values(self, **kwargs) -> tuple[jax.Array, str]:
+  def _values(self, *args: Any, **kwargs: Any) -> tuple[jax.Array, str]:
     """``(values to average, their name for errors)`` from the update keywords."""
 
-  def _batch_state(self, *, mask=None, weights=None, **kwargs):
+  def _batch_state(
+    self, *args: Any, mask=None, weights=None, **kwargs: Any
+  ) -> Mapping[str, Any] | Totals:
     values, ref = self._values(**kwargs)
     nan = nan_elements(values, mask, weights, ref)
     if self.power == 1:  # counted in the sums' reduction

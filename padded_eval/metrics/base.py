@@ -160,7 +160,7 @@ class Metric(KeywordReader, abc.ABC):
     return self.empty()
 
   @abc.abstractmethod
-  def _batch_state(self, **kwargs) -> Mapping[str, Any] | Totals:
+  def _batch_state(self, *args: Any, **kwargs: Any) -> Mapping[str, Any] | Totals:
     """The state of one batch: ``{state_field: accumulator}``, or the `Totals` it is built from
     (summed by `batch_updates` in one reduction with the update's real rows)."""
 
@@ -400,7 +400,7 @@ class Metric(KeywordReader, abc.ABC):
     return self._map_state(lambda a: a.aggregate())
 
   @abc.abstractmethod
-  def compute(self):
+  def compute(self) -> Any:
     """The metric's value (NaN when no real element was seen)."""
 
   def compute_logs(self) -> dict[str, Any]:

@@ -166,7 +166,7 @@ class ClassificationMetric(Metric):
     assert self.num_classes is not None, self.task
     return self.num_classes
 
-  def included_classes(self) -> np.ndarray:
+  def included_classes(self) -> np.ndarray | jax.Array:
     """bool ``[L]``: False only for a multiclass ``ignore_index`` that is a class id."""
     included = np.ones(num_columns(self.task, self.num_classes), bool)
     if self.task == "multiclass" and self.ignore_index is not None:

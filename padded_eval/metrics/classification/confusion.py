@@ -91,6 +91,7 @@ per-class scores and ConfusionMatrix with ``weighted=True``
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import ClassVar
 
 import jax
@@ -98,7 +99,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
-from padded_eval.exact.accumulate import ExactCount, ExactSum
+from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
 from padded_eval.metrics.base import state
 from padded_eval.metrics.classification import exact_products, per_sample
 from padded_eval.metrics.classification._formatting import (
@@ -143,7 +144,7 @@ class ConfusionState(ClassificationMetric):
 
   _full_matrix: ClassVar[bool] = False
 
-  def _empty_confusion(self):
+  def _empty_confusion(self) -> ExactCount | ExactSum:
     return ExactCount.zeros(self._counts_shape())
 
   def _uses_matrix(self) -> bool:
@@ -173,7 +174,9 @@ class ConfusionState(ClassificationMetric):
         f"expected at most {MAX_MATRIX_CLASSES}"
       )
 
-  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+  def _batch_state(
+    self, *, preds, target, mask=None, weights=None, **_
+  ) -> Mapping[str, Accumulator]:
     check_no_weights(weights, self)
     inputs, invalid = self.elements(preds, target, mask)
     if self.task != "multiclass":

@@ -41,7 +41,7 @@ end is ``O(L * capacity * log(capacity))``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -91,7 +91,10 @@ class ScoreBuffer(GatheredBuffer):
   labels: jax.Array
   size: jax.Array
   dropped: jax.Array
-  _slots = (("scores", jnp.float32), ("labels", jnp.int8))  # the per-slot fields
+  _slots: tuple[tuple[str, Any], ...] = (
+    ("scores", jnp.float32),
+    ("labels", jnp.int8),
+  )  # the per-slot fields
   limit: int  # static: the capacity a merge fills (a batch's buffer may hold fewer slots)
 
   @classmethod

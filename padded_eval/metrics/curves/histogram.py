@@ -90,6 +90,7 @@ sample weights, OGB's average) are in :mod:`padded_eval.metrics.curves.auc`.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from typing import ClassVar
 
 import jax
@@ -211,7 +212,9 @@ class ScoreHistogram(ClassificationMetric):
 
   _scores_only: ClassVar[bool] = True
   _takes_weights: ClassVar[bool] = False  # weighted=True (AUROC, AUPRC)
-  _row_value: ClassVar = None  # (scores, truth, valid) -> (values [R], scored [R]), "samples"
+  _row_value: ClassVar[Callable[..., tuple[jax.Array, jax.Array]] | None] = (
+    None  # (scores, truth, valid) -> (values [R], scored [R]), "samples"
+  )
 
   @property
   def invalid_kinds(self) -> tuple[str, ...]:

@@ -145,7 +145,7 @@ class WordErrorRate(TokenMetric):
   example_rows: ExactCount = state(empty_count)
 
   several_references: ClassVar[bool] = False
-  higher_is_better: ClassVar[bool] = False
+  higher_is_better: ClassVar[bool | None] = False
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     batch = self.token_batch(preds, target, mask, weights)

@@ -152,7 +152,7 @@ class BLEU(TokenMetric):
   example_rows: ExactCount = state(empty_count)
 
   invalid_kinds: ClassVar[tuple[str, ...]] = (BAD_ID, NO_REFERENCE)
-  higher_is_better: ClassVar[bool] = True
+  higher_is_better: ClassVar[bool | None] = True
 
   def _check_config(self):
     super()._check_config()

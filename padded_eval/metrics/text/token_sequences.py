@@ -220,7 +220,7 @@ class MeanRowScore(TokenMetric):
   invalid: ExactCount = state(invalid_state)
   example_rows: ExactCount = state(empty_count)
 
-  higher_is_better: ClassVar[bool] = True
+  higher_is_better: ClassVar[bool | None] = True
 
   @abc.abstractmethod
   def _row_scores(self, batch: TokenBatch) -> jax.Array:
