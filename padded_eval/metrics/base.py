@@ -27,7 +27,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import numpy as np
@@ -54,6 +54,9 @@ from padded_eval.metrics.totals import (
   stacked_counts,
 )
 from padded_eval.routing import KeywordReader, dataclass_transform
+
+if TYPE_CHECKING:
+  from typing_extensions import Self
 
 _STATE = "padded_eval_state"
 
@@ -134,7 +137,7 @@ class Metric(KeywordReader, abc.ABC):
   def _state(self) -> dict[str, Any]:
     return {f: getattr(self, f) for f in self._state_fields}
 
-  def replace_state(self, **new_state) -> Metric:
+  def replace_state(self, **new_state: Any) -> Self:
     """A copy with the given state fields replaced (configuration kept)."""
     metric = object.__new__(type(self))
     for f in self._config_fields:
@@ -143,19 +146,19 @@ class Metric(KeywordReader, abc.ABC):
       object.__setattr__(metric, f, new_state.get(f, getattr(self, f)))
     return metric
 
-  def _map_state(self, fn: Callable, *others: Metric) -> Metric:
+  def _map_state(self, fn: Callable, *others: Metric) -> Self:
     mapped = jax.tree.map(fn, self._state(), *(o._state() for o in others), is_leaf=_is_node)
     return self.replace_state(**mapped)
 
   # --- the protocol -----------------------------------------------------------------
 
-  def empty(self) -> Metric:
+  def empty(self) -> Self:
     """A metric with the empty state (same structure, shapes and dtypes as updated)."""
     return self.replace_state(
       **{f.name: f.metadata[_STATE](self) for f in dataclasses.fields(self) if is_state(f)}
     )
 
-  def reset(self) -> Metric:
+  def reset(self) -> Self:
     """An empty copy (alias of :meth:`empty`)."""
     return self.empty()
 

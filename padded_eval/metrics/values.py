@@ -173,6 +173,7 @@ class FromFun(Metric):
     object.__setattr__(self, "metric", metric.empty())
 
   @property
+  # pyrefly: ignore[bad-override]  # the wrapped metric's direction: a property over the class constant
   def higher_is_better(self) -> bool | None:
     """The wrapped metric's direction."""
     return self.metric.higher_is_better

@@ -190,6 +190,7 @@ class Bootstrap(Metric):
     object.__setattr__(self, "ids", _empty_ids(self))
 
   @property
+  # pyrefly: ignore[bad-override]  # the wrapped metric's direction: a property over the class constant
   def higher_is_better(self) -> bool | None:
     """The wrapped metric's direction (its interval's too)."""
     return self.point.higher_is_better
@@ -286,9 +287,10 @@ class Bootstrap(Metric):
 
   # --- merging (the replica axis mapped with vmap) ----------------------------------------
 
-  def merge(self, other: Bootstrap) -> Bootstrap:
+  def merge(self, other: Metric) -> Metric:
     """Both states combined, replica by replica."""
     check_mergeable(self, other)
+    assert isinstance(other, Bootstrap)  # check_mergeable: the same kind
     return self.replace_state(
       point=self.point.merge(other.point),
       replica_states=jax.vmap(lambda a, b: a.merge(b))(self.replica_states, other.replica_states),

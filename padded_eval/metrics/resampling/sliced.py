@@ -127,6 +127,7 @@ class Sliced(Metric):
   invalid: ExactCount = state(invalid_state)
 
   @property
+  # pyrefly: ignore[bad-override]  # the wrapped metric's direction: a property over the class constant
   def higher_is_better(self) -> bool | None:
     """The wrapped metric's direction (every slice's value is one of its values)."""
     return self.slices.higher_is_better
@@ -210,9 +211,10 @@ class Sliced(Metric):
 
   # --- merging (the slice axis mapped with vmap) ------------------------------------------
 
-  def merge(self, other: Sliced) -> Sliced:
+  def merge(self, other: Metric) -> Metric:
     """Both states combined, slice by slice."""
     check_mergeable(self, other)
+    assert isinstance(other, Sliced)  # check_mergeable: the same kind
     return self.replace_state(
       slices=jax.vmap(lambda a, b: a.merge(b))(self.slices, other.slices),
       slice_rows=self.slice_rows.merge(other.slice_rows),
