@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +57,9 @@ from padded_eval.metrics.resampling._poisson_counts import (
   poisson_counts,
 )
 from padded_eval.metrics.totals import real_row_flags
+
+if TYPE_CHECKING:
+  from typing_extensions import Self
 
 RESAMPLE_MODES = ("auto", "weights", "repeat")
 #: The default bound on the state's size (point estimate plus replicas), in bytes.
@@ -287,7 +290,7 @@ class Bootstrap(Metric):
 
   # --- merging (the replica axis mapped with vmap) ----------------------------------------
 
-  def merge(self, other: Metric) -> Metric:
+  def merge(self, other: Metric) -> Self:
     """Both states combined, replica by replica."""
     check_mergeable(self, other)
     assert isinstance(other, Bootstrap)  # check_mergeable: the same kind

@@ -37,7 +37,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +56,9 @@ from padded_eval.metrics.resampling.bootstrap import (
   with_row_mask,
 )
 from padded_eval.metrics.totals import real_row_flags
+
+if TYPE_CHECKING:
+  from typing_extensions import Self
 
 METHODS = ("auto", "segments", "vmap")
 #: Rows combined by one exact segment sum (ExactCount sums at most 2**16 parts exactly).
@@ -211,7 +214,7 @@ class Sliced(Metric):
 
   # --- merging (the slice axis mapped with vmap) ------------------------------------------
 
-  def merge(self, other: Metric) -> Metric:
+  def merge(self, other: Metric) -> Self:
     """Both states combined, slice by slice."""
     check_mergeable(self, other)
     assert isinstance(other, Sliced)  # check_mergeable: the same kind
