@@ -121,7 +121,9 @@ def _set_fields(obj, **values) -> None:
     elif field.default is not dataclasses.MISSING:
       value = field.default
     else:
-      value = field.default_factory()
+      factory = field.default_factory
+      assert factory is not dataclasses.MISSING, field.name  # a config field not given has one
+      value = factory()
     object.__setattr__(obj, field.name, value)
 
 

@@ -264,7 +264,7 @@ class Metric(KeywordReader, abc.ABC):
     """
     return ExactCount.of(stacked_counts(self.invalid_flags(**bad)))
 
-  def invalid_flags(self, **bad: jax.Array) -> list:
+  def invalid_flags(self, **bad: ArrayLike) -> list[ArrayLike | None]:
     """``bad`` in ``invalid_kinds`` order, None for a kind not given (see :meth:`count_invalid`).
 
     Raises:

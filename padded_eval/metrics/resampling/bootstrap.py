@@ -474,4 +474,5 @@ def repeated_updates(metric: Metric, kwargs: dict, counts: jax.Array) -> Metric:
   for bit in reversed(range(COUNT_BITS)):
     part = metric.batch_updates(**with_row_mask(kwargs, (counts >> bit) & 1 == 1))
     total = part if total is None else total.merge(total).merge(part)
+  assert total is not None  # COUNT_BITS > 0
   return total

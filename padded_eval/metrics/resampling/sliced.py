@@ -197,6 +197,7 @@ class Sliced(Metric):
       )
     check_one_per_row(self.key, ids, kwargs, "slice id")
     real = real_row_flags(kwargs.get("mask"), kwargs.get("weights"), [ids])
+    assert real is not None  # ids has a row axis
     valid = (ids >= 0) & (ids < self.num_slices)
     segment = jnp.where(valid, ids, -1).astype(jnp.int32)  # -1: dropped by segment sums
     template = self.slices.empty()
