@@ -213,7 +213,7 @@ class ScoreBuffer(GatheredBuffer):
     positives = jnp.sum(used & (self.labels == 1), -1)
     return positives.astype(jnp.float32), (self.size - positives).astype(jnp.float32)
 
-  def pooled(self, included: np.ndarray) -> ScoreBuffer:
+  def pooled(self, included: np.ndarray | jax.Array) -> ScoreBuffer:
     """One column of every ``included`` column's elements (the micro average)."""
     slots = jnp.broadcast_to(jnp.arange(self.capacity), self.labels.shape)
     used = (slots < self.size[..., None]) & jnp.asarray(included)[:, None]
