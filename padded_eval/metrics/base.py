@@ -70,6 +70,12 @@ def state(factory: Callable[[Any], Any], *, init: bool = False) -> Any:
   return dataclasses.field(init=init, repr=False, compare=False, metadata={_STATE: factory})
 
 
+def config_field(default: Any, *, kw_only: bool = True) -> Any:
+  """A keyword-only configuration field of a metric dataclass (a field specifier: type checkers
+  read its ``default`` and ``kw_only``)."""
+  return dataclasses.field(default=default, kw_only=kw_only)
+
+
 def is_state(field: dataclasses.Field) -> bool:
   """Whether a dataclass field of a metric was declared with :func:`state`."""
   return _STATE in field.metadata
@@ -79,7 +85,7 @@ def _is_node(x) -> bool:
   return isinstance(x, (Accumulator, Metric))
 
 
-@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, state))
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, state, config_field))
 @dataclasses.dataclass(frozen=True, eq=False)
 class Metric(KeywordReader, abc.ABC):
   """Base class of every metric; see the module docstring and docs/architecture.md.

@@ -13,7 +13,6 @@ The int32 batch counts (per-class tp/fp/fn/tn, the ``[C, C + 1]`` matrix) are wr
 
 from __future__ import annotations
 
-import dataclasses
 from typing import ClassVar
 
 import jax
@@ -22,17 +21,12 @@ import numpy as np
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount
-from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
+from padded_eval.metrics.base import Metric, config_field, empty_count, invalid_state, state
 from padded_eval.metrics.classification._formatting import INVALID_KINDS, format_inputs
 
 TASKS = ("binary", "multiclass", "multilabel")
 AVERAGES = ("micro", "macro", "weighted", None)
 MAX_MATRIX_CLASSES = 46339  # flat index t * (C + 1) + p stays below 2**31
-
-
-def config_field(default):
-  """A keyword-only configuration field of a metric dataclass."""
-  return dataclasses.field(default=default, kw_only=True)
 
 
 # --- configuration ---------------------------------------------------------------------
@@ -137,10 +131,10 @@ class ClassificationMetric(Metric):
   ``_batch_state``; its invalid counts go in the ``invalid`` state field.
   """
 
-  task: str = config_field("multiclass")
-  num_classes: int | None = config_field(None)
-  from_logits: bool = config_field(False)
-  ignore_index: int | None = config_field(None)
+  task: str = config_field(default="multiclass")
+  num_classes: int | None = config_field(default=None)
+  from_logits: bool = config_field(default=False)
+  ignore_index: int | None = config_field(default=None)
   invalid: ExactCount = state(invalid_state)
   example_rows: ExactCount = state(empty_count)
 

@@ -98,12 +98,12 @@ class Accuracy(Metric):
   higher_is_better: ClassVar[bool | None] = True
 
   top_k: int = 1
-  task: str = config_field("multiclass")
-  threshold: float = config_field(0.5)
-  from_logits: bool = config_field(False)
-  average: str | None = config_field("micro")
-  num_classes: int | None = config_field(None)
-  ignore_index: int | None = config_field(None)
+  task: str = config_field(default="multiclass")
+  threshold: float = config_field(default=0.5)
+  from_logits: bool = config_field(default=False)
+  average: str | None = config_field(default="micro")
+  num_classes: int | None = config_field(default=None)
+  ignore_index: int | None = config_field(default=None)
   correct: ExactSum = state(zero_total)
   weight: ExactSum = state(zero_total)
   # weighted tp, fp, fn, tn per class [4, C] for the per-class averages; [4, 0] for "micro"

@@ -87,8 +87,8 @@ class CalibrationError(ClassificationMetric):
   higher_is_better: ClassVar[bool | None] = False
 
   n_bins: int = 15
-  task: str = config_field("binary")
-  norm: str = config_field("l1")
+  task: str = config_field(default="binary")
+  norm: str = config_field(default="l1")
   count: ExactCount = state(lambda self: ExactCount.zeros((self.n_bins,)))
   hits: ExactCount = state(lambda self: ExactCount.zeros((self.n_bins,)))
   confidence: ExactSum = state(lambda self: ExactSum.zeros((self.n_bins,)))
@@ -207,11 +207,11 @@ class BrierScore(WeightedMean):
 
   higher_is_better: ClassVar[bool | None] = False
 
-  task: str = config_field("multiclass")
-  num_classes: int | None = config_field(None)
-  from_logits: bool = config_field(False)
-  ignore_index: int | None = config_field(None)
-  scale_by_half: bool | str = config_field("auto")
+  task: str = config_field(default="multiclass")
+  num_classes: int | None = config_field(default=None)
+  from_logits: bool = config_field(default=False)
+  ignore_index: int | None = config_field(default=None)
+  scale_by_half: bool | str = config_field(default="auto")
   invalid: ExactCount = state(invalid_state)
 
   invalid_kinds: ClassVar[tuple[str, ...]] = SCORE_INVALID_KINDS

@@ -135,11 +135,11 @@ class ConfusionState(ClassificationMetric):
   the module docstring for their meaning).
   """
 
-  num_classes: int | None = config_field(None)
-  task: str = config_field("multiclass")
-  threshold: float = config_field(0.5)
-  top_k: int = config_field(1)
-  top_k_rule: str = config_field("every")
+  num_classes: int | None = config_field(default=None)
+  task: str = config_field(default="multiclass")
+  threshold: float = config_field(default=0.5)
+  top_k: int = config_field(default=1)
+  top_k_rule: str = config_field(default="every")
   confusion: ExactCount = state(lambda self: self._empty_confusion())
 
   _full_matrix: ClassVar[bool] = False
@@ -265,8 +265,8 @@ class ConfusionMatrix(ConfusionState):
   higher_is_better: ClassVar[bool | None] = None
 
   num_classes: int | None = None
-  normalize: str | None = config_field(None)
-  weighted: bool = config_field(False)
+  normalize: str | None = config_field(default=None)
+  weighted: bool = config_field(default=False)
   _full_matrix: ClassVar[bool] = True
 
   def _check_config(self):
@@ -383,8 +383,8 @@ class CohenKappa(ConfusionState):
 
   higher_is_better: ClassVar[bool | None] = True
 
-  weights: str | None = config_field(None)
-  replace_undefined_by: float = config_field(0.0)
+  weights: str | None = config_field(default=None)
+  replace_undefined_by: float = config_field(default=0.0)
   _full_matrix: ClassVar[bool] = True
   _tasks: ClassVar[tuple[str, ...]] = ("binary", "multiclass")
 

@@ -75,11 +75,11 @@ class HingeLoss(Metric):
 
   higher_is_better: ClassVar[bool | None] = False
 
-  task: str = config_field("binary")
-  num_classes: int | None = config_field(None)
-  squared: bool = config_field(False)
-  multiclass_mode: str = config_field("crammer-singer")
-  ignore_index: int | None = config_field(None)
+  task: str = config_field(default="binary")
+  num_classes: int | None = config_field(default=None)
+  squared: bool = config_field(default=False)
+  multiclass_mode: str = config_field(default="crammer-singer")
+  ignore_index: int | None = config_field(default=None)
   total: ExactSum = state(lambda self: ExactSum.zeros(self._value_shape()))
   weight: ExactSum = state(zero_total)
   invalid: ExactCount = state(invalid_state)

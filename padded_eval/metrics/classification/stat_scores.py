@@ -86,7 +86,7 @@ class StatScores(ConfusionState):
 
   higher_is_better: ClassVar[bool | None] = None
 
-  average: str | None = config_field(None)
+  average: str | None = config_field(default=None)
 
   def _check_config(self):
     super()._check_config()
@@ -122,7 +122,7 @@ class BalancedAccuracy(ConfusionState):
 
   higher_is_better: ClassVar[bool | None] = True
 
-  adjusted: bool = config_field(False)
+  adjusted: bool = config_field(default=False)
   _tasks: ClassVar[tuple[str, ...]] = ("binary", "multiclass")
 
   def _check_config(self):
@@ -199,7 +199,7 @@ class ZeroOneLoss(ClassificationMetric):
 
   higher_is_better: ClassVar[bool | None] = False
 
-  threshold: float = config_field(0.5)
+  threshold: float = config_field(default=0.5)
   samples: ExactCount = state(_zero_one_empty)  # [wrong, counted]
 
   def _check_config(self):

@@ -154,8 +154,8 @@ class AUROC(ScoreHistogram):
     0.6667
   """
 
-  max_fpr: float | None = config_field(None)
-  multi_class: str = config_field("ovr")
+  max_fpr: float | None = config_field(default=None)
+  multi_class: str = config_field(default="ovr")
   _takes_weights: ClassVar[bool] = True
   _row_value = staticmethod(sample_curves.row_auroc)
 

@@ -195,13 +195,13 @@ class ScoreHistogram(ClassificationMetric):
   higher_is_better: ClassVar[bool | None] = True
 
   num_thresholds: int | None = None
-  task: str = config_field("binary")
-  average: str | None = config_field("macro")
-  binning: str | None = config_field(None)
-  exact: bool = config_field(False)
-  capacity: int | None = config_field(None)
-  thresholds: tuple[float, ...] | None = config_field(None)
-  weighted: bool = config_field(False)
+  task: str = config_field(default="binary")
+  average: str | None = config_field(default="macro")
+  binning: str | None = config_field(default=None)
+  exact: bool = config_field(default=False)
+  capacity: int | None = config_field(default=None)
+  thresholds: tuple[float, ...] | None = config_field(default=None)
+  weighted: bool = config_field(default=False)
   # ExactSum with weighted=True
   positives: ExactCount | ExactSum = state(_empty_histogram)
   negatives: ExactCount | ExactSum = state(_empty_negatives)

@@ -108,7 +108,7 @@ class RougeL(MeanRowScore):
   """
 
   pad_id: int = 0
-  vocab_size: int | None = config_field(None)
+  vocab_size: int | None = config_field(default=None)
 
   def _row_scores(self, batch: TokenBatch) -> jax.Array:
     return rouge_l_scores(batch)
@@ -138,7 +138,7 @@ class WordErrorRate(TokenMetric):
   """
 
   pad_id: int = 0
-  vocab_size: int | None = config_field(None)
+  vocab_size: int | None = config_field(default=None)
   errors: ExactCount = state(empty_count)
   reference_tokens: ExactCount = state(empty_count)
   invalid: ExactCount = state(invalid_state)
@@ -189,7 +189,7 @@ class ExactMatch(MeanRowScore):
   """
 
   pad_id: int = 0
-  vocab_size: int | None = config_field(None)
+  vocab_size: int | None = config_field(default=None)
 
   def _row_scores(self, batch: TokenBatch) -> jax.Array:
     return exact_matches(batch, self.pad_id)
