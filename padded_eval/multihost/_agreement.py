@@ -56,7 +56,7 @@ class Agreement(NamedTuple):
 
 
 def record(
-  first: Any, mask_key: str, length: int | None, settings: dict, failure: str | None
+  first: Any, mask_key: str | None, length: int | None, settings: dict, failure: str | None
 ) -> dict:
   """This process's full pre-flight record (JSON-able).
 
@@ -98,7 +98,7 @@ def agree(
   mine: dict,
   name: str,
   timeout: float,
-  mask_key: str,
+  mask_key: str | None,
   saved: dict | None = None,
   peers: Peers | None = None,
 ) -> Agreement | None:
@@ -158,7 +158,9 @@ def _outcome(verdict: dict, peers: Peers) -> Agreement:
   return Agreement(BatchSpec.from_json(verdict["spec"]), verdict["num_steps"])
 
 
-def _verdict(peers: Peers, name: str, mask_key: str, saved: dict | None, timeout: float) -> dict:
+def _verdict(
+  peers: Peers, name: str, mask_key: str | None, saved: dict | None, timeout: float
+) -> dict:
   """The checker's verdict from everyone's digests, fetching full records only where needed."""
   digests = [json.loads(value) for value in read_all(peers, f"{name}/digest")]
 

@@ -160,7 +160,7 @@ class FeedOptions(NamedTuple):
       for the row ids of ``pe.pad_batches(..., index_key=...)``.
   """
 
-  mask_key: str
+  mask_key: str | None
   settings: dict
   num_shards: int
   timeout: float | None = None

@@ -99,6 +99,11 @@ class Backend(Protocol):
   def data_axis(self) -> str | tuple[str, ...]: ...
 
   @property
+  def split(self) -> NamedSharding:
+    """The rows split over the data axes."""
+    ...
+
+  @property
   def num_shards(self) -> int: ...
 
   @classmethod
