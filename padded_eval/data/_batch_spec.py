@@ -101,7 +101,7 @@ class BatchSpec:
   def from_batch(
     cls,
     batch: Any,
-    mask_key: str = "mask",
+    mask_key: str | None = "mask",
     index: int = 0,
     allow_strings: bool = False,
     mask_fn: Any = None,
@@ -439,7 +439,7 @@ def check_no_wrapping_ints(batch: cabc.Mapping, mask_key: str, index: int) -> No
   """
   import jax  # deferred: the data layer is usable without touching JAX
 
-  if jax.config.jax_enable_x64:
+  if jax.config.jax_enable_x64:  # pyrefly: ignore[missing-attribute]  # flags are set at runtime
     return
   mask = batch.get(mask_key)
   mask = np.asarray(mask) if mask is not None else None

@@ -448,8 +448,10 @@ def _run_steps(run: run_lib.CompiledRun, feed, first, hooks: list[Hook]) -> Any:
 
 def _checked(results: EvalResults, num_examples: int, on_invalid: str) -> EvalResults:
   """``results`` after the checks of ``on_invalid`` on its metric (rows counted, invalid values)."""
-  _check_example_counts(results.metric, num_examples, on_invalid)
-  _report_invalid(results.metric, on_invalid)
+  metric = results.metric
+  assert metric is not None  # a finished run holds its metric
+  _check_example_counts(metric, num_examples, on_invalid)
+  _report_invalid(metric, on_invalid)
   return results
 
 
