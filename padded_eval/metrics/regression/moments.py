@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import jax
@@ -117,7 +117,13 @@ class Moments(Accumulator):
     )
 
   @classmethod
-  def of(cls, values: jax.Array, real: jax.Array, w: jax.Array, axes: tuple[int, ...]) -> Moments:
+  def of(
+    cls,
+    values: jax.Array | Sequence[jax.Array],
+    real: jax.Array,
+    w: jax.Array,
+    axes: tuple[int, ...],
+  ) -> Moments:
     """The moments of one batch.
 
     Args:
