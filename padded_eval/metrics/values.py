@@ -18,7 +18,7 @@ metric given), with the update's ``mask``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import jax
 import jax.numpy as jnp
@@ -157,7 +157,7 @@ class FromFun(Metric):
     1.5
   """
 
-  fun: Callable | None = None
+  fun: Callable = cast(Callable, None)  # set by __init__, which requires it
   metric: Metric = state(lambda self: self.metric.empty())
 
   def __init__(self, fun: Callable, metric: Metric | None = None, *, name: str | None = None):

@@ -217,6 +217,7 @@ class ScoreHistogram(ClassificationMetric):
   )
 
   @property
+  # pyrefly: ignore[bad-override]  # a property over the class constant: kinds follow `weighted`
   def invalid_kinds(self) -> tuple[str, ...]:
     """The score kinds, and (``weighted=True``) the weights' own kind."""
     extra = (weighted_curves.INVALID_WEIGHT,) if self.weighted is True else ()
