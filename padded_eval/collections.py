@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import jax
 import jax.numpy as jnp
@@ -142,7 +142,7 @@ class LossAverage(Metric):
 
   higher_is_better: ClassVar[bool | None] = False
 
-  loss: Loss = None
+  loss: Loss = cast(Loss, None)  # required: _check_config refuses anything but a Loss
   total: ExactSum = state(empty_sum)
   weight: ExactSum = state(empty_sum)
   example_rows: ExactCount = state(empty_count)  # Metric.example_count (masked_eval's check)

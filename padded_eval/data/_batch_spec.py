@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections.abc as cabc
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -255,6 +255,7 @@ class BatchSpec:
     """
     where = f"the {num_shards} devices" if where is None else where
     hint = f" (pe.pad_batches(..., num_devices={num_shards}))"
+    assert self.batch_size is not None  # a checked batch's rows
     check_divisible("batch size", self.batch_size, num_shards, where, hint)
 
   @property
@@ -370,7 +371,7 @@ class BatchSpec:
       )
     fills = self.fills(pad_value)
     flat = {
-      path: np.full((size, *leaf.shape), fills[path], dtype=leaf.dtype)
+      path: np.full((size, *cast(tuple[int, ...], leaf.shape)), fills[path], dtype=leaf.dtype)
       for path, leaf in self.leaves.items()
     }
     flat[(self.mask_key or "mask",)] = np.zeros(size, dtype=bool)
