@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -56,13 +56,14 @@ from padded_eval.exact._floats import (
 )
 
 LIMB_BITS = 30
+_A = TypeVar("_A", bound="Accumulator")
 _LIMB_MASK = (1 << LIMB_BITS) - 1
 _HALF_BITS = 15
 _HALF_MASK = (1 << _HALF_BITS) - 1
 _PIECE_BITS = 10
 
 
-def register_accumulator(cls):
+def register_accumulator(cls: type[_A]) -> type[_A]:
   """Registers an :class:`Accumulator` subclass (fields in ``cls._fields``) as a pytree.
 
   Use it as a class decorator on accumulators defined outside this module.
@@ -253,7 +254,7 @@ class ExactCount(Accumulator):
   hi: jax.Array
 
   @classmethod
-  def zeros(cls, shape=()) -> ExactCount:
+  def zeros(cls, shape: int | Sequence[int] = ()) -> ExactCount:
     zero = jnp.zeros(shape, jnp.int32)
     return cls._make(zero, zero)
 
@@ -383,7 +384,7 @@ class ExactSum(Accumulator):
   exponent: jax.Array
 
   @classmethod
-  def zeros(cls, shape=()) -> ExactSum:
+  def zeros(cls, shape: int | Sequence[int] = ()) -> ExactSum:
     zero = jnp.zeros(shape, jnp.float32)
     return cls._make(zero, zero, jnp.full(shape, ZERO_EXPONENT, jnp.int32))
 
@@ -404,7 +405,13 @@ class ExactSum(Accumulator):
 
   @classmethod
   def of_sum(
-    cls, values: jax.typing.ArrayLike, *, axis=None, where=None, weights=None, power: int = 1
+    cls,
+    values: jax.typing.ArrayLike,
+    *,
+    axis: int | tuple[int, ...] | None = None,
+    where: jax.typing.ArrayLike | None = None,
+    weights: jax.typing.ArrayLike | None = None,
+    power: int = 1,
   ) -> ExactSum:
     """The total of ``weights * values**power`` over ``axis``.
 

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from padded_eval.exact._floats import exact_product, int_parts, rounded_difference
 from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
@@ -26,7 +27,9 @@ NAN_VALUE = "nan value"
 """The invalid kind of the weighted means: a real element of nonzero weight whose value is NaN."""
 
 
-def nan_elements(values, mask, weights, ref) -> jax.Array:
+def nan_elements(
+  values: ArrayLike, mask: ArrayLike | None, weights: ArrayLike | None, ref: str
+) -> jax.Array:
   """Bool, ``values``' shape: the real elements of nonzero weight whose value is NaN."""
   values = upcast(jnp.asarray(values))
   real, w = element_weights(mask, weights, values.shape, ref)
@@ -38,13 +41,19 @@ def _counted(counts) -> ExactCount:
   return ExactCount.of(jnp.stack(counts))
 
 
-def zero_total(_metric=None) -> ExactSum:
+def zero_total(_metric: Any = None) -> ExactSum:
   """An empty scalar :class:`~padded_eval.exact.accumulate.ExactSum` (a state factory)."""
   return ExactSum.zeros()
 
 
 def weighted_totals(
-  values, mask, weights, ref, power: int = 1, invalid=None, nonnegative: bool = False
+  values: ArrayLike,
+  mask: ArrayLike | None,
+  weights: ArrayLike | None,
+  ref: str,
+  power: int = 1,
+  invalid: list[ArrayLike | None] | None = None,
+  nonnegative: bool = False,
 ) -> Totals:
   """The `Totals` of ``(ExactSum(sum w * x**power), ExactSum(sum w))`` over the real elements
   of ``values`` (summed by `Metric.batch_updates`, in one reduction with the real rows where
@@ -152,17 +161,18 @@ class WeightedMean(Metric):
 class Mean(WeightedMean):
   """Weighted mean of the keyword ``argname`` over real elements (nnx ``Average``).
 
-  Every element of the value counts: a ``[B, T]`` value with a ``[B]`` mask counts
-  ``T`` elements per real row. ``weights`` follow the mask's shape rule.
+    Every element of the value counts: a ``[B, T]`` value with a ``[B]`` mask counts
+    ``T`` elements per real row. ``weights`` follow the mask's shape rule.
 
-  Args:
-    argname: the update keyword to average (default ``"values"``).
+    Args:
+      argname: the update keyword to average (default ``"values"``).
 
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> m = Mean("mse").update(mse=jnp.array([2.0, 4.0]))
-    >>> float(m.compute())
-    3.0
+    Examples:
+      >>> import jax.numpy as jnp
+  from jax.typing import ArrayLike
+      >>> m = Mean("mse").update(mse=jnp.array([2.0, 4.0]))
+      >>> float(m.compute())
+      3.0
   """
 
   argname: str = "values"

@@ -392,11 +392,11 @@ class Metric(KeywordReader, abc.ABC):
     """The configuration that shapes the statistics (all but ``name`` and arg routes)."""
     return {f: getattr(self, f) for f in self._config_fields if f not in ("name", "arg_routes")}
 
-  def reduce(self, axis_name) -> Metric:
+  def reduce(self, axis_name: str | tuple[str, ...]) -> Self:
     """Combined across the mapped axis ``axis_name`` (inside pmap / shard_map)."""
     return self._map_state(lambda a: a.reduce(axis_name))
 
-  def aggregate(self) -> Metric:
+  def aggregate(self) -> Self:
     """Combined over a leading stacked axis (after ``lax.all_gather``, or out of pmap).
 
     Eagerly, a state spread over several devices (pmap's outputs) is fetched to the host first,
@@ -407,7 +407,7 @@ class Metric(KeywordReader, abc.ABC):
       return jitted_if_traceable(eager_aggregate, fetched._aggregated, fetched)
     return self._aggregated()
 
-  def _aggregated(self) -> Metric:
+  def _aggregated(self) -> Self:
     return self._map_state(lambda a: a.aggregate())
 
   @abc.abstractmethod
