@@ -161,18 +161,17 @@ class WeightedMean(Metric):
 class Mean(WeightedMean):
   """Weighted mean of the keyword ``argname`` over real elements (nnx ``Average``).
 
-    Every element of the value counts: a ``[B, T]`` value with a ``[B]`` mask counts
-    ``T`` elements per real row. ``weights`` follow the mask's shape rule.
+  Every element of the value counts: a ``[B, T]`` value with a ``[B]`` mask counts
+  ``T`` elements per real row. ``weights`` follow the mask's shape rule.
 
-    Args:
-      argname: the update keyword to average (default ``"values"``).
+  Args:
+    argname: the update keyword to average (default ``"values"``).
 
-    Examples:
-      >>> import jax.numpy as jnp
-  from jax.typing import ArrayLike
-      >>> m = Mean("mse").update(mse=jnp.array([2.0, 4.0]))
-      >>> float(m.compute())
-      3.0
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> m = Mean("mse").update(mse=jnp.array([2.0, 4.0]))
+    >>> float(m.compute())
+    3.0
   """
 
   argname: str = "values"
