@@ -39,8 +39,8 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Container, Iterator, Mapping
+from typing import Any, ClassVar, cast
 
 import jax
 import jax.numpy as jnp
@@ -53,7 +53,7 @@ from padded_eval.metrics.totals import finished_together
 # --- names -------------------------------------------------------------------------------
 
 
-def unique_name(name: str, taken) -> str:
+def unique_name(name: str, taken: Container[str]) -> str:
   """``name``, or ``name`` with the smallest numeric suffix >= 2 not in ``taken``."""
   if name not in taken:
     return name
@@ -121,7 +121,9 @@ def _set_fields(obj, **values) -> None:
     elif field.default is not dataclasses.MISSING:
       value = field.default
     else:
-      value = field.default_factory()
+      factory = field.default_factory
+      assert factory is not dataclasses.MISSING, field.name  # a config field not given has one
+      value = factory()
     object.__setattr__(obj, field.name, value)
 
 
@@ -140,7 +142,7 @@ class LossAverage(Metric):
 
   higher_is_better: ClassVar[bool | None] = False
 
-  loss: Loss = None
+  loss: Loss = cast(Loss, None)  # required: _check_config refuses anything but a Loss
   total: ExactSum = state(empty_sum)
   weight: ExactSum = state(empty_sum)
   example_rows: ExactCount = state(empty_count)  # Metric.example_count (masked_eval's check)
@@ -165,7 +167,7 @@ class LossAverage(Metric):
     """The mean over every real element seen; NaN if none was seen."""
     return self.total.total() / self.weight.total()
 
-  def batch_mean(self, axis_name=None) -> jax.Array:
+  def batch_mean(self, axis_name: str | tuple[str, ...] | None = None) -> jax.Array:
     """Like :meth:`compute`, but 0 (with a finite gradient) when nothing was seen.
 
     With ``axis_name`` (inside pmap / shard_map) the weight is summed over that axis:
@@ -280,7 +282,7 @@ class Metrics(_Collection):
   _holds = Metric
   _takes = "Metric instances (e.g. pe.metrics.Accuracy())"
 
-  def __init__(self, metrics, *, name: str | None = None):
+  def __init__(self, metrics: Any, *, name: str | None = None) -> None:
     self._setup(metrics, name)
 
 
@@ -309,14 +311,14 @@ class Losses(_Collection):
 
   _holds = LossAverage
 
-  def __init__(self, losses, *, name: str | None = None):
+  def __init__(self, losses: Any, *, name: str | None = None) -> None:
     self._setup(losses, name)
 
   def total_loss(self) -> jax.Array:
     """The sum of the losses' means (float32 scalar; NaN if nothing was seen)."""
     return sum(self.compute().values(), jnp.float32(0.0))
 
-  def batch_loss(self, axis_name=None) -> jax.Array:
+  def batch_loss(self, axis_name: str | tuple[str, ...] | None = None) -> jax.Array:
     """:meth:`total_loss` for gradients: a loss that saw no real element counts 0, not NaN.
 
     Args:
@@ -328,7 +330,9 @@ class Losses(_Collection):
     """
     return sum((self.children[key].batch_mean(axis_name) for key in self.names), jnp.float32(0.0))
 
-  def loss_and_update(self, *, axis_name=None, **kwargs) -> tuple[jax.Array, Losses]:
+  def loss_and_update(
+    self, *, axis_name: str | tuple[str, ...] | None = None, **kwargs: Any
+  ) -> tuple[jax.Array, Losses]:
     """``(batch loss, updated)``: this batch's total loss, and ``self`` with it merged in.
 
     The batch loss is the sum over losses of each one's mean over the batch's real
@@ -378,7 +382,7 @@ class LossesAndMetrics(Metric):
   losses: Losses | None = state(_empty_or_none("losses"))
   metrics: Metrics | None = state(_empty_or_none("metrics"))
 
-  def __init__(self, *, metrics=None, losses=None, name: str | None = None):
+  def __init__(self, *, metrics: Any = None, losses: Any = None, name: str | None = None) -> None:
     if metrics is None and losses is None:
       raise ValueError("LossesAndMetrics needs metrics=..., losses=... or both; got neither")
     if losses is not None and not isinstance(losses, Losses):
@@ -402,11 +406,13 @@ class LossesAndMetrics(Metric):
     """The sum of the losses' means (0.0 without losses; NaN if nothing was seen)."""
     return jnp.float32(0.0) if self.losses is None else self.losses.total_loss()
 
-  def batch_loss(self, axis_name=None) -> jax.Array:
+  def batch_loss(self, axis_name: str | tuple[str, ...] | None = None) -> jax.Array:
     """The batch loss for gradients; see :meth:`Losses.batch_loss`."""
     return jnp.float32(0.0) if self.losses is None else self.losses.batch_loss(axis_name)
 
-  def loss_and_update(self, *, axis_name=None, **kwargs) -> tuple[jax.Array, LossesAndMetrics]:
+  def loss_and_update(
+    self, *, axis_name: str | tuple[str, ...] | None = None, **kwargs: Any
+  ) -> tuple[jax.Array, LossesAndMetrics]:
     """``(batch loss, updated)``; see :meth:`Losses.loss_and_update`."""
     batch = self.batch_updates(**kwargs)
     return batch.batch_loss(axis_name), self.merge(batch)

@@ -30,7 +30,7 @@ import copy
 import dataclasses
 import inspect
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 if TYPE_CHECKING:
   from typing_extensions import dataclass_transform
@@ -143,7 +143,8 @@ class KeywordReader:
     arg_routes: keyword routing set by :meth:`map_arg` / :meth:`index_into` (static).
   """
 
-  name: str | None = dataclasses.field(default=None, kw_only=True)
+  # None by default, replaced in __post_init__: a str once constructed
+  name: str = dataclasses.field(default=cast(str, None), kw_only=True)
   arg_routes: tuple = dataclasses.field(default=(), kw_only=True, repr=False)
 
   #: The methods whose keyword-only parameters are the update keywords read; names of

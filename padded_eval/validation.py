@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Collection
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -65,12 +65,12 @@ def check_nonnegative_int(argname: str, value: Any) -> None:
     raise ValueError(f"{argname} must be a non-negative int; got {value!r}")
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
   """Whether ``value`` is an integer (Python or numpy; ``bool`` is not one)."""
   return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[float]:
   """Whether ``value`` is a real number (Python or numpy, integer or float; ``bool`` is not one)."""
   return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
@@ -115,18 +115,13 @@ def check_divisible(
 
 def check_positive_number(argname: str, value: Any) -> None:
   """Raises ValueError unless ``value`` is a finite real number > 0 (``bool`` is refused)."""
-  if (
-    isinstance(value, bool)
-    or not isinstance(value, numbers.Real)
-    or not np.isfinite(value)
-    or value <= 0
-  ):
+  if not is_number(value) or not np.isfinite(value) or value <= 0:
     raise ValueError(f"{argname} must be a positive finite number; got {value!r}")
 
 
 def check_probability(argname: str, value: Any) -> None:
   """Raises ValueError unless ``value`` is a real number in ``[0, 1]``."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
+  if not is_number(value) or not 0 <= value <= 1:
     raise ValueError(f"{argname} must be a number in [0, 1]; got {value!r}")
 
 

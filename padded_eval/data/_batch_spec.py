@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections.abc as cabc
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -101,7 +101,7 @@ class BatchSpec:
   def from_batch(
     cls,
     batch: Any,
-    mask_key: str = "mask",
+    mask_key: str | None = "mask",
     index: int = 0,
     allow_strings: bool = False,
     mask_fn: Any = None,
@@ -255,6 +255,7 @@ class BatchSpec:
     """
     where = f"the {num_shards} devices" if where is None else where
     hint = f" (pe.pad_batches(..., num_devices={num_shards}))"
+    assert self.batch_size is not None  # a checked batch's rows
     check_divisible("batch size", self.batch_size, num_shards, where, hint)
 
   @property
@@ -370,7 +371,7 @@ class BatchSpec:
       )
     fills = self.fills(pad_value)
     flat = {
-      path: np.full((size, *leaf.shape), fills[path], dtype=leaf.dtype)
+      path: np.full((size, *cast(tuple[int, ...], leaf.shape)), fills[path], dtype=leaf.dtype)
       for path, leaf in self.leaves.items()
     }
     flat[(self.mask_key or "mask",)] = np.zeros(size, dtype=bool)
@@ -439,7 +440,7 @@ def check_no_wrapping_ints(batch: cabc.Mapping, mask_key: str, index: int) -> No
   """
   import jax  # deferred: the data layer is usable without touching JAX
 
-  if jax.config.jax_enable_x64:
+  if jax.config.jax_enable_x64:  # pyrefly: ignore[missing-attribute]  # flags are set at runtime
     return
   mask = batch.get(mask_key)
   mask = np.asarray(mask) if mask is not None else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections.abc as cabc
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -63,7 +63,9 @@ def flatten(
   """
   flat: FlatBatch = {}
   items = (
-    ((Index(i), value) for i, value in enumerate(tree)) if type(tree) is tuple else tree.items()
+    ((Index(i), value) for i, value in enumerate(tree))
+    if type(tree) is tuple
+    else cast(cabc.Mapping, tree).items()
   )
   for key, value in items:
     path = prefix + (key,)
@@ -147,11 +149,17 @@ def tree_leaves(batch: Any, index: int, allow_strings: bool = False) -> tuple[di
     "(stack one padded graph per row, e.g. one per device, on a new leading axis)"
   )
   leaves = row_leaves(flat, key_name, batch_size, index, allow_strings, ("leaf", why))
+  assert batch_size is not None  # row_leaves refused a first leaf without rows
   return leaves, batch_size, structure
 
 
 def row_leaves(
-  flat: list, key: Any, batch_size: int, index: int, allow_strings: bool, named: tuple[str, str]
+  flat: list,
+  key: Any,
+  batch_size: int | None,
+  index: int,
+  allow_strings: bool,
+  named: tuple[str, str],
 ) -> dict[Path, tuple[tuple, np.dtype]]:
   """``{path: (row shape, dtype)}`` of a batch's leaves, each checked to have `batch_size` rows.
 

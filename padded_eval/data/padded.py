@@ -263,7 +263,7 @@ class PaddedBatches(cabc.Iterable):
           raise ValueError(f"{err}{self._source.spec_hint}") from None
     self.batch_size = batch_size if batch_size is not None else self._source_batch_size(num_devices)
     real = None if num_batches is None else self._num_real_batches()
-    if real is not None and real > num_batches:
+    if real is not None and num_batches is not None and real > num_batches:
       raise ValueError(
         f"num_batches={num_batches} but the source holds {real} batches of batch_size {self.batch_size}; "
         f"pass num_batches >= {real}"

@@ -75,7 +75,7 @@ def _digits_builder_class() -> type:
     def _generate_examples(self, split: str):
       from sklearn.datasets import load_digits
 
-      digits = load_digits()
+      digits: Any = load_digits()  # a Bunch (the stubs also allow the (X, y) tuple)
       images = digits.images.astype(np.uint8)
       for row in digits_split_indices(split):
         yield int(row), {"image": images[row], "label": int(digits.target[row]), "index": int(row)}

@@ -217,7 +217,15 @@ def shard_like_flax(batch: dict[str, np.ndarray], num_devices: int) -> dict[str,
   return {k: v.reshape((num_devices, -1) + v.shape[1:]) for k, v in batch.items()}
 
 
-def naive_loop(apply_fn, params, test, batch_size: int, *, backend: str, drop_last: bool):
+def naive_loop(
+  apply_fn: Any,
+  params: Any,
+  test: dict[str, Any],
+  batch_size: int,
+  *,
+  backend: str,
+  drop_last: bool,
+) -> dict[str, Any]:
   """Runs the Flax issue's eval loop; returns a result row (``error`` set if it crashed)."""
   import jax
 
@@ -236,7 +244,7 @@ def naive_loop(apply_fn, params, test, batch_size: int, *, backend: str, drop_la
   size = len(test["label"])
   stop = size - size % batch_size if drop_last else size
   per_batch, counted = [], 0
-  row = {"traces": 0, "error": None}
+  row: dict[str, Any] = {"traces": 0, "error": None}
   for start in range(0, stop, batch_size):
     batch = {k: v[start : start + batch_size] for k, v in test.items()}
     try:
@@ -262,7 +270,9 @@ def naive_loop(apply_fn, params, test, batch_size: int, *, backend: str, drop_la
 # --- masked_eval -----------------------------------------------------------------------
 
 
-def masked_eval_row(apply_fn, params, test_dataset, batch_size: int, backend: str):
+def masked_eval_row(
+  apply_fn: Any, params: Any, test_dataset: Any, batch_size: int, backend: str
+) -> dict[str, Any]:
   """Evaluates with ``pe.masked_eval`` over ``pe.pad_batches``; returns a result row."""
   import padded_eval as pe
   from padded_eval.metrics import F1Score, Precision, Recall
@@ -290,7 +300,9 @@ def masked_eval_row(apply_fn, params, test_dataset, batch_size: int, backend: st
 
   batches = pe.pad_batches(test_dataset, batch_size, index_key="index")  # ids for the bootstrap
   results = pe.masked_eval(step_fn, params, batches, backend=backend)
-  row = {key: float(results[key]) for key in METRIC_KEYS + ("accuracy_low", "accuracy_high")}
+  row: dict[str, Any] = {
+    key: float(results[key]) for key in METRIC_KEYS + ("accuracy_low", "accuracy_high")
+  }
   row.update(num_examples=int(results["num_examples"]), traces=traces[0], error=None)
   return row
 
@@ -433,7 +445,7 @@ def run(args: argparse.Namespace) -> int:
   train, test, test_dataset = load_digits_splits(args.data_dir)
   apply_fn, params = train_model(train, args.train_steps, args.seed)
   reference = dict(sklearn_row(apply_fn, params, test), label="scikit-learn, whole split (float64)")
-  rows = [reference]
+  rows: list[dict[str, Any]] = [reference]
   naive_runs = [
     ("(a) naive pmap loop, last batch dropped", "pmap", True),
     ("(b) naive pmap loop, last batch kept", "pmap", False),
@@ -448,6 +460,7 @@ def run(args: argparse.Namespace) -> int:
     )
   exact = True
   for backend in backends:
+    row: dict[str, Any]
     try:
       row = masked_eval_row(apply_fn, params, test_dataset, args.batch_size, backend)
     except Exception as error:  # report, then fail the run

@@ -33,7 +33,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, overload
 
 import jax
 import numpy as np
@@ -73,6 +73,72 @@ class InvalidValuesWarning(RuntimeWarning):
     >>> any(issubclass(w.category, pe.InvalidValuesWarning) for w in caught)
     True
   """
+
+
+@overload
+def masked_eval(
+  step_fn: Callable[[Any, Any], Metric],
+  params: Any,
+  batches: cabc.Iterable,
+  *,
+  backend: str = "pmap",
+  axis_name: str = "batch",
+  mesh: Mesh | None = None,
+  data_axes: str | tuple[str, ...] | None = None,
+  progress: bool = False,
+  mask_key: str | Callable[[Any], Any] = "mask",
+  steps_in_flight: int | None = None,
+  timeout: float | None = None,
+  on_invalid: str = "raise",
+  outputs: Literal[False] = False,
+  checkpoint_dir: Any = None,
+  checkpoint_every: int = 100,
+  mask_fn: Callable[[Any], Any] | None = None,
+) -> dict[str, Any]: ...
+
+
+@overload
+def masked_eval(
+  step_fn: Callable[[Any, Any], Metric],
+  params: Any,
+  batches: cabc.Iterable,
+  *,
+  backend: str = "pmap",
+  axis_name: str = "batch",
+  mesh: Mesh | None = None,
+  data_axes: str | tuple[str, ...] | None = None,
+  progress: bool = False,
+  mask_key: str | Callable[[Any], Any] = "mask",
+  steps_in_flight: int | None = None,
+  timeout: float | None = None,
+  on_invalid: str = "raise",
+  outputs: Literal[True],
+  checkpoint_dir: Any = None,
+  checkpoint_every: int = 100,
+  mask_fn: Callable[[Any], Any] | None = None,
+) -> tuple[dict[str, Any], Any]: ...
+
+
+@overload
+def masked_eval(
+  step_fn: Callable[[Any, Any], Metric],
+  params: Any,
+  batches: cabc.Iterable,
+  *,
+  backend: str = "pmap",
+  axis_name: str = "batch",
+  mesh: Mesh | None = None,
+  data_axes: str | tuple[str, ...] | None = None,
+  progress: bool = False,
+  mask_key: str | Callable[[Any], Any] = "mask",
+  steps_in_flight: int | None = None,
+  timeout: float | None = None,
+  on_invalid: str = "raise",
+  outputs: bool = False,
+  checkpoint_dir: Any = None,
+  checkpoint_every: int = 100,
+  mask_fn: Callable[[Any], Any] | None = None,
+) -> dict[str, Any] | tuple[dict[str, Any], Any]: ...
 
 
 def masked_eval(
@@ -382,8 +448,10 @@ def _run_steps(run: run_lib.CompiledRun, feed, first, hooks: list[Hook]) -> Any:
 
 def _checked(results: EvalResults, num_examples: int, on_invalid: str) -> EvalResults:
   """``results`` after the checks of ``on_invalid`` on its metric (rows counted, invalid values)."""
-  _check_example_counts(results.metric, num_examples, on_invalid)
-  _report_invalid(results.metric, on_invalid)
+  metric = results.metric
+  assert metric is not None  # a finished run holds its metric
+  _check_example_counts(metric, num_examples, on_invalid)
+  _report_invalid(metric, on_invalid)
   return results
 
 

@@ -56,7 +56,7 @@ class Outputs(Hook):
   are collected once the step has finished (`padded_eval.eval.outputs.RowOutputs`); `finish`
   returns ``(results, per_row)``."""
 
-  def __init__(self, row_axes: int, mask_key: str, num_batches: int | None):
+  def __init__(self, row_axes: int, mask_key: str | None, num_batches: int | None):
     self._rows = RowOutputs(row_axes, mask_key, num_batches)
     self._pending: dict = {}  # step index -> its copies on their way to the host
 

@@ -216,7 +216,8 @@ class RunEntry:
   def compile_final_ahead(self, params: Any, state: Any) -> None:
     """Starts compiling the final reduce for ``state`` on a worker thread, once (traced and
     lowered here; one process, and not under ``jax.disable_jit()``, where it runs op by op)."""
-    if self._final is None or self._compiled_final is not None or jax.config.jax_disable_jit:
+    disabled = jax.config.jax_disable_jit  # pyrefly: ignore[missing-attribute]  # a runtime flag
+    if self._final is None or self._compiled_final is not None or disabled:
       return
     if several_processes():  # a multi-process pmap's AOT program takes global shapes: jitted
       return

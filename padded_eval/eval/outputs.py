@@ -143,7 +143,7 @@ class RowOutputs:
     num_batches: the number of batches when known (sizes the buffers), else None.
   """
 
-  def __init__(self, row_axes: int, mask_key: str, num_batches: int | None = None):
+  def __init__(self, row_axes: int, mask_key: str | None, num_batches: int | None = None):
     self._row_axes = row_axes
     self._mask_key = mask_key
     self._num_batches = num_batches

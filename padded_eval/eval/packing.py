@@ -71,13 +71,15 @@ class StatePacking:
       for field in range(len(kind._fields))
       for _, leaf in members
     ] + own
-    specs, start = [None] * len(leaves), 0
+    specs: list[Any] = [None] * len(leaves)  # every leaf's, in leaf order
+    start = 0
     for index in order:
       leaf = np.asarray(leaves[index])
       size = leaf.size * _words_per_element(leaf.dtype)
       specs[index] = (leaf.shape, leaf.dtype, start, size)
       start += size
-    self.specs, self.nwords, self._order = tuple(specs), start, tuple(order)
+    self.specs: tuple[tuple[tuple[int, ...], np.dtype, int, int], ...] = tuple(specs)
+    self.nwords, self._order = start, tuple(order)
     self._groups = tuple(
       (kind, tuple(i for i, _ in members)) for kind, members in groups.items() if members
     )

@@ -47,7 +47,7 @@ class EvalResults(dict):
     4.0
   """
 
-  def __init__(self, values: dict[str, Any], metric: Metric | None = None):
+  def __init__(self, values: Mapping[str, Any], metric: Metric | None = None) -> None:
     super().__init__(values)
     self.metric = metric
 

@@ -25,13 +25,18 @@ worker threads (`padded_eval.eval.compiling.Compiling`) while the step compiles.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from padded_eval.eval.placement import is_small_state
 from padded_eval.metrics.base import Metric
 from padded_eval.multihost.distributed import StepInput
+
+if TYPE_CHECKING:
+  from padded_eval.eval.backends import Backend
+  from padded_eval.eval.cache import RunEntry
+  from padded_eval.eval.results import EvalResults
 
 __all__ = ["CompiledRun", "start"]
 
@@ -48,10 +53,23 @@ class CompiledRun:
     empty: the empty host state ``(metric, ExactCount)`` of one shard (read-only).
   """
 
-  def __init__(self, backend, params, first, empty, entry=None, state=None, stored=None):
+  def __init__(
+    self,
+    backend: Backend,
+    params: Any,
+    first: Any,
+    empty: Any,
+    entry: RunEntry | None = None,
+    state: Any = None,
+    stored: EvalResults | None = None,
+  ):
     self._backend, self._params, self._entry = backend, params, entry
     self.initial_state, self.first, self.empty, self.stored = state, first, empty, stored
     self.row_axes = backend.row_axes
+
+  def _compiled(self) -> RunEntry:
+    assert self._entry is not None  # a stored result runs no step
+    return self._entry
 
   def place(self, step_input: StepInput) -> Any:
     """``step_input`` on the devices."""
@@ -59,11 +77,11 @@ class CompiledRun:
 
   def step(self, state: Any, placed: Any) -> tuple[Any, Any, Any]:
     """Dispatches one step: ``(state, token, per_row)`` (see `padded_eval.eval.backends.CompiledStep`)."""
-    return self._entry.step(self._params, state, placed)
+    return self._compiled().step(self._params, state, placed)
 
   def finish(self, state: Any, wait: Callable[[Any], None]) -> tuple[Metric, int]:
     """The final reduce of ``state``, waited for with ``wait``, fetched: ``(metric, num_examples)``."""
-    final = self._entry.final_program()
+    final = self._compiled().final_program()
     if final is not None:  # the one reduction across shards
       # XLA lays out a zero-size output (an empty score buffer) replicated; the reduce, as
       # compiled, takes every carried leaf split over the devices
@@ -71,7 +89,7 @@ class CompiledRun:
       state = jax.tree.map(lambda x: jax.device_put(x, split) if x.size == 0 else x, state)
       state = final(self._params, state)
     wait(state)
-    metric, count = self._entry.carrier.unpack_host(self._backend.to_host(state))
+    metric, count = self._compiled().carrier.unpack_host(self._backend.to_host(state))
     return metric, int(count.to_numpy())
 
 

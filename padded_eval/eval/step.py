@@ -108,7 +108,9 @@ def row_count(batch, mask: RowMask) -> ExactCount:
   return ExactCount.of(jnp.sum(mask.of(batch), dtype=jnp.int32))
 
 
-def batch_statistics(inner: Callable, mask: RowMask, axis: str | None) -> Callable:
+def batch_statistics(
+  inner: Callable, mask: RowMask, axis: str | tuple[str, ...] | None
+) -> Callable:
   """``(params, batch) -> (metric, row count)`` of one batch, reduced over ``axis`` if given."""
 
   def statistics(params, batch):
@@ -153,12 +155,12 @@ def merge_step(inner: Callable, mask: RowMask, sync_total: Callable, carrier: An
   return masked_eval_step
 
 
-def reduce_state(axis: str) -> Callable:
+def reduce_state(axis: str | tuple[str, ...]) -> Callable:
   """``(metric, count) -> (metric, count)`` combined across the mapped axis ``axis``."""
   return lambda state: (state[0].reduce(axis), state[1].reduce(axis))
 
 
-def reduce_carried(carrier: Any, axis: str) -> Callable:
+def reduce_carried(carrier: Any, axis: str | tuple[str, ...]) -> Callable:
   """``(params, carried) -> carried``: one shard's carried state combined exactly across the
   mapped axis ``axis`` (`reduce_state`), read and written by ``carrier``: the final reduce."""
   return lambda params, state: carrier.pack(reduce_state(axis)(carrier.unpack(state)))

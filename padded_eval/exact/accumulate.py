@@ -26,12 +26,16 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+if TYPE_CHECKING:
+  from typing_extensions import Self
 
 from padded_eval.exact._floats import (
   ZERO_EXPONENT,
@@ -52,13 +56,14 @@ from padded_eval.exact._floats import (
 )
 
 LIMB_BITS = 30
+_A = TypeVar("_A", bound="Accumulator")
 _LIMB_MASK = (1 << LIMB_BITS) - 1
 _HALF_BITS = 15
 _HALF_MASK = (1 << _HALF_BITS) - 1
 _PIECE_BITS = 10
 
 
-def register_accumulator(cls):
+def register_accumulator(cls: type[_A]) -> type[_A]:
   """Registers an :class:`Accumulator` subclass (fields in ``cls._fields``) as a pytree.
 
   Use it as a class decorator on accumulators defined outside this module.
@@ -92,7 +97,7 @@ class Accumulator(abc.ABC):
     raise AttributeError(f"{type(self).__name__} is immutable")
 
   @classmethod
-  def _make(cls, *values) -> Accumulator:
+  def _make(cls, *values: jax.typing.ArrayLike | Accumulator) -> Self:
     """An accumulator holding ``values``, one per name in ``_fields``, in order."""
     acc = object.__new__(cls)
     for name, value in zip(cls._fields, values, strict=True):
@@ -108,28 +113,30 @@ class Accumulator(abc.ABC):
     except for accumulators whose one batch holds less (a score buffer's slots)."""
     return tuple(np.shape(getattr(self, f)) for f in self._fields)
 
-  def trimmed(self) -> Accumulator:
+  def trimmed(self) -> Self:
     """The same total in the fewest slots its concrete values need, for computing it (a score
     buffer's used slots); most accumulators return themselves."""
     return self
 
   @abc.abstractmethod
-  def merge(self, other):
+  def merge(self, other: Self) -> Self:
     """Both totals combined."""
 
   @abc.abstractmethod
-  def _combine(self, total: Callable, maximum: Callable, n: int, spread: Callable | None = None):
+  def _combine(
+    self, total: Callable, maximum: Callable, n: int, spread: Callable | None = None
+  ) -> Self:
     """Totals ``n`` parts given a summing and a maximum function over them; ``spread`` maps a
     combined value back onto the parts (default: broadcast)."""
 
-  def reduce(self, axis_name) -> Accumulator:
+  def reduce(self, axis_name: str | tuple[str, ...]) -> Self:
     """Totals across the mapped axis ``axis_name``; every device gets the total."""
     n = _axis_size(axis_name)
     return self._combine(
       lambda x: jax.lax.psum(x, axis_name), lambda x: jax.lax.pmax(x, axis_name), n
     )
 
-  def segment_sum(self, segment_ids: jax.Array, num_segments: int) -> Accumulator:
+  def segment_sum(self, segment_ids: jax.Array, num_segments: int) -> Self:
     """Totals of the leading axis's parts grouped by ``segment_ids``: ``[num_segments, ...]``.
 
     The same exact combination as :meth:`aggregate` (count limbs split so the integer sums
@@ -155,7 +162,7 @@ class Accumulator(abc.ABC):
 
     return self._combine(total, maximum, n, spread=lambda x: x[jnp.clip(ids, 0, num_segments - 1)])
 
-  def aggregate(self) -> Accumulator:
+  def aggregate(self) -> Self:
     """Totals over a leading stacked axis (after ``all_gather`` or out of ``pmap``).
 
     Eagerly, parts spread over several devices (``pmap``'s outputs) are fetched to the
@@ -179,7 +186,7 @@ class GatheredBuffer(Accumulator):
   buffers of the rank correlations): parts combine by gathering every part and folding them
   with ``merge``, never by summing limbs."""
 
-  def reduce(self, axis_name) -> GatheredBuffer:
+  def reduce(self, axis_name: str | tuple[str, ...]) -> Self:
     """Every device's buffer gathered and folded (every device gets the whole).
 
     The gather is a ``psum`` of each buffer written into its own row of a zero
@@ -195,7 +202,7 @@ class GatheredBuffer(Accumulator):
 
     return jax.tree.map(gathered, self).aggregate()
 
-  def aggregate(self) -> GatheredBuffer:
+  def aggregate(self) -> Self:
     """The buffers stacked on a leading axis, folded into one."""
     parts = self
     if any(on_several_devices(x) for x in jax.tree.leaves(self)):
@@ -205,7 +212,9 @@ class GatheredBuffer(Accumulator):
       folded = folded.merge(jax.tree.map(lambda x, i=i: x[i], parts))
     return folded
 
-  def _combine(self, total, maximum, n, spread=None):
+  def _combine(
+    self, total: Callable, maximum: Callable, n: int, spread: Callable | None = None
+  ) -> Self:
     del total, maximum, n, spread
     raise ValueError(
       f"a {type(self).__name__} is combined by gathering, not summing: use reduce(axis_name) "
@@ -245,7 +254,7 @@ class ExactCount(Accumulator):
   hi: jax.Array
 
   @classmethod
-  def zeros(cls, shape=()) -> ExactCount:
+  def zeros(cls, shape: int | Sequence[int] = ()) -> ExactCount:
     zero = jnp.zeros(shape, jnp.int32)
     return cls._make(zero, zero)
 
@@ -262,11 +271,13 @@ class ExactCount(Accumulator):
     counts = counts.astype(jnp.int32)
     return cls._make(counts & _LIMB_MASK, counts >> LIMB_BITS)
 
-  def merge(self, other: ExactCount) -> ExactCount:
+  def merge(self, other: Self) -> Self:
     lo = self.lo + other.lo  # < 2**31: cannot wrap
     return self._make(lo & _LIMB_MASK, self.hi + other.hi + (lo >> LIMB_BITS))
 
-  def _combine(self, total, maximum, n, spread=None):
+  def _combine(
+    self, total: Callable, maximum: Callable, n: int, spread: Callable | None = None
+  ) -> Self:
     del maximum, spread
     if n >= 1 << (31 - _HALF_BITS):
       raise ValueError(f"ExactCount reduces over at most {1 << 16} devices; got {n}")
@@ -373,7 +384,7 @@ class ExactSum(Accumulator):
   exponent: jax.Array
 
   @classmethod
-  def zeros(cls, shape=()) -> ExactSum:
+  def zeros(cls, shape: int | Sequence[int] = ()) -> ExactSum:
     zero = jnp.zeros(shape, jnp.float32)
     return cls._make(zero, zero, jnp.full(shape, ZERO_EXPONENT, jnp.int32))
 
@@ -394,7 +405,13 @@ class ExactSum(Accumulator):
 
   @classmethod
   def of_sum(
-    cls, values: jax.typing.ArrayLike, *, axis=None, where=None, weights=None, power: int = 1
+    cls,
+    values: jax.typing.ArrayLike,
+    *,
+    axis: int | tuple[int, ...] | None = None,
+    where: jax.typing.ArrayLike | None = None,
+    weights: jax.typing.ArrayLike | None = None,
+    power: int = 1,
   ) -> ExactSum:
     """The total of ``weights * values**power`` over ``axis``.
 
@@ -446,7 +463,7 @@ class ExactSum(Accumulator):
     return cls.of_pair(*compensated_sum(values, axis=axis), exp)
 
   @classmethod
-  def of_product(cls, a: jax.typing.ArrayLike, b: jax.typing.ArrayLike) -> ExactSum:
+  def of_product(cls, a: jax.Array, b: jax.Array) -> ExactSum:
     """The exact product ``a * b`` of two float32 arrays (broadcast), never over- or underflowing."""
     (a_mantissa, a_exponent), (b_mantissa, b_exponent) = frexp(upcast(a)), frexp(upcast(b))
     product, error = two_prod(a_mantissa, b_mantissa)
@@ -456,7 +473,7 @@ class ExactSum(Accumulator):
     """The totals at ``index`` (any numpy-style index of the total array)."""
     return self._make(self.hi[index], self.lo[index], self.exponent[index])
 
-  def merge(self, other: ExactSum) -> ExactSum:
+  def merge(self, other: Self) -> Self:
     mine, theirs = lax_operands(self.exponent, other.exponent)
     exp = lax.max(mine, theirs)
     mine, theirs = lax.sub(mine, exp), lax.sub(theirs, exp)
@@ -465,7 +482,9 @@ class ExactSum(Accumulator):
     hi, lo = two_sum(a_hi, b_hi)
     return self._make(*_normalized(hi, lax.add(lo, lax.add(a_lo, b_lo)), exp))
 
-  def _combine(self, total, maximum, n, spread=None):
+  def _combine(
+    self, total: Callable, maximum: Callable, n: int, spread: Callable | None = None
+  ) -> Self:
     # Scale every part to the largest exponent, then split it at a quantum common to all
     # parts, so that the high parts are multiples of it with at most 24 - ceil(log2 n)
     # bits: their total is exact in any order.

@@ -74,7 +74,7 @@ class Loss(KeywordReader, abc.ABC):
     return self._batch_terms(**kwargs)
 
   @abc.abstractmethod
-  def _batch_terms(self, **kwargs) -> tuple[jax.Array, jax.Array]:
+  def _batch_terms(self, *args: Any, **kwargs: Any) -> tuple[jax.Array, jax.Array]:
     """``(total, weight)`` of one batch, after keyword routing."""
 
   def __call__(self, **kwargs) -> jax.Array:

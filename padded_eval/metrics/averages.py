@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import abc
 import functools
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from padded_eval.exact._floats import exact_product, int_parts, rounded_difference
 from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
@@ -25,7 +27,9 @@ NAN_VALUE = "nan value"
 """The invalid kind of the weighted means: a real element of nonzero weight whose value is NaN."""
 
 
-def nan_elements(values, mask, weights, ref) -> jax.Array:
+def nan_elements(
+  values: ArrayLike, mask: ArrayLike | None, weights: ArrayLike | None, ref: str
+) -> jax.Array:
   """Bool, ``values``' shape: the real elements of nonzero weight whose value is NaN."""
   values = upcast(jnp.asarray(values))
   real, w = element_weights(mask, weights, values.shape, ref)
@@ -37,13 +41,19 @@ def _counted(counts) -> ExactCount:
   return ExactCount.of(jnp.stack(counts))
 
 
-def zero_total(_metric=None) -> ExactSum:
+def zero_total(_metric: Any = None) -> ExactSum:
   """An empty scalar :class:`~padded_eval.exact.accumulate.ExactSum` (a state factory)."""
   return ExactSum.zeros()
 
 
 def weighted_totals(
-  values, mask, weights, ref, power: int = 1, invalid=None, nonnegative: bool = False
+  values: ArrayLike,
+  mask: ArrayLike | None,
+  weights: ArrayLike | None,
+  ref: str,
+  power: int = 1,
+  invalid: list[ArrayLike | None] | None = None,
+  nonnegative: bool = False,
 ) -> Totals:
   """The `Totals` of ``(ExactSum(sum w * x**power), ExactSum(sum w))`` over the real elements
   of ``values`` (summed by `Metric.batch_updates`, in one reduction with the real rows where
@@ -121,10 +131,12 @@ class WeightedMean(Metric):
   invalid_kinds: ClassVar[tuple[str, ...]] = (NAN_VALUE,)
 
   @abc.abstractmethod
-  def _values(self, **kwargs) -> tuple[jax.Array, str]:
+  def _values(self, *args: Any, **kwargs: Any) -> tuple[jax.Array, str]:
     """``(values to average, their name for errors)`` from the update keywords."""
 
-  def _batch_state(self, *, mask=None, weights=None, **kwargs):
+  def _batch_state(
+    self, *args: Any, mask=None, weights=None, **kwargs: Any
+  ) -> Mapping[str, Any] | Totals:
     values, ref = self._values(**kwargs)
     nan = nan_elements(values, mask, weights, ref)
     if self.power == 1:  # counted in the sums' reduction

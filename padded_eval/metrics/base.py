@@ -27,7 +27,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import jax
 import numpy as np
@@ -55,6 +55,9 @@ from padded_eval.metrics.totals import (
 )
 from padded_eval.routing import KeywordReader, dataclass_transform
 
+if TYPE_CHECKING:
+  from typing_extensions import Self
+
 _STATE = "padded_eval_state"
 
 
@@ -67,6 +70,12 @@ def state(factory: Callable[[Any], Any], *, init: bool = False) -> Any:
   return dataclasses.field(init=init, repr=False, compare=False, metadata={_STATE: factory})
 
 
+def config_field(default: Any, *, kw_only: bool = True) -> Any:
+  """A keyword-only configuration field of a metric dataclass (a field specifier: type checkers
+  read its ``default`` and ``kw_only``)."""
+  return dataclasses.field(default=default, kw_only=kw_only)
+
+
 def is_state(field: dataclasses.Field) -> bool:
   """Whether a dataclass field of a metric was declared with :func:`state`."""
   return _STATE in field.metadata
@@ -76,7 +85,7 @@ def _is_node(x) -> bool:
   return isinstance(x, (Accumulator, Metric))
 
 
-@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, state))
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, state, config_field))
 @dataclasses.dataclass(frozen=True, eq=False)
 class Metric(KeywordReader, abc.ABC):
   """Base class of every metric; see the module docstring and docs/architecture.md.
@@ -134,7 +143,7 @@ class Metric(KeywordReader, abc.ABC):
   def _state(self) -> dict[str, Any]:
     return {f: getattr(self, f) for f in self._state_fields}
 
-  def replace_state(self, **new_state) -> Metric:
+  def replace_state(self, **new_state: Any) -> Self:
     """A copy with the given state fields replaced (configuration kept)."""
     metric = object.__new__(type(self))
     for f in self._config_fields:
@@ -143,28 +152,28 @@ class Metric(KeywordReader, abc.ABC):
       object.__setattr__(metric, f, new_state.get(f, getattr(self, f)))
     return metric
 
-  def _map_state(self, fn: Callable, *others: Metric) -> Metric:
+  def _map_state(self, fn: Callable, *others: Metric) -> Self:
     mapped = jax.tree.map(fn, self._state(), *(o._state() for o in others), is_leaf=_is_node)
     return self.replace_state(**mapped)
 
   # --- the protocol -----------------------------------------------------------------
 
-  def empty(self) -> Metric:
+  def empty(self) -> Self:
     """A metric with the empty state (same structure, shapes and dtypes as updated)."""
     return self.replace_state(
       **{f.name: f.metadata[_STATE](self) for f in dataclasses.fields(self) if is_state(f)}
     )
 
-  def reset(self) -> Metric:
+  def reset(self) -> Self:
     """An empty copy (alias of :meth:`empty`)."""
     return self.empty()
 
   @abc.abstractmethod
-  def _batch_state(self, **kwargs) -> Mapping[str, Any] | Totals:
+  def _batch_state(self, *args: Any, **kwargs: Any) -> Mapping[str, Any] | Totals:
     """The state of one batch: ``{state_field: accumulator}``, or the `Totals` it is built from
     (summed by `batch_updates` in one reduction with the update's real rows)."""
 
-  def batch_updates(self, **kwargs: ArrayLike) -> Metric:
+  def batch_updates(self, **kwargs: ArrayLike) -> Self:
     """A new metric holding only this batch's statistics. Keyword-only.
 
     Inputs may be sharded any way, over the class axis too: under ``jax.set_mesh`` of a mesh
@@ -182,17 +191,18 @@ class Metric(KeywordReader, abc.ABC):
     if axes:  # jax.set_mesh of a jax.make_mesh mesh: XLA propagates the shardings inside
       replicated = jax.sharding.PartitionSpec()
       updates = lambda kw: self._batch_updates(kw)
-      return jax.sharding.auto_axes(updates, axes=axes, out_sharding=replicated)(kwargs)
+      batch = jax.sharding.auto_axes(updates, axes=axes, out_sharding=replicated)(kwargs)
+      return cast("Self", batch)  # auto_axes keeps the function's output type
     return self._batch_updates(kwargs)
 
-  def _batch_updates(self, kwargs: dict[str, Any]) -> Metric:
+  def _batch_updates(self, kwargs: dict[str, Any]) -> Self:
     # Op by op even eagerly: jitted, every new batch shape would compile the whole update, where
     # op by op it compiles only the few reductions of that shape (`python -m benchmarks --quick`
     # took 393 s instead of 68 with this jitted too). merge, aggregate and compute, whose shapes
     # are the state's, run as one program (`runs_eagerly`).
     return self._statistics(self._checked_inputs(self.routed(kwargs)))
 
-  def _statistics(self, kwargs: dict[str, Any]) -> Metric:
+  def _statistics(self, kwargs: dict[str, Any]) -> Self:
     """The batch's state from checked inputs (see :meth:`batch_updates`)."""
     return finished_together([self._pending(kwargs)])[0]
 
@@ -260,7 +270,7 @@ class Metric(KeywordReader, abc.ABC):
     """
     return ExactCount.of(stacked_counts(self.invalid_flags(**bad)))
 
-  def invalid_flags(self, **bad: jax.Array) -> list:
+  def invalid_flags(self, **bad: ArrayLike) -> list[ArrayLike | None]:
     """``bad`` in ``invalid_kinds`` order, None for a kind not given (see :meth:`count_invalid`).
 
     Raises:
@@ -279,7 +289,8 @@ class Metric(KeywordReader, abc.ABC):
     """
     if not self.invalid_kinds:
       return {}
-    counts = self.invalid.to_numpy()
+    invalid: ExactCount = getattr(self, "invalid")  # noqa: B009  (a metric with invalid kinds)
+    counts = invalid.to_numpy()
     counts = {kind: int(count) for kind, count in zip(self.invalid_kinds, counts)}
     return reported_invalid_counts(counts)
 
@@ -342,11 +353,11 @@ class Metric(KeywordReader, abc.ABC):
         report.append((_member_name(key, child, name), n))
     return report
 
-  def update(self, **kwargs: ArrayLike) -> Metric:
+  def update(self, **kwargs: ArrayLike) -> Self:
     """A new metric: this batch's statistics merged in. Keyword-only."""
     return self.merge(self.batch_updates(**kwargs))
 
-  def merge(self, other: Metric) -> Metric:
+  def merge(self, other: Metric) -> Self:
     """Both metrics' statistics combined; associative and commutative."""
     if type(other) is not type(self):
       raise ValueError(f"cannot merge {type(self).__name__} with {type(other).__name__}")
@@ -362,7 +373,7 @@ class Metric(KeywordReader, abc.ABC):
       return jitted_if_traceable(eager_merge, self._merged, self, other)
     return self._merged(other)
 
-  def _merged(self, other: Metric) -> Metric:
+  def _merged(self, other: Metric) -> Self:
     return self._map_state(lambda a, b: a.merge(b), other)
 
   def _check_shapes(self, other, action: str) -> None:
@@ -381,11 +392,11 @@ class Metric(KeywordReader, abc.ABC):
     """The configuration that shapes the statistics (all but ``name`` and arg routes)."""
     return {f: getattr(self, f) for f in self._config_fields if f not in ("name", "arg_routes")}
 
-  def reduce(self, axis_name) -> Metric:
+  def reduce(self, axis_name: str | tuple[str, ...]) -> Self:
     """Combined across the mapped axis ``axis_name`` (inside pmap / shard_map)."""
     return self._map_state(lambda a: a.reduce(axis_name))
 
-  def aggregate(self) -> Metric:
+  def aggregate(self) -> Self:
     """Combined over a leading stacked axis (after ``lax.all_gather``, or out of pmap).
 
     Eagerly, a state spread over several devices (pmap's outputs) is fetched to the host first,
@@ -396,11 +407,11 @@ class Metric(KeywordReader, abc.ABC):
       return jitted_if_traceable(eager_aggregate, fetched._aggregated, fetched)
     return self._aggregated()
 
-  def _aggregated(self) -> Metric:
+  def _aggregated(self) -> Self:
     return self._map_state(lambda a: a.aggregate())
 
   @abc.abstractmethod
-  def compute(self):
+  def compute(self) -> Any:
     """The metric's value (NaN when no real element was seen)."""
 
   def compute_logs(self) -> dict[str, Any]:

@@ -96,7 +96,7 @@ def unstacked_only(compute: Callable) -> Callable:
 
   jitted = registry.jit(lambda metric: _dicts_in_order(compute(metric), _InOrder))
   in_order = lambda metric: _dicts_in_order(jitted(metric), dict)  # noqa: E731
-  checked._checks_stacking = True
+  checked._checks_stacking = True  # pyrefly: ignore[missing-attribute]  # a marker on the function
   return checked
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import jax
 import jax.numpy as jnp
@@ -142,8 +142,11 @@ def valid_filter(x: jax.Array, kernel: np.ndarray) -> jax.Array:
   where the window fits inside the image (``[..., B, H - K + 1, W - K + 1, C]``)."""
   size = len(kernel)
   height, width = x.shape[-3] - size + 1, x.shape[-2] - size + 1
-  rows = sum(float(g) * x[..., i : i + height, :, :] for i, g in enumerate(kernel))
-  return sum(float(g) * rows[..., :, i : i + width, :] for i, g in enumerate(kernel))
+  # sum() starts at 0: 0 + an array is an array (the kernel is never empty)
+  rows = cast(jax.Array, sum(float(g) * x[..., i : i + height, :, :] for i, g in enumerate(kernel)))
+  return cast(
+    jax.Array, sum(float(g) * rows[..., :, i : i + width, :] for i, g in enumerate(kernel))
+  )
 
 
 PADDINGS = ("reflect", "valid")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -199,7 +199,8 @@ def finished_together(pending: list[Pending]) -> list[Any]:
   for members in groups.values():
     if len(members) == 1:
       continue  # summed by `Pending.finished`
-    parts = [pending[i].state.summed(pending[i].row_flags) for i in members]
+    # grouped above: states that are Totals only
+    parts = [cast(Totals, pending[i].state).summed(pending[i].row_flags) for i in members]
     sums, counts = batch_totals(
       [a for part in parts for a in part[0]], [c for part in parts for c in part[1]]
     )
@@ -238,7 +239,7 @@ def batch_totals(totals: list, counts: list) -> tuple[list, list]:
   totals = [jnp.asarray(t) for t in totals]
   flags = [f for f in (None if c is None else jnp.asarray(c) for c in counts) if f is not None]
   arrays = totals + flags
-  shape = arrays[0].shape if arrays else None
+  shape = arrays[0].shape if arrays else ()  # read only when there are arrays
   if (
     arrays
     and all(a.shape == shape for a in arrays)
@@ -254,7 +255,7 @@ def batch_totals(totals: list, counts: list) -> tuple[list, list]:
   # one ExactSum of every total, normalized as a vector (the same bits as one by one, in a
   # fraction of the step's operations), then split
   stacked = None if float_sums is None else ExactSum.of_pair(*float_sums)
-  float_sums = [stacked[i] for i in range(len(totals))]
+  float_sums = [] if stacked is None else [stacked[i] for i in range(len(totals))]
   return float_sums, [zero if c is None else int_sums[next(found)] for c in counts]
 
 

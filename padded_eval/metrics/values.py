@@ -18,7 +18,7 @@ metric given), with the update's ``mask``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +42,10 @@ class LastBatch(Accumulator):
   """
 
   _fields = ("updates", "last", "total", "weight")
+  updates: jax.Array
+  last: jax.Array
+  total: jax.Array
+  weight: jax.Array
 
   @classmethod
   def zeros(cls) -> LastBatch:
@@ -153,7 +157,7 @@ class FromFun(Metric):
     1.5
   """
 
-  fun: Callable | None = None
+  fun: Callable = cast(Callable, None)  # set by __init__, which requires it
   metric: Metric = state(lambda self: self.metric.empty())
 
   def __init__(self, fun: Callable, metric: Metric | None = None, *, name: str | None = None):
@@ -169,6 +173,7 @@ class FromFun(Metric):
     object.__setattr__(self, "metric", metric.empty())
 
   @property
+  # pyrefly: ignore[bad-override]  # the wrapped metric's direction: a property over the class constant
   def higher_is_better(self) -> bool | None:
     """The wrapped metric's direction."""
     return self.metric.higher_is_better

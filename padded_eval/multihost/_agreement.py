@@ -56,7 +56,7 @@ class Agreement(NamedTuple):
 
 
 def record(
-  first: Any, mask_key: str, length: int | None, settings: dict, failure: str | None
+  first: Any, mask_key: str | None, length: int | None, settings: dict, failure: str | None
 ) -> dict:
   """This process's full pre-flight record (JSON-able).
 
@@ -98,7 +98,7 @@ def agree(
   mine: dict,
   name: str,
   timeout: float,
-  mask_key: str,
+  mask_key: str | None,
   saved: dict | None = None,
   peers: Peers | None = None,
 ) -> Agreement | None:
@@ -124,12 +124,13 @@ def agree(
   peers = Peers.current() if peers is None else peers
   peers.client.key_value_set(f"{KEY_PREFIX}/{name}/record/{peers.process}", json.dumps(mine))
   arrive(peers, f"{name}/digest", json.dumps(digest(mine)), timeout)
+  verdict = None
   if peers.process == CHECKER:
     verdict = _verdict(peers, name, mask_key, saved, timeout)
     peers.client.key_value_set(f"{KEY_PREFIX}/{name}/verdict", json.dumps(verdict))
   if mine["failure"] is not None:
     return None  # the caller re-raises its own failure
-  if peers.process != CHECKER:
+  if verdict is None:  # not the checker: read the one it published
     verdict = _read_verdict(peers, name, timeout)
   return _outcome(verdict, peers)
 
@@ -158,7 +159,9 @@ def _outcome(verdict: dict, peers: Peers) -> Agreement:
   return Agreement(BatchSpec.from_json(verdict["spec"]), verdict["num_steps"])
 
 
-def _verdict(peers: Peers, name: str, mask_key: str, saved: dict | None, timeout: float) -> dict:
+def _verdict(
+  peers: Peers, name: str, mask_key: str | None, saved: dict | None, timeout: float
+) -> dict:
   """The checker's verdict from everyone's digests, fetching full records only where needed."""
   digests = [json.loads(value) for value in read_all(peers, f"{name}/digest")]
 
@@ -179,6 +182,7 @@ def _verdict(peers: Peers, name: str, mask_key: str, saved: dict | None, timeout
       "least one (an all-padding batch is fine: pe.pad_batches(..., num_batches=1))"
     }
   spec = saved if not with_data else fetch(with_data[0])["batch"]
+  assert spec is not None  # no process with a batch: the saved spec (checked above)
   error = _batch_error(digests, with_data, spec, fetch)
   if error is None and BatchSpec.from_json(spec).mask_key != mask_key:
     error = f"the batches have no mask key {mask_key!r}; pad them with pe.pad_batches"

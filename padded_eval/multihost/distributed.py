@@ -160,7 +160,7 @@ class FeedOptions(NamedTuple):
       for the row ids of ``pe.pad_batches(..., index_key=...)``.
   """
 
-  mask_key: str
+  mask_key: str | None
   settings: dict
   num_shards: int
   timeout: float | None = None
@@ -272,6 +272,7 @@ def lockstep(
   agreed = agree(mine, f"{next_call_number()}/preflight", timeout, mask_key, resume.spec)
   if failure is not None:
     raise failure
+  assert agreed is not None  # agree answers every process whose first batch was read
   spec, num_steps = agreed
   source = iter(()) if first is None else itertools.chain([first], batches)
   padding = spec.padding_batch(options.pad_value)
@@ -403,7 +404,7 @@ class Lockstep:
     arrays = [x for x in jax.tree.leaves(result) if isinstance(x, jax.Array)]
     pause = _POLL_FIRST_S
     try:
-      while not all(x.is_ready() for x in arrays):
+      while not all(x.is_ready() for x in arrays):  # pyrefly: ignore[missing-attribute]  # not in jax.Array's stub
         if time.monotonic() > deadline:
           raise TimeoutError(
             f"masked_eval step {step} on process {jax.process_index()} of {jax.process_count()} did not "

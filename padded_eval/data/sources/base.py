@@ -101,7 +101,12 @@ class Source(abc.ABC):
   @classmethod
   def accepts(cls, obj: Any) -> bool:
     """Whether `obj` is a source of this kind: the default, an object of one of `library`'s classes."""
-    return cls.library is not None and library_class(obj, *cls.library) is not None
+    return cls._library_kind(obj) is not None
+
+  @classmethod
+  def _library_kind(cls, obj: Any) -> str | None:
+    """`library_class` of `obj` among `library`'s classes (None: not one, or no `library`)."""
+    return None if cls.library is None else library_class(obj, *cls.library)
 
   @abc.abstractmethod
   def __init__(self, obj: Any, options: SourceOptions):

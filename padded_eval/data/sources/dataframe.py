@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from padded_eval.data.sources.base import SourceOptions, library_class
+from padded_eval.data.sources.base import SourceOptions
 from padded_eval.data.sources.mapping import MappingSource
 
 __all__ = ["DataFrameSource"]
@@ -36,7 +36,7 @@ class DataFrameSource(MappingSource):
   def accepts(
     cls, obj: Any
   ) -> bool:  # the default's, not MappingSource's (a DataFrame is no Mapping)
-    return library_class(obj, *cls.library) is not None
+    return cls._library_kind(obj) is not None
 
   def __init__(self, obj: Any, options: SourceOptions):
     """Reads the columns as numpy arrays.

@@ -33,7 +33,6 @@ from padded_eval.data.sources.base import (
   Source,
   SourceOptions,
   drop_rows,
-  library_class,
 )
 from padded_eval.data.sources.fields import named
 
@@ -70,7 +69,9 @@ class GrainSource(Source):
         forever.
     """
     self._data = obj
-    self._kind = library_class(obj, *self.library)  # "MapDataset", "IterDataset" or "DataLoader"
+    kind = self._library_kind(obj)  # "MapDataset", "IterDataset" or "DataLoader"
+    assert kind is not None  # accepts(obj)
+    self._kind = kind
     self._mask_key, batched, self._keys = options
     if self._kind == "DataLoader":
       batch_ops = _check_loader(obj)

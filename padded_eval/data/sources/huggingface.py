@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from padded_eval.data.sources.base import Chunk, Source, SourceOptions, library_class
+from padded_eval.data.sources.base import Chunk, Source, SourceOptions
 
 __all__ = ["CHUNK_ROWS", "HuggingFaceSource"]
 
@@ -55,7 +55,8 @@ class HuggingFaceSource(Source):
         `IterableDataset` that repeats its rows (``.repeat(n)`` with n other than 1; None repeats forever).
     """
     mask_key = options.mask_key
-    kind = library_class(obj, *self.library)
+    kind = self._library_kind(obj)
+    assert kind is not None  # accepts(obj)
     if kind.endswith("Dict"):
       raise ValueError(
         f"source is a Hugging Face {kind} of splits {sorted(obj)}; pass one split, e.g. ds[{sorted(obj)[0]!r}]"

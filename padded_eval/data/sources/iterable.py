@@ -53,7 +53,7 @@ class IterableSource(Source):
       obj, cabc.Iterator
     )  # a generator or iterator: iter() returns itself
     self._read = False
-    if self._one_shot and _already_consumed(obj):
+    if isinstance(obj, cabc.Iterator) and _already_consumed(obj):  # self._one_shot
       raise ValueError(
         f"source is a one-shot iterator ({type(obj).__name__}) that is already consumed (or empty): it yields no "
         "batch (a loop, list() or an earlier pad_batches read it to the end). Pass a fresh iterator, or a "
@@ -96,6 +96,7 @@ class IterableSource(Source):
   def batch_rows(self) -> int | None:
     """Rows of the first batch (a one-shot iterator is peeked at: its first batch is kept for the read)."""
     if self._one_shot and not self._read:
+      assert isinstance(self._batches, cabc.Iterator)  # one-shot: an iterator
       first = next(self._batches, None)
       if first is None:
         return None

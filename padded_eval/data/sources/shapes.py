@@ -280,7 +280,8 @@ def _extents(leaf: np.ndarray, axis: int, fill: Any) -> np.ndarray:
     real = ~np.isnan(leaf)
   else:
     real = leaf != fill
-  real = np.moveaxis(real, axis, 1).reshape(leaf.shape[0], leaf.shape[axis], -1).any(axis=2)
+  flags = np.moveaxis(np.asarray(real), axis, 1).reshape(leaf.shape[0], leaf.shape[axis], -1)
+  real = np.asarray(flags.any(axis=2))  # bool [rows, positions]
   last = leaf.shape[axis] - np.argmax(real[:, ::-1], axis=1)
   return np.where(real.any(axis=1), last, 0)
 

@@ -214,6 +214,7 @@ class TfDataSource(Source):
     """``padded_batch``'s padding values: each key's pad value (see `BatchSpec.fills`)."""
     import tensorflow as tf
 
+    assert self.shape_fitter is not None  # padded_batch: only with a shape fitter
     fills = self._spec.fills(self.shape_fitter.pad_value)
     return unflatten(
       {
@@ -370,7 +371,7 @@ class TfDataSource(Source):
     return _disagreeing_sizes(paths[first], first_rows, paths[other], other_rows) + self.spec_hint
 
 
-def release_iterator(held: list) -> threading.Thread:
+def release_iterator(held: list) -> threading.Thread | None:
   """Drops the tf.data iterator in ``held`` (a one-item list, emptied) on a new thread.
 
   Deleting a tf.data iterator waits for the threads it started, and with autotuning on (the
@@ -509,6 +510,7 @@ def _make_pad_fn(batch_size: int, mask_key: str, fills: dict[Path, Any], ids: Ro
   import tensorflow as tf
 
   def pad_with_ids(number, element):
+    assert ids is not None  # the map function with ids
     padded = pad(element)
     positions = tf.range(batch_size, dtype=tf.int64)
     first = tf.cast(ids.offset, tf.int64) + number * batch_size

@@ -84,12 +84,24 @@ class Backend(Protocol):
     num_shards: how many parts this process's batch is split into along its rows.
   """
 
-  mesh: Mesh
-  data_axes: tuple[str, ...]
-  row_axes: int  # leading axes of a step's per_row output that index rows (pmap: device, row)
+  @property
+  def mesh(self) -> Mesh: ...
+
+  @property
+  def data_axes(self) -> tuple[str, ...]: ...
+
+  @property
+  def row_axes(self) -> int:
+    """Leading axes of a step's per_row output that index rows (pmap: device, row)."""
+    ...
 
   @property
   def data_axis(self) -> str | tuple[str, ...]: ...
+
+  @property
+  def split(self) -> NamedSharding:
+    """The rows split over the data axes."""
+    ...
 
   @property
   def num_shards(self) -> int: ...
@@ -228,7 +240,11 @@ class MeshBackend(abc.ABC):
       return np.asarray(leaf.addressable_shards[0].data)
     return np.concatenate([np.asarray(block) for block in sharding_lib.local_blocks(leaf)])
 
-  def place_state(self, state):
+  @abc.abstractmethod
+  def place_saved_state(self, state: Any) -> Any:
+    """This process's saved part of a carried state -> the carried device state."""
+
+  def place_state(self, state: Any) -> Any:
     return self.place_saved_state(placement.stacked(state, self.num_shards))
 
   def to_host(self, state):

@@ -5,7 +5,7 @@ sharded over the data axes; params that are ``jax.Array``s on the mesh keep thei
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -126,7 +126,7 @@ def _viewed_on(leaf: Any, mesh: jax.sharding.Mesh) -> Any:
   sharding = getattr(leaf, "sharding", None)
   if not isinstance(leaf, jax.Array) or not isinstance(sharding, jax.sharding.NamedSharding):
     return leaf
-  own = sharding.mesh
+  own = cast(jax.sharding.Mesh, sharding.mesh)  # a placed array's mesh is a concrete one
   auto_mesh = sharding_lib.auto_mesh
   if own == mesh:
     return leaf

@@ -138,7 +138,22 @@ class ClassElements(NamedTuple):
           f"top_k={k} needs score preds [..., C]; got class ids of shape {self.ids.shape}"
         )
       return self.ids[..., None]
+    assert self.scores is not None  # score preds when there are no ids
     return top_k_ids(self.scores, k)
+
+
+def label_inputs(elements: LabelElements | ClassElements) -> LabelElements:
+  """``elements`` of a binary / multilabel task, as its formatter returns them."""
+  assert isinstance(elements, LabelElements), type(elements)
+  return elements
+
+
+def class_inputs(elements: LabelElements | ClassElements, scores: bool = False) -> ClassElements:
+  """``elements`` of a multiclass task, as its formatter returns them; ``scores``: score preds
+  (a metric that refuses class ids), whose ``scores`` are not None."""
+  assert isinstance(elements, ClassElements), type(elements)
+  assert not scores or elements.scores is not None
+  return elements
 
 
 def _order_keys(scores: jax.Array, is_nan: jax.Array) -> jax.Array:
@@ -265,7 +280,10 @@ def label_elements(preds, target, mask, *, task, num_classes, from_logits, ignor
   elements = LabelElements(scores, target == 1, considered & is_label, invalid)
   if task == "binary":
     return LabelElements(
-      *(x[..., None] for x in elements[:3]), {k: v[..., None] for k, v in invalid.items()}
+      elements.scores[..., None],
+      elements.truth[..., None],
+      elements.valid[..., None],
+      {k: v[..., None] for k, v in invalid.items()},
     )
   return elements
 

@@ -13,7 +13,6 @@ The int32 batch counts (per-class tp/fp/fn/tn, the ``[C, C + 1]`` matrix) are wr
 
 from __future__ import annotations
 
-import dataclasses
 from typing import ClassVar
 
 import jax
@@ -22,17 +21,12 @@ import numpy as np
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount
-from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
+from padded_eval.metrics.base import Metric, config_field, empty_count, invalid_state, state
 from padded_eval.metrics.classification._formatting import INVALID_KINDS, format_inputs
 
 TASKS = ("binary", "multiclass", "multilabel")
 AVERAGES = ("micro", "macro", "weighted", None)
 MAX_MATRIX_CLASSES = 46339  # flat index t * (C + 1) + p stays below 2**31
-
-
-def config_field(default):
-  """A keyword-only configuration field of a metric dataclass."""
-  return dataclasses.field(default=default, kw_only=True)
 
 
 # --- configuration ---------------------------------------------------------------------
@@ -102,9 +96,12 @@ def check_labels(labels, task, num_classes) -> tuple[int, ...]:
   return tuple(sorted(int(i) for i in ids))
 
 
-def num_columns(task: str, num_classes) -> int:
+def num_columns(task: str, num_classes: int | None) -> int:
   """Columns of the per-class counts: 1 for binary, else ``num_classes``."""
-  return 1 if task == "binary" else num_classes
+  if task == "binary":
+    return 1
+  assert num_classes is not None  # check_task: multiclass and multilabel name their classes
+  return num_classes
 
 
 def formatted_inputs(metric, preds, target, mask, weights=None, *, scores_only, from_logits=None):
@@ -134,10 +131,10 @@ class ClassificationMetric(Metric):
   ``_batch_state``; its invalid counts go in the ``invalid`` state field.
   """
 
-  task: str = config_field("multiclass")
-  num_classes: int | None = config_field(None)
-  from_logits: bool = config_field(False)
-  ignore_index: int | None = config_field(None)
+  task: str = config_field(default="multiclass")
+  num_classes: int | None = config_field(default=None)
+  from_logits: bool = config_field(default=False)
+  ignore_index: int | None = config_field(default=None)
   invalid: ExactCount = state(invalid_state)
   example_rows: ExactCount = state(empty_count)
 
@@ -158,11 +155,16 @@ class ClassificationMetric(Metric):
     )
     return elements, self.count_invalid(**kinds)
 
-  def included_classes(self) -> np.ndarray:
+  def _classes(self) -> int:
+    """``num_classes`` of a multiclass / multilabel task (`check_task` makes it an int)."""
+    assert self.num_classes is not None, self.task
+    return self.num_classes
+
+  def included_classes(self) -> np.ndarray | jax.Array:
     """bool ``[L]``: False only for a multiclass ``ignore_index`` that is a class id."""
     included = np.ones(num_columns(self.task, self.num_classes), bool)
     if self.task == "multiclass" and self.ignore_index is not None:
-      if 0 <= self.ignore_index < self.num_classes:
+      if 0 <= self.ignore_index < self._classes():
         included[self.ignore_index] = False
     return included
 

@@ -98,12 +98,12 @@ class Accuracy(Metric):
   higher_is_better: ClassVar[bool | None] = True
 
   top_k: int = 1
-  task: str = config_field("multiclass")
-  threshold: float = config_field(0.5)
-  from_logits: bool = config_field(False)
-  average: str | None = config_field("micro")
-  num_classes: int | None = config_field(None)
-  ignore_index: int | None = config_field(None)
+  task: str = config_field(default="multiclass")
+  threshold: float = config_field(default=0.5)
+  from_logits: bool = config_field(default=False)
+  average: str | None = config_field(default="micro")
+  num_classes: int | None = config_field(default=None)
+  ignore_index: int | None = config_field(default=None)
   correct: ExactSum = state(zero_total)
   weight: ExactSum = state(zero_total)
   # weighted tp, fp, fn, tn per class [4, C] for the per-class averages; [4, 0] for "micro"
@@ -139,7 +139,10 @@ class Accuracy(Metric):
 
   def _class_columns(self) -> int:
     """Columns of the per-class state: ``num_classes`` unless ``average="micro"``."""
-    return 0 if self.average == "micro" else self.num_classes
+    if self.average == "micro":
+      return 0
+    assert self.num_classes is not None  # _check_config: a per-class average needs num_classes
+    return self.num_classes
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     preds, target = jnp.asarray(preds), jnp.asarray(target)
@@ -285,7 +288,7 @@ def check_class_preds(preds: jax.Array, target: jax.Array) -> None:
 
 
 def _holds_ints(preds: jax.Array) -> bool:
-  return bool(jnp.issubdtype(preds.dtype, jnp.integer))
+  return jnp.issubdtype(preds.dtype, jnp.integer)
 
 
 def _any_hit(predicted: jax.Array, labels: jax.Array) -> jax.Array:

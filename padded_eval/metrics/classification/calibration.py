@@ -48,6 +48,8 @@ from padded_eval.metrics.averages import WeightedMean, weighted_totals
 from padded_eval.metrics.base import invalid_state, state
 from padded_eval.metrics.classification._formatting import (
   SCORE_INVALID_KINDS,
+  class_inputs,
+  label_inputs,
   probabilities,
 )
 from padded_eval.metrics.classification._inputs import (
@@ -85,8 +87,8 @@ class CalibrationError(ClassificationMetric):
   higher_is_better: ClassVar[bool | None] = False
 
   n_bins: int = 15
-  task: str = config_field("binary")
-  norm: str = config_field("l1")
+  task: str = config_field(default="binary")
+  norm: str = config_field(default="l1")
   count: ExactCount = state(lambda self: ExactCount.zeros((self.n_bins,)))
   hits: ExactCount = state(lambda self: ExactCount.zeros((self.n_bins,)))
   confidence: ExactSum = state(lambda self: ExactSum.zeros((self.n_bins,)))
@@ -102,11 +104,13 @@ class CalibrationError(ClassificationMetric):
 
   def _confidences(self, preds, target, mask):
     """``(confidence float32, hit bool, valid bool, invalid counts)``, target's shape."""
-    elements, invalid = self.elements(preds, target, mask)
+    inputs, invalid = self.elements(preds, target, mask)
     if self.task == "binary":
-      confidence = probabilities(elements.scores[..., 0], self.from_logits)
-      hit, valid = elements.truth[..., 0], elements.valid[..., 0]
+      labeled = label_inputs(inputs)
+      confidence = probabilities(labeled.scores[..., 0], self.from_logits)
+      hit, valid = labeled.truth[..., 0], labeled.valid[..., 0]
     else:
+      elements = class_inputs(inputs, scores=True)
       probs = probabilities(elements.scores, self.from_logits, axis=-1)
       confidence = jnp.max(probs, axis=-1)
       hit = elements.top_k(1)[..., 0] == elements.labels
@@ -203,11 +207,11 @@ class BrierScore(WeightedMean):
 
   higher_is_better: ClassVar[bool | None] = False
 
-  task: str = config_field("multiclass")
-  num_classes: int | None = config_field(None)
-  from_logits: bool = config_field(False)
-  ignore_index: int | None = config_field(None)
-  scale_by_half: bool | str = config_field("auto")
+  task: str = config_field(default="multiclass")
+  num_classes: int | None = config_field(default=None)
+  from_logits: bool = config_field(default=False)
+  ignore_index: int | None = config_field(default=None)
+  scale_by_half: bool | str = config_field(default="auto")
   invalid: ExactCount = state(invalid_state)
 
   invalid_kinds: ClassVar[tuple[str, ...]] = SCORE_INVALID_KINDS
@@ -239,16 +243,18 @@ class BrierScore(WeightedMean):
     return jnp.asarray(preds), "preds"
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
-    elements, kinds = formatted_inputs(self, preds, target, mask, weights, scores_only=True)
+    inputs, kinds = formatted_inputs(self, preds, target, mask, weights, scores_only=True)
     if self.task == "multiclass":
+      elements = class_inputs(inputs, scores=True)
       probs = probabilities(elements.scores, self.from_logits, axis=-1)
       truth = elements.labels[..., None] == leading_ones(
         jnp.arange(self.num_classes), elements.labels.ndim
       )
       valid = elements.valid & ~jnp.any(jnp.isnan(probs), -1)
     else:
-      probs = probabilities(elements.scores[..., 0], self.from_logits)[..., None]
-      truth, valid = elements.truth, elements.valid[..., 0] & ~jnp.isnan(probs[..., 0])
+      labeled = label_inputs(inputs)
+      probs = probabilities(labeled.scores[..., 0], self.from_logits)[..., None]
+      truth, valid = labeled.truth, labeled.valid[..., 0] & ~jnp.isnan(probs[..., 0])
     squares = jnp.sum(jnp.square(jnp.where(valid[..., None], probs, 0.0) - truth), -1)
     squares = squares * self._factor()  # a power of two: exact
     if self.task == "binary":

@@ -91,6 +91,7 @@ per-class scores and ConfusionMatrix with ``weighted=True``
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import ClassVar
 
 import jax
@@ -98,10 +99,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from padded_eval import validation
-from padded_eval.exact.accumulate import ExactCount, ExactSum
+from padded_eval.exact.accumulate import Accumulator, ExactCount, ExactSum
 from padded_eval.metrics.base import state
 from padded_eval.metrics.classification import exact_products, per_sample
-from padded_eval.metrics.classification._formatting import probabilities
+from padded_eval.metrics.classification._formatting import (
+  class_inputs,
+  label_inputs,
+  probabilities,
+)
 from padded_eval.metrics.classification._inputs import (
   MAX_MATRIX_CLASSES,
   ClassificationMetric,
@@ -130,16 +135,16 @@ class ConfusionState(ClassificationMetric):
   the module docstring for their meaning).
   """
 
-  num_classes: int | None = config_field(None)
-  task: str = config_field("multiclass")
-  threshold: float = config_field(0.5)
-  top_k: int = config_field(1)
-  top_k_rule: str = config_field("every")
+  num_classes: int | None = config_field(default=None)
+  task: str = config_field(default="multiclass")
+  threshold: float = config_field(default=0.5)
+  top_k: int = config_field(default=1)
+  top_k_rule: str = config_field(default="every")
   confusion: ExactCount = state(lambda self: self._empty_confusion())
 
   _full_matrix: ClassVar[bool] = False
 
-  def _empty_confusion(self):
+  def _empty_confusion(self) -> ExactCount | ExactSum:
     return ExactCount.zeros(self._counts_shape())
 
   def _uses_matrix(self) -> bool:
@@ -147,7 +152,7 @@ class ConfusionState(ClassificationMetric):
 
   def _counts_shape(self) -> tuple[int, ...]:
     if self._uses_matrix():
-      return (self.num_classes, self.num_classes + 1)
+      return (self._classes(), self._classes() + 1)
     return (4, num_columns(self.task, self.num_classes))
 
   def _check_config(self):
@@ -161,26 +166,31 @@ class ConfusionState(ClassificationMetric):
         f"F-scores, Specificity and JaccardIndex; {type(self).__name__} with "
         f"task={self.task!r} takes top_k=1"
       )
-    if self.task == "multiclass" and self.top_k > self.num_classes:
+    if self.task == "multiclass" and self.top_k > self._classes():
       raise ValueError(f"top_k={self.top_k} exceeds num_classes={self.num_classes}")
-    if self._uses_matrix() and self.num_classes > MAX_MATRIX_CLASSES:
+    if self._uses_matrix() and self._classes() > MAX_MATRIX_CLASSES:
       raise ValueError(
         f"num_classes={self.num_classes} is too many for a [C, C + 1] matrix; "
         f"expected at most {MAX_MATRIX_CLASSES}"
       )
 
-  def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
+  def _batch_state(
+    self, *, preds, target, mask=None, weights=None, **_
+  ) -> Mapping[str, Accumulator]:
     check_no_weights(weights, self)
-    elements, invalid = self.elements(preds, target, mask)
+    inputs, invalid = self.elements(preds, target, mask)
     if self.task != "multiclass":
-      guess = probabilities(elements.scores, self.from_logits) > self.threshold  # NaN: False
-      counts = label_counts(elements.truth, guess, elements.valid)
-    elif self._uses_matrix():
-      predicted = elements.top_k(1)
-      counts = matrix_counts(elements.labels, predicted, elements.valid, self.num_classes)
+      labeled = label_inputs(inputs)
+      guess = probabilities(labeled.scores, self.from_logits) > self.threshold  # NaN: False
+      counts = label_counts(labeled.truth, guess, labeled.valid)
     else:
-      predicted = predicted_classes(self, elements)
-      counts = class_counts(elements.labels, predicted, elements.valid, self.num_classes)
+      elements = class_inputs(inputs)
+      if self._uses_matrix():
+        predicted = elements.top_k(1)
+        counts = matrix_counts(elements.labels, predicted, elements.valid, self._classes())
+      else:
+        predicted = predicted_classes(self, elements)
+        counts = class_counts(elements.labels, predicted, elements.valid, self._classes())
     return {"confusion": ExactCount.of(counts), "invalid": invalid}
 
   # --- views of the counts ---
@@ -255,8 +265,8 @@ class ConfusionMatrix(ConfusionState):
   higher_is_better: ClassVar[bool | None] = None
 
   num_classes: int | None = None
-  normalize: str | None = config_field(None)
-  weighted: bool = config_field(False)
+  normalize: str | None = config_field(default=None)
+  weighted: bool = config_field(default=False)
   _full_matrix: ClassVar[bool] = True
 
   def _check_config(self):
@@ -373,8 +383,8 @@ class CohenKappa(ConfusionState):
 
   higher_is_better: ClassVar[bool | None] = True
 
-  weights: str | None = config_field(None)
-  replace_undefined_by: float = config_field(0.0)
+  weights: str | None = config_field(default=None)
+  replace_undefined_by: float = config_field(default=0.0)
   _full_matrix: ClassVar[bool] = True
   _tasks: ClassVar[tuple[str, ...]] = ("binary", "multiclass")
 

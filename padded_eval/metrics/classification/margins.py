@@ -20,6 +20,8 @@ from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
 from padded_eval.metrics.classification._formatting import (
   NAN_SCORE,
   TARGET_OUT_OF_RANGE,
+  class_inputs,
+  label_inputs,
 )
 from padded_eval.metrics.classification._inputs import (
   check_ignore_index,
@@ -73,11 +75,11 @@ class HingeLoss(Metric):
 
   higher_is_better: ClassVar[bool | None] = False
 
-  task: str = config_field("binary")
-  num_classes: int | None = config_field(None)
-  squared: bool = config_field(False)
-  multiclass_mode: str = config_field("crammer-singer")
-  ignore_index: int | None = config_field(None)
+  task: str = config_field(default="binary")
+  num_classes: int | None = config_field(default=None)
+  squared: bool = config_field(default=False)
+  multiclass_mode: str = config_field(default="crammer-singer")
+  ignore_index: int | None = config_field(default=None)
   total: ExactSum = state(lambda self: ExactSum.zeros(self._value_shape()))
   weight: ExactSum = state(zero_total)
   invalid: ExactCount = state(invalid_state)
@@ -95,21 +97,27 @@ class HingeLoss(Metric):
     return self.task == "multiclass" and self.multiclass_mode == "one-vs-all"
 
   def _value_shape(self) -> tuple[int, ...]:
-    return (self.num_classes,) if self._one_vs_all() else ()
+    if not self._one_vs_all():
+      return ()
+    assert self.num_classes is not None  # check_task: multiclass names its classes
+    return (self.num_classes,)
 
   def number_inputs(self) -> tuple[str, ...]:
     return ("preds",)  # target holds labels
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
-    elements, invalid = formatted_inputs(  # scores as given: no probability range
+    inputs, invalid = formatted_inputs(  # scores as given: no probability range
       self, preds, target, mask, weights, scores_only=True, from_logits=True
     )
     if self.task == "binary":
-      scores, truth = elements.scores[..., 0], elements.truth[..., 0]
-      valid = elements.valid[..., 0] & ~jnp.isnan(scores)
+      labeled = label_inputs(inputs)
+      scores, truth = labeled.scores[..., 0], labeled.truth[..., 0]
+      valid = labeled.valid[..., 0] & ~jnp.isnan(scores)
       invalid = {k: v[..., 0] for k, v in invalid.items()}
       margin = jnp.where(truth, scores, -scores)
     else:
+      elements = class_inputs(inputs, scores=True)
+      assert elements.scores is not None  # scores_only
       scores = elements.scores
       valid = elements.valid & ~jnp.any(jnp.isnan(scores), axis=-1)
       truth = elements.labels[..., None] == leading_ones(

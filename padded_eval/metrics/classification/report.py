@@ -92,7 +92,7 @@ class ClassificationReport(ConfusionState):
       ValueError: ``target_names`` of the wrong length.
     """
     counts = self.confusion.to_numpy()  # int64 [C, C + 1]: rows true, columns predicted
-    c = self.num_classes
+    c = self._classes()
     tp = np.diagonal(counts[:, :c])
     support, predicted = counts.sum(axis=1), counts[:, :c].sum(axis=0)
     listed = np.ones(c, bool) if all_classes else (support + predicted) > 0
@@ -110,7 +110,9 @@ class ClassificationReport(ConfusionState):
     precision, recall = _divide(tp, predicted), _divide(tp, support)
     f1 = _divide(2 * tp, support + predicted)
     rows = np.stack([precision, recall, f1, support.astype(np.float64)], axis=-1)[labels]
-    report = {name: dict(zip(FIELDS, map(float, row))) for name, row in zip(target_names, rows)}
+    report: dict[str, dict[str, float] | float] = {
+      name: dict(zip(FIELDS, map(float, row))) for name, row in zip(target_names, rows)
+    }
     weights = support[labels]
     report["accuracy"] = float(_divide(tp[labels].sum(), weights.sum()))
     macro = rows[:, :3].mean(axis=0)

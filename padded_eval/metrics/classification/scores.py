@@ -57,11 +57,11 @@ class ClassScore(ConfusionState):
 
   higher_is_better: ClassVar[bool | None] = True
 
-  average: str | None = config_field("macro")
-  zero_division: float = config_field(0.0)
-  multidim_average: str = config_field("global")
-  labels: tuple[int, ...] | None = config_field(None)
-  weighted: bool = config_field(False)
+  average: str | None = config_field(default="macro")
+  zero_division: float = config_field(default=0.0)
+  multidim_average: str = config_field(default="global")
+  labels: tuple[int, ...] | None = config_field(default=None)
+  weighted: bool = config_field(default=False)
   sample_scores: ExactSum = state(lambda self: ExactSum.zeros(self._sample_shape()))
   samples: ExactCount = state(lambda self: ExactCount.zeros(self._sample_shape()))
   _allow_nan: ClassVar[bool] = True  # zero_division=nan accepted
@@ -110,7 +110,7 @@ class ClassScore(ConfusionState):
 
   def _sample_shape(self) -> tuple[int, ...]:
     if self._per_sample() and self.average is None and self.task != "binary":
-      return (self.num_classes,)
+      return (self._classes(),)
     return ()
 
   def _ratio(self, numerator, denominator) -> jax.Array:

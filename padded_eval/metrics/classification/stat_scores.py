@@ -25,7 +25,11 @@ import jax.numpy as jnp
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount
 from padded_eval.metrics.base import state
-from padded_eval.metrics.classification._formatting import probabilities
+from padded_eval.metrics.classification._formatting import (
+  class_inputs,
+  label_inputs,
+  probabilities,
+)
 from padded_eval.metrics.classification._inputs import (
   ClassificationMetric,
   check_no_weights,
@@ -82,7 +86,7 @@ class StatScores(ConfusionState):
 
   higher_is_better: ClassVar[bool | None] = None
 
-  average: str | None = config_field(None)
+  average: str | None = config_field(default=None)
 
   def _check_config(self):
     super()._check_config()
@@ -118,7 +122,7 @@ class BalancedAccuracy(ConfusionState):
 
   higher_is_better: ClassVar[bool | None] = True
 
-  adjusted: bool = config_field(False)
+  adjusted: bool = config_field(default=False)
   _tasks: ClassVar[tuple[str, ...]] = ("binary", "multiclass")
 
   def _check_config(self):
@@ -195,7 +199,7 @@ class ZeroOneLoss(ClassificationMetric):
 
   higher_is_better: ClassVar[bool | None] = False
 
-  threshold: float = config_field(0.5)
+  threshold: float = config_field(default=0.5)
   samples: ExactCount = state(_zero_one_empty)  # [wrong, counted]
 
   def _check_config(self):
@@ -204,11 +208,13 @@ class ZeroOneLoss(ClassificationMetric):
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     check_no_weights(weights, self)
-    elements, invalid = self.elements(preds, target, mask)
+    inputs, invalid = self.elements(preds, target, mask)
     if self.task == "multiclass":
-      wrong = elements.top_k(1)[..., 0] != elements.labels
-      counted = elements.valid
+      classes = class_inputs(inputs)
+      wrong = classes.top_k(1)[..., 0] != classes.labels
+      counted = classes.valid
     else:
+      elements = label_inputs(inputs)
       guess = probabilities(elements.scores, self.from_logits) > self.threshold
       wrong = jnp.any(elements.valid & (guess != elements.truth), axis=-1)
       counted = jnp.any(elements.valid, axis=-1)

@@ -154,8 +154,8 @@ class AUROC(ScoreHistogram):
     0.6667
   """
 
-  max_fpr: float | None = config_field(None)
-  multi_class: str = config_field("ovr")
+  max_fpr: float | None = config_field(default=None)
+  multi_class: str = config_field(default="ovr")
   _takes_weights: ClassVar[bool] = True
   _row_value = staticmethod(sample_curves.row_auroc)
 
@@ -177,7 +177,7 @@ class AUROC(ScoreHistogram):
     return self.multi_class == "ovo"
 
   def _histogram_rows(self) -> int:
-    return self.num_classes**2 if self._pairs() else super()._histogram_rows()
+    return self._classes() ** 2 if self._pairs() else super()._histogram_rows()
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     if not self._pairs():
@@ -186,15 +186,16 @@ class AUROC(ScoreHistogram):
     scores, truth, valid, invalid = score_elements(self, preds, target, mask)
     labels = jnp.argmax(truth, axis=-1)
     bins = self._bins(jnp.where(valid, scores, 0.5))
-    counts = one_vs_one.pair_histogram(bins, labels, valid, self.num_classes, self.num_thresholds)
+    counts = one_vs_one.pair_histogram(bins, labels, valid, self._classes(), self._bin_count())
     return {"positives": ExactCount.of(counts), "invalid": invalid}
 
   def _pair_average(self, per_pair) -> jax.Array:
     """``per_pair(positives, negatives) -> [P]`` over the ordered pairs, averaged."""
-    pos_rows, neg_rows = one_vs_one.ordered_pairs(self.num_classes)
+    pos_rows, neg_rows = one_vs_one.ordered_pairs(self._classes())
     values = per_pair(self.positives[pos_rows], self.positives[neg_rows])
-    own = np.arange(self.num_classes) * (self.num_classes + 1)  # rows a C + a
+    own = np.arange(self._classes()) * (self._classes() + 1)  # rows a C + a
     counts = self.positives[own].total().sum(-1)
+    assert self.average is not None  # _check_config: ovo averages 'macro' or 'weighted'
     return one_vs_one.pair_mean(values, counts, self.included_classes(), self.average)
 
   def compute(self) -> jax.Array:
@@ -241,6 +242,7 @@ class AUROC(ScoreHistogram):
     return jnp.where(defined, area, jnp.nan)
 
   def _partial_tie_share(self, positives, negatives):
+    assert self.max_fpr is not None  # only a partial AUC shares its ties
     pos, neg = positives.total(), negatives.total()
     total_pos, total_neg = column_totals(positives), column_totals(negatives)
     neg_above = suffix_sums(negatives, inclusive=False)

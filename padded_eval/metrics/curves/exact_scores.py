@@ -41,7 +41,7 @@ end is ``O(L * capacity * log(capacity))``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -87,7 +87,14 @@ class ScoreBuffer(GatheredBuffer):
   """
 
   _fields = ("scores", "labels", "size", "dropped")
-  _slots = (("scores", jnp.float32), ("labels", jnp.int8))  # the per-slot fields
+  scores: jax.Array
+  labels: jax.Array
+  size: jax.Array
+  dropped: jax.Array
+  _slots: tuple[tuple[str, Any], ...] = (
+    ("scores", jnp.float32),
+    ("labels", jnp.int8),
+  )  # the per-slot fields
   limit: int  # static: the capacity a merge fills (a batch's buffer may hold fewer slots)
 
   @classmethod
@@ -206,7 +213,7 @@ class ScoreBuffer(GatheredBuffer):
     positives = jnp.sum(used & (self.labels == 1), -1)
     return positives.astype(jnp.float32), (self.size - positives).astype(jnp.float32)
 
-  def pooled(self, included: np.ndarray) -> ScoreBuffer:
+  def pooled(self, included: np.ndarray | jax.Array) -> ScoreBuffer:
     """One column of every ``included`` column's elements (the micro average)."""
     slots = jnp.broadcast_to(jnp.arange(self.capacity), self.labels.shape)
     used = (slots < self.size[..., None]) & jnp.asarray(included)[:, None]
@@ -232,6 +239,7 @@ class WeightedScoreBuffer(ScoreBuffer):
   """
 
   _fields = ("scores", "labels", "weights", "size", "dropped")
+  weights: jax.Array
   _slots = ScoreBuffer._slots + (("weights", jnp.float32),)
 
 

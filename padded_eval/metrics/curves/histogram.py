@@ -90,6 +90,7 @@ sample weights, OGB's average) are in :mod:`padded_eval.metrics.curves.auc`.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from typing import ClassVar
 
 import jax
@@ -194,13 +195,13 @@ class ScoreHistogram(ClassificationMetric):
   higher_is_better: ClassVar[bool | None] = True
 
   num_thresholds: int | None = None
-  task: str = config_field("binary")
-  average: str | None = config_field("macro")
-  binning: str | None = config_field(None)
-  exact: bool = config_field(False)
-  capacity: int | None = config_field(None)
-  thresholds: tuple[float, ...] | None = config_field(None)
-  weighted: bool = config_field(False)
+  task: str = config_field(default="binary")
+  average: str | None = config_field(default="macro")
+  binning: str | None = config_field(default=None)
+  exact: bool = config_field(default=False)
+  capacity: int | None = config_field(default=None)
+  thresholds: tuple[float, ...] | None = config_field(default=None)
+  weighted: bool = config_field(default=False)
   # ExactSum with weighted=True
   positives: ExactCount | ExactSum = state(_empty_histogram)
   negatives: ExactCount | ExactSum = state(_empty_negatives)
@@ -211,9 +212,12 @@ class ScoreHistogram(ClassificationMetric):
 
   _scores_only: ClassVar[bool] = True
   _takes_weights: ClassVar[bool] = False  # weighted=True (AUROC, AUPRC)
-  _row_value: ClassVar = None  # (scores, truth, valid) -> (values [R], scored [R]), "samples"
+  _row_value: ClassVar[Callable[..., tuple[jax.Array, jax.Array]] | None] = (
+    None  # (scores, truth, valid) -> (values [R], scored [R]), "samples"
+  )
 
   @property
+  # pyrefly: ignore[bad-override]  # a property over the class constant: kinds follow `weighted`
   def invalid_kinds(self) -> tuple[str, ...]:
     """The score kinds, and (``weighted=True``) the weights' own kind."""
     extra = (weighted_curves.INVALID_WEIGHT,) if self.weighted is True else ()
@@ -240,6 +244,16 @@ class ScoreHistogram(ClassificationMetric):
       object.__setattr__(self, "binning", binning)
     super().__post_init__()
 
+  def _bin_count(self) -> int:
+    """``num_thresholds``, an int once constructed (`__post_init__` fills the default)."""
+    assert self.num_thresholds is not None
+    return self.num_thresholds
+
+  def _capacity(self) -> int:
+    """``capacity`` of an ``exact=True`` metric (`_check_config` makes it an int)."""
+    assert self.capacity is not None
+    return self.capacity
+
   def _explicit_thresholds(self):
     """``thresholds=`` given: ``len + 1`` bins, binning ``"thresholds"`` (ValueError for a
     ``num_thresholds``, ``binning`` or ``exact=True`` that says otherwise)."""
@@ -263,7 +277,7 @@ class ScoreHistogram(ClassificationMetric):
   def _check_config(self):
     super()._check_config()
     validation.check_positive_int("num_thresholds", self.num_thresholds)
-    if not 2 <= self.num_thresholds <= MAX_NUM_THRESHOLDS:
+    if not 2 <= self._bin_count() <= MAX_NUM_THRESHOLDS:
       raise ValueError(
         f"num_thresholds must be an int in [2, {MAX_NUM_THRESHOLDS}]; got {self.num_thresholds!r}"
       )
@@ -311,7 +325,8 @@ class ScoreHistogram(ClassificationMetric):
           f"{self.capacity!r} with exact=False: pass exact=True, or drop capacity"
         )
       return
-    if not validation.is_int(self.capacity) or not 1 <= self.capacity <= exact_scores.MAX_CAPACITY:
+    capacity = self.capacity
+    if not validation.is_int(capacity) or not 1 <= capacity <= exact_scores.MAX_CAPACITY:
       raise ValueError(
         f"{name}(exact=True) keeps every counted element: capacity must be an int in [1, "
         f"{exact_scores.MAX_CAPACITY}], the most elements one class column sees (rows x "
@@ -327,15 +342,17 @@ class ScoreHistogram(ClassificationMetric):
     if self.weighted:
       return self._weighted_state(scores, truth, valid, invalid, mask, weights)
     if self.exact:
-      return {"buffer": ScoreBuffer.of(scores, truth, valid, self.capacity), "invalid": invalid}
+      return {"buffer": ScoreBuffer.of(scores, truth, valid, self._capacity()), "invalid": invalid}
     if self.average == "samples":
-      values, scored = type(self)._row_value(scores, truth, valid)
+      row_value = type(self)._row_value
+      assert row_value is not None  # _check_config: average='samples' has a row value
+      values, scored = row_value(scores, truth, valid)
       return {
         "sample_scores": ExactSum.of_sum(values, where=scored)[None],
         "samples": ExactCount.of(jnp.sum(scored, dtype=jnp.int32)[None]),
         "invalid": invalid,
       }
-    t = self.num_thresholds
+    t = self._bin_count()
     columns = scores.shape[-1]
     bins = self._bins(jnp.where(valid, scores, 0.5))
     column = jnp.broadcast_to(jnp.arange(columns), truth.shape)  # inputs may have extra axes
@@ -356,9 +373,9 @@ class ScoreHistogram(ClassificationMetric):
     valid = valid & (w > 0)
     invalid = invalid.merge(self.count_invalid(**{weighted_curves.INVALID_WEIGHT: bad}))
     if self.exact:  # each kept element keeps its weight
-      buffer = WeightedScoreBuffer.of(scores, truth, valid, self.capacity, weights=w)
+      buffer = WeightedScoreBuffer.of(scores, truth, valid, self._capacity(), weights=w)
       return {"buffer": buffer, "invalid": invalid}
-    t, columns = self.num_thresholds, scores.shape[-1]
+    t, columns = self._bin_count(), scores.shape[-1]
     bins = self._bins(jnp.where(valid, scores, 0.5))
     column = jnp.broadcast_to(jnp.arange(columns), truth.shape)
     index = column * (2 * t) + truth.astype(jnp.int32) * t + bins
@@ -374,7 +391,7 @@ class ScoreHistogram(ClassificationMetric):
   def _bins(self, scores) -> jax.Array:
     """int32 bin of each score (monotone non-decreasing in the score)."""
     logits = self.from_logits and self.task != "multiclass"
-    t = self.num_thresholds
+    t = self._bin_count()
     if self.thresholds is not None:  # torchmetrics: sigmoid of logits, then preds >= t
       prob = jax.nn.sigmoid(scores) if logits else scores
       return segments.threshold_bins(prob, self.thresholds)
@@ -398,8 +415,8 @@ class ScoreHistogram(ClassificationMetric):
     threshold) adds nothing, nor (``last=False``, the ROC's trapezoid) the last bin."""
     if self.thresholds is None:
       return None
-    index = jnp.arange(self.num_thresholds)
-    return (index > 0) & ((index < self.num_thresholds - 1) | last)
+    index = jnp.arange(self._bin_count())
+    return (index > 0) & ((index < self._bin_count() - 1) | last)
 
   def _check_bound_defined(self):
     if self.thresholds is not None:
@@ -408,6 +425,10 @@ class ScoreHistogram(ClassificationMetric):
         "thresholds, which no bound ties to the exact area; use num_thresholds= or exact=True "
         "for a bounded value"
       )
+
+  def _exact_area(self, buffer: ScoreBuffer) -> jax.Array:
+    """float32 ``[L]`` per-column value from the kept scores (``exact=True``)."""
+    raise NotImplementedError(f"{type(self).__name__} has no exact=True value")
 
   @abc.abstractmethod
   def _area(self, positives: ExactCount, negatives: ExactCount) -> jax.Array:
@@ -483,7 +504,7 @@ class ScoreHistogram(ClassificationMetric):
     (up to float32 rounding at the edge); the first edge is the lowest score (0, or
     ``-inf`` for logits).
     """
-    t = self.num_thresholds
+    t = self._bin_count()
     middle = np.arange(t, dtype=np.float64) - 0.5  # bin k starts half a step below k
     logits = self.from_logits and self.task != "multiclass"
     with np.errstate(divide="ignore", over="ignore"):

@@ -116,7 +116,8 @@ class TweedieDevianceScore(WeightedMean):
 
   higher_is_better: ClassVar[bool | None] = False
 
-  power: float = 0.0
+  # a configuration field over WeightedMean's class constant, read the same way
+  power: float = 0.0  # pyrefly: ignore[bad-override]
   invalid: ExactCount = state(invalid_state)
   invalid_kinds: ClassVar[tuple[str, ...]] = (OUTSIDE,)
 
@@ -284,6 +285,10 @@ class _NullDeviance(Accumulator):
   """
 
   _fields = ("weight", "total", "spread")
+  power: float  # static
+  weight: ExactSum
+  total: ExactSum
+  spread: ExactSum
 
   def __init__(self, power: float, weight: ExactSum, total: ExactSum, spread: ExactSum):
     object.__setattr__(self, "power", float(power))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import jax
@@ -97,6 +98,11 @@ class Moments(Accumulator):
   """
 
   _fields = ("count", "total", "comoment", "low", "high")
+  count: ExactSum
+  total: ExactSum
+  comoment: ExactSum
+  low: jax.Array
+  high: jax.Array
 
   @classmethod
   def zeros(cls, shape=(), num_vars: int = 1) -> Moments:
@@ -111,7 +117,13 @@ class Moments(Accumulator):
     )
 
   @classmethod
-  def of(cls, values: jax.Array, real: jax.Array, w: jax.Array, axes: tuple[int, ...]) -> Moments:
+  def of(
+    cls,
+    values: jax.Array | Sequence[jax.Array],
+    real: jax.Array,
+    w: jax.Array,
+    axes: tuple[int, ...],
+  ) -> Moments:
     """The moments of one batch.
 
     Args:
@@ -181,7 +193,11 @@ class Moments(Accumulator):
   def aggregate(self) -> Moments:
     return _aggregate_moments(self)
 
-  def _combine(self, total, maximum, n):
+  def _combine(
+    self, total: Callable, maximum: Callable, n: int, spread: Callable | None = None
+  ) -> Moments:
+    if spread is not None:  # segment_sum: the means would have to be spread back onto the parts
+      raise TypeError("Moments combine over a mapped or stacked axis, not by segments")
     combine = lambda acc: acc._combine(total, maximum, n)
     count, sums = combine(self.count), combine(self.total)
     mean_hi, mean_lo = sums.quotient(count[..., None])

@@ -44,6 +44,9 @@ class PairBuffer(GatheredBuffer):
   """
 
   _fields = ("pairs", "size", "dropped")
+  pairs: jax.Array
+  size: jax.Array
+  dropped: jax.Array
 
   @classmethod
   def zeros(cls, columns: int, capacity: int) -> PairBuffer:

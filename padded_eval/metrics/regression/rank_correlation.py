@@ -89,6 +89,8 @@ class _RankCorrelation(Metric):
       raise ValueError(
         f"preds has shape {preds.shape} but target has shape {target.shape}; expected equal shapes"
       )
+    assert rounded is not None  # equal shapes
+    assert self.capacity is not None  # _check_config: an int
     d = self.num_outputs
     if d > 1 and (preds.ndim < 2 or preds.shape[-1] != d):
       raise ValueError(

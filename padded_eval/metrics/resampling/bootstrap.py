@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +57,9 @@ from padded_eval.metrics.resampling._poisson_counts import (
   poisson_counts,
 )
 from padded_eval.metrics.totals import real_row_flags
+
+if TYPE_CHECKING:
+  from typing_extensions import Self
 
 RESAMPLE_MODES = ("auto", "weights", "repeat")
 #: The default bound on the state's size (point estimate plus replicas), in bytes.
@@ -190,6 +193,7 @@ class Bootstrap(Metric):
     object.__setattr__(self, "ids", _empty_ids(self))
 
   @property
+  # pyrefly: ignore[bad-override]  # the wrapped metric's direction: a property over the class constant
   def higher_is_better(self) -> bool | None:
     """The wrapped metric's direction (its interval's too)."""
     return self.point.higher_is_better
@@ -286,9 +290,10 @@ class Bootstrap(Metric):
 
   # --- merging (the replica axis mapped with vmap) ----------------------------------------
 
-  def merge(self, other: Bootstrap) -> Bootstrap:
+  def merge(self, other: Metric) -> Self:
     """Both states combined, replica by replica."""
     check_mergeable(self, other)
+    assert isinstance(other, Bootstrap)  # check_mergeable: the same kind
     return self.replace_state(
       point=self.point.merge(other.point),
       replica_states=jax.vmap(lambda a, b: a.merge(b))(self.replica_states, other.replica_states),
@@ -469,4 +474,5 @@ def repeated_updates(metric: Metric, kwargs: dict, counts: jax.Array) -> Metric:
   for bit in reversed(range(COUNT_BITS)):
     part = metric.batch_updates(**with_row_mask(kwargs, (counts >> bit) & 1 == 1))
     total = part if total is None else total.merge(total).merge(part)
+  assert total is not None  # COUNT_BITS > 0
   return total

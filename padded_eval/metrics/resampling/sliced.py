@@ -37,7 +37,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +56,9 @@ from padded_eval.metrics.resampling.bootstrap import (
   with_row_mask,
 )
 from padded_eval.metrics.totals import real_row_flags
+
+if TYPE_CHECKING:
+  from typing_extensions import Self
 
 METHODS = ("auto", "segments", "vmap")
 #: Rows combined by one exact segment sum (ExactCount sums at most 2**16 parts exactly).
@@ -127,6 +130,7 @@ class Sliced(Metric):
   invalid: ExactCount = state(invalid_state)
 
   @property
+  # pyrefly: ignore[bad-override]  # the wrapped metric's direction: a property over the class constant
   def higher_is_better(self) -> bool | None:
     """The wrapped metric's direction (every slice's value is one of its values)."""
     return self.slices.higher_is_better
@@ -193,6 +197,7 @@ class Sliced(Metric):
       )
     check_one_per_row(self.key, ids, kwargs, "slice id")
     real = real_row_flags(kwargs.get("mask"), kwargs.get("weights"), [ids])
+    assert real is not None  # ids has a row axis
     valid = (ids >= 0) & (ids < self.num_slices)
     segment = jnp.where(valid, ids, -1).astype(jnp.int32)  # -1: dropped by segment sums
     template = self.slices.empty()
@@ -210,9 +215,10 @@ class Sliced(Metric):
 
   # --- merging (the slice axis mapped with vmap) ------------------------------------------
 
-  def merge(self, other: Sliced) -> Sliced:
+  def merge(self, other: Metric) -> Self:
     """Both states combined, slice by slice."""
     check_mergeable(self, other)
+    assert isinstance(other, Sliced)  # check_mergeable: the same kind
     return self.replace_state(
       slices=jax.vmap(lambda a, b: a.merge(b))(self.slices, other.slices),
       slice_rows=self.slice_rows.merge(other.slice_rows),

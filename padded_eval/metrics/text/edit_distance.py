@@ -108,7 +108,7 @@ class RougeL(MeanRowScore):
   """
 
   pad_id: int = 0
-  vocab_size: int | None = config_field(None)
+  vocab_size: int | None = config_field(default=None)
 
   def _row_scores(self, batch: TokenBatch) -> jax.Array:
     return rouge_l_scores(batch)
@@ -138,14 +138,14 @@ class WordErrorRate(TokenMetric):
   """
 
   pad_id: int = 0
-  vocab_size: int | None = config_field(None)
+  vocab_size: int | None = config_field(default=None)
   errors: ExactCount = state(empty_count)
   reference_tokens: ExactCount = state(empty_count)
   invalid: ExactCount = state(invalid_state)
   example_rows: ExactCount = state(empty_count)
 
   several_references: ClassVar[bool] = False
-  higher_is_better: ClassVar[bool] = False
+  higher_is_better: ClassVar[bool | None] = False
 
   def _batch_state(self, *, preds, target, mask=None, weights=None, **_):
     batch = self.token_batch(preds, target, mask, weights)
@@ -189,7 +189,7 @@ class ExactMatch(MeanRowScore):
   """
 
   pad_id: int = 0
-  vocab_size: int | None = config_field(None)
+  vocab_size: int | None = config_field(default=None)
 
   def _row_scores(self, batch: TokenBatch) -> jax.Array:
     return exact_matches(batch, self.pad_id)

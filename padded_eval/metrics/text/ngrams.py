@@ -144,7 +144,7 @@ class BLEU(TokenMetric):
   max_order: int = 4
   smooth: bool = False
   pad_id: int = 0
-  vocab_size: int | None = config_field(None)
+  vocab_size: int | None = config_field(default=None)
   matches: ExactCount = state(lambda m: ExactCount.zeros((m.max_order,)))
   totals: ExactCount = state(lambda m: ExactCount.zeros((m.max_order,)))
   lengths: ExactCount = state(lambda m: ExactCount.zeros((2,)))  # hypothesis, reference
@@ -152,7 +152,7 @@ class BLEU(TokenMetric):
   example_rows: ExactCount = state(empty_count)
 
   invalid_kinds: ClassVar[tuple[str, ...]] = (BAD_ID, NO_REFERENCE)
-  higher_is_better: ClassVar[bool] = True
+  higher_is_better: ClassVar[bool | None] = True
 
   def _check_config(self):
     super()._check_config()
@@ -215,7 +215,7 @@ class RougeN(MeanRowScore):
 
   n: int
   pad_id: int = 0
-  vocab_size: int | None = config_field(None)
+  vocab_size: int | None = config_field(default=None)
 
   def _check_config(self):
     super()._check_config()

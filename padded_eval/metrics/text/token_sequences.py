@@ -124,14 +124,19 @@ class TokenMetric(Metric):
   #: Whether ``target`` may hold several references per row (``[B, R, S]``).
   several_references: ClassVar[bool] = True
 
+  def _token_config(self) -> tuple[int, int | None]:
+    """``(pad_id, vocab_size)``: the configuration fields each subclass declares."""
+    return getattr(self, "pad_id"), getattr(self, "vocab_size")  # noqa: B009
+
   def _check_config(self):
+    pad_id, vocab_size = self._token_config()
     int32 = jnp.iinfo(jnp.int32)
-    if not validation.is_int(self.pad_id) or not int32.min <= self.pad_id <= int32.max:
+    if not validation.is_int(pad_id) or not int32.min <= pad_id <= int32.max:
       raise ValueError(
         f"pad_id must be an int token id in int32's range [{int32.min}, {int32.max}] (ids are "
-        f"int32); got {self.pad_id!r}"
+        f"int32); got {pad_id!r}"
       )
-    validation.check_positive_int("vocab_size", self.vocab_size, allow_none=True)
+    validation.check_positive_int("vocab_size", vocab_size, allow_none=True)
 
   def token_batch(self, preds, target, mask, weights=None) -> TokenBatch:
     """The batch's sentences, padding removed (see the module docstring).
@@ -144,6 +149,7 @@ class TokenMetric(Metric):
         ``mask`` not bool ``[B]``.
     """
     owner = f"{type(self).__name__}.update"
+    pad_id, vocab_size = self._token_config()
     if weights is not None:
       raise ValueError(
         f"{owner}: {type(self).__name__} counts ids and rows and does not take sample weights; "
@@ -164,9 +170,9 @@ class TokenMetric(Metric):
     if target.ndim == 2:
       target = target[:, None, :]
     if target.shape[1] == 0:  # no reference: as all padding (one empty reference per row)
-      target = jnp.full((target.shape[0], 1, target.shape[2]), self.pad_id, jnp.int32)
+      target = jnp.full((target.shape[0], 1, target.shape[2]), pad_id, jnp.int32)
     real = _row_mask(mask, preds.shape[0], owner)
-    return sentences(preds, target, real, pad_id=self.pad_id, vocab_size=self.vocab_size)
+    return sentences(preds, target, real, pad_id=pad_id, vocab_size=vocab_size)
 
 
 @registry.jit(static_argnames=("pad_id", "vocab_size"))  # one dispatch eagerly
@@ -220,7 +226,7 @@ class MeanRowScore(TokenMetric):
   invalid: ExactCount = state(invalid_state)
   example_rows: ExactCount = state(empty_count)
 
-  higher_is_better: ClassVar[bool] = True
+  higher_is_better: ClassVar[bool | None] = True
 
   @abc.abstractmethod
   def _row_scores(self, batch: TokenBatch) -> jax.Array:
