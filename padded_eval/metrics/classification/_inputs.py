@@ -228,7 +228,7 @@ def matrix_counts(labels, predicted, valid, num_classes: int, method: str = "sca
   ``predicted`` ``[..., 1]`` (or ``[...]``) ids; -1 (no class: an out-of-range id or an
   all-NaN row) counts in the last column. ``method``: ``"scatter"`` (one scatter-add of
   ``t * (C + 1) + p``; the default: on CPU it was 2-3x faster than the matmul at C=10
-  and 280-1000x at C=1000 for 1024 examples, see benchmarks/bench_classification.py) or
+  and 280-1000x at C=1000 for 1024 examples, benchmarks/RESULTS.md records it) or
   ``"matmul"`` (one-hot ``[N, C + 1]`` product, exact: per-batch counts are far below
   ``2**24``).
   """

@@ -23,7 +23,7 @@ How a batch reaches the slices (``method``):
 * ``"auto"`` (default): ``"segments"`` where the state is sums of rows, else ``"vmap"``.
 
 State memory is ``num_slices`` times the metric's (:meth:`Sliced.state_nbytes`); the cost
-of both methods at 1, 100 and 10,000 slices is in ``benchmarks/bench_sliced.py``.
+of both methods at 1, 100 and 10,000 slices is measured by ``benchmarks/bench_bootstrap.py --only sliced``.
 
 Example:
   >>> import jax.numpy as jnp
