@@ -427,8 +427,8 @@ class ScoreHistogram(ClassificationMetric):
       )
 
   def _exact_area(self, buffer: ScoreBuffer) -> jax.Array:
-    """float32 ``[L]`` per-column value from the kept scores (``exact=True``)."""
-    raise NotImplementedError(f"{type(self).__name__} has no exact=True value")
+    """float32 ``[L]`` per-column value from the kept scores (AUROC, AUPRC, operating points)."""
+    raise ValueError(f"{type(self).__name__} takes no exact=True: use num_thresholds=")
 
   @abc.abstractmethod
   def _area(self, positives: ExactCount, negatives: ExactCount) -> jax.Array:
