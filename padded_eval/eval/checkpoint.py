@@ -11,12 +11,15 @@ returned by a later call only if it asks the same question (the whole fingerprin
 
 Writes are atomic: a file is written under a temporary name, flushed to disk and renamed (``os.replace``), so a
 process killed during a write leaves a ``.tmp`` file that is never read (and deleted on the next save). Writes run
-in a background thread, at most one in flight; the state is first copied on the devices (one small dispatched
-copy, because the original is donated to the next step), so neither the devices nor the driver wait for the
-transfer or the disk. With one process a save that falls due while the previous write still runs is deferred to
-the first step after it (older step files are deleted after each write); with several processes every process
-saves the same steps (waiting for its previous write if need be) and keeps its step files until the evaluation
-finishes, so that a step every process saved always exists. A finished evaluation deletes its step files.
+in a background thread, at most one in flight; a donated state (a tree) is first copied on the devices (one
+small dispatched copy, because the original is donated to the next step; a packed state is not donated and is
+saved as it is), so neither the devices nor the driver wait for the transfer or the disk. A file holds the
+state's tree leaves whichever carrier ran (`padded_eval.eval.packing`): the writer unpacks a packed state on
+the host, and a resumed run packs the leaves again. With one process a save that falls due while the previous
+write still runs is deferred to the first step after it (older step files are deleted after each write); with
+several processes every process saves the same steps (waiting for its previous write if need be) and keeps its
+step files until the evaluation finishes, so that a step every process saved always exists. A finished
+evaluation deletes its step files.
 
 The module is the `Saver` (what is saved when, and how a call resumes); the directory's files and
 their format are `padded_eval.eval.checkpoint_files`, the fingerprint `padded_eval.eval.fingerprint`.
@@ -47,6 +50,7 @@ from padded_eval.eval.fingerprint import (
   fingerprint,
   params_checksum,
 )
+from padded_eval.eval.packing import TreeLayout
 from padded_eval.eval.results import EvalResults
 from padded_eval.multihost._coordination import exchange
 from padded_eval.multihost.distributed import (
@@ -63,8 +67,9 @@ class Saver(Hook):
   """Saves and restores one `masked_eval` call's state in a `CheckpointDir`.
 
   A hook of the loop (`padded_eval.eval._hooks.Hook`): it saves after dispatched steps, waits
-  for its last write at `close` and stores the result at `finish`. With a saver the run carries
-  the state's tree (`padded_eval.eval.run.start`), which is what it saves and restores.
+  for its last write at `close` and stores the result at `finish`. The run carries the state as
+  it would without a saver (`padded_eval.eval.run.start`: packed when small); the saver saves
+  and restores it through that carrier (`restore`), the files always holding the tree's leaves.
 
   Attributes:
     result: ``(fingerprint, values, metric leaves)`` of a finished evaluation (returned by
@@ -88,6 +93,7 @@ class Saver(Hook):
     self._no_save = False  # the one all-padding step of a resumed run with no batch left
     self._due = False  # a save is due (deferred while the previous write runs)
     self._mask_key = "mask"
+    self._carrier: Any = TreeLayout()  # how the run carries its state (set by `restore`)
     spec = None if restored is None else restored.fingerprint.get("batch")
     self.resume_at = (
       ResumeAt() if restored is None else ResumeAt(restored.steps, restored.batches, spec)
@@ -231,14 +237,26 @@ class Saver(Hook):
     placed = [jax.device_put(x) for x in leaves]
     return jax.tree.unflatten(jax.tree.structure(empty_metric), placed)
 
-  def restore(self, empty: Any) -> Any:
-    """This process's saved part of the carried state (checked by `verify`), as host arrays in
-    ``empty``'s structure, or None when there is no checkpoint to resume from."""
+  def restore(self, empty: Any, carrier: Any) -> Any:
+    """This process's saved part of the carried state (checked by `verify`) in the form
+    ``carrier`` carries it (a `padded_eval.eval.packing.StatePacking` packs it, a `TreeLayout`
+    keeps ``empty``'s tree), as host arrays, or None when there is no checkpoint to resume from.
+
+    The saves from now on read the state through ``carrier`` too: a file holds the state's
+    tree leaves whichever carrier ran, so a packed run resumes a tree run's checkpoint and
+    the other way round."""
+    self._carrier = carrier
     if self._restored is None:
       return None
     saved = jax.tree.unflatten(jax.tree.structure(empty), self._restored.leaves)
     self._restored.leaves = None
-    return saved
+    return carrier.pack_host(saved)
+
+  def _host_leaves(self, state: Any) -> list[np.ndarray]:
+    """This process's part of the carried ``state``, as the tree leaves a file holds (on the
+    writer thread: the device-to-host copies happen there)."""
+    local = jax.tree.map(self._runner.local_part, state)
+    return jax.tree.leaves(self._carrier.unpack_host(local))
 
   def dispatched(self, step: Dispatched) -> None:
     """Counts one dispatched step; every ``every`` steps starts saving its state.
@@ -257,7 +275,7 @@ class Saver(Hook):
       return
     self._due = False
     header = {"steps": self._steps, "batches": batches_consumed, "fingerprint": self._found}
-    self._dir.save_async(state, header, self._runner.local_part)
+    self._dir.save_async(state, header, self._host_leaves, self._carrier.donated)
 
   def close(self, failed: bool = False) -> None:
     """Ends the saving: waits for the write in flight; after a failed step (``failed``) at

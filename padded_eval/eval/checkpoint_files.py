@@ -104,21 +104,22 @@ class CheckpointDir:
 
   # --- writing -----------------------------------------------------------------------------------
 
-  def save_async(self, state: Any, header: dict, local_part) -> None:
-    """Starts saving ``state`` (on the devices, about to be donated) in the background.
+  def save_async(self, state: Any, header: dict, host_leaves: Any, donated: bool) -> None:
+    """Starts saving ``state`` (on the devices) in the background.
 
-    Waits for the previous write first (at most one in flight). The state is copied on
-    the devices now (dispatched, not waited for); the thread fetches this process's
-    part with ``local_part`` (the device-to-host copy happens there) and writes it
-    atomically.
+    Waits for the previous write first (at most one in flight). A ``donated`` state (about to
+    be donated to the next step) is copied on the devices now (dispatched, not waited for); one
+    that is not (a packed state, `padded_eval.eval.packing.StatePacking`) is saved as it is.
+    The thread fetches this process's part with ``host_leaves(state) -> [numpy leaves]`` (the
+    device-to-host copy happens there) and writes it atomically.
     """
     self.wait()
-    copied = _copy(state)  # dispatched; the thread's fetch waits for it, the main thread never does
-    self._pending = in_daemon_thread(self._write, copied, header, local_part)
+    # dispatched; the thread's fetch waits for it, the main thread never does
+    saved = _copy(state) if donated else state
+    self._pending = in_daemon_thread(self._write, saved, header, host_leaves)
 
-  def _write(self, state: Any, header: dict, local_part) -> None:
-    leaves = [local_part(leaf) for leaf in jax.tree.leaves(state)]
-    write_state_file(self._step_path(header["steps"]), header, leaves)
+  def _write(self, state: Any, header: dict, host_leaves) -> None:
+    write_state_file(self._step_path(header["steps"]), header, host_leaves(state))
     self._prune(keep_from=self._prunable_before(header["steps"]))
 
   def _prunable_before(self, steps: int) -> int:

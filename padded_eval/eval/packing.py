@@ -15,10 +15,11 @@ sides of the step (36 extra kernels for Flax mnist's accuracy and loss: the step
 word per element (they are rare in states and small).
 
 The layout is fixed by the empty state's structure, shapes and dtypes (it is hashable).
-`masked_eval` packs only small states (`padded_eval.eval.placement.is_small_state`) without a
-checkpoint: a packed state is not donated, so a large one would be copied whole on every step,
-and a checkpoint saves the tree. Everything else is carried as its tree (`TreeLayout`, the same
-interface, each conversion the identity).
+`masked_eval` packs only small states (`padded_eval.eval.placement.is_small_state`): a packed
+state is not donated, so a large one would be copied whole on every step. A checkpoint saves the
+tree's leaves (`unpack_host` on its writer thread) and restores them packed (`pack_host` of the
+leaves of every shard), so the files are the same whichever carrier ran. Everything else is
+carried as its tree (`TreeLayout`, the same interface, each conversion the identity).
 """
 
 from __future__ import annotations
@@ -161,13 +162,16 @@ class StatePacking:
     return self.treedef.unflatten(leaves)
 
   def pack_host(self, state: Any) -> np.ndarray:
-    """``pack`` on the host: numpy leaves -> ``uint32 [nwords]``."""
+    """``pack`` on the host: numpy leaves -> ``uint32 [..., nwords]``, every leaf with the same
+    leading axes ``[...]`` (a checkpoint's leaves: one partial state per shard) or none."""
     leaves = self.treedef.flatten_up_to(state)
+    first = np.shape(leaves[0]) if leaves else ()
+    lead = first[: len(first) - len(self.specs[0][0])] if leaves else ()
     parts = [
-      _host_words(np.ascontiguousarray(leaves[i], self.specs[i][1])).reshape(-1)
+      _host_words(np.ascontiguousarray(leaves[i], self.specs[i][1]).reshape(lead + (-1,)))
       for i in self._order
     ]
-    return np.concatenate(parts) if parts else np.zeros((0,), np.uint32)
+    return np.concatenate(parts, axis=-1) if parts else np.zeros(lead + (0,), np.uint32)
 
   def unpack_host(self, packed: np.ndarray) -> Any:
     """``unpack`` on the host: ``uint32 [..., nwords]`` -> the state with numpy leaves."""
@@ -257,7 +261,7 @@ def _host_from_words(words: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 class TreeLayout:
   """The carried state as its tree, merged metric by metric: `StatePacking`'s interface, each
-  conversion the identity (the carrier of large states, several processes and checkpoints).
+  conversion the identity (the carrier of large states).
 
   Attributes:
     empty: the empty state of one shard it was made from (host arrays).

@@ -1,8 +1,8 @@
 """The small-state fast path's switch, and placing a carried state.
 
 A short evaluation (one or a few batches) spends most of its time placing things, not
-computing. A small carried state (`is_small_state`: at most `SMALL_STATE_BYTES` per shard, no
-checkpoint) is carried packed and placed once per compiled step (`padded_eval.eval.run`).
+computing. A small carried state (`is_small_state`: at most `SMALL_STATE_BYTES` per shard) is
+carried packed and placed once per compiled step (`padded_eval.eval.run`).
 Nothing here keeps anything on the devices but the pmap anchor (`anchor`): the caches live in
 `padded_eval.eval.cache` (bounded, cleared by `pe.clear_caches()`).
 """
@@ -27,7 +27,7 @@ __all__ = [
 
 SMALL_STATE_BYTES = 1 << 16
 """The one switch of the small-state fast path: a carried state of at most this many bytes per
-shard (no checkpoint) is carried packed and placed once (`padded_eval.eval.run`). 0 turns it
+shard (with a checkpoint or without) is carried packed and placed once (`padded_eval.eval.run`). 0 turns it
 off."""
 
 

@@ -9,12 +9,16 @@ The loop (`padded_eval.eval._evaluate`) sees three things and nothing else::
 Which carrier a run uses is decided in `start`, from the state and the saver, and nowhere
 else (`padded_eval.eval.packing`):
 
-* **packed** (the small-state fast path, `padded_eval.eval.placement.is_small_state`: a small
-  state, no checkpoint): the state is one ``uint32`` vector per shard, placed once per compiled
-  step and never donated, so every call starts from the same device buffers; one transfer at
-  the end;
-* **tree, donated** (large states and checkpoints): the state's tree, placed fresh (or restored
-  from a checkpoint) and donated from step to step.
+* **packed** (the small-state fast path, `padded_eval.eval.placement.is_small_state`): the state
+  is one ``uint32`` vector per shard, placed once per compiled step and never donated, so every
+  call starts from the same device buffers (a resumed call: from its checkpoint's, packed on the
+  host and placed); one transfer at the end;
+* **tree, donated** (large states): the state's tree, placed fresh (or restored from a
+  checkpoint) and donated from step to step.
+
+A checkpoint does not change the carrier: the `padded_eval.eval.checkpoint.Saver` saves the
+state's tree leaves whichever carries it (unpacked on its writer thread) and restores them into
+the run's carrier, so a step compiles the same programs with a checkpoint as without.
 
 Either way a call runs at most three programs of its own, each compiled once per step and input
 shapes: the step, the final reduce (pmap and shard_map: ``CompiledStep.final_for``) and the
@@ -103,8 +107,8 @@ def start(
     params: the user's params (host or device).
     first: the first host `StepInput`.
     saver: the call's `padded_eval.eval.checkpoint.Saver`, or None: with one the call's
-      question is checked against the directory's (`Saver.verify`), and the state is a donated
-      tree, restored from its checkpoint if it has one.
+      question is checked against the directory's (`Saver.verify`), and the state is restored
+      from its checkpoint if it has one, in the carrier the state takes without a saver.
     wait: ``wait(arrays)`` blocks on arrays computed across processes (the params checksum of
       `Saver.verify`), with the feed's deadline.
 
@@ -121,11 +125,13 @@ def start(
     stored = saver.verify(empty, first.batch, params, placed_params, backend, wait)
   if stored is not None:  # a finished evaluation: nothing to place or run
     return CompiledRun(backend, placed_params, placed_first, empty, stored=stored)
-  entry = compiled.entry(empty, packed=saver is None and is_small_state(empty))
-  if entry.placed is not None:  # packed: placed once, never donated
+  entry = compiled.entry(empty, packed=is_small_state(empty))
+  saved = None if saver is None else saver.restore(empty, entry.carrier)
+  if saved is not None:  # restored from the checkpoint, in the carrier's form
+    state = backend.place_saved_state(saved)
+  elif entry.placed is not None:  # packed: placed once, never donated
     state = entry.placed
-  else:  # the tree, donated: placed fresh, or restored from the checkpoint
-    saved = None if saver is None else saver.restore(empty)
-    state = backend.place_state(empty) if saved is None else backend.place_saved_state(saved)
+  else:  # the tree, donated: placed fresh
+    state = backend.place_state(empty)
   entry.compile_final_ahead(placed_params, state)
   return CompiledRun(backend, placed_params, placed_first, empty, entry, state)

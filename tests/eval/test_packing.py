@@ -73,6 +73,20 @@ def test_host_round_trip_is_bit_exact():
   assert_same_bits(layout.unpack_host(packed), tree)
 
 
+def test_host_packing_of_stacked_shards_is_each_shard_packed():
+  """A checkpoint's leaves carry one partial state per shard on a leading axis: packed on the
+  host, each shard's words are its own state's (and a 64-bit leaf's two words stay in order)."""
+  rng = np.random.default_rng(1)
+  shards = [dict(odd_tree(rng), f64=rng.normal(size=(3,))) for _ in range(3)]
+  layout = packing.StatePacking(shards[0])
+  stacked = jax.tree.map(lambda *xs: np.stack(xs), *shards)
+  packed = layout.pack_host(stacked)
+  assert packed.shape == (3, layout.nwords)
+  for shard, words in zip(shards, packed):
+    np.testing.assert_array_equal(words, layout.pack_host(shard))
+  assert_same_bits(layout.unpack_host(packed), stacked)
+
+
 def test_a_32_bit_state_is_packed_without_widening_or_splitting_words():
   """Every leaf of a real metric state is 32-bit: one word per element, read by a same-width
   bitcast (the byte layout cost XLA's CPU backend a shift-and-reduce kernel per word)."""
@@ -183,7 +197,9 @@ def test_masked_eval_carries_one_word_vector_and_stays_exact(backend, monkeypatc
       assert state.shape[:1] == (jax.device_count(),) and state.ndim == 2
 
 
-def test_a_checkpointed_evaluation_carries_the_tree(tmp_path, monkeypatch):
+def test_a_checkpointed_evaluation_carries_a_small_state_packed_too(tmp_path, monkeypatch):
+  """A checkpoint saves and restores the packed state (its tree leaves on disk): the step is
+  the packed one, as without a checkpoint (tests/eval/test_programs.py counts the programs)."""
   spy = StateSpy(monkeypatch)
   data, (w, b) = dataset(203, seed=6), weights(6)
   got = pe.masked_eval(
@@ -192,9 +208,11 @@ def test_a_checkpointed_evaluation_carries_the_tree(tmp_path, monkeypatch):
     garbage_padded(data, 32),
     backend="shard_map",
     checkpoint_dir=tmp_path / "ckpt",
+    checkpoint_every=2,
   )
   check(got, data, w, b)
-  assert spy.states == []
+  assert len(spy.states) == 7  # ceil(203 / 32) steps, every one packed
+  assert all(state.dtype == jnp.uint32 for state in spy.states)
 
 
 def test_a_large_state_is_not_packed_and_stays_exact(monkeypatch):

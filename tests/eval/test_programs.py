@@ -192,3 +192,72 @@ def test_per_row_outputs_equal_the_users_own_jit_bit_for_bit_on_one_device():
     assert got["rows"] == 203 and got["shape"] == [203, 10], got
     assert got["equal"] and got["differ"] == 0, (backend, got)
     assert got["accuracy"] == pytest.approx(out["want_accuracy"], rel=1e-6), (backend, got)
+
+
+_BACKENDS, _CARRIED = ("pmap", "shard_map", "jit"), ("packed", "tree")
+_CHECKPOINTED = [(b, s) for b in _BACKENDS for s in _CARRIED]
+
+
+class _Preempted(RuntimeError):
+  pass
+
+
+def _failing(batches, fail_at):
+  """``batches``, raising `_Preempted` instead of batch ``fail_at``."""
+  for i, batch in enumerate(batches):
+    if i == fail_at:
+      raise _Preempted("preempted")
+    yield batch
+
+
+@pytest.mark.parametrize("backend, carried", _CHECKPOINTED)
+def test_a_checkpointed_step_compiles_at_most_four_programs_and_resumes_exactly(
+  backend, carried, compiles, monkeypatch, tmp_path
+):
+  """With ``checkpoint_dir`` the step runs on the carrier it runs on without (packed when its
+  state is small): a step evaluated without then with a checkpoint compiles at most
+  `PROGRAMS_PER_STEP` programs in all, a second checkpointed call none; and a run preempted
+  after a save under the other carrier (a file holds the state's tree either way) resumes to
+  what an uninterrupted run gives, exactly, near numpy float64, compiling nothing."""
+  small = placement.SMALL_STATE_BYTES
+  use = lambda which: monkeypatch.setattr(
+    placement, "SMALL_STATE_BYTES", small if which == "packed" else 0
+  )
+  use(carried)
+  data = dataset(203, seed=4)
+  # JAX's eager programs, the params checksum and the on-device copy of a tree state for a
+  # save are compiled now, once per process: what follows is the step under test alone
+  warm = functools.partial(step, scale=0.25, outputs=False)
+  for which in _CARRIED:
+    use(which)
+    pe.masked_eval(
+      warm, W, pe.pad_batches(data, 16), backend=backend, checkpoint_dir=tmp_path / which,
+      checkpoint_every=3,
+    )  # fmt: skip
+  use(carried)
+  scale = 100.0 + _CHECKPOINTED.index((backend, carried))
+  fresh = functools.partial(step, scale=scale, outputs=False)
+  compiles[0] = 0
+  uninterrupted = pe.masked_eval(fresh, W, pe.pad_batches(data, 16), backend=backend)
+  counts = []
+  for name in ("first", "second"):  # the same shapes: 13 batches of 16
+    got = pe.masked_eval(
+      fresh, W, pe.pad_batches(data, 16), backend=backend, checkpoint_dir=tmp_path / name,
+      checkpoint_every=3,
+    )  # fmt: skip
+    assert got == uninterrupted
+    counts.append(compiles[0])
+    compiles[0] = 0
+  assert 1 <= counts[0] <= PROGRAMS_PER_STEP, counts  # the call without and the first with
+  assert counts[1] == 0, counts
+  check(uninterrupted, data, scale)
+  common = dict(backend=backend, checkpoint_dir=tmp_path / "resumed", checkpoint_every=3)
+  use("tree" if carried == "packed" else "packed")
+  with pytest.raises(_Preempted):
+    pe.masked_eval(fresh, W, _failing(pe.pad_batches(data, 16), fail_at=8), **common)
+  assert any(p.name.startswith("step_") for p in (tmp_path / "resumed" / "process_0").iterdir())
+  use(carried)
+  compiles[0] = 0
+  resumed = pe.masked_eval(fresh, W, pe.pad_batches(data, 16), **common)
+  assert compiles[0] == 0
+  assert resumed == uninterrupted
