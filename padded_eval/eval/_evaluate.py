@@ -315,7 +315,12 @@ def masked_eval(
   if run.stored is not None:  # a finished checkpoint_dir asked the same question: its answer
     return _checked(run.stored, run.stored[NUM_EXAMPLES], options.on_invalid)
   hooks = _hooks(options, run, batches, num_batches, saver)
-  state = _run_steps(run, feed, first, hooks)
+  try:
+    state = _run_steps(run, feed, first, hooks)
+  except BaseException as error:  # a source or a step failed: its own error reaches the caller
+    del run, hooks, compiled  # who keeps the error keeps this frame, not the devices' buffers
+    _release_driver_frames(error.__traceback__)
+    raise
   metric, num_examples = run.finish(state, feed.wait_final)
   results = _results(metric, num_examples, options.on_invalid)
   for hook in hooks:
@@ -416,8 +421,8 @@ def _run_steps(run: run_lib.CompiledRun, feed, first, hooks: list[Hook]) -> Any:
   """
   in_flight: collections.deque = collections.deque()  # (index, token) not waited for
   host, placed, state = first, run.first, run.initial_state
+  logs = cache_lib.prepare_logs(run.empty[0])  # compiles on a worker thread while the step does
   try:
-    cache_lib.prepare_logs(run.empty[0])  # compiles on a worker thread while the step compiles
     for index in itertools.count():
       state, token, per_row = run.step(state, placed)  # dispatch step t
       in_flight.append((index, token))
@@ -440,10 +445,27 @@ def _run_steps(run: run_lib.CompiledRun, feed, first, hooks: list[Hook]) -> Any:
   except BaseException:
     for hook in hooks:
       hook.close(failed=True)  # a save in flight may wait on the failed step: bounded wait
+    run.join_compiles(logs)  # no thread of the call outlives it
     raise
   for hook in hooks:
     hook.close(failed=False)
   return state
+
+
+def _release_driver_frames(traceback: Any) -> None:
+  """Clears the locals of the driver's own frames that ``traceback`` keeps and that have
+  returned (`_run_steps`: the carried state, the placed batch; a step's arguments), so that an
+  error kept by the caller (a notebook keeps ``sys.last_traceback``) holds no device buffer of
+  the call. The caller's frames, the source's among them, are left as they are, for a debugger.
+  """
+  while traceback is not None:
+    frame = traceback.tb_frame
+    if frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+      try:
+        frame.clear()
+      except RuntimeError:  # still running: masked_eval's own frame, cleared by its caller
+        pass
+    traceback = traceback.tb_next
 
 
 def _checked(results: EvalResults, num_examples: int, on_invalid: str) -> EvalResults:

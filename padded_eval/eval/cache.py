@@ -173,7 +173,8 @@ class CachedStep:
     if found is not None:
       return found
     _count_compile((*self._origin, key))
-    empty = jax.tree.map(np.asarray, _checked_empty(self.compiled.traced_statistics(params, batch)))
+    # copies: on CPU np.asarray would view the device buffers of the zeros, keeping them alive
+    empty = jax.tree.map(np.array, _checked_empty(self.compiled.traced_statistics(params, batch)))
     self._empty[key] = empty
     _bound(self._empty, ENTRY_SIZE)
     return empty
@@ -222,6 +223,12 @@ class RunEntry:
     if several_processes():  # a multi-process pmap's AOT program takes global shapes: jitted
       return
     self._compiled_final = Compiling(self._final.lower(params, state), FINAL_COMPILE_THREAD)
+
+  def join_compile(self) -> None:
+    """Waits for the final reduce compiling on its worker thread, if it is (a failed run: no
+    thread of the call outlives it; the program stays for the next call)."""
+    if isinstance(self._compiled_final, Compiling):
+      self._compiled_final.join()
 
   def final_program(self) -> Callable | None:
     """The final reduce ``(params, state) -> state``, or None (the state is global already)."""
@@ -340,7 +347,7 @@ def _logs_program() -> Any:
   return jax.jit(lambda m: m.compute_logs())
 
 
-def prepare_logs(empty_metric: Any) -> None:
+def prepare_logs(empty_metric: Any) -> Compiling | None:
   """Starts compiling ``compute_logs`` of a metric shaped like ``empty_metric`` on a worker thread.
 
   Called before the first step: the logs program then compiles while the step traces and
@@ -351,13 +358,16 @@ def prepare_logs(empty_metric: Any) -> None:
 
   Args:
     empty_metric: the empty host metric (numpy leaves) the evaluation starts from.
+
+  Returns:
+    The `Compiling` started, or None.
   """
   try:
     key = _shapes_key(empty_metric)
     if key in _logs_programs or _shapes_key(trimmed(empty_metric)) != key:
-      return
+      return None
   except TypeError:  # unhashable configuration: metric_logs does not cache either
-    return
+    return None
   canonical = jax.dtypes.canonicalize_dtype
   shapes = jax.tree.map(
     lambda x: jax.ShapeDtypeStruct(np.shape(x), canonical(x.dtype)), empty_metric
@@ -368,8 +378,9 @@ def prepare_logs(empty_metric: Any) -> None:
     lowered = _logs_program().lower(shapes)
   except Exception:  # noqa: BLE001 - does not trace: computed eagerly at the end, as metric_logs does
     _logs_programs[key] = None
-    return
-  _logs_programs[key] = Compiling(lowered, LOGS_COMPILE_THREAD)
+    return None
+  started = _logs_programs[key] = Compiling(lowered, LOGS_COMPILE_THREAD)
+  return started
 
 
 def metric_logs(metric: Any) -> dict:

@@ -8,7 +8,6 @@ is `padded_eval.eval.checkpoint`'s.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import re
@@ -25,7 +24,14 @@ from padded_eval.eval.fingerprint import FINGERPRINT_NAMES
 from padded_eval.multihost.distributed import several_processes
 from padded_eval.validation import check_positive_int
 
-__all__ = ["CheckpointDir", "Restored", "in_daemon_thread", "read_state_file", "write_state_file"]
+__all__ = [
+  "CheckpointDir",
+  "InThread",
+  "Restored",
+  "in_daemon_thread",
+  "read_state_file",
+  "write_state_file",
+]
 
 _STEP_FILE = re.compile(r"^step_(\d{10})\.state$")
 _MAGIC = b"padded_eval state 1\n"
@@ -70,7 +76,7 @@ class CheckpointDir:
     self.root = os.fspath(directory)
     self.path = os.path.join(self.root, f"process_{jax.process_index()}")
     os.makedirs(self.path, exist_ok=True)
-    self._pending: concurrent.futures.Future | None = None
+    self._pending: InThread | None = None
 
   # --- reading -----------------------------------------------------------------------------------
 
@@ -283,15 +289,44 @@ def _short(value: Any) -> str:
 # --- the driver's side: what masked_eval calls ---------------------------------------------------
 
 
-def in_daemon_thread(fn, *args) -> concurrent.futures.Future:
-  """Runs ``fn(*args)`` in a new daemon thread; the Future holds its result or error."""
-  future: concurrent.futures.Future = concurrent.futures.Future()
+def in_daemon_thread(fn, *args) -> InThread:
+  """Runs ``fn(*args)`` in a new daemon thread; the `InThread` holds its result or error."""
+  return InThread(fn, *args)
 
-  def run():
+
+class InThread:
+  """``fn(*args)`` running on a daemon thread named ``padded_eval-checkpoint``.
+
+  Done means the thread has ended, not only that ``fn`` returned: a caller that waited for
+  `result` leaves no thread of its own behind.
+  """
+
+  def __init__(self, fn, *args):
+    self._outcome: tuple = ()  # (result,) or (None, error), set by the thread
+    self._thread = threading.Thread(
+      target=self._run, args=(fn, args), name="padded_eval-checkpoint", daemon=True
+    )
+    self._thread.start()
+
+  def _run(self, fn, args) -> None:
     try:
-      future.set_result(fn(*args))
+      self._outcome = (fn(*args),)
     except BaseException as error:  # handed to whoever waits
-      future.set_exception(error)
+      self._outcome = (None, error)
 
-  threading.Thread(target=run, name="padded_eval-checkpoint", daemon=True).start()
-  return future
+  def done(self) -> bool:
+    """Whether the thread has ended."""
+    return not self._thread.is_alive()
+
+  def result(self, timeout: float | None = None) -> Any:
+    """``fn``'s result once the thread has ended (at most ``timeout`` seconds); re-raises its error.
+
+    Raises:
+      TimeoutError: the thread still runs after ``timeout`` seconds.
+    """
+    self._thread.join(timeout)
+    if self._thread.is_alive():
+      raise TimeoutError(f"the checkpoint write still runs after {timeout} s")
+    if len(self._outcome) == 2:
+      raise self._outcome[1]
+    return self._outcome[0]

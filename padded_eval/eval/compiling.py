@@ -38,6 +38,10 @@ class Compiling:
     except Exception:  # noqa: BLE001 - the caller compiles it again on its own thread and raises there
       self._compiled = None
 
+  def join(self) -> None:
+    """Waits for the compile to end (its result stays for `result`)."""
+    self._thread.join()
+
   def result(self) -> Any:
     """The `jax.stages.Compiled` program (waits for the compile), or None if it failed."""
     self._thread.join()

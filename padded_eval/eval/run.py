@@ -83,6 +83,16 @@ class CompiledRun:
     """Dispatches one step: ``(state, token, per_row)`` (see `padded_eval.eval.backends.CompiledStep`)."""
     return self._compiled().step(self._params, state, placed)
 
+  def join_compiles(self, *others: Any) -> None:
+    """Waits for the programs this run compiles on worker threads (its final reduce, and the
+    `padded_eval.eval.compiling.Compiling` ``others`` that are not None): a failed run leaves
+    no thread running."""
+    if self._entry is not None:
+      self._entry.join_compile()
+    for other in others:
+      if other is not None:
+        other.join()
+
   def finish(self, state: Any, wait: Callable[[Any], None]) -> tuple[Metric, int]:
     """The final reduce of ``state``, waited for with ``wait``, fetched: ``(metric, num_examples)``."""
     final = self._compiled().final_program()
