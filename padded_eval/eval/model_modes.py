@@ -32,7 +32,9 @@ def training_layers(params: Any) -> list[str]:
   for model in models:
     if not isinstance(model, nnx.Module):
       continue
-    for path, layer in nnx.iter_modules(model):
+    # nnx.iter_modules in current flax; Module.iter_modules before it (deprecated since)
+    walk = getattr(nnx, "iter_modules", None) or type(model).iter_modules
+    for path, layer in walk(model):
       where = "/".join(str(part) for part in path) or "the model"
       if isinstance(layer, nnx.Dropout) and layer.rate > 0 and not layer.deterministic:
         found.append(f"Dropout at {where!r} (rate {layer.rate}, deterministic=False)")
