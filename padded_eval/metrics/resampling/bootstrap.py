@@ -234,9 +234,9 @@ class Bootstrap(Metric):
       )
 
   def state_nbytes(self) -> int:
-    """Bytes of the state: the point estimate plus ``num_replicas`` copies (and 72 bytes of
-    row-id checksum)."""
-    return nbytes(self.point) + nbytes(self.replica_states) + nbytes(self.ids)
+    """Bytes of the state: the point estimate plus ``num_replicas`` copies (and 80 bytes: the
+    row-id checksum and the count of repeated ids)."""
+    return nbytes(self._state())
 
   def examples_checksum(self) -> np.ndarray:
     """int64 ``[9]``: the real rows seen and 8 order-free sums of hashes of their ids.
