@@ -252,6 +252,8 @@ class PaddedBatches(cabc.Iterable):
     self._source = sources.open_source(source, mask_key=mask_key, batched=batched, keys=keys)
     self._fitter = fitter
     self._source.shape_fitter = fitter
+    if ids is not None:
+      self._source.check_row_order(ids.key)
     if self._source.spec is not None:
       self._source.spec.check_pad_keys(pad_value)
       if ids is not None:

@@ -41,7 +41,7 @@ from jax.sharding import Mesh
 
 from padded_eval.data._batch_spec import checked_batches
 from padded_eval.data.padded import padding_fills
-from padded_eval.eval import backends, checkpoint
+from padded_eval.eval import backends, checkpoint, model_modes
 from padded_eval.eval import cache as cache_lib
 from padded_eval.eval import outputs as outputs_lib
 from padded_eval.eval import run as run_lib
@@ -85,7 +85,7 @@ def masked_eval(
   axis_name: str = "batch",
   mesh: Mesh | None = None,
   data_axes: str | tuple[str, ...] | None = None,
-  progress: bool = False,
+  progress: bool | None = None,
   mask_key: str | Callable[[Any], Any] = "mask",
   steps_in_flight: int | None = None,
   timeout: float | None = None,
@@ -107,7 +107,7 @@ def masked_eval(
   axis_name: str = "batch",
   mesh: Mesh | None = None,
   data_axes: str | tuple[str, ...] | None = None,
-  progress: bool = False,
+  progress: bool | None = None,
   mask_key: str | Callable[[Any], Any] = "mask",
   steps_in_flight: int | None = None,
   timeout: float | None = None,
@@ -129,7 +129,7 @@ def masked_eval(
   axis_name: str = "batch",
   mesh: Mesh | None = None,
   data_axes: str | tuple[str, ...] | None = None,
-  progress: bool = False,
+  progress: bool | None = None,
   mask_key: str | Callable[[Any], Any] = "mask",
   steps_in_flight: int | None = None,
   timeout: float | None = None,
@@ -150,7 +150,7 @@ def masked_eval(
   axis_name: str = "batch",
   mesh: Mesh | None = None,
   data_axes: str | tuple[str, ...] | None = None,
-  progress: bool = False,
+  progress: bool | None = None,
   mask_key: str | Callable[[Any], Any] = "mask",
   steps_in_flight: int | None = None,
   timeout: float | None = None,
@@ -177,7 +177,9 @@ def masked_eval(
       (already replicated ``jax.Array``s are not copied again). The copy made for a call is
       dropped when it returns: to place params once for many calls (a short evaluation run
       often, where the copy is most of a call's time), pass `padded_eval.place_params`'s
-      result, which masked_eval takes as it is.
+      result, which masked_eval takes as it is. An nnx model (or a pytree holding one) with a
+      ``Dropout`` or ``BatchNorm`` in training mode (``model.eval()`` forgotten) gets a
+      ``UserWarning`` naming the layers (`padded_eval.eval.model_modes`).
     batches: an iterable of dict batches whose every leaf is ``[B, ...]`` with the
       same ``B``, shapes and dtypes in every batch, and ``batch[mask_key]`` bool
       ``[B]`` True for real rows (as ``pe.pad_batches`` yields); with ``mask_fn``,
@@ -198,7 +200,11 @@ def masked_eval(
       mesh of flax's lm1b example splits rows 8 ways over ``("data", "fsdp")``.
     progress: show a tqdm progress bar (batches, and real examples per second), drawn by process 0
       only; its total is `len(batches)` or their length hint (a tf.data pipeline of known
-      cardinality), and a resumed run starts it at the steps already run.
+      cardinality), and a resumed run starts it at the steps already run. None (the default):
+      a bar when ``batches`` have neither length nor length hint (a generator, an
+      ``itertools.cycle``, a filtered pipeline) and stderr is a terminal, so an evaluation whose
+      end is unknown shows that it is reading; nothing otherwise (scripts, logs, tests).
+      True: always; False: never.
     mask_key: which rows are real: the batch key of the bool ``[B]`` mask, or a function
       ``batch -> bool [rows, ...]`` (the same as ``mask_fn``).
     steps_in_flight: at most this many dispatched steps not yet finished (>= 1).
@@ -298,6 +304,9 @@ def masked_eval(
     {'mean': 4.0, 'num_examples': 5}
   """
   _check_arguments(step_fn, batches)
+  layers = model_modes.training_layers(params)
+  if layers:
+    warnings.warn(model_modes.training_message(layers), UserWarning, stacklevel=2)
   options = EvalOptions.checked(
     layout=(backend, axis_name, mesh, data_axes),
     mask=(mask_key, mask_fn),
@@ -399,8 +408,8 @@ def _hooks(
   """The loop's hooks, in the order `Hook.finish` runs them (the saver stores the results
   before the outputs hook pairs them with the rows)."""
   hooks: list[Hook] = []
-  if options.progress:
-    total = num_batches if num_batches is not None else operator.length_hint(batches) or None
+  total = num_batches if num_batches is not None else operator.length_hint(batches) or None
+  if options.progress or (options.progress is None and total is None and _on_terminal()):
     initial = 0 if saver is None else saver.resume_at.steps
     hooks.append(Progress(total, options.mask, initial))
   if saver is not None:
@@ -408,6 +417,14 @@ def _hooks(
   if options.outputs:
     hooks.append(Outputs(run.row_axes, options.mask.key, num_batches))
   return hooks
+
+
+def _on_terminal() -> bool:
+  """Whether stderr (where tqdm draws) is a terminal: the automatic progress bar's condition."""
+  try:
+    return bool(sys.stderr.isatty())
+  except (AttributeError, ValueError):  # no stderr, or a closed one
+    return False
 
 
 def _run_steps(run: run_lib.CompiledRun, feed, first, hooks: list[Hook]) -> Any:
@@ -500,8 +517,10 @@ def _check_example_counts(metric: Metric, num_examples: int, on_invalid: str) ->
   (``Metric.example_report()``); more than ``num_examples`` means it counted padded
   rows, the sign of an update without ``mask=batch["mask"]``.
   """
-  report = [] if on_invalid == "ignore" else metric.example_report()
-  over = [(name, n) for name, n in report if n > num_examples]
+  if on_invalid == "ignore":
+    return
+  _check_per_batch(metric, num_examples, on_invalid)
+  over = [(name, n) for name, n in metric.example_report() if n > num_examples]
   if not over:
     return
   counted = "; ".join(f"{name!r} counted {n} rows" for name, n in over)
@@ -509,6 +528,27 @@ def _check_example_counts(metric: Metric, num_examples: int, on_invalid: str) ->
     f"masked_eval: {counted}, but the batches held {num_examples} real rows: padded rows "
     'were counted. Pass mask=batch["mask"] to every metric\'s update / batch_updates in '
     "step_fn"
+  )
+  if on_invalid == "raise":
+    raise ValueError(f"{message} (on_invalid='warn' or 'ignore' skips this check)")
+  warnings.warn(message, InvalidValuesWarning, stacklevel=_user_stacklevel())
+
+
+def _check_per_batch(metric: Metric, num_examples: int, on_invalid: str) -> None:
+  """Raises or warns (per ``on_invalid``) if a metric averaged values given one per batch while
+  the batches held real rows (`Metric.per_batch_report`): a mean of batch means."""
+  names = metric.per_batch_report() if num_examples > 0 else []
+  if not names:
+    return
+  message = (
+    f"masked_eval: {', '.join(repr(name) for name in names)} got one value per batch (a "
+    "scalar, e.g. jnp.mean(per_row_loss); under pmap and shard_map one per device) and counted no "
+    f"row, while the batches held {num_examples} real rows: the result would be a mean of batch "
+    "means, which weights a half-padded batch like a full one. Pass one value per row with the "
+    'mask: pe.metrics.Mean("loss").batch_updates(loss=per_row_loss, mask=batch["mask"]); to '
+    "average per-batch values on purpose, configure the metric with per_batch=True (e.g. "
+    'pe.metrics.Mean("loss", per_batch=True), with weights=batch["mask"].sum() to weight each '
+    "batch by its real rows)"
   )
   if on_invalid == "raise":
     raise ValueError(f"{message} (on_invalid='warn' or 'ignore' skips this check)")

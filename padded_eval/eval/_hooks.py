@@ -71,7 +71,8 @@ class Outputs(Hook):
 
 
 class Progress(Hook):
-  """``progress=True``: a tqdm bar over steps (batches) showing the real examples this call read
+  """``progress=True`` (or None, the default, for batches without a length when stderr is a
+  terminal: `masked_eval`): a tqdm bar over steps (batches) showing the real examples this call read
   and examples per second (host count), drawn by process 0 only.
 
   Args:

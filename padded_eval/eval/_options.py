@@ -33,7 +33,8 @@ class EvalOptions:
     mask: the batches' `RowMask` (a key, or a ``mask_fn``).
     steps_in_flight: the bound on dispatched, unfinished steps (one process).
     timeout: seconds to wait for other processes, or None (the default).
-    progress: show a progress bar.
+    progress: a progress bar: True, False, or None (when the length is unknown and stderr is a
+      terminal).
     on_invalid: ``"raise"``, ``"warn"`` or ``"ignore"``.
     outputs: ``step_fn`` returns ``(metric, per_row)``.
     checkpoint_dir: the checkpoint directory, or None.
@@ -44,7 +45,7 @@ class EvalOptions:
   mask: RowMask
   steps_in_flight: int
   timeout: float | None
-  progress: bool
+  progress: bool | None
   on_invalid: str
   outputs: bool
   checkpoint_dir: Any
@@ -70,9 +71,10 @@ class EvalOptions:
     (steps_in_flight, timeout), (progress, on_invalid, outputs) = feeding, reporting
     directory, every = checkpoint
     check_choice("on_invalid", on_invalid, ON_INVALID)
-    for name, flag in (("progress", progress), ("outputs", outputs)):
-      if not isinstance(flag, bool):
-        raise ValueError(f"{name} must be True or False; got {flag!r}")
+    if progress is not None and not isinstance(progress, bool):
+      raise ValueError(f"progress must be True, False or None (automatic); got {progress!r}")
+    if not isinstance(outputs, bool):
+      raise ValueError(f"outputs must be True or False; got {outputs!r}")
     if steps_in_flight is None:
       steps_in_flight = STEPS_IN_FLIGHT
     steps_in_flight = check_int("steps_in_flight", steps_in_flight, minimum=1)

@@ -13,12 +13,13 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from padded_eval.exact._floats import exact_product, int_parts, rounded_difference
 from padded_eval.exact.accumulate import ExactCount, ExactSum, upcast
 from padded_eval.masking import element_weights
-from padded_eval.metrics.base import Metric, empty_count, invalid_state, state
+from padded_eval.metrics.base import Metric, config_field, empty_count, invalid_state, state
 from padded_eval.metrics.regression._multioutput import check_multioutput, combine
 from padded_eval.metrics.totals import Totals
 from padded_eval.validation import check_positive_int
@@ -118,11 +119,20 @@ class WeightedMean(Metric):
   ``total / weight``, NaN if no real element was seen. A real element of nonzero weight
   whose value is NaN is counted in ``invalid`` (``"nan value"``) and makes the result NaN
   (a subclass with its own ``_batch_state`` declares its own kinds).
+
+  ``per_batch`` (keyword, default False): the values come one per batch (or device) on purpose,
+  e.g. a batch-level statistic. Without it ``masked_eval`` refuses a weighted mean whose updates
+  counted no row (scalar values, such as ``jnp.mean(per_row_loss)``) while the batches held real
+  rows: a mean of batch means, not of rows (:meth:`Metric.saw_values_without_rows`). With it the
+  result is the weighted mean of the values given; ``weights=batch["mask"].sum()`` weights each
+  batch's mean by its real rows, which equals the mean over rows when each value is its batch's
+  mean over real rows.
   """
 
   higher_is_better: ClassVar[bool | None] = None
 
   power = 1
+  per_batch: bool = config_field(default=False)
   nonnegative: ClassVar[bool] = False  # values >= 0: weighted products rounded (weighted_totals)
   total: ExactSum = state(zero_total)
   weight: ExactSum = state(zero_total)
@@ -153,6 +163,14 @@ class WeightedMean(Metric):
   def number_inputs(self) -> tuple[str, ...]:
     return self.required_inputs()
 
+  def saw_values_without_rows(self) -> bool:
+    """Values were averaged (a nonzero total weight) but no row was counted, unless ``per_batch``.
+    Reads a stacked state too (`Sliced`, `Bootstrap` replicas): any slice's weight counts."""
+    if self.per_batch:
+      return False
+    rows = np.asarray(self.example_rows.to_numpy())
+    return bool(rows.sum() == 0 and np.any(np.asarray(self.weight.to_numpy()) != 0))
+
   def compute(self) -> jax.Array:
     """The weighted mean over real elements; NaN if none was seen."""
     return self.total.ratio(self.weight)
@@ -166,6 +184,8 @@ class Mean(WeightedMean):
 
   Args:
     argname: the update keyword to average (default ``"values"``).
+    per_batch: (keyword) accept values given one per batch in ``masked_eval`` (see
+      `WeightedMean`); by default a batch-level scalar there is refused.
 
   Examples:
     >>> import jax.numpy as jnp

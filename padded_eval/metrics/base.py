@@ -353,6 +353,31 @@ class Metric(KeywordReader, abc.ABC):
         report.append((_member_name(key, child, name), n))
     return report
 
+  # --- values without rows (the per-batch check of masked_eval) ----------------------------
+
+  def saw_values_without_rows(self) -> bool:
+    """Whether updates gave this metric values but no rows (read on the host).
+
+    A batch-level scalar (``Mean("loss").batch_updates(loss=jnp.mean(per_row_loss))``) has no
+    row axis: the metric counts no row (:meth:`example_count` 0) yet averages one value per
+    batch, a mean of batch means that weights a half-padded last batch like a full one.
+    ``masked_eval`` refuses it when the batches held real rows (see :meth:`per_batch_report`).
+    The default: False (a metric that cannot say); the weighted means say, unless configured
+    with ``per_batch=True``.
+    """
+    return False
+
+  def per_batch_report(self) -> list[str]:
+    """Names of this metric and every member that saw values without rows
+    (:meth:`saw_values_without_rows`), members named by their key as in :meth:`invalid_report`."""
+    report = [self.name] if self.saw_values_without_rows() else []
+    for key, child in self._member_metrics():
+      for name in child.per_batch_report():
+        name = _member_name(key, child, name)
+        if name not in report:  # a wrapper's copies of one metric (Bootstrap's replicas)
+          report.append(name)
+    return report
+
   def update(self, **kwargs: ArrayLike) -> Self:
     """A new metric: this batch's statistics merged in. Keyword-only."""
     return self.merge(self.batch_updates(**kwargs))

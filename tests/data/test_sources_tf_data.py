@@ -1,7 +1,6 @@
 """pad_batches over tf.data and a real tfds dataset (scikit-learn digits, built offline), and the
 TfDataSource of padded_eval/data/sources/tf_data.py read directly."""
 
-import operator
 import subprocess
 import sys
 
@@ -141,7 +140,7 @@ def test_drop_remainder_that_drops_nothing_is_read_whole():
     (lambda ds: ds.filter(lambda e: e["label"] >= 0).repeat(), "infinite"),
     (  # unknown cardinality: how often the rows are read is not known
       lambda ds: ds.filter(lambda e: e["label"] >= 0).repeat(2),
-      r"repeats its rows 2 times \(.repeat\(2\)\) and its cardinality is unknown",
+      r"repeats its rows 2 times \(.repeat\(2\)\), so rows would not count exactly once",
     ),
     (
       lambda ds: tf.data.Dataset.zip({"a": ds.filter(lambda e: e["label"] >= 0).repeat(3)}),
@@ -215,36 +214,56 @@ def test_repeat_once_reads_every_row_once():  # gemma's grain pipeline calls .re
     assert_batches_equal(got, expected_batches(data, 64, pad=pad))
 
 
-FINITE_REPEATS = {  # a pipeline of finite cardinality is read as it is: its rows, repeats included
-  "repeat(2)": (lambda ds: ds.repeat(2), lambda d: np.concatenate([d, d])),
-  "repeat().take(45)": (lambda ds: ds.repeat().take(45), lambda d: np.concatenate([d, d, d])[:45]),
-  "take(3).repeat(3)": (lambda ds: ds.take(3).repeat(3), lambda d: np.concatenate([d[:3]] * 3)),
-  "batch(4).repeat(2)": (lambda ds: ds.batch(4).repeat(2), lambda d: np.concatenate([d, d])),
+FINITE_REPEATS = {  # a pipeline of finite cardinality that reads some rows more than once
+  "repeat(2)": (lambda ds: ds.repeat(2), "2 times"),
+  "repeat().take(45)": (lambda ds: ds.repeat().take(45), "forever .* and a take bounds it"),
+  "take(3).repeat(3)": (lambda ds: ds.take(3).repeat(3), "3 times"),
+  "batch(4).repeat(2)": (lambda ds: ds.batch(4).repeat(2), "2 times"),
   "repeat().batch(4, drop_remainder=True).take(7)": (
     lambda ds: ds.repeat().batch(4, drop_remainder=True).take(7),
-    lambda d: np.concatenate([d, d])[:28],
+    "forever",
   ),
-  "zip(repeat(2))": (
-    lambda ds: tf.data.Dataset.zip(ds.repeat(2)),
-    lambda d: np.concatenate([d, d]),
+  "zip(repeat(2))": (lambda ds: tf.data.Dataset.zip(ds.repeat(2)), "2 times"),
+  "filter().repeat().take(7)": (
+    lambda ds: ds.filter(lambda e: e["label"] % 2 == 0).repeat().take(7),
+    "forever",
   ),
 }
 
 
 @pytest.mark.parametrize("name", FINITE_REPEATS)
-@pytest.mark.parametrize("batch_size", [4, 8])
-def test_repeats_of_finite_cardinality_are_read_as_they_are(name, batch_size):
-  """``ds.repeat(2)``, ``ds.repeat().take(n)`` (n dividing neither batch size): the rows read are numpy's
-  repeated rows exactly, in count and values, padded rows masked; ``len()`` when the cardinality tells it."""
-  pipeline, rows = FINITE_REPEATS[name]
-  data = dataset(17)
-  want = {key: rows(value) for key, value in data.items()}
-  got = pe.pad_batches(pipeline(slices(data)), batch_size, num_devices=1, pad_value=-1)
-  assert_batches_equal(got, expected_batches(want, batch_size, pad=-1))
-  batches = -(-len(want["label"]) // batch_size)
-  assert operator.length_hint(got) == batches
-  if "batch(4)" not in name or "drop_remainder" in name:  # a static row count: len() known
-    assert len(got) == batches
+@pytest.mark.parametrize("batch_size", [4, None])
+def test_repeats_of_finite_cardinality_are_refused(name, batch_size):
+  """Issue 65: ``ds.repeat(2)`` (finite cardinality) was read as it is and counted every row twice;
+  a repeat other than ``.repeat(1)`` is now refused when wrapped, whatever the cardinality, with a
+  message naming the repeat and the fix."""
+  pipeline, times = FINITE_REPEATS[name]
+  with pytest.raises(
+    ValueError,
+    match=rf"repeats its rows {times}.*, so rows would not count exactly once .*without \.repeat\(\)",
+  ):
+    pe.pad_batches(pipeline(slices(dataset(17))), batch_size, num_devices=1, pad_value=-1)
+
+
+def test_a_finite_repeat_into_masked_eval_is_refused_before_a_row_counts_twice():
+  """The issue's case: ``.repeat(2)`` over 1,797 rows gave num_examples 3,594 and a mean over every
+  row twice; now pad_batches refuses it, and the pipeline without the repeat matches numpy."""
+  rng = np.random.default_rng(65)
+  data = {"x": rng.standard_normal(1797).astype(np.float32), "label": rng.integers(0, 10, 1797)}
+
+  def step(params, batch):
+    return pe.metrics.Mean("x").batch_updates(x=batch["x"], mask=batch["mask"])
+
+  with pytest.raises(ValueError, match=r"repeats its rows 2 times \(\.repeat\(2\)\)"):
+    pe.masked_eval(step, None, pe.pad_batches(slices(data).repeat(2), 64), backend="jit")
+  got = pe.masked_eval(
+    step,
+    None,
+    pe.pad_batches(slices(data), 64, pad_value={"x": np.nan, "label": -1}),
+    backend="jit",
+  )
+  assert got["num_examples"] == 1797
+  np.testing.assert_allclose(got["mean"], data["x"].astype(np.float64).mean(), rtol=1e-5, atol=1e-7)
 
 
 def test_filtered_unknown_cardinality():
@@ -555,24 +574,6 @@ def test_rows_of_unknown_length_taken_as_batches_name_batched_false():
   assert_batches_equal(got, expected_batches(want, 4))
 
 
-@pytest.mark.parametrize("keep", [lambda e: e["label"] > 100, lambda e: e["label"] % 2 == 0])
-def test_a_repeat_of_unknown_cardinality_claims_no_length(keep):
-  """tf.data counts ``filter(...).repeat().take(n)`` as n elements, though a filter that keeps
-  nothing repeats into nothing: ``len()`` said n / batch_size batches while none came. Now the
-  length is unknown (TypeError, as for the filter alone); the rows read are still numpy's."""
-  data = dataset(10)
-  source = slices(data).filter(keep).repeat().take(7)
-  assert int(source.cardinality()) == 7  # tf.data's claim
-  got = pe.pad_batches(source, 4, num_devices=1, pad_value=-1)
-  with pytest.raises(TypeError, match="unknown"):
-    len(got)
-  kept = np.asarray([bool(keep({"label": label})) for label in data["label"]])
-  order = np.resize(np.flatnonzero(kept), 7 if kept.any() else 0)  # the kept rows, repeated
-  rows = {key: value[order] for key, value in data.items()}
-  want = expected_batches(rows, 4, pad=-1) if kept.any() else []
-  assert_batches_equal(got, want)
-
-
 # ---- the TfDataSource, read directly --------------------------------------------------------------------------
 
 
@@ -704,3 +705,45 @@ def test_tensorflow_is_imported_only_for_tf_sources():
     "assert len(batches) == 4 and 'tensorflow' not in sys.modules, sorted(sys.modules)\n"
   )
   subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _bootstrap_step(params, batch):
+  del params
+  metric = pe.metrics.Bootstrap(pe.metrics.Mean("x"), num_replicas=200)
+  return metric.batch_updates(x=batch["x"], mask=batch["mask"], index=batch["index"])
+
+
+def test_reshuffling_pipeline_with_row_ids_is_refused():
+  """Issue 65: over ``shuffle(reshuffle_each_iteration=True)`` ids name other rows in the next pass,
+  so ``compare()`` of one model with itself gave an interval around a nonzero difference while the id
+  checksums agreed. Now pad_batches refuses such a pipeline (and an unseeded shuffle) when ids are asked
+  for; a shuffle in one fixed order gives a difference of exactly 0, and the mean of numpy."""
+  data = dataset(1797, seed=65)
+  data["x"] = data["x"][:, 0]
+  for shuffled, why in (
+    (slices(data).shuffle(1797), "with reshuffle_each_iteration=True"),
+    (slices(data).shuffle(1797, reshuffle_each_iteration=False), "without a seed"),
+    (tf.data.Dataset.zip(slices(data).shuffle(64)).batch(32), "with reshuffle"),
+  ):
+    with pytest.raises(
+      ValueError,
+      match=rf"index_key='index'\): the tf.data.Dataset shuffles {why}.*seed=0, "
+      r"reshuffle_each_iteration=False",
+    ):
+      pe.pad_batches(shuffled, 64, index_key="index")
+  pe.pad_batches(slices(data).shuffle(1797), 64)  # without ids the order is the pipeline's business
+  fixed = slices(data).shuffle(1797, seed=3, reshuffle_each_iteration=False)
+  runs = [
+    pe.masked_eval(
+      _bootstrap_step,
+      None,
+      pe.pad_batches(fixed, 64, pad_value={"x": np.nan, "label": -1}, index_key="index"),
+      backend="jit",
+    ).metric
+    for _ in range(2)
+  ]
+  diff = pe.metrics.compare(runs[0], runs[1])
+  assert (diff["difference"], diff["low"], diff["high"]) == (0.0, 0.0, 0.0)
+  np.testing.assert_allclose(
+    float(runs[0].compute()), data["x"].astype(np.float64).mean(), rtol=1e-5, atol=1e-7
+  )

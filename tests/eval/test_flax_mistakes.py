@@ -7,6 +7,7 @@ float64 over every row (203 rows: a multiple of neither the batch nor the 8 devi
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.special
@@ -190,3 +191,44 @@ def test_softmax_outputs_into_a_multiclass_from_logits_metric_are_reported():
     pe.masked_eval(
       _multiclass_calibration_step, None, batches(probs.astype(np.float32)), backend="jit"
     )
+
+
+def _loss_rows(params, batch):
+  """Per-row cross entropy of a linear model (NaN on padding rows, whose x is NaN)."""
+  logits = batch["x"] @ params["w"] + params["b"][None, :]
+  log_probs = jax.nn.log_softmax(logits)
+  labels = jnp.clip(batch["y"], 0, 2)
+  return -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
+
+
+def _batch_mean_step(params, batch):  # the Flax issue's pattern: one value per batch
+  return pe.metrics.Mean("loss").batch_updates(loss=jnp.mean(_loss_rows(params, batch)))
+
+
+def _per_row_step(params, batch):
+  return pe.metrics.Mean("loss").batch_updates(loss=_loss_rows(params, batch), mask=batch["mask"])
+
+
+def _weighted_batch_mean_step(params, batch):  # the opt-in: batch means weighted by real rows
+  real = batch["mask"]
+  n = jnp.sum(real)
+  mean = jnp.sum(jnp.where(real, _loss_rows(params, batch), 0.0)) / jnp.maximum(n, 1)
+  return pe.metrics.Mean("loss", per_batch=True).batch_updates(loss=mean, weights=n)
+
+
+@pytest.mark.parametrize("backend", ["pmap", "jit"])
+def test_a_batch_level_scalar_into_mean_is_refused(backend):
+  """Issue 65: ``Mean("loss").batch_updates(loss=jnp.mean(per_row_loss))`` (one value per batch, no
+  mask) returned a mean of batch means without a word; now masked_eval names the metric and the fix.
+  The per-row update, and the documented opt-in (``per_batch=True`` with the batch's real rows as
+  weights), equal numpy's float64 mean over every real row."""
+  data, params = _data(65), _params(66)
+  batches = lambda: pe.pad_batches(data, 48, pad_value={"x": np.nan, "y": -7})
+  with pytest.raises(ValueError, match=r"'mean' got one value per batch .* held 203 real rows"):
+    pe.masked_eval(_batch_mean_step, params, batches(), backend=backend)
+  logits = data["x"].astype(np.float64) @ params["w"] + params["b"]
+  nll = scipy.special.logsumexp(logits, -1) - logits[np.arange(ROWS), data["y"]]
+  for step in (_per_row_step, _weighted_batch_mean_step):
+    got = pe.masked_eval(step, params, batches(), backend=backend)
+    np.testing.assert_allclose(got["mean"], nll.mean(), rtol=1e-5)
+    assert got["num_examples"] == ROWS

@@ -3,6 +3,7 @@
 starting where it stopped, and one bar (process 0's) for a multi-host run."""
 
 import re
+import sys
 
 import jax
 import numpy as np
@@ -98,9 +99,64 @@ def test_only_process_0_draws_the_bar(capsys, monkeypatch):
   assert not bar_lines(capsys.readouterr().err)  # another process draws nothing
 
 
-@pytest.mark.parametrize("progress", ["false", 1, None])
-def test_progress_must_be_a_bool(progress):
+@pytest.mark.parametrize("progress", ["false", 1, "auto"])
+def test_progress_must_be_a_bool_or_none(progress):
   # progress="false" drew a bar (bool("false") is True), as outputs= refuses anything but a bool
   batches = pe.pad_batches({"x": values(5)}, 4, num_devices=1)
-  with pytest.raises(ValueError, match=rf"progress must be True or False; got {progress!r}"):
+  with pytest.raises(
+    ValueError, match=rf"progress must be True, False or None \(automatic\); got {progress!r}"
+  ):
     pe.masked_eval(mean_step, None, batches, backend="jit", progress=progress)
+
+
+class Terminal:
+  """A stderr that says it is a terminal, keeping what is written (tqdm writes to sys.stderr)."""
+
+  def __init__(self, tty=True):
+    self.text, self.tty = [], tty
+
+  def write(self, text):
+    self.text.append(text)
+
+  def flush(self):
+    pass
+
+  def isatty(self):
+    return self.tty
+
+
+def unending_like(x, batch_size):
+  """Batches with neither length nor length hint, as a generator or an itertools.cycle gives
+  (stopped here after the data, so the test ends)."""
+  for start in range(0, len(x), batch_size):
+    chunk = np.full(batch_size, np.nan, np.float32)
+    rows = x[start : start + batch_size]
+    chunk[: len(rows)] = rows
+    yield {"x": chunk, "mask": np.arange(batch_size) < len(rows)}
+
+
+@pytest.mark.parametrize("tty, progress, drawn", [
+  (True, None, True), (False, None, False), (True, False, False),
+])  # fmt: skip
+def test_batches_without_a_length_show_progress_on_a_terminal(monkeypatch, tty, progress, drawn):
+  """Issue 65: an infinite generator or itertools.cycle ran with no output until killed. By default
+  (progress=None) a source without a length now draws a bar when stderr is a terminal; not in a
+  pipe or a log, nor with progress=False. The result is numpy's either way."""
+  x = values(203, seed=65)
+  stderr = Terminal(tty)
+  monkeypatch.setattr(sys, "stderr", stderr)
+  kwargs = {} if progress is None else {"progress": progress}
+  result = pe.masked_eval(mean_step, None, unending_like(x, 64), backend="jit", **kwargs)
+  np.testing.assert_allclose(result["mean"], x.astype(np.float64).mean(), rtol=1e-6)
+  lines = bar_lines("".join(stderr.text))
+  if drawn:
+    assert "4batch" in lines[-1].replace(" ", "") and "examples=203" in lines[-1], lines
+  else:
+    assert not lines, lines
+
+
+def test_batches_of_known_length_stay_quiet_by_default_on_a_terminal(monkeypatch):
+  stderr = Terminal(True)
+  monkeypatch.setattr(sys, "stderr", stderr)
+  pe.masked_eval(mean_step, None, pe.pad_batches({"x": values(20)}, 8), backend="jit")
+  assert not bar_lines("".join(stderr.text))

@@ -127,12 +127,13 @@ def output_step(params, batch):
   (no mask), the rows whose id is not -1 exactly when the row is padding: the all-padding
   batches of the multi-host lockstep must carry -1 ids too. The count is one scalar per
   batch (a metric fed only scalars counts no rows, so masked_eval's check that no metric
-  counted padded rows does not apply to it)."""
+  counted padded rows does not apply to it; ``per_batch=True`` tells its check of batch-level
+  scalars that one value per batch is meant)."""
   import padded_eval as pe
 
   metrics = step_fn(params, batch)
   misplaced = (batch["index"] == -1) == batch["mask"]
-  counter = pe.metrics.Mean("misplaced_ids").batch_updates(
+  counter = pe.metrics.Mean("misplaced_ids", per_batch=True).batch_updates(  # one value per batch
     misplaced_ids=misplaced.astype("float32").sum()
   )
   merged = pe.Metrics({**metrics.children, "misplaced_ids": counter})

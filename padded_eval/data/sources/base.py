@@ -142,6 +142,12 @@ class Source(abc.ABC):
     del batch_size
     return None
 
+  def check_row_order(self, index_key: str) -> None:
+    """Raises ValueError when the source reads its rows in another order on every pass, so row ids
+    (``pad_batches(..., index_key=...)``, the key given) would name other rows in the next run. The
+    default: nothing (the order is the source's own). tf.data checks for a reshuffling shuffle."""
+    del index_key
+
   def batch_rows(self) -> int | None:
     """Rows of the source's first batch (``pad_batches(batch_size=None)``), or None if it is not batched.
 

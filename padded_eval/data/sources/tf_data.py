@@ -223,6 +223,11 @@ class TfDataSource(Source):
       }
     )
 
+  def check_row_order(self, index_key: str) -> None:
+    """Refuses a pipeline whose shuffle gives another order on every pass (see
+    `tf_pipeline.check_fixed_order`), where row ids are asked for."""
+    tf_pipeline.check_fixed_order(self._dataset, index_key)
+
   def padded(
     self, padding: Padding, start_batch: int = 0
   ) -> Generator[FlatBatch, None, BatchSpec | None]:

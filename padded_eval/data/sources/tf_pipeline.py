@@ -15,6 +15,7 @@ from padded_eval.data._tree import path_name
 __all__ = [
   "batches_hint",
   "cardinality",
+  "check_fixed_order",
   "check_rows_read_once",
   "infer_batched",
   "inner_batches",
@@ -111,10 +112,10 @@ def infer_batched(dataset: Any, specs: dict) -> bool:
 def check_rows_read_once(dataset: Any) -> None:
   """Refuses a pipeline that never ends, repeats its rows or drops some (``drop_remainder=True``).
 
-  A pipeline of finite cardinality reads exactly that many elements, so a repeat in it (``ds.repeat(2)``,
-  ``ds.repeat().take(n)``) is what the user asked for and is read as it is; only a pipeline of unknown
-  cardinality (a ``filter``, ``from_generator``) is searched for a repeat other than ``.repeat(1)``, since
-  how often it reads its rows is not known.
+  A repeat other than ``.repeat(1)`` anywhere in the pipeline is refused, whatever its cardinality:
+  ``ds.repeat(2)`` of 1,797 rows counted every row twice (``num_examples`` 3,594), and a
+  ``ds.repeat().take(n)`` counts the rows it wraps around to twice (issue 65). A fixed number of steps
+  per host is ``pad_batches(..., num_batches=...)``.
   """
   import tensorflow as tf
 
@@ -127,14 +128,16 @@ def check_rows_read_once(dataset: Any) -> None:
     )
   for node in pipeline(dataset):
     name = type(node).__name__
-    if cardinality < 0 and "Repeat" in name and hasattr(node, "_count"):
+    if "Repeat" in name and hasattr(node, "_count"):
       count = int(node._count)
       if count != 1:
         times = "forever (.repeat())" if count < 0 else f"{count} times (.repeat({count}))"
+        bounded = " and a take bounds it" if count < 0 else ""
         raise ValueError(
-          f"the tf.data.Dataset repeats its rows {times} and its cardinality is unknown (e.g. after a "
-          "filter), so rows would not count exactly once; evaluate a pipeline without repeat (or with "
-          ".repeat(1)), or one whose cardinality is known"
+          f"the tf.data.Dataset repeats its rows {times}{bounded}, so rows would not count exactly "
+          "once (num_examples and every metric would count the repeated rows again); evaluate the "
+          "pipeline without .repeat() (or with .repeat(1)); for the same number of steps on every "
+          "host pass pe.pad_batches(..., num_batches=...)"
         )
     if any(drop_remainder for _, drop_remainder in inner_batches(node) or ()):
       raise ValueError(
@@ -150,6 +153,35 @@ def check_rows_read_once(dataset: Any) -> None:
           f"the tf.data.Dataset is batched with drop_remainder=True, which drops the last rows{lost}; "
           "batch with drop_remainder=False (pad_batches pads the short last batch and masks its padding)"
         )
+
+
+def check_fixed_order(dataset: Any, index_key: str) -> None:
+  """Refuses a pipeline whose rows come in another order on every pass, where row ids are used.
+
+  Row ids are positions in the pipeline's output (``pad_batches(..., index_key=...)``): with
+  ``shuffle(reshuffle_each_iteration=True)`` (tf.data's default) id 7 names another row in the next
+  pass, and a ``shuffle`` without a seed (none given, no ``tf.random.set_seed``) in the next process, so
+  `compare` of a model with itself gave an interval around a nonzero difference while the id checksums
+  agreed (issue 65). Nothing is read.
+  """
+  for node in pipeline(dataset):
+    if "Shuffle" not in type(node).__name__ or not hasattr(node, "_reshuffle_each_iteration"):
+      continue
+    seeds = [getattr(node, attr, None) for attr in ("_seed", "_seed2")]
+    unseeded = all(seed is not None and int(seed) == 0 for seed in seeds)
+    if bool(node._reshuffle_each_iteration):
+      why = "shuffles with reshuffle_each_iteration=True (tf.data's default), so every pass"
+    elif unseeded:
+      why = "shuffles without a seed, so every process"
+    else:
+      continue
+    raise ValueError(
+      f"pad_batches(..., index_key={index_key!r}): the tf.data.Dataset {why} reads its rows in "
+      "another order, and a row id would name another row in the next run (compare(), resumed "
+      "checkpoints and outputs joined by id would mix rows); shuffle in one fixed order: "
+      ".shuffle(n, seed=0, reshuffle_each_iteration=False), or shuffle once before evaluating "
+      "(or not at all)"
+    )
 
 
 def rows_dropped(batch_node: Any) -> str:

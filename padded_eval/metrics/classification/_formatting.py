@@ -202,6 +202,28 @@ def check_label_dtype(target, task: str) -> None:
     )
 
 
+def check_bool_classes(preds, target, num_classes: int | None) -> None:
+  """Raises ValueError naming ``target`` when a bool target meets more than two classes.
+
+  A bool target reads as classes 0 (False) and 1 (True): with ``num_classes=10`` (or
+  ``[..., 10]`` scores) it is almost always a mistake (``labels == k``, a binary label fed to a
+  10-class metric), and the accuracy of a 10-class model against it is near 0.1, silently.
+  Two classes (or an unknown count: class-id preds without ``num_classes``) are accepted.
+  """
+  if target.dtype != jnp.bool_:
+    return
+  classes = num_classes
+  if classes is None and preds.ndim == target.ndim + 1:
+    classes = preds.shape[-1]
+  if classes is None or classes == 2:
+    return
+  raise ValueError(
+    f"task='multiclass' with {classes} classes: target has dtype bool (shape {target.shape}), "
+    f"which reads as classes 0 (False) and 1 (True) only; expected int class ids in [0, {classes}). "
+    "Pass the int labels, or for a yes/no target use task='binary' with one score per row"
+  )
+
+
 def check_same_shape(preds, target, task: str) -> None:
   """Raises ValueError unless ``preds`` and ``target`` have one shape."""
   if preds.shape != target.shape:
@@ -322,6 +344,7 @@ def class_elements(
   """
   preds, target = jnp.asarray(preds), jnp.asarray(target)
   check_label_dtype(target, "multiclass")
+  check_bool_classes(preds, target, num_classes)
   labels = target.astype(jnp.int32)
   considered = broadcast_mask(mask, target.shape, "target")
   if ignore_index is not None:

@@ -49,7 +49,7 @@ from jax.typing import ArrayLike
 
 from padded_eval import validation
 from padded_eval.exact.accumulate import ExactCount
-from padded_eval.metrics.base import Metric, state
+from padded_eval.metrics.base import Metric, empty_count, state
 from padded_eval.metrics.resampling._poisson_counts import (
   COUNT_BITS,
   ID_DIGITS,
@@ -64,6 +64,11 @@ if TYPE_CHECKING:
 RESAMPLE_MODES = ("auto", "weights", "repeat")
 #: The default bound on the state's size (point estimate plus replicas), in bytes.
 DEFAULT_MAX_STATE_BYTES = 2**31
+#: The invalid kind of `Bootstrap`: real rows of one update sharing a row id.
+REPEATED_ID = (
+  "repeated row id (rows of one batch share an index; pass the row ids of "
+  "pe.pad_batches(..., index_key=...), one per row, not labels)"
+)
 
 
 def stacked(metric: Metric, num_replicas: int) -> Metric:
@@ -133,7 +138,11 @@ class Bootstrap(Metric):
 
   Update keywords: the wrapped metric's, plus ``index`` int ``[B]`` row ids, unique
   over the dataset (rows sharing an id share their counts; padding rows may hold
-  anything). ``pe.pad_batches(..., index_key="index")`` gives them; with several
+  anything). Real rows of one update whose id an earlier real row of it holds (labels
+  passed as ``index``: every row of a class drawn together, an interval too wide) are
+  counted and reported by :meth:`invalid_report` as ``"repeated row id"``, so
+  ``masked_eval`` raises (rows of different batches, or of different devices under pmap,
+  are not compared). ``pe.pad_batches(..., index_key="index")`` gives them; with several
   processes add ``index_offset=`` so they are global.
 
   Raises:
@@ -160,6 +169,7 @@ class Bootstrap(Metric):
   point: Metric = state(_empty_point)
   replica_states: Metric = state(_empty_replicas)
   ids: ExactCount = state(_empty_ids)
+  repeated_ids: ExactCount = state(empty_count)
 
   def __init__(
     self,
@@ -191,6 +201,7 @@ class Bootstrap(Metric):
     object.__setattr__(self, "point", metric.empty())
     object.__setattr__(self, "replica_states", _empty_replicas(self))
     object.__setattr__(self, "ids", _empty_ids(self))
+    object.__setattr__(self, "repeated_ids", empty_count(self))
 
   @property
   # pyrefly: ignore[bad-override]  # the wrapped metric's direction: a property over the class constant
@@ -223,9 +234,9 @@ class Bootstrap(Metric):
       )
 
   def state_nbytes(self) -> int:
-    """Bytes of the state: the point estimate plus ``num_replicas`` copies (and 72 bytes of
-    row-id checksum)."""
-    return nbytes(self.point) + nbytes(self.replica_states) + nbytes(self.ids)
+    """Bytes of the state: the point estimate plus ``num_replicas`` copies (and 80 bytes: the
+    row-id checksum and the count of repeated ids)."""
+    return nbytes(self._state())
 
   def examples_checksum(self) -> np.ndarray:
     """int64 ``[9]``: the real rows seen and 8 order-free sums of hashes of their ids.
@@ -276,7 +287,12 @@ class Bootstrap(Metric):
     replicas = self._replica_updates(unrouted, counts, inner)
     # The same pytree structure as the point estimate (its routes kept), leaves [R, ...].
     replicas = jax.tree.unflatten(jax.tree.structure(point), jax.tree.leaves(replicas))
-    return {"point": point, "replica_states": replicas, "ids": _ids_checksum(index, kwargs)}
+    return {
+      "point": point,
+      "replica_states": replicas,
+      "ids": _ids_checksum(index, kwargs),
+      "repeated_ids": ExactCount.of(repeated_ids(index, kwargs)),
+    }
 
   def _replica_updates(self, metric: Metric, counts: jax.Array, inner: dict) -> Metric:
     if self.resample == "weights":
@@ -298,6 +314,7 @@ class Bootstrap(Metric):
       point=self.point.merge(other.point),
       replica_states=jax.vmap(lambda a, b: a.merge(b))(self.replica_states, other.replica_states),
       ids=self.ids.merge(other.ids),
+      repeated_ids=self.repeated_ids.merge(other.repeated_ids),
     )
 
   def reduce(self, axis_name) -> Bootstrap:
@@ -306,6 +323,7 @@ class Bootstrap(Metric):
       point=self.point.reduce(axis_name),
       replica_states=jax.vmap(lambda a: a.reduce(axis_name))(self.replica_states),
       ids=self.ids.reduce(axis_name),
+      repeated_ids=self.repeated_ids.reduce(axis_name),
     )
 
   def aggregate(self) -> Bootstrap:
@@ -314,6 +332,7 @@ class Bootstrap(Metric):
       point=self.point.aggregate(),
       replica_states=jax.vmap(lambda a: a.aggregate(), in_axes=1)(self.replica_states),
       ids=self.ids.aggregate(),
+      repeated_ids=self.repeated_ids.aggregate(),
     )
 
   # --- results ---------------------------------------------------------------------------
@@ -379,6 +398,9 @@ class Bootstrap(Metric):
       (self.name if name == self.point.name else name, kind, n)
       for name, kind, n in self.point.invalid_report()
     ]
+    repeated = int(self.repeated_ids.to_numpy())
+    if repeated:
+      point.append((self.name, REPEATED_ID, repeated))
     seen = {(name, kind) for name, kind, _ in point}
     host = jax.device_get(self.replica_states)
     replicas: dict[tuple[str, str], list[int]] = {}  # (name, kind) -> [replicas, count]
@@ -432,6 +454,19 @@ def batch_rows(kwargs: dict) -> tuple[str, tuple] | None:
     if shape:
       return name, shape
   return None
+
+
+def repeated_ids(index: jax.Array, kwargs: dict) -> jax.Array:
+  """int32 scalar: the real rows (the ``mask``'s, as `_ids_checksum`) whose id an earlier real
+  row of the same update holds. One sort of ``[B]`` (real rows first, by id)."""
+  real = real_row_flags(kwargs.get("mask"), None, [index])
+  if real is None:
+    real = jnp.ones(index.shape, bool)
+  if index.shape[0] < 2:
+    return jnp.zeros((), jnp.int32)
+  padding, ids = jax.lax.sort((~real, index), num_keys=2)
+  same = (ids[1:] == ids[:-1]) & ~padding[1:] & ~padding[:-1]
+  return jnp.sum(same, dtype=jnp.int32)
 
 
 def _ids_checksum(index: jax.Array, kwargs: dict) -> ExactCount:

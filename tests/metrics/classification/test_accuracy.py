@@ -215,3 +215,42 @@ def test_scores_of_another_width_are_refused():
   m = M.Accuracy(average="macro", num_classes=3)
   with pytest.raises(ValueError, match="num_classes=3"):
     m.update(preds=np.zeros((2, 4), np.float32), target=np.array([0, 1]))
+
+
+def _bool_target_step(params, batch):
+  metric = M.Accuracy(task="multiclass", num_classes=10)
+  return metric.batch_updates(preds=batch["x"] @ params, target=batch["y"], mask=batch["mask"])
+
+
+@pytest.mark.parametrize("backend", ["pmap", "jit"])
+def test_bool_target_into_multiclass_names_target(backend):
+  """Issue 65: bool labels into a 10-class Accuracy read as classes 0 and 1 (accuracy 0.100 where
+  the int labels give the model's accuracy); now a ValueError naming ``target``. Two classes
+  (``[B, 2]`` scores) still read a bool target as 0 / 1."""
+  rng = np.random.default_rng(65)
+  x = rng.standard_normal((203, 6)).astype(np.float32)
+  w = rng.standard_normal((6, 10)).astype(np.float32)
+  labels = (x.astype(np.float64) @ w).argmax(-1)
+  labels[::3] = rng.integers(0, 10, len(labels[::3]))
+  pad = {"x": np.nan, "y": True}
+  with pytest.raises(
+    ValueError, match=r"target has dtype bool .* expected int class ids in \[0, 10\)"
+  ):
+    pe.masked_eval(
+      _bool_target_step,
+      w,
+      pe.pad_batches({"x": x, "y": labels > 4}, 32, pad_value=pad),
+      backend=backend,
+    )
+  ints = pe.pad_batches(
+    {"x": x, "y": labels.astype(np.int32)}, 32, pad_value={"x": np.nan, "y": -1}
+  )
+  got = pe.masked_eval(_bool_target_step, w, ints, backend=backend)
+  want = skm.accuracy_score(labels, (x.astype(np.float64) @ w).argmax(-1))
+  np.testing.assert_allclose(got["accuracy"], want, rtol=1e-6)
+  two = M.Accuracy().update(preds=x @ w[:, :2], target=labels > 4)
+  np.testing.assert_allclose(
+    float(two.compute()),
+    np.mean((x.astype(np.float64) @ w[:, :2]).argmax(-1) == (labels > 4)),
+    rtol=1e-6,
+  )

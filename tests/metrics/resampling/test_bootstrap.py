@@ -5,6 +5,7 @@ and the Poisson(1) inverse CDF from scipy, draws the same counts, and computes e
 (or with scikit-learn's ``sample_weight``). Padded rows hold NaN/garbage and id -1.
 """
 
+import functools
 import math
 
 import jax
@@ -473,3 +474,34 @@ def test_replicas_beyond_a_capacity_are_reported():
   )
   b = roomy.update(**data, index=index)
   assert b.invalid_report() == [] and np.isfinite(np.asarray(b.compute_interval())).all()
+
+
+def test_repeated_ids_in_a_batch_are_reported_by_masked_eval():
+  """Issue 65: labels passed as ``index`` (every row of a class drawn together) silently widened
+  the interval; now the repeated ids are counted (``invalid_report``) and masked_eval raises. With
+  the row ids of pad_batches the interval is the numpy bootstrap's over the same counts."""
+  data = classification_data(n=203, c=4, seed=65)
+  del data["index"]
+  metric = boot(pe.metrics.Accuracy(), num_replicas=200)
+
+  def step(params, batch, ids):
+    return metric.batch_updates(
+      preds=batch["preds"], target=batch["target"], mask=batch["mask"], index=batch[ids]
+    )
+
+  batches = lambda: pe.pad_batches(
+    data, 32, pad_value={"preds": np.nan, "target": -7}, index_key="index"
+  )
+  with pytest.raises(ValueError, match=r"'accuracy': \d+ x 'repeated row id") as info:
+    pe.masked_eval(functools.partial(step, ids="target"), None, batches(), backend="jit")
+  # 203 rows in 7 batches of 4 classes: every real row but the first of its class in its batch
+  blocks = [data["target"][i : i + 32] for i in range(0, 203, 32)]
+  repeated = sum(len(b) - len(np.unique(b)) for b in blocks)
+  assert f"'accuracy': {repeated} x 'repeated row id" in str(info.value)
+  logs = pe.masked_eval(functools.partial(step, ids="index"), None, batches(), backend="jit")
+  hits = (data["preds"].argmax(-1) == data["target"]).astype(np.float64)
+  counts = np_counts(0, 200, np.arange(203))
+  replicas = (counts * hits).sum(1) / counts.sum(1)
+  np.testing.assert_allclose(logs["accuracy"], hits.mean(), rtol=1e-6)
+  low, high = np.quantile(replicas, [0.025, 0.975])
+  np.testing.assert_allclose([logs["accuracy_low"], logs["accuracy_high"]], [low, high], rtol=1e-5)
