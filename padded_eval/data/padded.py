@@ -20,7 +20,7 @@ from padded_eval.data.sources import Padding, RowIds, check_index_key, row_ids
 from padded_eval.data.sources.shapes import ShapeFitter
 from padded_eval.validation import check_divisible, check_int
 
-__all__ = ["PaddedBatches", "pad_batches", "padding_fills", "skipped"]
+__all__ = ["PaddedBatches", "bucket_axes", "pad_batches", "padding_fills", "skipped"]
 
 
 def pad_batches(
@@ -431,6 +431,14 @@ def _changed(count: int, held: int | None) -> str:
     f"the checkpoint consumed {count} batches but batches holds {holds}: the data "
     "changed since the checkpoint was saved; a checkpoint_dir identifies one evaluation"
   )
+
+
+def bucket_axes(batches: Any) -> dict:
+  """``{path: axes}`` whose sizes vary between the batches of ``pe.pad_batches(..., pad_shapes=...)``
+  with length buckets (axes counted from the end of a row's shape); ``{}`` for any other batches."""
+  if isinstance(batches, PaddedBatches) and batches._fitter is not None:
+    return batches._fitter.bucket_axes()
+  return {}
 
 
 def padding_fills(batches: Any) -> dict:

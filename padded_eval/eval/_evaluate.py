@@ -40,7 +40,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from padded_eval.data._batch_spec import checked_batches
-from padded_eval.data.padded import padding_fills
+from padded_eval.data.padded import bucket_axes, padding_fills
 from padded_eval.eval import backends, checkpoint
 from padded_eval.eval import cache as cache_lib
 from padded_eval.eval import outputs as outputs_lib
@@ -371,11 +371,33 @@ def _step_feed(batches, num_batches, runner, options: EvalOptions, saver) -> Any
     "steps_in_flight": options.steps_in_flight,
     "padding": padding,
   }
+  varying = _bucket_axes(batches, options)
   source = iter(batches) if saver is None else saver.skip(batches, mask.key)
-  checked = checked_batches(source, mask.key, runner.num_shards, runner.shards_in_words, mask.fn)
+  checked = checked_batches(
+    source, mask.key, runner.num_shards, runner.shards_in_words, mask.fn, varying
+  )
   agreed = distributed.FeedOptions(mask.key, settings, runner.num_shards, options.timeout, padding)
   resume = None if saver is None else saver.resume_at
   return distributed.step_feed(checked, num_batches, agreed, options.steps_in_flight, resume)
+
+
+def _bucket_axes(batches, options: EvalOptions) -> dict:
+  """The axes whose sizes vary between ``batches`` (``pe.pad_batches``' length buckets: one compilation
+  per bucket shape), refused where every process, or a resumed call, must see one shape."""
+  varying = bucket_axes(batches)
+  if not varying:
+    return varying
+  refused = "several processes" if distributed.several_processes() else None
+  if options.checkpoint_dir is not None:
+    refused = "checkpoint_dir"
+  if refused is not None:
+    raise ValueError(
+      f"batches come from pe.pad_batches(..., pad_shapes=...) with length buckets (keys "
+      f"{sorted('/'.join(map(str, path)) for path in varying)}), whose shapes vary from batch to batch; "
+      f"with {refused} every batch must have one shape: give each bucketed axis one size "
+      "(e.g. (60,) instead of ([16, 32, 60],))"
+    )
+  return varying
 
 
 def _first_input(feed) -> distributed.StepInput:
