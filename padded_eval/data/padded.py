@@ -89,6 +89,13 @@ def pad_batches(
       beyond a fixed size that hold only the pad value are dropped (a pipeline that padded to a longer row); a
       row with other values there raises. tf.data pipelines (``padded_batch`` to each batch's longest row) are
       then padded in numpy rather than in the graph.
+      Length buckets: a list of sizes in place of one size, e.g. ``{"token_ids": ([16, 32, 60],)}``, pads each
+      batch's axis to the smallest size that holds the batch's longest row (a row's length: a ragged row's
+      size, else 1 + the last position holding a value other than the pad value), so that ``masked_eval``
+      compiles once per bucket shape used, every row counts once and the results are those of one fixed size
+      (only positions that hold the pad value are cut). A row longer than the last size raises; all-padding
+      batches (`num_batches`) take the smallest. Not with ``masked_eval(..., checkpoint_dir=...)``, several
+      processes, or per-row outputs whose shape follows the bucketed axis (each needs one shape).
     length_keys: with `pad_shapes`: ``{key in pad_shapes: new top-level key}``; each batch also gets
       ``batch[new key]``: int32 ``[batch_size]``, each row's length along the key's first fixed axis (a ragged
       row's length, else 1 + the last position that holds a value other than the pad value), and 0 on padding
@@ -109,7 +116,7 @@ def pad_batches(
     ValueError: `batch_size` not divisible by `num_devices`; `mask_key` not a non-empty string; an array or a
       list of non-dicts as `source` (refused at the call); `batch_size` None for a source that is not batched
       (a Mapping, an unbatched pipeline) or holds no batch; `pad_shapes` naming an unknown key, more axes than a
-      key has, or sizes that are not ints >= 1; a row longer than its fixed size (naming the key, the row and
+      key has, sizes that are not ints >= 1, or buckets that are not distinct sizes >= 1 in ascending order; a row longer than its fixed size (naming the key, the row and
       both lengths); bad `length_keys` (a new key a source key already takes included); `index_key` not a non-empty string, equal to `mask_key` or to
       a source key; `index_offset` negative, or given without `index_key`, or ids beyond int32; leading sizes that disagree within a batch; a source
       key equal to `mask_key`; keys, trailing shapes or dtypes that change between batches; a `pad_value` that does
@@ -128,6 +135,10 @@ def pad_batches(
     >>> batches = list(pad_batches({"x": np.arange(5)}, 4, num_devices=2))
     >>> [b["x"].tolist() for b in batches], batches[1]["mask"].tolist()
     ([[0, 1, 2, 3], [4, 0, 0, 0]], [True, False, False, False])
+    >>> sentences = [np.arange(1, n + 1) for n in (3, 1, 2, 7, 5)]  # ragged token ids
+    >>> buckets = pad_batches([{"ids": sentences}], 2, num_devices=1, pad_shapes={"ids": ([4, 8],)})
+    >>> [b["ids"].shape for b in buckets]  # longest rows 3, 7, 5
+    [(2, 4), (2, 8), (2, 8)]
   """
   if not isinstance(mask_key, str) or not mask_key:
     raise ValueError(

@@ -266,7 +266,9 @@ def masked_eval(
       with ``"pmap"``; ``data_axes``
       naming axes the mesh does not have; no batches; a batch
       without ``mask_key`` or with a batch size not divisible by the devices (or
-      the shards of the data axes); a batch whose shapes differ from the first; a
+      the shards of the data axes); a batch whose shapes differ from the first (but for the
+      length buckets of ``pe.pad_batches(..., pad_shapes=...)``: one compilation per bucket
+      shape; refused with ``checkpoint_dir`` or several processes); a
       ``step_fn`` that does not return a Metric (with ``outputs=True``: a pair
       ``(metric, per_row)`` whose leaves have the step's rows as leading axis;
       ``outputs`` not a bool); with several processes, batches or settings that

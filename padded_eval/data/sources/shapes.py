@@ -233,6 +233,14 @@ class ShapeFitter:
       batch[path] = batch[path][tuple(cut)]
     return batch
 
+  def shown(self, path: Path) -> tuple:
+    """The `pad_shapes` value of `path` as given (a bucketed axis as its list of sizes), for messages."""
+    shown: list = list(self.sizes[path])
+    for axis in self.buckets:
+      if axis.path == path:
+        shown[axis.position] = list(axis.sizes)
+    return tuple(shown)
+
   def bucket_axes(self) -> dict[Path, tuple[int, ...]]:
     """``{path: axes}`` whose sizes vary between batches (counted from the end of a row's shape: -1 the last)."""
     axes: dict[Path, tuple[int, ...]] = {}
@@ -256,7 +264,9 @@ class ShapeFitter:
       longer = np.flatnonzero(extents > size)
       if longer.size:
         row = int(longer[0])
-        raise ValueError(_long_message(path, first_row + row, int(extents[row]), axis - 1, sizes))
+        raise ValueError(
+          _long_message(path, first_row + row, int(extents[row]), axis - 1, self.shown(path))
+        )
       leaf = leaf[(slice(None),) * axis + (slice(0, size),)]  # only padding is cut
     target = leaf.shape[:first_axis] + tuple(
       leaf.shape[axis] if size is None else size for axis, size in enumerate(sizes, first_axis)
@@ -299,7 +309,9 @@ class ShapeFitter:
     for index, row in enumerate(rows):
       for axis, size in enumerate(row_shape):
         if row.shape[axis] > size:
-          raise ValueError(_long_message(path, first_row + index, row.shape[axis], axis, sizes))
+          raise ValueError(
+            _long_message(path, first_row + index, row.shape[axis], axis, self.shown(path))
+          )
       stacked[(index, *(slice(0, n) for n in row.shape))] = row
     lengths = None
     if path in self.length_keys:
@@ -382,13 +394,14 @@ def _first_fixed_axis(sizes: Sizes, first_axis: int) -> int:
 def _rank_message(path: Path, row_shape: tuple, sizes: Sizes) -> str:
   return (
     f"pad_shapes[{path_name(path)}] = {sizes} names {len(sizes)} trailing axes, but the key's rows have shape "
-    f"{tuple(row_shape)}; expected at most {len(row_shape)} sizes"
+    f"{tuple(row_shape)}; expected at most {len(row_shape)} sizes (length buckets of one axis are a list inside "
+    f"the tuple: ({list(sizes)},))"
   )
 
 
-def _long_message(path: Path, row: int, length: int, axis: int, sizes: Sizes) -> str:
+def _long_message(path: Path, row: int, length: int, axis: int, sizes: tuple) -> str:
   return (
     f"row {row} of the source has length {length} along axis {axis} of key {path_name(path)}, longer than "
-    f"pad_shapes[{path_name(path)}] = {sizes}; pass a larger size (the longest row), or filter or truncate "
+    f"pad_shapes[{path_name(path)}] = {sizes}; pass a larger size (the longest row; with buckets, a larger last one), or filter or truncate "
     "such rows before pad_batches"
   )
