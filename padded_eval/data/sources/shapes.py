@@ -288,7 +288,7 @@ class ShapeFitter:
     if len(ranks) > 1 or (rows and rows[0].ndim < len(sizes)):
       raise ValueError(
         f"key {path_name(path)} holds ragged rows of ranks {sorted(ranks)}; expected every row to have "
-        f"the same rank, at least {len(sizes)} (pad_shapes {sizes})"
+        f"the same rank, at least {len(sizes)} (pad_shapes {sizes}){_buckets_hint(sizes)}"
       )
     rank = rows[0].ndim if rows else len(sizes)
     first_axis = rank - len(sizes)
@@ -394,9 +394,15 @@ def _first_fixed_axis(sizes: Sizes, first_axis: int) -> int:
 def _rank_message(path: Path, row_shape: tuple, sizes: Sizes) -> str:
   return (
     f"pad_shapes[{path_name(path)}] = {sizes} names {len(sizes)} trailing axes, but the key's rows have shape "
-    f"{tuple(row_shape)}; expected at most {len(row_shape)} sizes (length buckets of one axis are a list inside "
-    f"the tuple: ({list(sizes)},))"
+    f"{tuple(row_shape)}; expected at most {len(row_shape)} sizes{_buckets_hint(sizes)}"
   )
+
+
+def _buckets_hint(sizes: Sizes) -> str:
+  """For several sizes given where a row has fewer axes: how length buckets of one axis are written."""
+  if len(sizes) < 2 or None in sizes:
+    return ""
+  return f" (length buckets of one axis are a list inside the tuple: ({list(sizes)},))"
 
 
 def _long_message(path: Path, row: int, length: int, axis: int, sizes: tuple) -> str:
