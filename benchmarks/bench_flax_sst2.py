@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import pathlib
-import shutil
 import statistics
 import subprocess
 import sys
@@ -84,44 +83,45 @@ def materialize(flax: pathlib.Path, into: pathlib.Path) -> dict[str, pathlib.Pat
   return dirs
 
 
-def _child(loop: str, folder: str, repeats: int) -> dict:
-  """One loop in this fresh process: cold, then ``repeats`` warm calls; returns the figures."""
+def _setup(dirs: dict[str, str]) -> tuple[dict, object, object]:
+  """Imports both copies of ``train.py`` (``{"original": module, "converted": module}``; their other files are
+  the same), and builds the stand-in ``TextDataset`` and a ``TrainState``."""
+  import importlib.util
   import types
 
   sys.modules["tensorflow_text"] = types.ModuleType(
     "tensorflow_text"
   )  # the sentences are ids already
-  sys.path.insert(0, folder)
+  sys.path.insert(0, dirs["original"])
   sys.path.insert(0, str(ROOT))
+  import input_pipeline  # Flax's, from the copies
   import jax
-  import jax.monitoring
   import numpy as np
   import tensorflow as tf
-
-  import input_pipeline  # Flax's, from `folder`
-  import train
   from configs import default
+
   from examples.from_flax import sst2 as stand_in
 
-  compiles = [0]
-
-  def listener(event, duration, **kwargs):
-    del duration, kwargs
-    compiles[0] += event == "/jax/core/compile/backend_compile_duration"
-
-  jax.monitoring.register_event_duration_secs_listener(listener)
+  trains = {}
+  for role, folder in dirs.items():
+    spec = importlib.util.spec_from_file_location(f"train_{role}", os.path.join(folder, "train.py"))
+    assert spec is not None and spec.loader is not None
+    trains[role] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trains[role])
   dataset = input_pipeline.TextDataset.__new__(input_pipeline.TextDataset)  # no tfds.load
-  dataset.vocab = input_pipeline.vocabulary.Vocabulary(vocab_path=os.path.join(folder, "vocab.txt"))
+  dataset.vocab = input_pipeline.vocabulary.Vocabulary(
+    vocab_path=os.path.join(dirs["original"], "vocab.txt")
+  )
   rng = np.random.default_rng(4)
   vocab_size = len(dataset.vocab)
   rows = []
   for index, example in enumerate(stand_in.make_inputs()[1]):
     words = rng.integers(4, vocab_size, size=int(example["length"]) - 2)
-    ids = np.concatenate([[dataset.vocab.bos_idx], words, [dataset.vocab.eos_idx]]).astype(np.int64)
+    ids = np.concatenate([[dataset.vocab.bos_idx], words, [dataset.vocab.eos_idx]])
     rows.append(
       {
         "idx": np.int32(index),
-        "token_ids": ids,
+        "token_ids": ids.astype(np.int64),
         "length": np.int32(len(ids)),
         "label": example["label"],
       }
@@ -132,50 +132,82 @@ def _child(loop: str, folder: str, repeats: int) -> dict:
     "length": tf.TensorSpec([], tf.int32),
     "label": tf.TensorSpec([], tf.int64),
   }
-  dataset.examples = tf.data.Dataset.from_generator(
-    lambda: iter(rows), output_signature=signature
-  ).cache()
+  examples = tf.data.Dataset.from_generator(lambda: iter(rows), output_signature=signature)
+  dataset.examples = examples.cache()
   for _ in dataset.examples:  # fill the cache: every loop reads the same warm pipeline
     pass
   config = default.get_config()
   config.vocab_size = vocab_size
+  train = trains["original"]
   state = train.create_train_state(jax.random.key(0), config, train.model_from_config(config))
-  if loop == "flax":
-    step = jax.jit(train.eval_step)
-  else:
-    step = train.eval_step
-    if LOOPS[loop] is not None:
-      train.EVAL_LENGTHS = LOOPS[loop]
+  return trains, dataset, state
+
+
+def _loop(trains: dict, loop: str):
+  """``(train module, eval step)`` of one loop, with the conversion's ``EVAL_LENGTHS`` set for it."""
+  import jax
+
+  if loop == "flax":  # one jax.jit, as train_and_evaluate makes it
+    original = trains["original"]
+    if not hasattr(original, "JITTED_EVAL_STEP"):
+      original.JITTED_EVAL_STEP = jax.jit(original.eval_step)
+    return original, original.JITTED_EVAL_STEP
+  train = trains["converted"]
+  if not hasattr(train, "DEFAULT_LENGTHS"):
+    train.DEFAULT_LENGTHS = train.EVAL_LENGTHS
+  train.EVAL_LENGTHS = LOOPS[loop] or train.DEFAULT_LENGTHS
+  return train, train.eval_step
+
+
+def _child(mode: str, dirs: dict[str, str], repeats: int) -> dict:
+  """``cold LOOP``: the first call of one loop in this fresh process (seconds, compilations). ``warm``: every
+  loop, one call each to warm it, then ``repeats`` rounds of one call per loop, interleaved (minimum seconds)."""
+  import jax
+  import jax.monitoring
+
+  trains, dataset, state = _setup(dirs)
   batches = dataset.get_batches(batch_size=BATCH_SIZE)
-  widths = sorted({int(b["token_ids"].shape[1]) for b in batches.as_numpy_iterator()})
-  times = []
-  compiles[0] = 0  # the first call's own compilations
-  for call in range(1 + repeats):
+  compiles = [0]
+
+  def listener(event, duration, **kwargs):
+    del duration, kwargs
+    compiles[0] += event == "/jax/core/compile/backend_compile_duration"
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+
+  def timed(loop):
+    train, step = _loop(trains, loop)
     start = time.perf_counter()
     metrics = train.evaluate_model(step, state, batches, epoch=1)
-    times.append(time.perf_counter() - start)
-    if call == 0:
-      first_compiles = compiles[0]
-  loss = metrics.loss if hasattr(metrics, "loss") else metrics["loss"]
-  lengths = getattr(train, "EVAL_LENGTHS", None)
-  return {
-    "loop": loop,
-    "cold": times[0],
-    "warm": min(times[1:]) if repeats else None,
-    "compiles": first_compiles,
-    "loss": float(loss),
-    "batch_widths": widths,
-    "eval_lengths": lengths,
+    seconds = time.perf_counter() - start
+    loss = metrics.loss if hasattr(metrics, "loss") else metrics["loss"]
+    return seconds, float(loss)
+
+  if mode != "warm":
+    seconds, loss = timed(mode)
+    return {"cold": seconds, "compiles": compiles[0], "loss": loss}
+  losses = {loop: timed(loop)[1] for loop in LOOPS}
+  widths = sorted({int(b["token_ids"].shape[1]) for b in batches.as_numpy_iterator()})
+  times: dict[str, list[float]] = {loop: [] for loop in LOOPS}
+  for _ in range(repeats):
+    for loop in LOOPS:
+      times[loop].append(timed(loop)[0])
+  lengths = {
+    loop: LOOPS[loop] or trains["converted"].DEFAULT_LENGTHS for loop in LOOPS if loop != "flax"
   }
+  return {"warm": times, "losses": losses, "batch_widths": widths, "eval_lengths": lengths}
 
 
-def _run_child(loop: str, folder: pathlib.Path, repeats: int) -> dict:
-  command = [sys.executable, "-m", "benchmarks.bench_flax_sst2", "--child", loop, str(folder)]
-  done = subprocess.run(
-    command + ["--repeats", str(repeats)], cwd=ROOT, capture_output=True, text=True, check=False
-  )
+def _run_child(mode: str, dirs: dict, repeats: int) -> dict:
+  command = [sys.executable, "-m", "benchmarks.bench_flax_sst2", "--child", mode]
+  command += [
+    json.dumps({role: str(path) for role, path in dirs.items()}),
+    "--repeats",
+    str(repeats),
+  ]
+  done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
   if done.returncode:
-    raise RuntimeError(f"{loop}: {done.stderr[-3000:]}")
+    raise RuntimeError(f"{mode}: {done.stderr[-3000:]}")
   return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -184,11 +216,13 @@ def main(argv=None) -> int:
   parser.add_argument("--flax", default=os.environ.get("FLAX_DIR", MIRROR))
   parser.add_argument("--repeats", type=int, default=10)
   parser.add_argument("--cold-repeats", type=int, default=3)
-  parser.add_argument("--quick", action="store_true", help="one process per loop, 2 warm calls")
-  parser.add_argument("--child", nargs=2, metavar=("LOOP", "FOLDER"), help=argparse.SUPPRESS)
+  parser.add_argument(
+    "--quick", action="store_true", help="one cold process per loop, 2 warm rounds"
+  )
+  parser.add_argument("--child", nargs=2, metavar=("MODE", "DIRS"), help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.child:
-    print(json.dumps(_child(args.child[0], args.child[1], args.repeats)))
+    print(json.dumps(_child(args.child[0], json.loads(args.child[1]), args.repeats)))
     return 0
   flax = pathlib.Path(args.flax)
   if not flax.exists():
@@ -198,25 +232,28 @@ def main(argv=None) -> int:
     args.repeats, args.cold_repeats = 2, 1
   with tempfile.TemporaryDirectory() as tmp:
     dirs = materialize(flax, pathlib.Path(tmp))
-    runs: dict[str, list[dict]] = {loop: [] for loop in LOOPS}
-    for _ in range(args.cold_repeats):
+    colds: dict[str, list[dict]] = {loop: [] for loop in LOOPS}
+    for _ in range(args.cold_repeats):  # interleaved fresh processes
       for loop in LOOPS:
-        folder = dirs["original" if loop == "flax" else "converted"]
-        runs[loop].append(_run_child(loop, folder, args.repeats))
-    shutil.rmtree(tmp, ignore_errors=True)
-  cold = {loop: statistics.median(r["cold"] for r in rs) for loop, rs in runs.items()}
-  warm = {loop: min(r["warm"] for r in rs) for loop, rs in runs.items()}
-  print(f"batch widths of get_batches({BATCH_SIZE}): {runs['flax'][0]['batch_widths']}")
+        colds[loop].append(_run_child(loop, dirs, 0))
+    warm = _run_child("warm", dirs, args.repeats)
+  cold = {loop: statistics.median(r["cold"] for r in rs) for loop, rs in colds.items()}
+  fastest = {loop: min(times) for loop, times in warm["warm"].items()}
+  median = {loop: statistics.median(times) for loop, times in warm["warm"].items()}
+  print(f"batch widths of get_batches({BATCH_SIZE}): {warm['batch_widths']}")
   print(
-    "| loop | compilations (first call) | cold s (median) | cold / flax | warm s (min) | warm / flax | loss |"
+    "| loop | compilations (first call) | cold s (median) | cold / flax | warm s (min) | warm / flax "
+    "| warm median / flax | loss |"
   )
-  print("|---|---|---|---|---|---|---|")
-  for loop, rs in runs.items():
-    lengths = rs[0]["eval_lengths"]
+  print("|---|---|---|---|---|---|---|---|")
+  for loop in LOOPS:
+    lengths = warm["eval_lengths"].get(loop)
     name = loop if lengths is None else f"{loop} (EVAL_LENGTHS={lengths})"
+    compiles = sorted({r["compiles"] for r in colds[loop]})
     print(
-      f"| {name} | {rs[0]['compiles']} | {cold[loop]:.3f} | {cold[loop] / cold['flax']:.2f} | "
-      f"{warm[loop]:.4f} | {warm[loop] / warm['flax']:.2f} | {rs[0]['loss']:.6f} |"
+      f"| {name} | {', '.join(map(str, compiles))} | {cold[loop]:.3f} | {cold[loop] / cold['flax']:.2f} | "
+      f"{fastest[loop]:.4f} | {fastest[loop] / fastest['flax']:.2f} | "
+      f"{median[loop] / median['flax']:.2f} | {warm['losses'][loop]:.6f} |"
     )
   return 0
 
