@@ -17,6 +17,7 @@ from padded_eval.data import sources
 from padded_eval.data._batch_spec import BatchSpec, FlatBatch
 from padded_eval.data._tree import unflatten
 from padded_eval.data.sources import Padding, RowIds, check_index_key, row_ids
+from padded_eval.data.sources.base import RaggedRowsError
 from padded_eval.data.sources.shapes import ShapeFitter
 from padded_eval.validation import check_divisible, check_int
 
@@ -55,6 +56,8 @@ def pad_batches(
         padded_eval never imports pandas itself). A column numpy holds no numbers for (strings, objects, dates, a
         nullable column with missing values) raises ValueError naming it, as do column names that are not
         strings (``pd.DataFrame(array)``'s ints: rename them, ``frame.columns = [str(c) for c in frame.columns]``).
+      With `pad_shapes`, a Mapping may hold ragged rows (a list of token id arrays of different lengths); it is
+      then read as a list of one batch.
       A pipeline that drops rows (``drop_remainder=True``; a torch DataLoader's ``drop_last=True`` with a
       short last batch), repeats them (a repeat other than ``.repeat(1)``; for tf.data, only in a pipeline
       of unknown cardinality: one of finite cardinality, ``ds.repeat(2)`` or ``ds.repeat().take(n)``, is
@@ -260,7 +263,7 @@ class PaddedBatches(cabc.Iterable):
     self.index_offset = 0 if ids is None else ids.offset
     self._ids = ids
     self._source_type = type(source).__name__
-    self._source = sources.open_source(source, mask_key=mask_key, batched=batched, keys=keys)
+    self._source = _opened(source, fitter, mask_key=mask_key, batched=batched, keys=keys)
     self._fitter = fitter
     self._source.shape_fitter = fitter
     if self._source.spec is not None:
@@ -396,6 +399,17 @@ class PaddedBatches(cabc.Iterable):
       if self._ids is not None:  # no real row: every id is -1
         batch[self._ids.key] = row_ids(0, 0, self.batch_size)
       yield batch
+
+
+def _opened(source: Any, fitter: ShapeFitter | None, **options: Any) -> Any:
+  """`sources.open_source`; a whole-dataset Mapping with ragged rows (lists of token ids of different lengths)
+  is read as one batch when `pad_shapes` pads them (a Mapping is otherwise taken as arrays)."""
+  try:
+    return sources.open_source(source, **options)
+  except RaggedRowsError:
+    if fitter is None or not isinstance(source, cabc.Mapping):
+      raise
+    return sources.open_source([source], **options)
 
 
 def skipped(batches: cabc.Iterable, count: int) -> Iterator:

@@ -124,6 +124,7 @@ def _tf_sentences(tokens, scores):
 
 SOURCES = {  # (source of the rows, pad_batches' other arguments)
   "ragged lists": lambda t, s: ([{"tokens": t, "scores": s}], {}),
+  "a Mapping of ragged lists": lambda t, s: ({"tokens": t, "scores": s}, {}),
   "batches of varying sizes": lambda t, s: (
     [
       {"tokens": t[i : i + k], "scores": s[i : i + k]}
