@@ -325,7 +325,8 @@ def _names(paths: cabc.Iterable[Path]) -> str:
 
 
 def _is_size(size: Any) -> bool:
-  return isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size >= 1
+  """Whether `size` is an int >= 1 (a numpy integer too; not a bool)."""
+  return isinstance(size, (int, np.integer)) and not isinstance(size, bool) and bool(size >= 1)
 
 
 def _checked_sizes(path: Path, value: Any) -> tuple[Sizes, dict[int, Buckets]]:
