@@ -179,7 +179,8 @@ def masked_eval(
       often, where the copy is most of a call's time), pass `padded_eval.place_params`'s
       result, which masked_eval takes as it is.
     batches: an iterable of dict batches whose every leaf is ``[B, ...]`` with the
-      same ``B``, shapes and dtypes in every batch, and ``batch[mask_key]`` bool
+      same ``B``, shapes and dtypes in every batch (but for the axes of ``pe.pad_batches``'
+      length buckets), and ``batch[mask_key]`` bool
       ``[B]`` True for real rows (as ``pe.pad_batches`` yields); with ``mask_fn``,
       any pytrees (see ``mask_fn``). A batch's arrays must not change once it is yielded: JAX on
       CPU may read a numpy array in place until the step that reads it has run (``pad_batches``
