@@ -20,6 +20,11 @@ BENCHMARKS = {
     "converted Flax examples vs their own loops, cold and warm",
     ("--only", "mnist_nnx", "ogbg", "--repeats", "1", "--cold", "in-process"),
   ),
+  "flax_sst2": (
+    "bench_flax_sst2",
+    "Flax's real sst2 eval vs its conversion: one fixed length, length buckets (issue 66)",
+    ("--quick",),
+  ),
   "sources": ("bench_sources", "pad_batches per source kind; tf.data throughput", ("--quick",)),
   "overhead": ("bench_overhead", "fixed cost per call, small N, every backend", ("--quick",)),
   "sharded": ("bench_sharded", "FSDP-sharded params under jit vs a bare jit loop", ("--quick",)),

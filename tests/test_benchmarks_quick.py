@@ -108,10 +108,16 @@ def test_a_fresh_process_times_one_first_call():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-  "name", [name for name in BENCHMARKS if name not in IN_FULL_RUN + ("from_flax", "accelerator")]
+  "name",
+  [
+    name
+    for name in BENCHMARKS
+    if name not in IN_FULL_RUN + ("from_flax", "accelerator", "flax_sst2")
+  ],
 )
 def test_registered_benchmark_runs_in_its_quick_mode(name):
-  """``from_flax`` and ``accelerator`` have tests of their own; the full run's members, the first."""
+  """``from_flax``, ``accelerator`` and ``flax_sst2`` have tests of their own; the full run's members, the
+  first."""
   done = _run_benchmark("benchmarks", name, *BENCHMARKS[name][2])
   assert done.stdout.strip()  # it printed its figures
 
@@ -128,3 +134,9 @@ def test_accelerator_benchmark_prints_every_loop_of_every_model(tmp_path):
     assert all(row["warm_s"] > 0 and row["first_s"] > 0 for row in loops)
     exact = [row for row in loops if row["loop"].startswith("masked_eval")]
     assert all(row["loss_error"] < 1e-5 and row["accuracy_error"] < 1e-5 for row in exact)
+
+
+def test_flax_sst2_benchmark_without_a_flax_checkout_says_so(tmp_path):
+  """It needs google/flax's real files (minutes of CPU with them: run by hand, figures in RESULTS.md)."""
+  done = _run_benchmark("benchmarks", "flax_sst2", "--flax", str(tmp_path / "no-flax"))
+  assert "no Flax checkout at" in done.stdout

@@ -74,6 +74,9 @@ class BatchSpec:
     structure: the pytree structure (containers) of a padded batch from `from_batch`, else None; not compared.
     mask_fn: the ``masked_eval(mask_fn=...)`` of a padded pytree batch (then `mask_key` is None), else None;
       not compared.
+    varying: ``{path: axes}`` (counted from the end of a row's shape) whose sizes may differ between batches:
+      the length buckets of ``pe.pad_batches(..., pad_shapes=...)`` (see `varying_in`); their sizes read as
+      None. Not compared.
   """
 
   leaves: dict[Path, LeafSpec]
@@ -81,6 +84,7 @@ class BatchSpec:
   mask_key: str | None = None
   structure: Any = dataclasses.field(default=None, compare=False, repr=False)
   mask_fn: Any = dataclasses.field(default=None, compare=False, repr=False)
+  varying: Any = dataclasses.field(default=None, compare=False, repr=False)
 
   @classmethod
   def of_rows(cls, flat: FlatBatch, unknown_rows: bool = False) -> BatchSpec:
@@ -173,8 +177,24 @@ class BatchSpec:
       ValueError: any `from_batch` error, or a batch size, key, shape or dtype that differs (see `check_same`).
     """
     spec = BatchSpec.from_batch(batch, self.mask_key or "mask", index, mask_fn=self.mask_fn)
-    self.check_same(spec, index)
+    self.check_same(spec.varying_in(self.varying), index)
     return spec
+
+  def varying_in(self, axes: dict[Path, tuple[int, ...]] | None) -> BatchSpec:
+    """This spec with the sizes of `axes` (``{path: axes counted from the end of a row}``, a length bucket's)
+    read as None, so that batches of different buckets compare equal; the spec itself when `axes` is empty."""
+    if not axes:
+      return self
+    leaves = dict(self.leaves)
+    for path, free in axes.items():
+      leaf = leaves.get(path)
+      if leaf is not None:
+        shape = list(leaf.shape)
+        for axis in free:
+          if -len(shape) <= axis < 0:
+            shape[axis] = None
+        leaves[path] = LeafSpec(tuple(shape), leaf.dtype)
+    return dataclasses.replace(self, leaves=leaves, varying=axes)
 
   def check_same(self, other: BatchSpec, index: int) -> None:
     """Raises unless `other` (the spec of batch `index`) has this spec's keys, row shapes and dtypes.
@@ -402,9 +422,15 @@ def _shapes(spec: BatchSpec) -> str:
 
 
 def checked_batches(
-  batches: Any, mask_key: str | None, num_shards: int, where: str | None = None, mask_fn: Any = None
+  batches: Any,
+  mask_key: str | None,
+  num_shards: int,
+  where: str | None = None,
+  mask_fn: Any = None,
+  varying: dict[Path, tuple[int, ...]] | None = None,
 ):
-  """Yields ``batches``, each checked; the first fixes the `BatchSpec` every later one must match.
+  """Yields ``batches``, each checked; the first fixes the `BatchSpec` every later one must match (but for the
+  sizes of `varying` axes: length buckets, one compilation per bucket shape).
 
   The one place where `masked_eval`'s batches are checked: a batch that fails raises ValueError
   when it is read (batch 0 inside the multi-host pre-flight, which reports it to every process).
@@ -415,12 +441,15 @@ def checked_batches(
     num_shards: how many parts the rows are split into; the batch size must divide.
     where: how messages name those parts (see `BatchSpec.check_divisible`).
     mask_fn: ``mask_fn(batch) -> bool [B, ...]`` for pytree batches, or None.
+    varying: ``{path: axes counted from the end of a row}`` whose sizes may change from batch to batch (the
+      length buckets of ``pe.pad_batches``), or None.
   """
   spec = None
   for index, batch in enumerate(batches):
     if spec is None:
       spec = BatchSpec.from_batch(batch, mask_key or "mask", index, mask_fn=mask_fn)
       spec.check_divisible(num_shards, where)
+      spec = spec.varying_in(varying)
     else:
       spec.check(batch, index)
     if mask_key is not None and isinstance(batch, cabc.Mapping):

@@ -17,10 +17,11 @@ from padded_eval.data import sources
 from padded_eval.data._batch_spec import BatchSpec, FlatBatch
 from padded_eval.data._tree import unflatten
 from padded_eval.data.sources import Padding, RowIds, check_index_key, row_ids
+from padded_eval.data.sources.base import RaggedRowsError
 from padded_eval.data.sources.shapes import ShapeFitter
 from padded_eval.validation import check_divisible, check_int
 
-__all__ = ["PaddedBatches", "pad_batches", "padding_fills", "skipped"]
+__all__ = ["PaddedBatches", "bucket_axes", "pad_batches", "padding_fills", "skipped"]
 
 
 def pad_batches(
@@ -55,6 +56,8 @@ def pad_batches(
         padded_eval never imports pandas itself). A column numpy holds no numbers for (strings, objects, dates, a
         nullable column with missing values) raises ValueError naming it, as do column names that are not
         strings (``pd.DataFrame(array)``'s ints: rename them, ``frame.columns = [str(c) for c in frame.columns]``).
+      With `pad_shapes`, a Mapping may hold ragged rows (a list of token id arrays of different lengths); it is
+      then read as a list of one batch.
       A pipeline that drops rows (``drop_remainder=True``; a torch DataLoader's ``drop_last=True`` with a
       short last batch), repeats them (a repeat other than ``.repeat(1)``; for tf.data, only in a pipeline
       of unknown cardinality: one of finite cardinality, ``ds.repeat(2)`` or ``ds.repeat().take(n)``, is
@@ -89,6 +92,13 @@ def pad_batches(
       beyond a fixed size that hold only the pad value are dropped (a pipeline that padded to a longer row); a
       row with other values there raises. tf.data pipelines (``padded_batch`` to each batch's longest row) are
       then padded in numpy rather than in the graph.
+      Length buckets: a list of sizes in place of one size, e.g. ``{"token_ids": ([16, 32, 60],)}``, pads each
+      batch's axis to the smallest size that holds the batch's longest row (a row's length: a ragged row's
+      size, else 1 + the last position holding a value other than the pad value), so that ``masked_eval``
+      compiles once per bucket shape used, every row counts once and the results are those of one fixed size
+      (only positions that hold the pad value are cut). A row longer than the last size raises; all-padding
+      batches (`num_batches`) take the smallest. Not with ``masked_eval(..., checkpoint_dir=...)``, several
+      processes, or per-row outputs whose shape follows the bucketed axis (each needs one shape).
     length_keys: with `pad_shapes`: ``{key in pad_shapes: new top-level key}``; each batch also gets
       ``batch[new key]``: int32 ``[batch_size]``, each row's length along the key's first fixed axis (a ragged
       row's length, else 1 + the last position that holds a value other than the pad value), and 0 on padding
@@ -109,7 +119,7 @@ def pad_batches(
     ValueError: `batch_size` not divisible by `num_devices`; `mask_key` not a non-empty string; an array or a
       list of non-dicts as `source` (refused at the call); `batch_size` None for a source that is not batched
       (a Mapping, an unbatched pipeline) or holds no batch; `pad_shapes` naming an unknown key, more axes than a
-      key has, or sizes that are not ints >= 1; a row longer than its fixed size (naming the key, the row and
+      key has, sizes that are not ints >= 1, or buckets that are not distinct sizes >= 1 in ascending order; a row longer than its fixed size (naming the key, the row and
       both lengths); bad `length_keys` (a new key a source key already takes included); `index_key` not a non-empty string, equal to `mask_key` or to
       a source key; `index_offset` negative, or given without `index_key`, or ids beyond int32; leading sizes that disagree within a batch; a source
       key equal to `mask_key`; keys, trailing shapes or dtypes that change between batches; a `pad_value` that does
@@ -128,6 +138,10 @@ def pad_batches(
     >>> batches = list(pad_batches({"x": np.arange(5)}, 4, num_devices=2))
     >>> [b["x"].tolist() for b in batches], batches[1]["mask"].tolist()
     ([[0, 1, 2, 3], [4, 0, 0, 0]], [True, False, False, False])
+    >>> sentences = [np.arange(1, n + 1) for n in (3, 1, 2, 7, 5)]  # ragged token ids
+    >>> buckets = pad_batches([{"ids": sentences}], 2, num_devices=1, pad_shapes={"ids": ([4, 8],)})
+    >>> [b["ids"].shape for b in buckets]  # longest rows 3, 7, 5
+    [(2, 4), (2, 8), (2, 8)]
   """
   if not isinstance(mask_key, str) or not mask_key:
     raise ValueError(
@@ -249,7 +263,7 @@ class PaddedBatches(cabc.Iterable):
     self.index_offset = 0 if ids is None else ids.offset
     self._ids = ids
     self._source_type = type(source).__name__
-    self._source = sources.open_source(source, mask_key=mask_key, batched=batched, keys=keys)
+    self._source = _opened(source, fitter, mask_key=mask_key, batched=batched, keys=keys)
     self._fitter = fitter
     self._source.shape_fitter = fitter
     if ids is not None:
@@ -389,6 +403,17 @@ class PaddedBatches(cabc.Iterable):
       yield batch
 
 
+def _opened(source: Any, fitter: ShapeFitter | None, **options: Any) -> Any:
+  """`sources.open_source`; a whole-dataset Mapping with ragged rows (lists of token ids of different lengths)
+  is read as one batch when `pad_shapes` pads them (a Mapping is otherwise taken as arrays)."""
+  try:
+    return sources.open_source(source, **options)
+  except RaggedRowsError:
+    if fitter is None or not isinstance(source, cabc.Mapping):
+      raise
+    return sources.open_source([source], **options)
+
+
 def skipped(batches: cabc.Iterable, count: int) -> Iterator:
   """``batches`` after the first ``count``: `PaddedBatches.skip` seeks (sources that can seek are
   not read); other iterables are read and dropped, when the first batch is asked for (so that a
@@ -433,6 +458,14 @@ def _changed(count: int, held: int | None) -> str:
     f"the checkpoint consumed {count} batches but batches holds {holds}: the data "
     "changed since the checkpoint was saved; a checkpoint_dir identifies one evaluation"
   )
+
+
+def bucket_axes(batches: Any) -> dict:
+  """``{path: axes}`` whose sizes vary between the batches of ``pe.pad_batches(..., pad_shapes=...)``
+  with length buckets (axes counted from the end of a row's shape); ``{}`` for any other batches."""
+  if isinstance(batches, PaddedBatches) and batches._fitter is not None:
+    return batches._fitter.bucket_axes()
+  return {}
 
 
 def padding_fills(batches: Any) -> dict:

@@ -40,7 +40,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from padded_eval.data._batch_spec import checked_batches
-from padded_eval.data.padded import padding_fills
+from padded_eval.data.padded import bucket_axes, padding_fills
 from padded_eval.eval import backends, checkpoint, model_modes
 from padded_eval.eval import cache as cache_lib
 from padded_eval.eval import outputs as outputs_lib
@@ -181,7 +181,8 @@ def masked_eval(
       ``Dropout`` or ``BatchNorm`` in training mode (``model.eval()`` forgotten) gets a
       ``UserWarning`` naming the layers (`padded_eval.eval.model_modes`).
     batches: an iterable of dict batches whose every leaf is ``[B, ...]`` with the
-      same ``B``, shapes and dtypes in every batch, and ``batch[mask_key]`` bool
+      same ``B``, shapes and dtypes in every batch (but for the axes of ``pe.pad_batches``'
+      length buckets), and ``batch[mask_key]`` bool
       ``[B]`` True for real rows (as ``pe.pad_batches`` yields); with ``mask_fn``,
       any pytrees (see ``mask_fn``). A batch's arrays must not change once it is yielded: JAX on
       CPU may read a numpy array in place until the step that reads it has run (``pad_batches``
@@ -272,7 +273,9 @@ def masked_eval(
       with ``"pmap"``; ``data_axes``
       naming axes the mesh does not have; no batches; a batch
       without ``mask_key`` or with a batch size not divisible by the devices (or
-      the shards of the data axes); a batch whose shapes differ from the first; a
+      the shards of the data axes); a batch whose shapes differ from the first (but for the
+      length buckets of ``pe.pad_batches(..., pad_shapes=...)``: one compilation per bucket
+      shape; refused with ``checkpoint_dir`` or several processes); a
       ``step_fn`` that does not return a Metric (with ``outputs=True``: a pair
       ``(metric, per_row)`` whose leaves have the step's rows as leading axis;
       ``outputs`` not a bool); with several processes, batches or settings that
@@ -385,11 +388,33 @@ def _step_feed(batches, num_batches, runner, options: EvalOptions, saver) -> Any
     "steps_in_flight": options.steps_in_flight,
     "padding": padding,
   }
+  varying = _bucket_axes(batches, options)
   source = iter(batches) if saver is None else saver.skip(batches, mask.key)
-  checked = checked_batches(source, mask.key, runner.num_shards, runner.shards_in_words, mask.fn)
+  checked = checked_batches(
+    source, mask.key, runner.num_shards, runner.shards_in_words, mask.fn, varying
+  )
   agreed = distributed.FeedOptions(mask.key, settings, runner.num_shards, options.timeout, padding)
   resume = None if saver is None else saver.resume_at
   return distributed.step_feed(checked, num_batches, agreed, options.steps_in_flight, resume)
+
+
+def _bucket_axes(batches, options: EvalOptions) -> dict:
+  """The axes whose sizes vary between ``batches`` (``pe.pad_batches``' length buckets: one compilation
+  per bucket shape), refused where every process, or a resumed call, must see one shape."""
+  varying = bucket_axes(batches)
+  if not varying:
+    return varying
+  refused = "several processes" if distributed.several_processes() else None
+  if options.checkpoint_dir is not None:
+    refused = "checkpoint_dir"
+  if refused is not None:
+    raise ValueError(
+      f"batches come from pe.pad_batches(..., pad_shapes=...) with length buckets (keys "
+      f"{sorted('/'.join(map(str, path)) for path in varying)}), whose shapes vary from batch to batch; "
+      f"with {refused} every batch must have one shape: give each bucketed axis one size "
+      "(e.g. (60,) instead of ([16, 32, 60],))"
+    )
+  return varying
 
 
 def _first_input(feed) -> distributed.StepInput:

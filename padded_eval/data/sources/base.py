@@ -213,7 +213,8 @@ class Source(abc.ABC):
 
     Yields:
       ``{path: array [batch_size, ...]}`` with the mask (and the ids); a full batch aligned with a chunk is not
-      copied.
+      copied. With length buckets (`shape_fitter`), each bucketed axis is cut to the smallest size that holds
+      the batch's longest row.
 
     Returns:
       (as the generator's return value) the row spec of what was read (the first chunk's, even one of 0 rows),
@@ -239,6 +240,10 @@ class Source(abc.ABC):
     fills = row_spec.fills(pad_value)
     for flat, rows in rechunk(itertools.chain([first], chunks), batch_size):
       batch = pad(flat, rows, batch_size, mask_key, fills)
+      if (
+        self.shape_fitter is not None
+      ):  # length buckets: each batch cut to the smallest that holds it
+        batch = self.shape_fitter.bucketed(batch)
       if ids is not None:
         batch[(ids.key,)] = row_ids(ids.offset + start, rows, batch_size)
       start += rows

@@ -5,6 +5,12 @@ A `ShapeFitter` pads the trailing axes of chosen keys of each source chunk to fi
 list of sequences of different lengths) are stacked the same way. Columns beyond a fixed size that hold only the
 pad value (a pipeline that padded further, e.g. tf.data's ``padded_batch`` to a longer row) are dropped; a row with
 other values there raises. Optionally each padded key gets a lengths field: int32 ``[rows]``.
+
+Length buckets: an axis given a list of sizes (``{"tokens": ([16, 32, 60],)}``) is padded to the largest in each
+chunk, so that chunks join as before, and each chunk carries the rows' extents along it in a hidden leaf
+(`EXTENT_KEY`); once a batch of ``batch_size`` rows is made, `ShapeFitter.bucketed` cuts the axis to the smallest
+size that holds the batch's longest row and drops the hidden leaves. Only padding is cut, so every batch holds its
+rows as without buckets, in one of a few shapes.
 """
 
 from __future__ import annotations
@@ -19,10 +25,26 @@ from padded_eval.data._batch_spec import BatchSpec, FlatBatch, LeafSpec, Path
 from padded_eval.data._tree import fill_value, flatten, path_name, unflatten
 from padded_eval.data.sources.array_like import to_numpy
 
-__all__ = ["LENGTH_DTYPE", "ShapeFitter"]
+__all__ = ["EXTENT_KEY", "LENGTH_DTYPE", "ShapeFitter"]
 
 LENGTH_DTYPE = np.int32
+EXTENT_KEY = "__padded_eval_extents__"
+"""Top-level key of the hidden per-row extents of bucketed axes (dropped before a batch is yielded)."""
 Sizes = tuple[int | None, ...]  # the trailing axes of one key; None keeps an axis as it comes
+Buckets = tuple[int, ...]  # the sizes one axis may take, ascending
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketAxis:
+  """One bucketed axis: the key, the axis's position among the key's `sizes`, and its sizes (ascending)."""
+
+  path: Path
+  position: int
+  sizes: Buckets
+
+  def smallest_holding(self, extent: int) -> int:
+    """The smallest size that holds `extent` positions (`fit` refused longer rows)."""
+    return next((size for size in self.sizes if size >= extent), self.sizes[-1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,11 +55,14 @@ class ShapeFitter:
     sizes: ``{path: sizes of the last len(sizes) axes of a row}``; None keeps an axis.
     pad_value: what padded positions hold: a scalar, or a per-key dict (see `BatchSpec.fills`).
     length_keys: ``{path: top-level key}``: where each row's length along the key's first fixed axis goes.
+    buckets: the bucketed axes, whose `sizes` entry is their largest size; each batch is cut to the smallest
+      size that holds its longest row (`bucketed`).
   """
 
   sizes: dict[Path, Sizes]
   pad_value: Any = 0
   length_keys: dict[Path, str] = dataclasses.field(default_factory=dict)
+  buckets: tuple[BucketAxis, ...] = ()
 
   @classmethod
   def create(
@@ -46,14 +71,16 @@ class ShapeFitter:
     """Checks ``pad_batches``' `pad_shapes` and `length_keys`; None when there is nothing to pad.
 
     Args:
-      pad_shapes: None, or a dict (nested like the source) of per-key tuples of trailing axis sizes.
+      pad_shapes: None, or a dict (nested like the source) of per-key tuples of trailing axis sizes; a size may
+        be a list of sizes (length buckets).
       length_keys: None, or a dict ``{key in pad_shapes: new top-level key}``.
       pad_value: ``pad_batches``' `pad_value`.
       reserved: top-level keys taken by ``pad_batches`` (the mask, the row ids).
 
     Raises:
-      ValueError: a `pad_shapes` that is not a dict of tuples of positive ints (or None); `length_keys` that
-        name a key not in `pad_shapes`, or a new key that is reserved, repeated or not a string.
+      ValueError: a `pad_shapes` that is not a dict of tuples of positive ints or lists of them (or None);
+        `length_keys` that name a key not in `pad_shapes`, or a new key that is reserved, repeated or not a
+        string.
     """
     if pad_shapes is None and not length_keys:
       return None
@@ -61,9 +88,10 @@ class ShapeFitter:
       raise ValueError(
         f"pad_shapes must be a dict of trailing axis sizes, e.g. {{'inputs': (60,)}}; got {pad_shapes!r}"
       )
-    sizes = {
-      path: _checked_sizes(path, value) for path, value in flatten(pad_shapes, False).items()
-    }
+    sizes, buckets = {}, []
+    for path, value in flatten(pad_shapes, False).items():
+      sizes[path], axes = _checked_sizes(path, value)
+      buckets.extend(BucketAxis(path, position, axis) for position, axis in axes.items())
     lengths = {}
     for path, key in flatten(length_keys or {}, False).items():
       if path not in sizes:
@@ -79,7 +107,7 @@ class ShapeFitter:
       if all(size is None for size in sizes[path]):
         raise ValueError(f"length_keys[{path_name(path)}]: pad_shapes fixes no axis of that key")
       lengths[path] = key
-    return cls(sizes, pad_value, lengths)
+    return cls(sizes, pad_value, lengths, tuple(buckets))
 
   def check_spec(self, spec: BatchSpec) -> None:
     """Checks the keys and ranks against a source's row spec (sizes may be unknown).
@@ -111,8 +139,10 @@ class ShapeFitter:
         )
 
   def fixed_spec(self, spec: BatchSpec) -> BatchSpec:
-    """A source's row spec with the fixed sizes in place (and the lengths fields)."""
-    leaves = dict(spec.leaves)
+    """A source's row spec with the fixed sizes in place (a bucketed axis at its smallest size: the shape of
+    all-padding batches), the lengths fields, and no hidden extents."""
+    leaves = {path: leaf for path, leaf in spec.leaves.items() if path[0] != EXTENT_KEY}
+    smallest = {(axis.path, axis.position): axis.sizes[0] for axis in self.buckets}
     for path, sizes in self.sizes.items():
       if path in leaves:
         leaf = leaves[path]
@@ -120,6 +150,7 @@ class ShapeFitter:
           leaf.shape[: len(leaf.shape) - len(sizes)],
           leaf.shape[len(leaf.shape) - len(sizes) :],
         )
+        sizes = tuple(smallest.get((path, p), size) for p, size in enumerate(sizes))
         fixed = tuple(old if new is None else new for old, new in zip(tail, sizes))
         leaves[path] = LeafSpec(head + fixed, leaf.dtype)
     for key in self.length_keys.values():
@@ -133,6 +164,7 @@ class ShapeFitter:
       ValueError: a `pad_value` that does not fit a leaf (see `BatchSpec.fills`).
     """
     lengths = {(key,) for key in self.length_keys.values()}
+    lengths.update(path for path in spec.leaves if path[0] == EXTENT_KEY)  # hidden extents: 0 too
     source = BatchSpec({path: leaf for path, leaf in spec.leaves.items() if path not in lengths})
     fills = source.fills(self.pad_value)
     fills.update({path: LENGTH_DTYPE(0) for path in lengths})
@@ -169,7 +201,52 @@ class ShapeFitter:
         out[path], lengths = self._stacked(path, rows, sizes, first_row)
       if path in self.length_keys:
         out[(self.length_keys[path],)] = lengths
+    for index, axis in enumerate(self.buckets):
+      out[(EXTENT_KEY, str(index))] = self._extents(axis, flat[axis.path], out[axis.path])
     return out
+
+  def _extents(self, axis: BucketAxis, given: Any, padded: np.ndarray) -> np.ndarray:
+    """Per row of a chunk, its extent along bucketed `axis`: a ragged row's size, else 1 + the last position
+    holding a value other than the pad value (as `length_keys` reads it)."""
+    position = padded.ndim - len(self.sizes[axis.path]) + axis.position
+    rows = _ragged_rows(given)
+    if rows is not None:
+      return np.array([row.shape[position - 1] for row in rows], np.int64)
+    fill = fill_value(self.pad_value, axis.path, padded.dtype)
+    return _extents(padded, position, fill)
+
+  def bucketed(self, batch: FlatBatch) -> FlatBatch:
+    """A padded batch with each bucketed axis cut to the smallest size holding its longest row, and the hidden
+    extents dropped (a batch without buckets is returned as it is)."""
+    if not self.buckets:
+      return batch
+    cuts: dict[Path, list] = {}
+    for index, axis in enumerate(self.buckets):
+      extents = batch.pop((EXTENT_KEY, str(index)))
+      longest = int(extents.max()) if extents.size else 0
+      leaf = batch[axis.path]
+      cut = cuts.setdefault(axis.path, [slice(None)] * leaf.ndim)
+      cut[leaf.ndim - len(self.sizes[axis.path]) + axis.position] = slice(
+        0, axis.smallest_holding(longest)
+      )
+    for path, cut in cuts.items():
+      batch[path] = batch[path][tuple(cut)]
+    return batch
+
+  def shown(self, path: Path) -> tuple:
+    """The `pad_shapes` value of `path` as given (a bucketed axis as its list of sizes), for messages."""
+    shown: list = list(self.sizes[path])
+    for axis in self.buckets:
+      if axis.path == path:
+        shown[axis.position] = list(axis.sizes)
+    return tuple(shown)
+
+  def bucket_axes(self) -> dict[Path, tuple[int, ...]]:
+    """``{path: axes}`` whose sizes vary between batches (counted from the end of a row's shape: -1 the last)."""
+    axes: dict[Path, tuple[int, ...]] = {}
+    for axis in self.buckets:
+      axes[axis.path] = axes.get(axis.path, ()) + (axis.position - len(self.sizes[axis.path]),)
+    return axes
 
   def _padded(self, path: Path, leaf: np.ndarray, sizes: Sizes, first_row: int):
     """A rectangular leaf ``[rows, ...]`` padded or trimmed to `sizes`; and its lengths."""
@@ -187,7 +264,9 @@ class ShapeFitter:
       longer = np.flatnonzero(extents > size)
       if longer.size:
         row = int(longer[0])
-        raise ValueError(_long_message(path, first_row + row, int(extents[row]), axis - 1, sizes))
+        raise ValueError(
+          _long_message(path, first_row + row, int(extents[row]), axis - 1, self.shown(path))
+        )
       leaf = leaf[(slice(None),) * axis + (slice(0, size),)]  # only padding is cut
     target = leaf.shape[:first_axis] + tuple(
       leaf.shape[axis] if size is None else size for axis, size in enumerate(sizes, first_axis)
@@ -209,7 +288,7 @@ class ShapeFitter:
     if len(ranks) > 1 or (rows and rows[0].ndim < len(sizes)):
       raise ValueError(
         f"key {path_name(path)} holds ragged rows of ranks {sorted(ranks)}; expected every row to have "
-        f"the same rank, at least {len(sizes)} (pad_shapes {sizes})"
+        f"the same rank, at least {len(sizes)} (pad_shapes {sizes}){_buckets_hint(sizes)}"
       )
     rank = rows[0].ndim if rows else len(sizes)
     first_axis = rank - len(sizes)
@@ -230,7 +309,9 @@ class ShapeFitter:
     for index, row in enumerate(rows):
       for axis, size in enumerate(row_shape):
         if row.shape[axis] > size:
-          raise ValueError(_long_message(path, first_row + index, row.shape[axis], axis, sizes))
+          raise ValueError(
+            _long_message(path, first_row + index, row.shape[axis], axis, self.shown(path))
+          )
       stacked[(index, *(slice(0, n) for n in row.shape))] = row
     lengths = None
     if path in self.length_keys:
@@ -243,21 +324,42 @@ def _names(paths: cabc.Iterable[Path]) -> str:
   return "[" + ", ".join(path_name(p) for p in paths) + "]"
 
 
-def _checked_sizes(path: Path, value: Any) -> Sizes:
-  if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+def _is_size(size: Any) -> bool:
+  """Whether `size` is an int >= 1 (a numpy integer too; not a bool)."""
+  return isinstance(size, (int, np.integer)) and not isinstance(size, bool) and bool(size >= 1)
+
+
+def _checked_sizes(path: Path, value: Any) -> tuple[Sizes, dict[int, Buckets]]:
+  """``(sizes, {position: bucket sizes})`` of one key's `pad_shapes` value; a bucketed axis's size is its largest.
+
+  Raises:
+    ValueError: naming `pad_shapes` and the key, what came and what is expected.
+  """
+  if _is_size(value):
     value = (value,)
   ok = isinstance(value, (tuple, list)) and value
-  ok = ok and all(
-    size is None
-    or (isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size >= 1)
-    for size in value
-  )
+  ok = ok and all(size is None or _is_size(size) or isinstance(size, list) for size in value)
   if not ok:
     raise ValueError(
-      f"pad_shapes[{path_name(path)}] is {value!r}; expected a tuple of sizes >= 1 (or None to keep an axis) "
-      "for the key's last axes, e.g. (60,)"
+      f"pad_shapes[{path_name(path)}] is {value!r}; expected a tuple of sizes >= 1 (or None to keep an axis, or "
+      "a list of sizes: length buckets) for the key's last axes, e.g. (60,) or ([16, 32, 60],)"
     )
-  return tuple(None if size is None else int(size) for size in value)
+  buckets = {}
+  for position, size in enumerate(value):
+    if not isinstance(size, list):
+      continue
+    if not size or not all(_is_size(s) for s in size) or sorted(set(size)) != list(size):
+      raise ValueError(
+        f"pad_shapes[{path_name(path)}] has buckets {size!r} for its axis {position}; expected a non-empty "
+        "list of distinct sizes >= 1 in ascending order, e.g. [16, 32, 60]: each batch is padded to the "
+        "smallest that holds its longest row"
+      )
+    buckets[position] = tuple(int(s) for s in size)
+  sizes = tuple(
+    None if size is None else buckets[p][-1] if p in buckets else int(size)
+    for p, size in enumerate(value)
+  )
+  return sizes, buckets
 
 
 def _ragged_rows(leaf: Any) -> list[np.ndarray] | None:
@@ -293,13 +395,20 @@ def _first_fixed_axis(sizes: Sizes, first_axis: int) -> int:
 def _rank_message(path: Path, row_shape: tuple, sizes: Sizes) -> str:
   return (
     f"pad_shapes[{path_name(path)}] = {sizes} names {len(sizes)} trailing axes, but the key's rows have shape "
-    f"{tuple(row_shape)}; expected at most {len(row_shape)} sizes"
+    f"{tuple(row_shape)}; expected at most {len(row_shape)} sizes{_buckets_hint(sizes)}"
   )
 
 
-def _long_message(path: Path, row: int, length: int, axis: int, sizes: Sizes) -> str:
+def _buckets_hint(sizes: Sizes) -> str:
+  """For several sizes given where a row has fewer axes: how length buckets of one axis are written."""
+  if len(sizes) < 2 or None in sizes:
+    return ""
+  return f" (length buckets of one axis are a list inside the tuple: ({list(sizes)},))"
+
+
+def _long_message(path: Path, row: int, length: int, axis: int, sizes: tuple) -> str:
   return (
     f"row {row} of the source has length {length} along axis {axis} of key {path_name(path)}, longer than "
-    f"pad_shapes[{path_name(path)}] = {sizes}; pass a larger size (the longest row), or filter or truncate "
+    f"pad_shapes[{path_name(path)}] = {sizes}; pass a larger size (the longest row; with buckets, a larger last one), or filter or truncate "
     "such rows before pad_batches"
   )
