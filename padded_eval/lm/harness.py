@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import lm_eval.api.model
+try:
+  import lm_eval.api.model
+except ImportError as error:  # pragma: no cover - the message is tested in a subprocess
+  raise ImportError(
+    "pe.lm needs lm-eval (>= 0.4): pip install 'padded_eval[lm]' (or pip install 'lm-eval>=0.4')"
+  ) from error
 
 from padded_eval.lm import requests as requests_lib
 from padded_eval.lm import scoring

@@ -268,3 +268,25 @@ def test_logits_wider_than_float32_are_not_rounded():
   n = len(TOKENIZER.encode(" brown"))
   expected = log_probs[np.arange(len(tokens) - 1 - n, len(tokens) - 1), tokens[-n:]].sum()
   np.testing.assert_allclose(value, expected, rtol=1e-5)
+
+
+def test_importing_padded_eval_imports_no_lm_eval():
+  import subprocess
+  import sys
+
+  script = (
+    "import sys, padded_eval as pe\n"
+    "assert 'lm_eval' not in sys.modules, 'imported'\n"
+    "pe.lm.HarnessLM\n"
+    "assert 'lm_eval' in sys.modules\n"
+    "print('ok')\n"
+  )
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+  missing = "import sys; sys.modules['lm_eval'] = None; import padded_eval as pe; pe.lm"
+  done = subprocess.run(
+    [sys.executable, "-c", missing], capture_output=True, text=True, timeout=120
+  )
+  assert done.returncode == 1 and "pip install 'padded_eval[lm]'" in done.stderr, done.stderr[
+    -2000:
+  ]
