@@ -153,20 +153,21 @@ class BucketRunner:
 
   def buckets(self, lengths: Sequence[int]) -> dict[int, np.ndarray]:
     """``{width: request indices}``, each bucket's requests sorted by length (longest first), widths ascending."""
-    lengths = np.asarray(lengths, np.int64)
-    order = np.lexsort((np.arange(len(lengths)), -lengths))
-    slots = np.searchsorted(np.asarray(self.widths), lengths[order])
+    sizes = np.asarray(lengths, np.int64)
+    order = np.lexsort((np.arange(len(sizes)), -sizes))
+    slots = np.searchsorted(np.asarray(self.widths), sizes[order])
     return {w: order[slots == i] for i, w in enumerate(self.widths) if np.any(slots == i)}
 
   def run(
     self,
-    step: Callable[[Any, dict], dict],
+    step: Any,
     lengths: Sequence[int],
     columns: Callable[[np.ndarray, int], dict[str, np.ndarray]],
   ) -> tuple[dict[int, tuple[np.ndarray, dict[str, np.ndarray]]], np.ndarray]:
     """Runs ``step`` over every bucket; returns ``{width: (this process's indices, per-row outputs)}`` and
     the bool ``[N]`` of the requests this process scored.
 
+    ``step(params, batch) -> {key: [rows, ...]}`` returns per-row outputs alone (``masked_eval``'s decode form);
     ``columns(indices, width)`` lays out those requests' rows as ``{key: [len(indices), width]}`` arrays.
     """
     owned = np.zeros(len(lengths), bool)
