@@ -57,6 +57,20 @@ class HarnessLM(lm_eval.api.model.LM):
       ``batch_size`` not an int >= 1; an unknown backend; a ``batch_size`` the data shards do not divide.
       Later, from the request methods: a continuation longer than ``max_length`` (or empty); logits of the
       wrong shape; ``generate_until`` without ``generate_fn``, or asking for ``max_length`` new tokens or more.
+
+  Examples:
+    A model that gives every byte the same logit scores each continuation byte ``-log(256)``:
+
+    >>> import jax.numpy as jnp, padded_eval as pe
+    >>> from lm_eval.api.instance import Instance
+    >>> class Bytes:
+    ...   eos_token_id = 0
+    ...   def encode(self, text): return list(text.encode())
+    ...   def decode(self, ids): return bytes(ids).decode()
+    >>> uniform = lambda params, tokens: jnp.zeros(tokens.shape + (256,))
+    >>> lm = pe.lm.HarnessLM(uniform, None, Bytes(), max_length=32, batch_size=8)
+    >>> [(round(v, 4), g) for v, g in lm.loglikelihood([Instance("loglikelihood", {}, ("Hi", " there"), 0)])]
+    [(-33.2711, False)]
   """
 
   def __init__(
