@@ -47,7 +47,8 @@ class HarnessLM(lm_eval.api.model.LM):
     mesh: ``"jit"`` / ``"shard_map"``: the device mesh (rows split over its data axes), or None.
     generate_fn: for ``generate_until``: ``generate_fn(params, tokens, mask, max_new_tokens) -> new_tokens``,
       ``tokens`` int32 ``[B, T]`` prompts padded on the LEFT, ``mask`` bool ``[B, T]`` True on prompt tokens,
-      ``max_new_tokens`` a Python int; returns int ``[B, max_new_tokens]``, the greedy continuation.
+      ``max_new_tokens`` a Python int; returns int ``[B, max_new_tokens]``, the greedy continuation. Prompts
+      keep their last ``max_length - max_new_tokens`` tokens, and ``T + max_new_tokens <= max_length``.
 
   Several processes (``jax.distributed``): every process is given every request (lm-eval sees one rank),
   scores an even share of each bucket, and returns every request's result.

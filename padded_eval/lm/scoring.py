@@ -151,28 +151,31 @@ class BucketRunner:
         f"process; use a multiple of {self.shards}, e.g. {self.shards * max(1, batch_size // self.shards)}"
       )
 
-  def buckets(self, lengths: Sequence[int]) -> dict[int, np.ndarray]:
+  def buckets(self, lengths: Sequence[int], widths: Sequence[int]) -> dict[int, np.ndarray]:
     """``{width: request indices}``, each bucket's requests sorted by length (longest first), widths ascending."""
     sizes = np.asarray(lengths, np.int64)
     order = np.lexsort((np.arange(len(sizes)), -sizes))
-    slots = np.searchsorted(np.asarray(self.widths), sizes[order])
-    return {w: order[slots == i] for i, w in enumerate(self.widths) if np.any(slots == i)}
+    slots = np.searchsorted(np.asarray(widths), sizes[order])
+    return {w: order[slots == i] for i, w in enumerate(widths) if np.any(slots == i)}
 
   def run(
     self,
     step: Any,
     lengths: Sequence[int],
     columns: Callable[[np.ndarray, int], dict[str, np.ndarray]],
+    max_width: int | None = None,
   ) -> tuple[dict[int, tuple[np.ndarray, dict[str, np.ndarray]]], np.ndarray]:
     """Runs ``step`` over every bucket; returns ``{width: (this process's indices, per-row outputs)}`` and
-    the bool ``[N]`` of the requests this process scored.
+    the bool ``[N]`` of the requests this process scored. ``max_width``: the widest bucket, if narrower than
+    ``max_length`` (prompts that leave room for the new tokens).
 
     ``step(params, batch) -> {key: [rows, ...]}`` returns per-row outputs alone (``masked_eval``'s decode form);
     ``columns(indices, width)`` lays out those requests' rows as ``{key: [len(indices), width]}`` arrays.
     """
     owned = np.zeros(len(lengths), bool)
     results = {}
-    for width, indices in self.buckets(lengths).items():
+    widths = self.widths if max_width is None else bucket_widths(max_width)
+    for width, indices in self.buckets(lengths, widths).items():
       mine = indices[process_slice(len(indices))]
       owned[mine] = True
       batches = pad_batches(
@@ -248,7 +251,9 @@ def generations(
       mask[row, width - len(prompt) :] = True
     return {"tokens": tokens, "prompt_mask": mask}
 
-  results, owned = runner.run(step, [len(p) for p in prompts], columns)
+  # prompt buckets end at max_length - max_new_tokens: a prompt and its new tokens fit in max_length
+  max_width = max(1, runner.widths[-1] - max_new_tokens)
+  results, owned = runner.run(step, [len(p) for p in prompts], columns, max_width)
   new = np.zeros((len(prompts), max_new_tokens), np.int32)
   for indices, per_row in results.values():
     new[indices] = per_row["tokens"]

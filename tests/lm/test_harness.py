@@ -172,9 +172,13 @@ def test_one_trace_per_bucket_width_and_no_compilation_on_a_second_call(backend,
     traced.append(tokens.shape)
     return _tiny.apply_fn(params, tokens)
 
-  lm = pe.lm.HarnessLM(counted, PARAMS, TOKENIZER, max_length=MAX_LENGTH, batch_size=8, backend=backend)
+  lm = pe.lm.HarnessLM(
+    counted, PARAMS, TOKENIZER, max_length=MAX_LENGTH, batch_size=8, backend=backend
+  )
   rows = 8 if backend == "jit" else 8 // jax.device_count()  # the rows the step sees
-  lm.loglikelihood([instance("loglikelihood", ("a", "b"))])  # bucket 16, and what a first call compiles once
+  lm.loglikelihood(
+    [instance("loglikelihood", ("a", "b"))]
+  )  # bucket 16, and what a first call compiles once
   assert traced == [(rows, 16)]
   before = compiles[0]
   lm.loglikelihood([instance("loglikelihood", p) for p in PAIRS])
@@ -208,7 +212,12 @@ def test_params_sharded_over_a_mesh_under_jit():
 
 
 def test_generate_until_cuts_at_the_stop_sequences(backend):
-  generate = jax.jit(_tiny.make_generate_fn(_tiny.apply_fn), static_argnums=3)
+  widths = []
+
+  def generate(params, tokens, mask, max_new_tokens):
+    widths.append(tokens.shape[1])
+    return _tiny.make_generate_fn(_tiny.apply_fn)(params, tokens, mask, max_new_tokens)
+
   lm = harness(backend, generate_fn=generate)
   contexts = ["the quick", "over lazy d", "x", "a tree and then some more words " * 2, "b"]
   new = {
@@ -226,6 +235,7 @@ def test_generate_until_cuts_at_the_stop_sequences(backend):
   expected = [texts[c].split(stops[c][0])[0] for c in contexts]
   assert got == expected
   assert any(len(e) < len(texts[c]) for e, c in zip(expected, contexts))  # some stop sequence cut
+  assert sorted(widths) == [16, 34]  # prompt buckets end at max_length - max_gen_toks: 40 - 6
 
 
 def test_errors_name_the_problem():

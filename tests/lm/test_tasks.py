@@ -90,7 +90,9 @@ def tasks(tmp_path, monkeypatch):
     (tmp_path / f"{name}.yaml").write_text(yaml.format(data=data))
   from lm_eval.tasks import TaskManager
 
-  return TaskManager(include_path=str(tmp_path), include_defaults=False)  # our tasks only (indexing all: 20 s)
+  return TaskManager(
+    include_path=str(tmp_path), include_defaults=False
+  )  # our tasks only (indexing all: 20 s)
 
 
 def evaluate(model, task_manager):
