@@ -48,7 +48,8 @@ def gpt2_model(vocab_size):
   model = GPT2LMHeadModel(config).eval()
   with torch.no_grad():  # larger weights than the default init, so the logits are far from uniform
     for parameter in model.parameters():
-      parameter.mul_(4.0) if parameter.ndim > 1 else None
+      if parameter.ndim > 1:
+        parameter.mul_(4.0)
   return model
 
 
