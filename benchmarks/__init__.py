@@ -39,6 +39,11 @@ BENCHMARKS = {
   "families": ("bench_families", "metric update cost as a share of a forward pass", ("--quick",)),
   "multihost": ("bench_multihost", "multi-host agreement as the process count grows", ("--quick",)),
   "peers": ("peers_torchmetrics", "ranking and image metrics vs torchmetrics", ("--quick",)),
+  "lm": (
+    "bench_lm",
+    "pe.lm.HarnessLM vs a loop compiling per request length (issue 66)",
+    ("--quick",),
+  ),
 }
 
 # What `python -m benchmarks --quick` (the full run's tables) already runs in its quick mode.

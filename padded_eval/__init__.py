@@ -2,8 +2,8 @@
 
 Public names only, re-exported one per line. Importing this package does not
 initialise a JAX backend. How the modules fit together: docs/architecture.md.
-``pe.nnx`` and ``pe.clu`` (padded_eval.ecosystem) import flax / clu, so they are imported on
-first use.
+``pe.nnx`` and ``pe.clu`` (padded_eval.ecosystem) import flax / clu, and ``pe.lm`` (padded_eval.lm)
+imports lm-eval, so they are imported on first use.
 """
 
 import importlib as _importlib
@@ -39,9 +39,11 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-  """``pe.nnx`` and ``pe.clu``: imported when first read, so flax and clu stay optional."""
-  if name in ("nnx", "clu"):
-    module = _importlib.import_module(f"padded_eval.ecosystem.{name}")
+  """``pe.nnx``, ``pe.clu`` and ``pe.lm``: imported when first read, so flax, clu and lm-eval stay optional."""
+  if name in ("nnx", "clu", "lm"):
+    module = _importlib.import_module(
+      "padded_eval.lm" if name == "lm" else f"padded_eval.ecosystem.{name}"
+    )
     globals()[name] = module
     return module
   raise AttributeError(f"module 'padded_eval' has no attribute {name!r}")

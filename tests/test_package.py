@@ -169,7 +169,7 @@ FACADE = {
   "RecompileWarning",
   "clear_caches",
 }
-LAZY = {"nnx", "clu"}  # imported on first read (flax, clu optional)
+LAZY = {"nnx", "clu", "lm"}  # imported on first read (flax, clu, lm-eval optional)
 
 
 def facade_re_exports() -> set[str]:

@@ -39,6 +39,7 @@ LAYERS = {
   "padded_eval.plot": 8,  # pictures of metric states (matplotlib imported on use)
   "padded_eval.demo": 8,
   "padded_eval.ecosystem": 8,  # pe.nnx, pe.clu: flax / clu imported there only
+  "padded_eval.lm": 8,  # pe.lm.HarnessLM: lm-eval imported there only
   "padded_eval.__main__": 8,
   "padded_eval": 8,  # the facade, __init__.py
 }
