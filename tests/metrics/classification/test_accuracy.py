@@ -10,6 +10,7 @@ scikit-learn's ``accuracy_score`` on the label's column. Sample weights go in as
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import sklearn.metrics as skm
@@ -215,3 +216,28 @@ def test_scores_of_another_width_are_refused():
   m = M.Accuracy(average="macro", num_classes=3)
   with pytest.raises(ValueError, match="num_classes=3"):
     m.update(preds=np.zeros((2, 4), np.float32), target=np.array([0, 1]))
+
+
+def test_a_one_hot_target_is_told_to_pass_class_indices():
+  # Issue 65: a one-hot target was blamed on "one score per row is not a class id".
+  rng = np.random.default_rng(0)
+  labels = rng.integers(0, 4, 13)
+  data = {"x": rng.random((13, 4)).astype(np.float32), "y": np.eye(4, dtype=np.float32)[labels]}
+
+  def step(params, batch):
+    return pe.metrics.Accuracy().batch_updates(
+      preds=batch["x"], target=batch["y"], mask=batch["mask"]
+    )
+
+  with pytest.raises(
+    ValueError, match=r"one-hot .* class indices: pass jnp.argmax\(target, axis=-1\)"
+  ) as e:
+    pe.masked_eval(step, None, pe.pad_batches(data, 8), backend="jit")
+  assert "one score per row" not in str(e.value)
+
+  def fixed(params, batch):  # what the message says
+    target = jnp.argmax(batch["y"], axis=-1)
+    return pe.metrics.Accuracy().batch_updates(preds=batch["x"], target=target, mask=batch["mask"])
+
+  got = pe.masked_eval(fixed, None, pe.pad_batches(data, 8), backend="jit")["accuracy"]
+  assert got == pytest.approx(skm.accuracy_score(labels, data["x"].argmax(-1)))
