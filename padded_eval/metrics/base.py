@@ -88,7 +88,7 @@ def _is_node(x) -> bool:
 @dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, state, config_field))
 @dataclasses.dataclass(frozen=True, eq=False)
 class Metric(KeywordReader, abc.ABC):
-  """Base class of every metric; see the module docstring and docs/architecture.md.
+  """Base class of every metric; see [the module docstring][padded_eval.metrics.base] and docs/architecture.md.
 
   Subclasses implement ``_batch_state(**kw) -> dict`` (the state of one batch,
   keyed by state field names) and ``compute()``. Unknown keywords must be

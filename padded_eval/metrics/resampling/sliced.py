@@ -106,7 +106,7 @@ class Sliced(Metric):
     metric: the metric to slice (any :class:`Metric`: a collection, a ``Bootstrap``).
     num_slices: the number of slices ``S``; slice ids are ``0 .. S - 1``.
     key: the update keyword holding the slice ids, int ``[B]``.
-    method: ``"auto"``, ``"segments"`` or ``"vmap"`` (see the module docstring).
+    method: ``"auto"``, ``"segments"`` or ``"vmap"`` (see [the module docstring][padded_eval.metrics.resampling.sliced]).
     slice_names: optional ``S`` distinct str, the slices' names in :meth:`compute_logs`
       (default ``"0"``, ``"1"``, ...).
     name: the key in logs (default: the wrapped metric's name).
