@@ -20,6 +20,11 @@ Names (the keys of ``compute()``; static, fixed at construction):
   ``"train/accuracy"``. A child whose ``compute()`` is a dict (a nested collection)
   contributes ``"{key}/{inner key}"``.
 
+Members by name: ``collection["accuracy"]`` (``collection["train/accuracy"]`` when nested)
+is the member metric, as in ``nnx.MultiMetric``; after ``masked_eval``,
+``results.metric["auroc"].curve()`` reads one member's final state (``"name" in
+collection`` tests for one; a missing name raises KeyError listing the names).
+
 Unlike jax_metrics, :class:`Losses` and :class:`LossesAndMetrics` weight every batch by
 its real examples (its ``mask``), not equally: a loss is accumulated as the sum of its
 per-element value over real elements and the sum of their weights, so a half-padded
@@ -203,6 +208,22 @@ class _Collection(Metric):
     _set_fields(
       self, name=name or type(self).__name__.lower(), names=tuple(children), children=children
     )
+
+  def __getitem__(self, key: str) -> Metric:
+    """The member named ``key`` (its key in ``compute_logs``: ``"accuracy"``, ``"group/auroc"``
+    for nested dicts), e.g. ``results.metric["auroc"].curve()`` after ``masked_eval``.
+
+    Raises:
+      KeyError: no member is named ``key``; the message lists the names.
+    """
+    if key not in self.children:
+      raise KeyError(
+        f"{type(self).__name__} has no member {key!r}; its members: {list(self.names)}"
+      )
+    return self.children[key]
+
+  def __contains__(self, key: object) -> bool:
+    return key in self.children
 
   _holds: ClassVar[type]  # the metrics a child may be as it is (a Loss is held as its LossAverage)
   _takes: ClassVar[str]  # what a child may be, in the error message: "Metric instances (e.g. ...)"
@@ -395,6 +416,23 @@ class LossesAndMetrics(Metric):
       losses=None if losses is None else losses.empty(),
       metrics=None if metrics is None else metrics.empty(),
     )
+
+  def __getitem__(self, key: str) -> Metric:
+    """The member named ``key``: a metric (``"accuracy"``), or a loss's running mean
+    (``"crossentropy"``), as :meth:`Metrics.__getitem__`.
+
+    Raises:
+      KeyError: no member is named ``key``; the message lists the names.
+    """
+    parts = [part for part in (self.metrics, self.losses) if part is not None]
+    for part in parts:
+      if key in part:
+        return part[key]
+    names = [name for part in parts for name in part.names]
+    raise KeyError(f"LossesAndMetrics has no member {key!r}; its members: {names}")
+
+  def __contains__(self, key: object) -> bool:
+    return any(part is not None and key in part for part in (self.metrics, self.losses))
 
   def _batch_state(self, **kwargs):
     return {

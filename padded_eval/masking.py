@@ -55,6 +55,12 @@ def broadcast_prefix(x: jax.Array, shape, argname: str, ref: str) -> jax.Array:
     ValueError: if ``x``'s shape is not a prefix of ``shape``.
   """
   shape = tuple(shape)
+  if not shape and x.ndim:  # one value for the whole batch, with a per-row mask or weights
+    raise ValueError(
+      f"{ref} is a scalar (one value for the whole batch), but {argname} has shape "
+      f"{tuple(x.shape)}: pass one value per row ({ref} of shape {tuple(x.shape)}, e.g. the "
+      "per-example loss before its mean), so that the padded rows can be left out"
+    )
   if x.ndim > len(shape) or tuple(x.shape) != shape[: x.ndim]:
     raise ValueError(
       f"{argname} has shape {tuple(x.shape)}, which does not fit {ref} of shape "

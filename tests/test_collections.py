@@ -340,3 +340,30 @@ def test_a_sliced_or_bootstrapped_member_logs_its_names_under_its_key():
   assert {"inner/boot_low", "inner/boot_high"} <= set(results)
   assert "m" not in results and "b" not in results
   assert set(results.scalars()) >= {"m/en", "m/de", "b_low/en"}
+
+
+def test_members_are_read_by_name_from_a_masked_eval_result():
+  # Issue 65: results.metric["accuracy"] was a TypeError (only the undocumented .children worked).
+  rng = np.random.default_rng(3)
+  logits = rng.normal(size=(13, 3)).astype(np.float32)
+  labels = rng.integers(0, 3, 13)
+  data = {"logits": logits, "label": labels}
+  metrics = pe.Metrics({"accuracy": pe.metrics.Accuracy(), "train": [pe.metrics.Accuracy(top_k=2)]})
+  both = pe.LossesAndMetrics(metrics=metrics, losses=[pe.losses.Crossentropy()])
+
+  def step(params, batch):
+    return both.batch_updates(preds=batch["logits"], target=batch["label"], mask=batch["mask"])
+
+  results = pe.masked_eval(step, None, pe.pad_batches(data, 8), backend="jit")
+  top1 = float(np.mean(logits.argmax(-1) == labels))
+  top2 = float(np.mean(np.any(np.argsort(-logits, -1)[:, :2] == labels[:, None], -1)))
+  assert float(results.metric["accuracy"].compute()) == pytest.approx(top1)
+  assert float(results.metric["train/accuracy"].compute()) == pytest.approx(top2)
+  assert float(results.metric["crossentropy"].compute()) == pytest.approx(results["crossentropy"])
+  assert "accuracy" in results.metric and "auroc" not in results.metric
+  assert float(results.metric.metrics["accuracy"].compute()) == pytest.approx(top1)
+  with pytest.raises(
+    KeyError,
+    match=r"no member 'auroc'; its members: \['accuracy', 'train/accuracy', 'crossentropy'\]",
+  ):
+    results.metric["auroc"]

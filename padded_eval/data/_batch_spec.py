@@ -458,10 +458,28 @@ def checked_batches(
 
 
 _INT32 = np.iinfo(np.int32)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _check_float32_overflow(key: Any, seen: np.ndarray, index: int) -> None:
+  """ValueError naming ``key`` when finite float64 values of its real rows overflow float32:
+  JAX (without jax_enable_x64) makes them inf when the batch is placed on the devices, and a
+  metric would read inf or NaN (e.g. "nan score") without the key that caused it."""
+  with np.errstate(invalid="ignore", over="ignore"):
+    over = np.isfinite(seen) & (np.abs(seen) > _FLOAT32_MAX)
+  if np.any(over):
+    largest = float(np.max(np.abs(seen[over])))
+    raise ValueError(
+      f"batch {index}, key {key!r} holds float64 values up to {largest:.3g} in magnitude, which "
+      f"overflow float32 (largest {_FLOAT32_MAX:.3g}): JAX (without jax_enable_x64) makes them "
+      "inf when the batch is placed on the devices. Rescale them on the host (e.g. divide by "
+      "a constant, or take a log), or enable jax_enable_x64"
+    )
 
 
 def check_no_wrapping_ints(batch: cabc.Mapping, mask_key: str, index: int) -> None:
-  """ValueError for a 64-bit integer leaf whose real rows hold values outside int32.
+  """ValueError for a 64-bit integer leaf whose real rows hold values outside int32, or a
+  float64 leaf whose real rows overflow float32 (`_check_float32_overflow`).
 
   Without ``jax_enable_x64`` JAX casts int64 to int32 by wrapping (``2**32`` becomes 0) when a
   batch is placed on the devices, before any metric sees it; so such a batch is refused here,
@@ -474,13 +492,16 @@ def check_no_wrapping_ints(batch: cabc.Mapping, mask_key: str, index: int) -> No
   mask = batch.get(mask_key)
   mask = np.asarray(mask) if mask is not None else None
   for key, value in batch.items():
-    if key == mask_key or not isinstance(value, np.ndarray) or value.dtype.kind not in "iu":
+    if key == mask_key or not isinstance(value, np.ndarray) or value.dtype.itemsize < 8:
       continue
-    if value.dtype.itemsize < 8:
+    if value.dtype.kind not in "iuf":
       continue
     seen = value
     if mask is not None and mask.dtype == np.bool_ and mask.shape == value.shape[: mask.ndim]:
       seen = value[mask]
+    if value.dtype.kind == "f":
+      _check_float32_overflow(key, seen, index)
+      continue
     if seen.size and (seen.min() < _INT32.min or seen.max() > _INT32.max):
       raise ValueError(
         f"batch {index}, key {key!r} holds integers in [{seen.min()}, {seen.max()}] "

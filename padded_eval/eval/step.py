@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -98,9 +99,49 @@ def checked_step_fn(step_fn: Callable, mask: RowMask, outputs: bool = False) -> 
   @functools.wraps(step_fn)
   def checked(params, batch):
     rows = np.shape(mask.of(batch))[0]
-    return split_step_result(step_fn(params, batch), outputs, rows)
+    _check_signature(step_fn, params, batch)
+    try:
+      returned = step_fn(params, batch)
+    except KeyError as e:  # a key the batch lacks: say which keys it has
+      missing = e.args[0] if len(e.args) == 1 else None
+      if not isinstance(batch, Mapping) or isinstance(e, MissingBatchKey) or missing in batch:
+        raise
+      raise MissingBatchKey(
+        f"step_fn {_name(step_fn)} read the batch key {missing!r}, which the batch lacks; "
+        f"the batch's keys: {sorted(map(str, batch))}"
+      ) from e
+    return split_step_result(returned, outputs, rows)
 
   return checked
+
+
+class MissingBatchKey(KeyError):
+  """A KeyError of a ``step_fn`` that read a key its batch lacks, listing the batch's keys."""
+
+  def __str__(self) -> str:
+    return str(self.args[0])
+
+
+def _name(step_fn: Callable) -> str:
+  return getattr(step_fn, "__qualname__", None) or repr(step_fn)
+
+
+def _check_signature(step_fn: Callable, params: Any, batch: Any) -> None:
+  """TypeError naming ``step_fn`` when it cannot be called as ``step_fn(params, batch)``."""
+  try:
+    signature = inspect.signature(step_fn)
+  except (TypeError, ValueError):  # builtins and some callables have none: let the call tell
+    return
+  try:
+    signature.bind(params, batch)
+  except TypeError as e:
+    keys = f" (its keys: {sorted(map(str, batch))})" if isinstance(batch, Mapping) else ""
+    raise TypeError(
+      f"masked_eval calls step_fn(params, batch), but step_fn {_name(step_fn)}{signature} "
+      f"cannot be called with those two positional arguments ({e}). Define it as "
+      f"def step_fn(params, batch): ..., reading the batch{keys}; bind other arguments first "
+      "(functools.partial)"
+    ) from None
 
 
 def row_count(batch, mask: RowMask) -> ExactCount:

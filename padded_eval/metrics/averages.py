@@ -199,6 +199,10 @@ class Mean(WeightedMean):
   def required_inputs(self) -> tuple[str, ...]:
     return (self.argname,)
 
+  def rounded_inputs(self) -> tuple[str, ...]:
+    # a mean of int64 values rounded to float32 is within float32's rounding of the exact one
+    return (self.argname,)
+
   def _values(self, **kwargs):
     if self.argname not in kwargs:
       raise ValueError(

@@ -88,7 +88,7 @@ def _is_node(x) -> bool:
 @dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, state, config_field))
 @dataclasses.dataclass(frozen=True, eq=False)
 class Metric(KeywordReader, abc.ABC):
-  """Base class of every metric; see the module docstring and docs/architecture.md.
+  """Base class of every metric; see [the module docstring][padded_eval.metrics.base] and docs/architecture.md.
 
   Subclasses implement ``_batch_state(**kw) -> dict`` (the state of one batch,
   keyed by state field names) and ``compute()``. Unknown keywords must be
@@ -236,17 +236,30 @@ class Metric(KeywordReader, abc.ABC):
       if kwargs.get(key) is not None:
         checked[key] = validation.as_input(key, kwargs[key], owner=owner)
     numbers = set(self.number_inputs()) | {"weights"}
+    rounded = set(self.rounded_inputs()) | {"weights"}
     for key in set(self.required_inputs()) | set(self.optional_inputs()):
       if checked.get(key) is not None and key != "mask":
-        checked[key] = _fit_int32(key, checked[key], key in numbers, checked.get("mask"), owner)
+        kind = ("rounded" if key in rounded else "number") if key in numbers else "id"
+        checked[key] = _fit_int32(key, checked[key], kind, checked.get("mask"), owner)
     return checked
+
+  def rounded_inputs(self) -> tuple[str, ...]:
+    """The `number_inputs` whose float32 rounding only rounds the result (a mean's values).
+
+    A host int64 / uint64 number there beyond int32 is rounded to float32 on the host; in
+    the other number inputs (spreads, differences, ranks, where rounding ``2**40 + 1`` to
+    ``2**40`` changes the answer entirely) such a value is refused unless float32 holds it.
+    ``weights`` are always rounded. Default: none.
+    """
+    return ()
 
   def number_inputs(self) -> tuple[str, ...]:
     """The update keywords read as numbers to average (not as class or token ids).
 
     Host integers wider than int32 there (int64, uint32, uint64) become int32 when their real
-    elements fit it, else float32 on the host, rounded as float64 is (int64 timestamps); in any
-    other keyword they are refused (see `_fit_int32`).
+    elements fit it; else uint32 stays uint32 (as under jit), and int64 / uint64 become float32
+    on the host where float32 holds them or rounding is harmless (`rounded_inputs`), and are
+    refused otherwise; in any other keyword they are refused (see `_fit_int32`).
     ``weights`` is always a number. Default: none.
     """
     return ()
@@ -447,18 +460,22 @@ class Metric(KeywordReader, abc.ABC):
 _INT32 = np.iinfo(np.int32)
 
 
-def _fit_int32(key: str, value, is_number: bool, mask, owner: str):
+def _fit_int32(key: str, value, kind: str, mask, owner: str):
   """``value``, with host integers outside int32 made exact or refused, never wrapped.
 
   JAX's default 32-bit mode casts int64 to int32 by wrapping (``2**32`` becomes 0). A
-  number to average becomes int32 if its real elements fit (every digit kept: the metrics
-  split int32 values beyond ``2**24`` exactly), else float32 (rounded to nearest, as a float64
-  would be); a class or token id outside int32 cannot be one, so it raises. Only the real
-  elements of ``mask`` (a host bool prefix of ``value``'s shape) are checked; padding may hold
-  anything.
+  number (``kind`` ``"number"`` or ``"rounded"``) becomes int32 if its real elements fit
+  (every digit kept: the metrics split int32 values beyond ``2**24`` exactly); else a uint32
+  array stays uint32, as a jitted update sees it (the metrics keep its digits, or count the
+  elements float32 would round as invalid), and an int64 / uint64 one becomes float32 when
+  float32 holds every real element, or when ``kind`` is ``"rounded"`` (a mean: rounded to
+  nearest, as a float64 would be). A class or token id (``kind`` ``"id"``) outside int32
+  cannot be one, so it raises. Only the real elements of ``mask`` (a host bool prefix of
+  ``value``'s shape) are checked; padding may hold anything.
 
   Raises:
-    ValueError: an id (not ``is_number``) outside int32's range, naming ``key``.
+    ValueError: an id outside int32's range, or an int64 / uint64 number outside it that
+      float32 would round (in a metric of spreads or ranks), naming ``key``.
   """
   if not isinstance(value, np.ndarray) or value.dtype.kind not in "iu" or value.dtype.itemsize < 4:
     return value
@@ -472,16 +489,40 @@ def _fit_int32(key: str, value, is_number: bool, mask, owner: str):
   ):
     seen = value[mask]
   fits = not seen.size or (seen.min() >= _INT32.min and seen.max() <= _INT32.max)
-  if is_number:  # int32 keeps every digit (a difference of two is formed exactly); else rounded
-    return value.astype(np.int32) if fits else value.astype(np.float32)
-  if not fits:
+  if fits:
+    return value.astype(np.int32) if kind != "id" else value
+  if kind != "id" and value.dtype == np.uint32:
+    return value
+  if kind == "rounded":
+    return value.astype(np.float32)
+  if kind == "number":
+    changed = seen[~_float32_holds(seen)]
+    if not changed.size:
+      return value.astype(np.float32)
+    example = changed.flat[0]
     raise ValueError(
       f"{owner}: {key} holds integers in [{seen.min()}, {seen.max()}] (dtype {value.dtype}), "
-      f"outside int32's range [{_INT32.min}, {_INT32.max}]: JAX's default 32-bit mode would wrap "
-      f"them. Class and token ids must fit int32: remap them (np.unique(..., return_inverse=True)), "
-      "or enable jax_enable_x64"
+      f"outside int32's range, that float32 rounds ({example} would become "
+      f"{int(np.float32(example))}): JAX's default 32-bit mode computes in float32, and in this "
+      "metric's spreads, differences or ranks the rounding changes the answer, not only its "
+      "last digits. Subtract an offset (e.g. the minimum) so they fit int32, or enable "
+      "jax_enable_x64"
     )
-  return value
+  raise ValueError(
+    f"{owner}: {key} holds integers in [{seen.min()}, {seen.max()}] (dtype {value.dtype}), "
+    f"outside int32's range [{_INT32.min}, {_INT32.max}]: JAX's default 32-bit mode would wrap "
+    f"them. Class and token ids must fit int32: remap them (np.unique(..., return_inverse=True)), "
+    "or enable jax_enable_x64"
+  )
+
+
+def _float32_holds(x: np.ndarray) -> np.ndarray:
+  """bool: the elements of the int64 / uint64 array ``x`` that float32 holds exactly."""
+  back = x.astype(np.float32).astype(np.float64)  # float64 holds every float32
+  inside = (back >= np.iinfo(x.dtype).min) & (
+    back < 2.0 ** (8 * x.dtype.itemsize - (x.dtype.kind == "i"))
+  )
+  return inside & (np.where(inside, back, 0).astype(x.dtype) == x)
 
 
 def _flatten_with_keys(metric):

@@ -90,7 +90,7 @@ class LastValue(Metric):
   devices by ``reduce``, as CLU averages over the global batch); merging keeps the later
   update. One difference, for padding: an update with no real element (a batch of padding)
   leaves the value as it was (CLU's value becomes 0 / 0). NaN when no real element was seen.
-  See the module docstring for what "last" means across devices. A real element of nonzero
+  See [the module docstring][padded_eval.metrics.values] for what "last" means across devices. A real element of nonzero
   weight whose value is NaN is counted in ``invalid`` (``"nan value"``, reported by
   ``masked_eval``), in every update, not only the last; the last update's value stays NaN
   if it held one.

@@ -381,3 +381,26 @@ def test_keys_jax_cannot_sort_in_a_later_batch_are_refused_naming_them():
     pe.masked_eval(
       lambda p, b: pe.metrics.Mean().batch_updates(values=b["x"]), None, [good, bad], backend="jit"
     )
+
+
+@pytest.mark.parametrize("backend", ["pmap", "jit"])
+def test_float64_values_that_overflow_float32_are_refused_naming_the_key(backend):
+  # Issue 65: 1e300 became inf on the devices and AUROC counted a "nan score", naming no key.
+  data = {"score": np.array([1e300] + [0.5] * 12), "label": np.arange(13) % 2}
+
+  def step(params, batch):
+    return pe.metrics.AUROC().batch_updates(
+      preds=batch["score"], target=batch["label"], mask=batch["mask"]
+    )
+
+  with pytest.raises(
+    ValueError, match=r"key 'score' holds float64 values up to 1e\+300 .* overflow float32"
+  ):
+    pe.masked_eval(step, None, pe.pad_batches(data, 8), backend=backend)
+  # garbage beyond float32 in padded rows only is not refused
+  padded = {
+    "score": np.array([0.9, 0.2, 0.7, 0.4] + [1e300] * 4),
+    "label": np.array([1, 0, 1, 0] * 2),
+  }
+  padded["mask"] = np.arange(8) < 4
+  assert pe.masked_eval(step, None, [padded], backend=backend)["auroc"] == pytest.approx(1.0)

@@ -278,6 +278,13 @@ def check_class_preds(preds: jax.Array, target: jax.Array) -> None:
   one_score = preds.shape == target.shape + (1,)
   if not one_score and (preds.shape != target.shape or _holds_ints(preds)):
     return
+  if not one_score and target.ndim >= 2 and target.shape[-1] >= 2:
+    raise ValueError(
+      f"Accuracy (task='multiclass'): preds and target both have shape {preds.shape}: a "
+      f"one-hot (or soft) target [..., C]? target must hold class indices: pass "
+      f"jnp.argmax(target, axis=-1) (int, shape {target.shape[:-1]}). For one binary score per "
+      'element use Accuracy(task="binary", threshold=0.5) (add from_logits=True for logits)'
+    )
   raise ValueError(
     f"Accuracy (task='multiclass'): preds has shape {preds.shape} and dtype {preds.dtype}, "
     f"target {target.shape}: one score per row is not a class id. Pass logits or "

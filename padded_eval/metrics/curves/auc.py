@@ -114,7 +114,7 @@ from padded_eval.metrics.curves.histogram import (
 
 
 class AUROC(ScoreHistogram):
-  """Area under the ROC curve from binned scores, or exactly (see the module docstring).
+  """Area under the ROC curve from binned scores, or exactly (see [the module docstring][padded_eval.metrics.curves.auc]).
 
   Args:
     num_thresholds: number of score bins (positional; default 65_537). The binned value is
@@ -128,13 +128,13 @@ class AUROC(ScoreHistogram):
       counted as invalid and the value is NaN. Under ``Bootstrap`` a replica holds each row as
       many times as it is drawn: ``rows + 5 * sqrt(rows)`` fits every replica in practice.
     thresholds: explicit probability thresholds (or an int: ``linspace(0, 1, n)``):
-      torchmetrics' binned AUROC at those thresholds (see the module docstring: its curve
+      torchmetrics' binned AUROC at those thresholds (see [the module docstring][padded_eval.metrics.curves.auc]: its curve
       has no other point); not with ``exact=True`` or ``num_thresholds``.
     max_fpr: partial AUC up to this false positive rate, McClish-corrected as
       scikit-learn's ``roc_auc_score(max_fpr=)``; works binned, exact and with thresholds.
     multi_class: ``"ovr"`` (default: one-vs-rest per class) or ``"ovo"`` (one-vs-one over
       class pairs, scikit-learn's; multiclass, ``average`` ``"macro"`` / ``"weighted"``,
-      binned; see the module docstring).
+      binned; see [the module docstring][padded_eval.metrics.curves.auc]).
     weighted: count each element with its sample ``weights`` (the update keyword, a prefix
       of ``target``'s shape; scikit-learn's ``sample_weight``): weighted per-bin sums, within
       the same ``error_bound()`` in weighted terms, or with ``exact=True`` a weight per kept
@@ -311,8 +311,8 @@ class AUPRC(ScoreHistogram):
   highest bin down), from binned scores (``|compute() - exact| <= error_bound()``), or
   exactly with ``exact=True`` and ``capacity`` (as for :class:`AUROC`: every counted score
   kept, ``5 * L * capacity`` bytes, thresholds at every distinct score). With
-  ``thresholds=[...]``: torchmetrics' binned average precision at those thresholds (see the
-  module docstring). ``weighted=True``: scikit-learn's ``sample_weight`` (the update keyword
+  ``thresholds=[...]``: torchmetrics' binned average precision at those thresholds (see
+  [the module docstring][padded_eval.metrics.curves.auc]). ``weighted=True``: scikit-learn's ``sample_weight`` (the update keyword
   ``weights``), binned or exact, as for :class:`AUROC`.
 
   Examples:

@@ -152,7 +152,7 @@ class RecallAtFixedPrecision(RatePoint):
 
   ``num_thresholds``, ``thresholds``, ``exact``, ``capacity``, ``task``, ``num_classes``,
   ``average``, ``from_logits`` and ``ignore_index`` are as for :class:`~padded_eval.metrics.AUROC`
-  (see the module docstring for the points each mode gives).
+  (see [the module docstring][padded_eval.metrics.curves.operating_points] for the points each mode gives).
 
   Args:
     min_precision: float in ``[0, 1]`` (keyword).
@@ -275,7 +275,7 @@ class LogAUC(OperatingPoint):
 
   ``num_thresholds``, ``thresholds``, ``exact``, ``capacity``, ``task``, ``num_classes``,
   ``average``, ``from_logits`` and ``ignore_index`` are as for :class:`~padded_eval.metrics.AUROC`
-  (the module docstring says which points each mode gives; ``exact=True`` is torchmetrics'
+  ([the module docstring][padded_eval.metrics.curves.operating_points] says which points each mode gives; ``exact=True`` is torchmetrics'
   ``thresholds=None``).
 
   Args:

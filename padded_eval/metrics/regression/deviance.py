@@ -97,7 +97,7 @@ class TweedieDevianceScore(WeightedMean):
   """Mean Tweedie deviance of ``power`` (scikit-learn ``mean_tweedie_deviance``).
 
   ``power`` 0 is the mean squared error, 1 the Poisson, 2 the Gamma deviance; any
-  ``p <= 0`` or ``p >= 1`` (see the module docstring: the deviance is formed so that a
+  ``p <= 0`` or ``p >= 1`` (see [the module docstring][padded_eval.metrics.regression.deviance]: the deviance is formed so that a
   prediction near its target keeps float32's relative precision). Equals torchmetrics
   ``TweedieDevianceScore(power)``. Elements outside the power's domain are counted in
   ``invalid`` and left out. NaN when empty.

@@ -18,8 +18,10 @@ Range: within a batch the deviations are scaled by a power of two per variable b
 they are multiplied, the totals carry their own power of two, and results are formed on
 the mantissas (``C_xy / (sqrt(C_xx) sqrt(C_yy))``, never ``C_xx * C_yy``), so every result
 that fits float32 comes out finite (values near 1e18, or of scale 1e-25). Constants: the
-range ``low``/``high`` of each variable is kept, and a constant variable has exactly zero
-co-moments (Pearson NaN, Std 0, R2 by scikit-learn's zero-variance rule).
+range ``low``/``high`` of each variable is kept exactly (int32/uint32 beyond ``2**24`` with
+the remainder their float32 rounding loses), and a variable whose extremes are equal is
+constant in every batching: Pearson NaN, Std 0, R2 and ExplainedVariance by scikit-learn's
+zero-variance rule, whatever rounding the merges left in its co-moment.
 """
 
 from __future__ import annotations
@@ -92,17 +94,24 @@ class Moments(Accumulator):
     total: ExactSum ``[S..., k]``, ``sum(w * x)`` per variable.
     comoment: ExactSum ``[S..., k, k]``, ``sum(w * (x - mean) (x - mean)^T)`` around
       this state's own mean ``total / count``.
-    low: float32 ``[S..., k]``, the smallest value of weight != 0 (+inf if none).
-    high: float32 ``[S..., k]``, the largest such value (-inf if none). A variable with
-      ``low == high`` is constant: its co-moments are exactly 0.
+    low: float32 ``[S..., k]``, the smallest value of weight != 0 rounded to float32
+      (+inf if none).
+    high: float32 ``[S..., k]``, the largest such value (-inf if none).
+    low_rest: float32 ``[S..., k]``, the smallest ``x - float32(x)`` among the values
+      ``x`` that round to ``low`` (0 for floats; an int32/uint32 beyond ``2**24`` loses it
+      in float32), so ``low + low_rest`` is the exact smallest value.
+    high_rest: float32 ``[S..., k]``, the largest such remainder of the values at ``high``.
+      A variable whose exact extremes are equal is constant (`constant`).
   """
 
-  _fields = ("count", "total", "comoment", "low", "high")
+  _fields = ("count", "total", "comoment", "low", "high", "low_rest", "high_rest")
   count: ExactSum
   total: ExactSum
   comoment: ExactSum
   low: jax.Array
   high: jax.Array
+  low_rest: jax.Array
+  high_rest: jax.Array
 
   @classmethod
   def zeros(cls, shape=(), num_vars: int = 1) -> Moments:
@@ -112,6 +121,8 @@ class Moments(Accumulator):
       ExactSum.zeros(shape),
       ExactSum.zeros(columns),
       ExactSum.zeros(columns + (num_vars,)),
+      jnp.full(columns, jnp.inf, jnp.float32),
+      jnp.full(columns, -jnp.inf, jnp.float32),
       jnp.full(columns, jnp.inf, jnp.float32),
       jnp.full(columns, -jnp.inf, jnp.float32),
     )
@@ -162,13 +173,18 @@ class Moments(Accumulator):
   def constant(self) -> jax.Array:
     """``[S..., k]`` bool: every element of nonzero weight has the same value.
 
-    The float32 extremes are equal and the exact co-moment ``M_jj`` is 0: a constant
-    variable's deviations from its shift (the value itself) are exactly 0 in every batching,
-    while integers that all round to one float32 (``2**30`` and ``2**30 + 3``) differ in
-    ``M_jj`` (their deviations are formed from the integers) though not in the extremes."""
-    mantissa, _ = self.comoment.frexp()
-    spread = jnp.diagonal(mantissa, axis1=-2, axis2=-1)
-    return (self.low == self.high) & (spread == 0)
+    The exact extremes are equal: the float32 ones and the remainders (integers that all
+    round to one float32, ``2**30`` and ``2**30 + 3``, differ in the remainders). Read from
+    the extremes, not from the co-moment: merging parts of a constant variable rounds the
+    means (weights 1, 7, 0.3, 1 left ``M_jj`` at ``6e-28``, an ExplainedVariance of
+    ``-3e28``), and the extremes merge without rounding."""
+    return (self.low == self.high) & (self.low_rest == self.high_rest)
+
+  def _extremes(self, low, high) -> tuple[jax.Array, jax.Array]:
+    """``(low_rest, high_rest)`` of this state's parts at the combined extremes
+    (``+inf`` / ``-inf`` where a part's extreme is not the combined one)."""
+    low_rest = jnp.where(self.low == low, self.low_rest, jnp.inf)
+    return low_rest, jnp.where(self.high == high, self.high_rest, -jnp.inf)
 
   def _spread(self, mean_hi, mean_lo) -> ExactSum:
     """``n_i (mean_i - mean)(mean_i - mean)^T`` of this state's parts, 0 for empty parts."""
@@ -188,7 +204,12 @@ class Moments(Accumulator):
     mine = self.comoment.merge(self._spread(mean_hi, mean_lo))
     theirs = other.comoment.merge(other._spread(mean_hi, mean_lo))
     low, high = jnp.minimum(self.low, other.low), jnp.maximum(self.high, other.high)
-    return self._make(count, total, mine.merge(theirs), low, high)
+    (my_low, my_high), (their_low, their_high) = (
+      self._extremes(low, high),
+      other._extremes(low, high),
+    )
+    rests = jnp.minimum(my_low, their_low), jnp.maximum(my_high, their_high)
+    return self._make(count, total, mine.merge(theirs), low, high, *rests)
 
   def aggregate(self) -> Moments:
     return _aggregate_moments(self)
@@ -205,7 +226,12 @@ class Moments(Accumulator):
     parts = self.total.hi.shape
     mean_hi, mean_lo = jnp.broadcast_to(mean_hi, parts), jnp.broadcast_to(mean_lo, parts)
     comoment = combine(self.comoment.merge(self._spread(mean_hi, mean_lo)))
-    return self._make(count, sums, comoment, -maximum(-self.low), maximum(self.high))
+    low, high = -maximum(-self.low), maximum(self.high)
+    low_rest, high_rest = self._extremes(
+      jnp.broadcast_to(low, parts), jnp.broadcast_to(high, parts)
+    )
+    rests = -maximum(-low_rest), maximum(high_rest)
+    return self._make(count, sums, comoment, low, high, *rests)
 
 
 # Jitted so that eager use (host-side merges) runs one compiled program, not dozens of ops.
@@ -231,6 +257,11 @@ def _batch_moments(values, real, w, axes) -> Moments:
   count_error = jnp.where(jnp.isfinite(count), count_error, 0.0)  # inf weights: NaN error
   low = jnp.min(jnp.where(used, values, jnp.inf), axes, keepdims=True, initial=jnp.inf)
   high = jnp.max(jnp.where(used, values, -jnp.inf), axes, keepdims=True, initial=-jnp.inf)
+  rest = _deviations(columns, values, values)  # x - float32(x): 0 but for wide integers
+  low_rest = jnp.where(used & (values == low), rest, jnp.inf)
+  high_rest = jnp.where(used & (values == high), rest, -jnp.inf)
+  low_rest = jnp.min(low_rest, axes, initial=jnp.inf)
+  high_rest = jnp.max(high_rest, axes, initial=-jnp.inf)
   safe_count = jnp.where(count > 0, count, 1.0)
   scale = _magnitude_exponent(values, axes)
   mean = ldexp(jnp.sum(weight * ldexp(values, -scale), axes, keepdims=True) / safe_count, scale)
@@ -262,7 +293,8 @@ def _batch_moments(values, real, w, axes) -> Moments:
   comoment = ExactSum.of_pair(squeeze(products), squeeze(products_error), pair_scale)
   comoment = comoment.merge(_exact_outer(-squeeze(first), squeeze(quotient), pair_scale))
   weight_total = ExactSum.of_pair(squeeze(count)[..., 0], squeeze(count_error)[..., 0])
-  return Moments._make(weight_total, total, comoment, squeeze(low), squeeze(high))
+  extremes = squeeze(low), squeeze(high), low_rest, high_rest
+  return Moments._make(weight_total, total, comoment, *extremes)
 
 
 def _wide(column) -> bool:

@@ -129,7 +129,7 @@ class SpearmanCorrelation(_RankCorrelation):
   """Spearman's rank correlation: Pearson's correlation of the (average) ranks.
 
   Exact: ``scipy.stats.spearmanr`` / torchmetrics ``SpearmanCorrCoef`` (tied values share
-  the mean of their ranks), over every counted pair kept (see the module docstring:
+  the mean of their ranks), over every counted pair kept (see [the module docstring][padded_eval.metrics.regression.rank_correlation]:
   memory ``8 * num_outputs * capacity`` bytes per device, the ranks sorted once at the
   end, ``O(capacity log capacity)``).
 
@@ -166,8 +166,8 @@ class KendallTau(_RankCorrelation):
 
   ``P`` the pairs of elements, ``T_x`` / ``T_y`` those tied in ``preds`` / ``target``:
   exactly ``scipy.stats.kendalltau`` (``variant="b"``) / torchmetrics
-  ``KendallRankCorrCoef`` (``variant="b"``), over every counted pair kept (see the module
-  docstring). The pair counts are exact integers per element, summed error-free, from
+  ``KendallRankCorrCoef`` (``variant="b"``), over every counted pair kept (see [the module
+  docstring][padded_eval.metrics.regression.rank_correlation]). The pair counts are exact integers per element, summed error-free, from
   sorts and a bottom-up merge count of the discordant pairs (``O(capacity log^2
   capacity)`` at the end, memory ``O(num_outputs * capacity)``).
 

@@ -132,7 +132,7 @@ class Bootstrap(Metric):
     num_replicas: the number of bootstrap replicas ``R``.
     seed: an int in ``[0, 2**32)``; the replicas are a pure function of it and the row ids.
     confidence: the default coverage of :meth:`compute_interval`, in ``(0, 1)``.
-    resample: ``"auto"``, ``"weights"`` or ``"repeat"`` (see the module docstring).
+    resample: ``"auto"``, ``"weights"`` or ``"repeat"`` (see [the module docstring][padded_eval.metrics.resampling.bootstrap]).
     max_state_bytes: refuse configurations whose state exceeds this many bytes.
     name: the key in logs (default: the wrapped metric's name).
 

@@ -115,7 +115,7 @@ def compare(a: Any, b: Any, confidence: float = 0.95) -> dict[str, Any]:
     confidence: the interval's coverage, in ``(0, 1)``.
 
   Returns:
-    ``{"difference", "low", "high", "p_value"}`` (see the module docstring): float64 numbers,
+    ``{"difference", "low", "high", "p_value"}`` (see [the module docstring][padded_eval.metrics.resampling.comparison]): float64 numbers,
     arrays of the value's shape (``[num_slices, ...]`` when sliced, NaN for an empty
     slice), or dicts of them for a wrapped collection.
 

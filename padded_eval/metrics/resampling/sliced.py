@@ -15,11 +15,13 @@ How a batch reaches the slices (``method``):
   exact :meth:`~padded_eval.exact.accumulate.Accumulator.segment_sum`. Work and memory
   ``rows x state + num_slices x state`` per step: 10,000 slices cost what 1 does plus the
   state. For metrics whose state is sums of rows: every accumulator an ``ExactCount`` or
-  ``ExactSum``, merged by addition (accuracy, means, the confusion family, curves,
-  calibration, perplexity, collections of them, and a ``Bootstrap`` of them).
+  ``ExactSum``, merged by addition (accuracy, means, the confusion family, calibration,
+  perplexity, collections of them, and a ``Bootstrap`` of them).
 * ``"vmap"``: the metric's batch update once per slice (``jax.vmap`` over slice ids, the
-  mask restricted to the slice): ``num_slices x rows`` work. Any metric (moments, whose
-  Chan merge is not a sum, go this way).
+  mask restricted to the slice): ``num_slices x rows`` work. Any metric: moments (whose
+  Chan merge is not a sum) and the curves (AUROC, AUPRC, ROC and PR curves, binned or exact:
+  their state carries a score buffer, empty when binned, which is not a sum of rows) go this
+  way; ``"segments"`` refuses them, naming the reason.
 * ``"auto"`` (default): ``"segments"`` where the state is sums of rows, else ``"vmap"``.
 
 State memory is ``num_slices`` times the metric's (:meth:`Sliced.state_nbytes`); the cost
@@ -77,18 +79,24 @@ def sums_rows(metric: Metric) -> bool:
   """Whether ``metric``'s state is sums over rows: every accumulator an ``ExactCount`` or
   ``ExactSum`` and every metric in it merged by addition (the base ``merge``, or a
   ``Bootstrap``/``Sliced`` mapping it). Such a state is the segment sum of its rows' states."""
+  return not_sums(metric) is None
+
+
+def not_sums(metric: Metric) -> str | None:
+  """Why ``metric``'s state is not sums over rows (for messages), or None if it is."""
   if type(metric).merge not in (Metric.merge, Bootstrap.merge, Sliced.merge):
-    return False
+    return f"{type(metric).__name__} merges its own way (e.g. Chan's moments)"
   children = jax.tree.leaves(
     metric, is_leaf=lambda x: x is not metric and isinstance(x, (Metric, Accumulator))
   )
   for child in children:
     if isinstance(child, Metric):
-      if not sums_rows(child):
-        return False
+      reason = not_sums(child)
+      if reason is not None:
+        return reason
     elif type(child) not in (ExactCount, ExactSum):
-      return False
-  return True
+      return f"{type(metric).__name__} keeps a {type(child).__name__}, which is not a sum of rows"
+  return None
 
 
 class Sliced(Metric):
@@ -98,7 +106,7 @@ class Sliced(Metric):
     metric: the metric to slice (any :class:`Metric`: a collection, a ``Bootstrap``).
     num_slices: the number of slices ``S``; slice ids are ``0 .. S - 1``.
     key: the update keyword holding the slice ids, int ``[B]``.
-    method: ``"auto"``, ``"segments"`` or ``"vmap"`` (see the module docstring).
+    method: ``"auto"``, ``"segments"`` or ``"vmap"`` (see [the module docstring][padded_eval.metrics.resampling.sliced]).
     slice_names: optional ``S`` distinct str, the slices' names in :meth:`compute_logs`
       (default ``"0"``, ``"1"``, ...).
     name: the key in logs (default: the wrapped metric's name).
@@ -151,10 +159,11 @@ class Sliced(Metric):
     validation.check_choice("method", method, METHODS)
     if method == "auto":
       method = "segments" if sums_rows(metric) else "vmap"
-    if method == "segments" and not sums_rows(metric):
+    reason = not_sums(metric) if method == "segments" else None
+    if reason is not None:
       raise ValueError(
-        f"method='segments' needs a metric whose state is sums of rows; "
-        f"{type(metric).__name__} merges otherwise (e.g. Chan's moments): use method='vmap'"
+        f"method='segments' needs a metric whose state is sums of rows; {reason}: use "
+        "method='vmap' (or 'auto', which picks it)"
       )
     if slice_names is not None:
       slice_names = tuple(slice_names)

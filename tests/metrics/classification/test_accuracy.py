@@ -10,6 +10,7 @@ scikit-learn's ``accuracy_score`` on the label's column. Sample weights go in as
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import sklearn.metrics as skm
@@ -254,3 +255,28 @@ def test_bool_target_into_multiclass_names_target(backend):
     np.mean((x.astype(np.float64) @ w[:, :2]).argmax(-1) == (labels > 4)),
     rtol=1e-6,
   )
+
+
+def test_a_one_hot_target_is_told_to_pass_class_indices():
+  # Issue 65: a one-hot target was blamed on "one score per row is not a class id".
+  rng = np.random.default_rng(0)
+  labels = rng.integers(0, 4, 13)
+  data = {"x": rng.random((13, 4)).astype(np.float32), "y": np.eye(4, dtype=np.float32)[labels]}
+
+  def step(params, batch):
+    return pe.metrics.Accuracy().batch_updates(
+      preds=batch["x"], target=batch["y"], mask=batch["mask"]
+    )
+
+  with pytest.raises(
+    ValueError, match=r"one-hot .* class indices: pass jnp.argmax\(target, axis=-1\)"
+  ) as e:
+    pe.masked_eval(step, None, pe.pad_batches(data, 8), backend="jit")
+  assert "one score per row" not in str(e.value)
+
+  def fixed(params, batch):  # what the message says
+    target = jnp.argmax(batch["y"], axis=-1)
+    return pe.metrics.Accuracy().batch_updates(preds=batch["x"], target=target, mask=batch["mask"])
+
+  got = pe.masked_eval(fixed, None, pe.pad_batches(data, 8), backend="jit")["accuracy"]
+  assert got == pytest.approx(skm.accuracy_score(labels, data["x"].argmax(-1)))

@@ -194,3 +194,17 @@ def test_capacity_is_judged_per_slice():
   small = pe.metrics.Sliced(pe.metrics.AUROC(exact=True, capacity=2), 2)
   report = small.update(preds=p, target=t, slice=ids).invalid_report()
   assert [n for _, kind, n in report if "capacity=2" in kind] == [2]  # slice 0: 4 elements, 2 slots
+
+
+@pytest.mark.parametrize("name", ["AUROC", "AUPRC"])
+def test_binned_curves_are_sliced_by_vmap_and_segments_says_why(name):
+  # Issue 65: the docs listed curves among the sums of rows that take method="segments", but the
+  # binned curves were refused there with a message about "Chan's moments".
+  curve = getattr(pe.metrics, name)()
+  assert pe.metrics.Sliced(curve, 3).method == "vmap"
+  with pytest.raises(
+    ValueError, match=f"{name} keeps a ScoreBuffer, which is not a sum of rows"
+  ) as e:
+    pe.metrics.Sliced(curve, 3, method="segments")
+  assert "Chan" not in str(e.value)
+  assert "curves" not in pe.metrics.resampling.sliced.__doc__.split('``"vmap"``')[0]
