@@ -17,7 +17,7 @@ import collections
 import pathlib
 import re
 
-LINE = re.compile(r"^\s*([0-9.]+)s (setup|call|teardown)\s+(\S+)")
+LINE = re.compile(r"^\s*([0-9.]+)s (setup|call|teardown)\s+(\S.*?)\s*$")  # ids may hold spaces
 OUT = pathlib.Path(__file__).resolve().parents[1] / "tests" / "fast_tier.txt"
 
 
