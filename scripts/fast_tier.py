@@ -3,15 +3,16 @@
 Usage: ``python -m pytest --durations=0 --durations-min=0 -p no:cacheprovider > run.log``, then
 ``python scripts/fast_tier.py run.log [--budget-case 0.6]``; then, optionally, time the tier itself
 (``python -m pytest -m "not slow" --durations=0 --durations-min=0 -p no:cacheprovider >
-tier.log``) and write the file again with ``--tier-log tier.log --budget-alone 8``.
+tier.log``) and write the file again with ``--tier-log tier.log``.
 
 The fast tier (``pytest -m "not slow"``, see tests/conftest.py) runs, of each test function (and
 each docstring example), its cheapest parametrization, if that one took at most ``--budget-case``
 seconds (setup, call and teardown) in the whole run; a function whose every case took longer runs in
 CI only. In the whole run a case is often cheap because its siblings compiled the programs it
 shares with them; run alone in the tier it compiles them itself (on 2 cores, cases of 0.01 s took
-20 s there). ``--tier-log`` gives those times: a function whose chosen case took more than
-``--budget-alone`` seconds in that run is left out too. One line per function: the function, a
+20 s there). ``--tier-log`` gives those times (one log or several: each case's longest counts, so a case left out
+by an earlier run of the tier stays out): a function whose chosen case took more than
+``--budget-alone`` seconds there is left out too. One line per function: the function, a
 space, and the node id chosen or ``-``. A test function the file does not know (added since) is in
 the fast tier whole, until the file is written again.
 """
@@ -46,11 +47,16 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("log", help="pytest output with --durations=0 --durations-min=0")
   parser.add_argument("--budget-case", type=float, default=0.6, help="seconds (default 0.6)")
-  parser.add_argument("--tier-log", help="the same, of a run of the fast tier alone")
-  parser.add_argument("--budget-alone", type=float, default=8.0, help="seconds (default 8)")
+  parser.add_argument(
+    "--tier-log", nargs="*", default=[], help="the same, of runs of the fast tier alone"
+  )
+  parser.add_argument("--budget-alone", type=float, default=6.0, help="seconds (default 6)")
   args = parser.parse_args()
   seconds = durations(args.log)
-  alone = durations(args.tier_log) if args.tier_log else {}
+  alone: dict[str, float] = {}  # a case's longest time alone, over the tier's runs
+  for log in args.tier_log:
+    for nodeid, spent in durations(log).items():
+      alone[nodeid] = max(spent, alone.get(nodeid, 0.0))
   cases = collections.defaultdict(list)
   for nodeid, spent in seconds.items():
     cases[function_of(nodeid)].append((spent, nodeid))
