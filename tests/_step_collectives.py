@@ -1,6 +1,6 @@
 """The all-reduces in one compiled `masked_eval` step: what the multi-host has-data flag adds per step.
 
-Used by tests/eval/test_step_collectives.py and benchmarks/bench_multihost.py. A step of P processes with one device
+Used by tests/eval/test_step.py and benchmarks/bench_multihost.py. A step of P processes with one device
 each is the same SPMD program as a step over a mesh of P devices in one process, so counting the collectives on
 meshes of 2, 4 and 8 (virtual) devices shows how they grow with P.
 """

@@ -41,9 +41,11 @@ def backend(request) -> str:
 
 FAST_TIER = pathlib.Path(__file__).with_name("fast_tier.txt")
 """The fast tier (``-m "not slow"``): of each test function, the one parametrization this file names
-(its cheapest, if that took at most 1 s when measured), or none (``-``); written from a timed run by
-``scripts/fast_tier.py``. The other parametrizations are marked slow, like the demo, benchmark, scale
-and multi-process tests; CI runs them all. A function the file does not know yet runs whole."""
+(its cheapest, if that took at most 0.6 s in a timed whole run and at most 6 s in timed runs of the
+tier itself, where it compiles alone what its siblings compiled for it in the whole run), or none
+(``-``); written from those runs by ``scripts/fast_tier.py``. The other parametrizations are marked
+slow, like the demo, benchmark, scale and multi-process tests; CI runs them all. A function the file
+does not know yet runs whole."""
 
 
 def _fast_tier() -> dict[str, str]:

@@ -3,7 +3,7 @@
 Every program of `masked_eval` is compiled as ``jax.jit`` compiles it, with XLA's defaults on
 every platform: what `masked_eval` runs for the user's step is what ``jax.jit`` of it gives, so
 per-row outputs equal the user's own ``jax.jit`` of the same function, bit for bit
-(``tests/eval/test_programs.py``). The one thing done here is when: the programs whose shapes
+(``tests/eval/test_compiling.py``). The one thing done here is when: the programs whose shapes
 are known before the first step (the final reduce of the carried state, the logs of the final
 metric) are traced and lowered on the caller's thread, and compiled on a worker thread
 (`Compiling`) while the step compiles, instead of after the last step.

@@ -3,7 +3,7 @@
 Each batch's bucketed axis is cut to the smallest size that holds its longest row. Checked here against numpy
 float64 references: every row once, results as with one fixed size (padded positions hold NaN, so a step that
 read them unmasked would give NaN), one compilation per bucket shape (counted with JAX's compile event, as
-tests/eval/test_programs.py counts them), the bucket of every batch (a hypothesis property) and the errors.
+tests/eval/test_compiling.py counts them), the bucket of every batch (a hypothesis property) and the errors.
 """
 
 import functools

@@ -1,4 +1,4 @@
-"""Shared by tests/eval/test_resume.py and its subprocesses: data, step function, batches, and a worker to kill.
+"""Shared by tests/eval/test_checkpoint.py and its subprocesses: data, step function, batches, and a worker to kill.
 
 Run as ``python _resume_worker.py MODE BACKEND DIR``: evaluates with ``checkpoint_dir=DIR, checkpoint_every=2``
 over a slow generator and is SIGKILLed by the test mid-way. MODE ``run``: killed between checkpoints; MODE

@@ -199,7 +199,7 @@ def test_masked_eval_carries_one_word_vector_and_stays_exact(backend, monkeypatc
 
 def test_a_checkpointed_evaluation_carries_a_small_state_packed_too(tmp_path, monkeypatch):
   """A checkpoint saves and restores the packed state (its tree leaves on disk): the step is
-  the packed one, as without a checkpoint (tests/eval/test_programs.py counts the programs)."""
+  the packed one, as without a checkpoint (tests/eval/test_compiling.py counts the programs)."""
   spy = StateSpy(monkeypatch)
   data, (w, b) = dataset(203, seed=6), weights(6)
   got = pe.masked_eval(

@@ -1,6 +1,13 @@
-"""Unit tests of the exact accumulators against exact integer / float64 references."""
+"""The exact accumulators (`padded_eval.exact.accumulate`) against exact integer / float64 references.
+
+Unit tests; ``Accumulator.segment_sum`` (the exact sums behind Sliced); and the scale tests of
+DESIGN.md "Exactness" (marked slow): 2**31+ counts and sums, 2**25 updates, stable Std, with inputs
+generated on the device inside jitted loops (nothing of size 2**31 is materialised) and references
+exact (closed forms in Python integers) or float64 numpy over the same float32 inputs.
+"""
 
 import math
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -171,3 +178,218 @@ def _check_stacked_array_totals(shape):
   np.testing.assert_allclose(
     float(stacked_std.aggregate().compute()), float(stats.compute()), rtol=1e-6
   )
+
+
+# --- the accumulator API (issue 12) -----------------------------------------------------------------
+
+
+def test_exact_sum_keeps_inf_and_nan():
+  """An overflowed batch sum stays inf through merges with larger totals (was NaN)."""
+  big = ExactSum.of(np.float32(3e38)).merge(ExactSum.of(np.float32(3e38)))  # exponent 129
+  assert float(big.merge(ExactSum.of(np.float32(np.inf))).total()) == np.inf
+  assert float(ExactSum.of(np.float32(-np.inf)).merge(big).to_numpy()) == -np.inf
+  assert np.isnan(float(big.merge(ExactSum.of(np.float32(np.nan))).total()))
+
+
+def test_exact_sum_of_sum_ratio_and_of_product():
+  values = np.array([3e38, 3e38, 1e38, np.nan], np.float32)
+  total = ExactSum.of(values[0]).merge(ExactSum.of(values[1])).merge(ExactSum.of(values[2]))
+  assert float(total.to_numpy()) == math.fsum(values[:3].astype(np.float64))
+  assert not np.isfinite(float(total.total()))  # 7e38 does not fit float32 ...
+  np.testing.assert_allclose(float(total.ratio(3.0)), 7e38 / 3, rtol=1e-6)  # ... its mean does
+  real = np.array([True, True, True, False])
+  squares = ExactSum.of_sum(values, where=real, power=2)
+  np.testing.assert_allclose(
+    float(squares.to_numpy()), math.fsum(values[:3].astype(np.float64) ** 2), rtol=1e-6
+  )
+  squares = ExactSum.of_sum(np.float32([1e-30, 2e-30]), power=2)
+  np.testing.assert_allclose(float(squares.to_numpy()), 5e-60, rtol=1e-6)
+  np.testing.assert_allclose(float(squares.ratio(2.0, sqrt=True)), math.sqrt(2.5e-60), rtol=1e-6)
+  a, b = np.float32(1.0000001e30), np.float32(3.0000003e30)
+  exact = np.float64(a) * np.float64(b)  # ~3e60, exact in float64
+  assert float(ExactSum.of_product(a, b).to_numpy()) == exact
+
+
+def test_accumulators_expose_totals_the_same_way():
+  counts = ExactCount.of(jnp.array([[3, 0, 2**30 + 5]], jnp.int32)).merge(
+    ExactCount.of(jnp.array([[1, 7, 2**31 - 1]], jnp.int32))
+  )
+  exact_counts = np.array([[4, 7, 2**30 + 5 + 2**31 - 1]])
+  sums = ExactSum.of(jnp.array([1.5, -2.0, 0.0]))
+  for acc, exact in ((counts, exact_counts), (sums, np.array([1.5, -2.0, 0.0]))):
+    np.testing.assert_array_equal(acc.to_numpy(), exact)
+    np.testing.assert_allclose(np.asarray(acc.total(), np.float64), exact, rtol=1e-7)
+    assert acc.total().dtype == jnp.float32
+  suffix = np.cumsum(exact_counts[..., ::-1], -1)[..., ::-1]
+  np.testing.assert_allclose(counts.suffix_totals(), suffix, rtol=1e-7)
+  np.testing.assert_allclose(
+    counts.suffix_totals(inclusive=False), suffix - exact_counts, rtol=1e-7
+  )
+
+
+# --- segment_sum --------------------------------------------------------------------------------
+
+
+def test_exact_sum_segments_equal_float64_and_drop_out_of_range_ids():
+  rng = np.random.default_rng(0)
+  values = rng.normal(size=(301, 3)).astype(np.float32) * np.float32(10.0) ** rng.integers(
+    -6, 6, (301, 1)
+  )
+  ids = rng.integers(-2, 9, 301)  # 7 segments; -2, -1, 7 and 8 are dropped; segment 6 rare
+  summed = ExactSum.of(values).segment_sum(ids, 7).to_numpy()
+  expected = np.zeros((7, 3))
+  for s in range(7):
+    expected[s] = values[ids == s].astype(np.float64).sum(0)
+  # The combination of aggregate (a psum's): high parts exact, low parts summed in float32, so
+  # within a float32 plain sum's bound of the largest part; equal to aggregate per segment.
+  scale = np.abs(values.astype(np.float64)).max()
+  np.testing.assert_allclose(summed, expected, rtol=0, atol=scale * len(values) * 2**-24)
+  for s in range(7):
+    alone = ExactSum.of(values[ids == s]).aggregate().to_numpy()
+    np.testing.assert_allclose(summed[s], alone, rtol=1e-7)
+  empty = ExactSum.of(values[:0]).segment_sum(ids[:0], 3)
+  np.testing.assert_array_equal(empty.to_numpy(), np.zeros((3, 3)))
+
+
+def test_exact_count_segments_are_exact_beyond_int32():
+  rng = np.random.default_rng(1)
+  counts = rng.integers(0, 2**31 - 1, 40_000)
+  ids = rng.integers(0, 5, 40_000)
+  summed = ExactCount.of(counts).segment_sum(ids, 5).to_numpy()
+  np.testing.assert_array_equal(
+    summed, np.bincount(ids, None, 5) * 0 + [counts[ids == s].sum() for s in range(5)]
+  )
+
+
+# --- at scale (slow) ----------------------------------------------------------------------------
+BATCH = 1 << 20
+PERIOD = 1021  # values 1 + (g mod PERIOD) / 1024 of the global element index g: exact in float32
+
+
+def _batch_values(step, batch=BATCH):
+  """Batch ``step``: ``[batch]`` float32 values and the mask dropping its last ``step % 3``."""
+  index = jax.lax.iota(jnp.int32, batch)
+  residue = (step * (batch % PERIOD) + index) % PERIOD  # == (step * batch + index) % PERIOD
+  values = 1.0 + residue.astype(jnp.float32) * (1.0 / 1024)
+  mask = index < batch - step % 3
+  return jnp.where(mask, values, jnp.nan), mask
+
+
+def _residue_sum(start: int, length: int) -> int:
+  """``sum((start + t) % PERIOD for t in range(length))`` in closed form."""
+  periods, rest = divmod(length, PERIOD)
+  total = periods * PERIOD * (PERIOD - 1) // 2
+  first = start % PERIOD
+  head = min(rest, PERIOD - first)
+  total += (first + first + head - 1) * head // 2
+  tail = rest - head
+  return total + (tail - 1) * tail // 2
+
+
+@pytest.mark.slow
+def test_mean_and_count_over_2_31_values_are_exact():
+  steps = (1 << 11) + 2  # 2**31 + 2**21 elements, minus the masked ones
+
+  @jax.jit
+  def run():
+    def body(step, carry):
+      mean, count = carry
+      values, mask = _batch_values(step)
+      count = count.merge(ExactCount.of(jnp.sum(mask, dtype=jnp.int32)))
+      return mean.update(values=values, mask=mask), count
+
+    return jax.lax.fori_loop(0, steps, body, (pe.metrics.Mean(), ExactCount.zeros()))
+
+  mean, count = run()
+  lengths = [BATCH - step % 3 for step in range(steps)]
+  exact_count = sum(lengths)
+  exact_total = sum(
+    Fraction(length) + Fraction(_residue_sum(step * BATCH, length), 1024)
+    for step, length in enumerate(lengths)
+  )
+  assert exact_count > 2**31
+  assert int(count.to_numpy()) == exact_count
+  assert float(mean.weight.to_numpy()) == exact_count
+  reference = float(exact_total / exact_count)
+  assert abs(float(mean.total.to_numpy()) / exact_count - reference) <= 1e-6 * reference
+  assert abs(float(mean.compute()) - reference) <= 1e-6 * reference
+
+
+@pytest.mark.slow
+def test_one_element_updates_past_2_24_do_not_saturate():
+  steps = (1 << 24) + 4  # a float32 count or total stops at 2**24: 1 is below its spacing there
+
+  @jax.jit
+  def run():
+    def body(step, metrics):
+      mean, accuracy = metrics
+      value = jnp.reshape(0.5 + (step % 2).astype(jnp.float32), (1,))  # 0.5, 1.5, 0.5, ...
+      hit = jnp.reshape(step % 4 != 0, (1,)).astype(jnp.int32)  # 3 of every 4
+      return mean.update(values=value), accuracy.update(preds=hit, target=jnp.ones(1, jnp.int32))
+
+    return jax.lax.fori_loop(0, steps, body, (pe.metrics.Mean(), pe.metrics.Accuracy()))
+
+  mean, accuracy = run()
+  assert float(mean.weight.to_numpy()) == steps  # a float32 count would stop at 2**24
+  assert float(mean.total.to_numpy()) == steps  # sum of steps/2 pairs 0.5 + 1.5
+  assert float(mean.compute()) == 1.0
+  assert float(accuracy.correct.to_numpy()) == 3 * steps // 4
+  assert float(accuracy.compute()) == 0.75
+
+
+def _normal_batch(key, index, size):
+  """1e4 + N(0, 1) float32 values (NaN where masked out) and a ~90% mask."""
+  value_key, mask_key = jax.random.split(jax.random.fold_in(key, index))
+  values = 1e4 + jax.random.normal(value_key, (size,), jnp.float32)
+  mask = jax.random.uniform(mask_key, (size,)) < 0.9
+  return jnp.where(mask, values, jnp.nan), mask
+
+
+def _host_std(indices, size):
+  key = jax.random.key(0)
+  values, mask = jax.jit(lambda i: jax.lax.map(lambda j: _normal_batch(key, j, size), i))(
+    jnp.asarray(indices)
+  )
+  values, mask = np.asarray(values), np.asarray(mask)
+  return np.std(values[mask].astype(np.float64))
+
+
+@pytest.mark.slow
+def test_std_mean_1e4_many_steps_single_device():
+  steps, size = 2000, 256
+
+  @jax.jit
+  def run():
+    key = jax.random.key(0)
+
+    def body(step, std):
+      values, mask = _normal_batch(key, step, size)
+      return std.update(values=values, mask=mask)
+
+    return jax.lax.fori_loop(0, steps, body, pe.metrics.Std())
+
+  reference = _host_std(np.arange(steps), size)
+  assert abs(float(run().compute()) - reference) <= 1e-3 * reference
+
+
+@pytest.mark.slow
+def test_std_mean_1e4_many_steps_across_8_devices():
+  n, steps, size = jax.local_device_count(), 250, 256
+  assert n == 8
+
+  def per_device(device):
+    key = jax.random.key(0)
+
+    def body(step, std):
+      values, mask = _normal_batch(key, device * steps + step, size)
+      return std.update(values=values, mask=mask)
+
+    local = jax.lax.fori_loop(0, steps, body, pe.metrics.Std())
+    return local.reduce(AXIS), local
+
+  reduced, local = jax.pmap(per_device, axis_name=AXIS)(jnp.arange(n))
+  reference = _host_std(np.arange(n * steps), size)
+  for device in range(n):
+    got = float(jax.tree.map(lambda x: x[device], reduced).compute())
+    assert abs(got - reference) <= 1e-3 * reference
+  assert abs(float(local.aggregate().compute()) - reference) <= 1e-3 * reference

@@ -148,7 +148,7 @@ def test_rolling_windows_are_lm_evals():
 
 @pytest.fixture
 def compiles():
-  """The number of XLA compilations while the test runs (JAX's compile event, as tests/eval/test_programs.py)."""
+  """The number of XLA compilations while the test runs (JAX's compile event, as tests/eval/test_compiling.py)."""
   seen = [0]
 
   def listener(event, duration, **kwargs):
