@@ -27,6 +27,7 @@ if ROOT not in sys.path:  # the checkout being documented, not an installed copy
 DOCUMENTED_BY = {
   "padded_eval.metrics.curves.histogram.ScoreHistogram": "padded_eval.metrics.curves.auc.AUROC",
   "padded_eval.metrics.averages._PerOutputMean": "padded_eval.metrics.averages.MSE",
+  "padded_eval.metrics.averages.WeightedMean": "padded_eval.metrics.averages.Mean",
 }
 """The declaring base -> the public class whose ``Args:`` describe its fields."""
 
