@@ -38,12 +38,12 @@ from jax.sharding import Mesh
 
 from padded_eval.data._batch_spec import checked_batches
 from padded_eval.data.padded import bucket_axes, padding_fills
-from padded_eval.eval import _checks, backends, checkpoint, model_modes
+from padded_eval.eval import backends, checkpoint, checks, model_modes
 from padded_eval.eval import cache as cache_lib
 from padded_eval.eval import run as run_lib
-from padded_eval.eval._checks import NUM_EXAMPLES, InvalidValuesWarning, package_dir
 from padded_eval.eval._hooks import Dispatched, Hook, Outputs, Progress
 from padded_eval.eval._options import EvalOptions
+from padded_eval.eval.checks import NUM_EXAMPLES, InvalidValuesWarning, package_dir
 from padded_eval.metrics.base import Metric
 from padded_eval.multihost import distributed
 
@@ -300,7 +300,7 @@ def masked_eval(
   compiled = cache_lib.cached_step(step_fn, runner, options.mask, options.outputs)
   run = run_lib.start(compiled, params, first, saver, feed.wait_final)
   if run.stored is not None:  # a finished checkpoint_dir asked the same question: its answer
-    return _checks.checked(run.stored, run.stored[NUM_EXAMPLES], options.on_invalid)
+    return checks.checked(run.stored, run.stored[NUM_EXAMPLES], options.on_invalid)
   hooks = _hooks(options, run, batches, num_batches, saver)
   try:
     state = _run_steps(run, feed, first, hooks)
@@ -309,7 +309,7 @@ def masked_eval(
     _release_driver_frames(error.__traceback__)
     raise
   metric, num_examples = run.finish(state, feed.wait_final)
-  results = _checks.results(metric, num_examples, options.on_invalid)
+  results = checks.results(metric, num_examples, options.on_invalid)
   for hook in hooks:
     results = hook.finish(results)
   return results
