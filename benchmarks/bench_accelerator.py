@@ -22,6 +22,9 @@ Every loop computes the accuracy and the mean cross entropy over all N rows from
   and a bool mask, one ``jax.jit`` step that takes the numpy arrays as they are and returns (correct
   count, loss sum, real count), summed on the device with ``jnp.add``, one ``device_get`` at the end;
   params placed once on the default device, outside the timing;
+* ``hand loop, tf.data``: the same over the tf.data pipeline below (``as_numpy_iterator``, the
+  last batch padded): the baseline of the tf.data loops (``same source`` columns), since what
+  tf.data takes to make its batches is the pipeline's, whoever reads them;
 * ``Flax issue's naive loop`` (Flax's issue "Correctly compute metrics over entire evalset/testset",
   the pattern of its examples then): a pmapped step returning per-batch means, ``pmean`` over
   devices, the means averaged over batches on the host. The last batch is fed as it comes (its own
@@ -69,6 +72,12 @@ from benchmarks import _models, common  # noqa: E402
 
 METRICS = pe.Metrics({"accuracy": pe.metrics.Accuracy(), "loss": pe.metrics.Mean("loss")})
 HAND = "hand loop"
+HAND_TF = "hand loop, tf.data"
+
+
+def own_hand_loop(name: str) -> str:
+  """The hand loop over the same source as loop ``name``: the tf.data one for tf.data loops."""
+  return HAND_TF if "tf.data" in name else HAND
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +206,23 @@ def make_loops(case: Case) -> tuple[dict[str, Callable[[], tuple[float, float]]]
     return METRICS.batch_updates(preds=logits, target=b["label"], loss=loss, mask=b["mask"])
 
   pipeline = _tensorflow().data.Dataset.from_tensor_slices(data).batch(batch)
+
+  # The hand loop over the tf.data pipeline: its numpy batches, the last padded, the same step.
+  def hand_tf_loop():
+    total, start = None, 0
+    for b in pipeline.as_numpy_iterator():
+      x, y, mask = b["x"], b["label"], all_real
+      if len(y) < batch:
+        pad = batch - len(y)
+        x = np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)])
+        y = np.concatenate([y, np.zeros(pad, y.dtype)])
+        mask = np.arange(batch) < n - start
+      start += batch
+      out = hand_step(hand_params, x, y, mask)
+      total = out if total is None else jax.tree.map(jnp.add, total, out)
+    correct, loss_sum, count = jax.device_get(total)
+    return int(correct) / int(count), float(loss_sum) / int(count)
+
   on_devices = [
     jax.device_put(b, NamedSharding(mesh, PartitionSpec("batch")))
     for b in pe.pad_batches(data, batch)
@@ -213,7 +239,7 @@ def make_loops(case: Case) -> tuple[dict[str, Callable[[], tuple[float, float]]]
 
     return loop
 
-  loops = {HAND: hand_loop, "Flax issue's naive loop (pmap)": naive_loop}
+  loops = {HAND: hand_loop, HAND_TF: hand_tf_loop, "Flax issue's naive loop (pmap)": naive_loop}
   loops["Flax pad_shard_unpad + host metrics"] = flax_loop
   sources = {
     "numpy": lambda: pe.pad_batches(data, batch),
@@ -288,8 +314,13 @@ def measure(case: Case, repeats: int, first_repeats: int, log) -> list[dict]:
         "loop": name,
         "warm_s": statistics.median(times[name]),
         "warm_ratio": statistics.median(t / h for t, h in zip(times[name], times[HAND])),
+        "warm_ratio_own": statistics.median(
+          t / h for t, h in zip(times[name], times[own_hand_loop(name)])
+        ),
         "first_s": statistics.median(first[name]),
         "first_ratio": statistics.median(first[name]) / first_hand,
+        "first_ratio_own": statistics.median(first[name])
+        / statistics.median(first[own_hand_loop(name)]),
         "accuracy": accuracy,
         "loss": loss,
         "accuracy_error": abs(accuracy - ref_accuracy) / ref_accuracy,
@@ -299,6 +330,106 @@ def measure(case: Case, repeats: int, first_repeats: int, log) -> list[dict]:
   return rows
 
 
+def probe(case: Case, repeats: int) -> list[dict]:
+  """Where the host batches' time goes: placement paths side by side (``--probe``).
+
+  Every loop runs the hand loop's step on the case's pre-padded host batches (``pad_batches``, read
+  once outside the timing) and returns the summed counts, blocked on at the end:
+
+  * ``jit(numpy)``: the numpy batch passed to ``jax.jit`` (the hand loop's transfer);
+  * ``device_put(device)`` / ``device_put(split)``: ``jax.device_put`` to the default device, or with
+    masked_eval's ``NamedSharding`` of the rows, then the step;
+  * ``... wait t-1``: the same, waiting on step t-1 after step t is dispatched (two in flight);
+  * ``device_put ahead``: batch t+1 placed right after step t is dispatched (masked_eval's order);
+  * ``put only``: every batch placed, nothing run (the transfer alone);
+  * ``pad_batches only``: iterating ``pe.pad_batches`` of the host arrays (no device);
+  * ``masked_eval jit host list`` and ``... steps_in_flight=8``: the driver over the same batches.
+  """
+  hosts = list(pe.pad_batches(case.data, case.batch))
+  apply = case.apply
+  params = jax.device_put(case.params)
+  step = jax.jit(lambda p, b: _counts(apply(p, b["x"]), b["label"], b["mask"]))
+  mesh = Mesh(np.array(jax.local_devices()[:1]), ("batch",))
+  split = NamedSharding(mesh, PartitionSpec("batch"))
+  device = jax.local_devices()[0]
+
+  def run(place, wait=False, ahead=False):
+    def loop():
+      total, previous = None, None
+      placed = place(hosts[0]) if ahead else None
+      for i, host in enumerate(hosts):
+        b = placed if ahead else place(host)
+        out = step(params, b)
+        if ahead and i + 1 < len(hosts):
+          placed = place(hosts[i + 1])
+        if wait and previous is not None:
+          jax.block_until_ready(previous)
+        previous = out
+        total = out if total is None else jax.tree.map(jnp.add, total, out)
+      return jax.device_get(total)
+
+    return loop
+
+  def put_only(place):
+    return lambda: jax.block_until_ready([place(h) for h in hosts])
+
+  def step_fn(p, b):
+    logits = apply(p, b["x"])
+    loss = _models.cross_entropy(logits, b["label"])
+    return METRICS.batch_updates(preds=logits, target=b["label"], loss=loss, mask=b["mask"])
+
+  placed_params = pe.place_params(case.params, backend="jit")
+  numpy_ = lambda b: b
+  to_device = lambda b: jax.device_put(b, device)
+  to_split = lambda b: jax.device_put(b, split)
+  loops = {
+    "jit(numpy)": run(numpy_),
+    "jit(numpy) wait t-1": run(numpy_, wait=True),
+    "device_put(device)": run(to_device),
+    "device_put(split)": run(to_split),
+    "device_put(split) wait t-1": run(to_split, wait=True),
+    "device_put(split) ahead, wait t-1": run(to_split, wait=True, ahead=True),
+    "device_put(split) ahead": run(to_split, ahead=True),
+    "put only (device)": put_only(to_device),
+    "put only (split)": put_only(to_split),
+    "pad_batches only": lambda: sum(1 for _ in pe.pad_batches(case.data, case.batch)),
+    "masked_eval jit host list": lambda: pe.masked_eval(
+      step_fn, placed_params, hosts, backend="jit"
+    ),
+    "masked_eval jit host list, steps_in_flight=8": lambda: pe.masked_eval(
+      step_fn, placed_params, hosts, backend="jit", steps_in_flight=8
+    ),
+    "masked_eval jit pad_batches": lambda: pe.masked_eval(
+      step_fn, placed_params, pe.pad_batches(case.data, case.batch), backend="jit"
+    ),
+  }
+  tf = _tensorflow()
+  pipeline = tf.data.Dataset.from_tensor_slices(case.data).batch(case.batch)
+  prefetched = pipeline.prefetch(2)
+  loops["tf.data as_numpy_iterator only"] = lambda: sum(1 for _ in pipeline.as_numpy_iterator())
+  loops["tf.data pad_batches only"] = lambda: sum(1 for _ in pe.pad_batches(pipeline, case.batch))
+  loops["tf.data .prefetch(2) pad_batches only"] = lambda: sum(
+    1 for _ in pe.pad_batches(prefetched, case.batch)
+  )
+  loops["masked_eval jit tf.data"] = lambda: pe.masked_eval(
+    step_fn, placed_params, pe.pad_batches(pipeline, case.batch), backend="jit"
+  )
+  loops["masked_eval jit tf.data .prefetch(2)"] = lambda: pe.masked_eval(
+    step_fn, placed_params, pe.pad_batches(prefetched, case.batch), backend="jit"
+  )
+  times = common.interleaved(loops, repeats, warmup=1)
+  base = "jit(numpy)"
+  return [
+    {
+      "model": case.name,
+      "loop": name,
+      "warm_s": statistics.median(times[name]),
+      "ratio": statistics.median(t / h for t, h in zip(times[name], times[base])),
+    }
+    for name in loops
+  ]
+
+
 def table(rows: list[dict]) -> str:
   header = [
     "model",
@@ -306,8 +437,10 @@ def table(rows: list[dict]) -> str:
     "loop",
     "warm s",
     "warm / hand",
+    "warm / hand, same source",
     "first call s",
     "first / hand",
+    "first / hand, same source",
     "accuracy rel. error",
     "loss rel. error",
   ]
@@ -318,8 +451,10 @@ def table(rows: list[dict]) -> str:
       r["loop"],
       f"{r['warm_s']:.4f}",
       f"{r['warm_ratio']:.2f}x",
+      f"{r['warm_ratio_own']:.2f}x",
       f"{r['first_s']:.3f}",
       f"{r['first_ratio']:.2f}x",
+      f"{r['first_ratio_own']:.2f}x",
       f"{r['accuracy_error']:.1e}",
       f"{r['loss_error']:.1e}",
     ]
@@ -335,6 +470,7 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=None, help="warm rounds (default 9; quick 3)")
   parser.add_argument("--first-repeats", type=int, default=None, help="default 3; quick 1")
   parser.add_argument("--json", type=str, default=None, help="also write the rows here")
+  parser.add_argument("--probe", action="store_true", help="time placement paths (see `probe`)")
   args = parser.parse_args(argv)
   repeats = args.repeats or (3 if args.quick else 9)
   first_repeats = args.first_repeats or (1 if args.quick else 3)
@@ -348,17 +484,30 @@ def main(argv=None) -> int:
   machine = (
     f"{jax.local_device_count()} x {device.platform} ({device.device_kind}), jax {jax.__version__}"
   )
+  if args.probe:
+    rows = [r for name in args.models for r in probe(make_case(name, args.quick), repeats)]
+    print(f"{machine}; placement probe; median of {repeats} rounds\n")
+    print(
+      common.markdown_table(
+        ["model", "loop", "warm s", "/ jit(numpy)"],
+        [[r["model"], r["loop"], f"{r['warm_s']:.4f}", f"{r['ratio']:.2f}x"] for r in rows],
+      )
+    )
+    if args.json:
+      with open(args.json, "w") as out:
+        json.dump({"machine": machine, "probe": True, "rows": rows}, out, indent=1)
+    return 0
   rows = []
   for name in args.models:
     rows += measure(make_case(name, args.quick), repeats, first_repeats, log)
+    if args.json:  # after every model, so that a run cut short keeps what it measured
+      with open(args.json, "w") as out:
+        json.dump(
+          {"machine": machine, "quick": args.quick, "repeats": repeats, "rows": rows}, out, indent=1
+        )
   mode = "quick sizes" if args.quick else "full sizes"
   print(f"{machine}; {mode}; warm: median of {repeats} rounds; first: median of {first_repeats}\n")
   print(table(rows))
-  if args.json:
-    with open(args.json, "w") as out:
-      json.dump(
-        {"machine": machine, "quick": args.quick, "repeats": repeats, "rows": rows}, out, indent=1
-      )
   return 0
 
 

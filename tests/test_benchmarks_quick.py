@@ -130,10 +130,28 @@ def test_accelerator_benchmark_prints_every_loop_of_every_model(tmp_path):
   assert {row["model"] for row in rows} == {"mlp", "cnn", "transformer", "logits"}
   for model in ("mlp", "cnn", "transformer", "logits"):
     loops = [row for row in rows if row["model"] == model]
-    assert len(loops) == 9  # hand, naive, pad_shard_unpad, masked_eval 2 backends x 3 sources
+    # hand (numpy, tf.data), naive, pad_shard_unpad, masked_eval 2 backends x 3 sources
+    assert len(loops) == 10
     assert all(row["warm_s"] > 0 and row["first_s"] > 0 for row in loops)
+    tf_loops = [row for row in loops if "tf.data" in row["loop"]]
+    assert len(tf_loops) == 3 and all(row["warm_ratio_own"] > 0 for row in tf_loops)
     exact = [row for row in loops if row["loop"].startswith("masked_eval")]
     assert all(row["loss_error"] < 1e-5 and row["accuracy_error"] < 1e-5 for row in exact)
+
+
+def test_accelerator_probe_times_every_placement_path(tmp_path):
+  out = tmp_path / "probe.json"
+  _run_benchmark(
+    "benchmarks", "accelerator", "--quick", "--probe", "--models", "mlp", "--repeats", "1",
+    "--json", str(out),
+  )  # fmt: skip
+  rows = json.loads(out.read_text())["rows"]
+  assert {row["loop"] for row in rows} >= {
+    "jit(numpy)",
+    "device_put(split) ahead",
+    "masked_eval jit tf.data",
+  }
+  assert all(row["warm_s"] > 0 for row in rows)
 
 
 def test_flax_sst2_benchmark_without_a_flax_checkout_says_so(tmp_path):

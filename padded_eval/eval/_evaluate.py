@@ -185,9 +185,12 @@ def masked_eval(
       ``batch -> bool [rows, ...]`` (the same as ``mask_fn``).
     steps_in_flight: at most this many dispatched steps not yet finished (>= 1).
       The next batch is always copied to the devices while the current step runs.
-      Default 2: step t-1 is waited for after step t is dispatched, so the
-      devices never idle on dispatch and the queue stays bounded (unbounded
-      queues of pmap steps thrash CPU devices that share cores).
+      Default (None): on CPU devices 2 (step t-1 is waited for after step t is
+      dispatched: unbounded queues of pmap steps thrash CPU devices that share
+      cores); on an accelerator as many as keep 1 GiB of batches in flight (an
+      eighth of the device memory at most), from 2 to 32, so that transfers
+      overlap the steps as in a hand loop that never waits
+      (`padded_eval.multihost.distributed.default_steps_in_flight`).
     timeout: several processes only: seconds to wait for the other processes (the
       pre-flight check, or one step) before raising; default
       ``padded_eval.multihost.distributed.DEFAULT_TIMEOUT_S`` (300). Must exceed the slowest
@@ -370,7 +373,10 @@ def _step_feed(batches, num_batches, runner, options: EvalOptions, saver) -> Any
   )
   agreed = distributed.FeedOptions(mask.key, settings, runner.num_shards, options.timeout, padding)
   resume = None if saver is None else saver.resume_at
-  return distributed.step_feed(checked, num_batches, agreed, options.steps_in_flight, resume)
+  devices = runner.mesh.devices.flat
+  return distributed.step_feed(
+    checked, num_batches, agreed, options.steps_in_flight, resume, devices
+  )
 
 
 def _bucket_axes(batches, options: EvalOptions) -> dict:

@@ -20,7 +20,6 @@ from padded_eval.validation import check_choice, check_int, check_positive_int
 __all__ = ["ON_INVALID", "EvalOptions"]
 
 ON_INVALID = ("raise", "warn", "ignore")
-STEPS_IN_FLIGHT = 2  # step t-1 is waited for after step t is dispatched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +30,8 @@ class EvalOptions:
     layout: ``(backend, axis_name, mesh, data_axes)``, as `padded_eval.eval.backends.make_backend`
       takes them.
     mask: the batches' `RowMask` (a key, or a ``mask_fn``).
-    steps_in_flight: the bound on dispatched, unfinished steps (one process).
+    steps_in_flight: the bound on dispatched, unfinished steps (one process), or None: the
+      default of the devices (`padded_eval.multihost.distributed.default_steps_in_flight`).
     timeout: seconds to wait for other processes, or None (the default).
     progress: a progress bar: True, False, or None (when the length is unknown and stderr is a
       terminal).
@@ -43,7 +43,7 @@ class EvalOptions:
 
   layout: tuple
   mask: RowMask
-  steps_in_flight: int
+  steps_in_flight: int | None
   timeout: float | None
   progress: bool | None
   on_invalid: str
@@ -75,9 +75,8 @@ class EvalOptions:
       raise ValueError(f"progress must be True, False or None (automatic); got {progress!r}")
     if not isinstance(outputs, bool):
       raise ValueError(f"outputs must be True or False; got {outputs!r}")
-    if steps_in_flight is None:
-      steps_in_flight = STEPS_IN_FLIGHT
-    steps_in_flight = check_int("steps_in_flight", steps_in_flight, minimum=1)
+    if steps_in_flight is not None:
+      steps_in_flight = check_int("steps_in_flight", steps_in_flight, minimum=1)
     if timeout is not None:
       timeout = check_timeout(timeout)
     if directory is not None:

@@ -27,6 +27,7 @@ import numpy as np
 
 from padded_eval.caches import registry
 from padded_eval.eval import packing as packing_lib
+from padded_eval.eval import placement
 from padded_eval.eval.compiling import Compiling
 from padded_eval.exact.accumulate import ExactCount
 from padded_eval.metrics.eager import full_state_shapes, trimmed
@@ -174,7 +175,9 @@ class CachedStep:
       return found
     _count_compile((*self._origin, key))
     # copies: on CPU np.asarray would view the device buffers of the zeros, keeping them alive
-    empty = jax.tree.map(np.array, _checked_empty(self.compiled.traced_statistics(params, batch)))
+    shapes = self.compiled.traced_statistics(params, batch)
+    with placement.on_host():  # constants: no program on an accelerator for them
+      empty = jax.tree.map(np.array, _checked_empty(shapes))
     self._empty[key] = empty
     _bound(self._empty, ENTRY_SIZE)
     return empty
@@ -375,7 +378,8 @@ def prepare_logs(empty_metric: Any) -> Compiling | None:
   if len(_logs_programs) >= CACHE_SIZE:
     _logs_programs.pop(next(iter(_logs_programs)))  # bounded: the oldest goes
   try:
-    lowered = _logs_program().lower(shapes)
+    with placement.on_host():  # the final metric is on the host: its logs are computed there
+      lowered = _logs_program().lower(shapes)
   except Exception:  # noqa: BLE001 - does not trace: computed eagerly at the end, as metric_logs does
     _logs_programs[key] = None
     return None
@@ -397,6 +401,11 @@ def metric_logs(metric: Any) -> dict:
     The logs, as ``metric.compute_logs()`` returns them; from the jitted program, fetched to
     the host in one transfer (numpy arrays instead of Python numbers).
   """
+  with placement.on_host():  # the metric is on the host: no round trip to an accelerator
+    return _logs_of(metric)
+
+
+def _logs_of(metric: Any) -> dict:
   metric = trimmed(metric)
   try:
     key = _shapes_key(metric)

@@ -9,6 +9,7 @@ Nothing here keeps anything on the devices but the pmap anchor (`anchor`): the c
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import jax
@@ -22,6 +23,7 @@ __all__ = [
   "anchor",
   "fetched",
   "is_small_state",
+  "on_host",
   "stacked",
 ]
 
@@ -35,6 +37,20 @@ def is_small_state(state: Any) -> bool:
   """Whether the host ``state`` (one shard's) takes the small-state fast path: at most
   `SMALL_STATE_BYTES`."""
   return sum(np.asarray(x).nbytes for x in jax.tree.leaves(state)) <= SMALL_STATE_BYTES
+
+
+def on_host() -> contextlib.AbstractContextManager:
+  """``jax.default_device`` of the host's CPU device (where JAX has a CPU backend; else nothing).
+
+  What the driver computes from host values alone (the empty state, the logs of the fetched final
+  metric) runs there: on an accelerator, eager zeros compiled a program each on the chip (six of a
+  first call's eight on TPU v5e), and the logs went back to the chip and were fetched again.
+  """
+  try:
+    device = jax.local_devices(backend="cpu")[0]
+  except RuntimeError:  # JAX_PLATFORMS without cpu
+    return contextlib.nullcontext()
+  return jax.default_device(device)
 
 
 def stacked(state: Any, copies: int) -> Any:
