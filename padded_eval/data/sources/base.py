@@ -469,9 +469,10 @@ def pad(flat: FlatBatch, rows: int, batch_size: int, mask_key: str, fills: dict)
   out = dict(flat)
   if rows < batch_size:
     for path, leaf in flat.items():
-      fill = _empty_string_like(leaf, fills[path])
-      padding = np.full((batch_size - rows, *leaf.shape[1:]), fill, dtype=leaf.dtype)
-      out[path] = np.concatenate([leaf, padding])
+      padded = np.empty((batch_size, *leaf.shape[1:]), dtype=leaf.dtype)
+      padded[:rows] = leaf  # the one copy of the real rows
+      padded[rows:] = _empty_string_like(leaf, fills[path])
+      out[path] = padded
   out[(mask_key,)] = np.arange(batch_size) < rows
   return out
 
@@ -521,5 +522,7 @@ def rechunk(chunks: Iterator[Chunk], size: int) -> Iterator[Chunk]:
     if start < rows:  # copied: a source may reuse its buffers once the next chunk is requested
       pending.append({p: np.array(leaf[start:]) for p, leaf in flat.items()})
       pending_rows += rows - start
-  if pending_rows:
+  if len(pending) == 1:  # the short last batch: copied once already
+    yield pending[0], pending_rows
+  elif pending_rows:
     yield {p: np.concatenate([part[p] for part in pending]) for p in pending[0]}, pending_rows
