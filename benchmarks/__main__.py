@@ -5,6 +5,8 @@ Without a NAME: exactness, speed and scaling against the anchors. The full run w
 writes to ``--out`` (default: a temporary directory), never over the committed results. The
 anchors (flax, clu, metrax) are optional: missing ones show as "not installed".
 
+``python -m benchmarks quick NAME...`` runs the named ones in their quick modes in one process.
+
 With a NAME from `BENCHMARKS` (``python -m benchmarks list`` prints them with what each
 measures): that benchmark alone, with its own arguments, e.g. ``python -m benchmarks accelerator
 --json out.json``. Each sets its own devices: the accelerator benchmark takes whatever JAX finds,
@@ -31,6 +33,16 @@ if __name__ == "__main__" and sys.argv[1:2] == ["list"]:
   sys.exit(0)
 if __name__ == "__main__" and sys.argv[1:2] and sys.argv[1] in BENCHMARKS:
   run_named(sys.argv[1], sys.argv[2:])
+  sys.exit(0)
+if __name__ == "__main__" and sys.argv[1:2] == ["quick"]:
+  # `python -m benchmarks quick NAME...`: the named benchmarks in their quick modes, one after the
+  # other in this process, each between the lines `<<< NAME` and `>>> NAME` (the tests' smoke run:
+  # one start of Python and JAX for several). The first one sets the devices for all: name ones
+  # that want the same.
+  for name in sys.argv[2:]:
+    print(f"<<< {name}", flush=True)
+    run_named(name, list(BENCHMARKS[name][2]))
+    print(f">>> {name}", flush=True)
   sys.exit(0)
 
 # The full run: 8 virtual CPU devices, set before JAX initialises its backend.

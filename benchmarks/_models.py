@@ -121,3 +121,40 @@ def transformer_apply(params: dict, tokens: jax.Array, heads: int = 8) -> jax.Ar
     x = x + attended.reshape(batch, length, width) @ block["out"]
     x = x + jax.nn.gelu(norm(x) @ block["up"]) @ block["down"]
   return mlp_apply(params["head"], norm(x).mean(axis=1))
+
+
+def causal_lm_params(
+  vocab: int, dim: int, width: int, scales: dict[str, float], seed: int = 0
+) -> dict[str, np.ndarray]:
+  """Random weights of `causal_lm_apply`'s model, host float32, drawn in the order of ``scales``.
+
+  Args:
+    vocab: token ids.
+    dim: the embedding width.
+    width: how many positions the causal convolution sees.
+    scales: the normal's standard deviation per weight: ``embed``, ``conv``, ``mean``, ``out``
+      and, for output biases, ``bias``.
+    seed: numpy seed.
+  """
+  rng = np.random.default_rng(seed)
+  shapes = {
+    "embed": (vocab, dim),
+    "conv": (width, dim, dim),
+    "mean": (dim, dim),
+    "out": (dim, vocab),
+    "bias": (vocab,),
+  }
+  return {k: rng.normal(0, scale, shapes[k]).astype(np.float32) for k, scale in scales.items()}
+
+
+def causal_lm_apply(params: dict, tokens: jax.Array) -> jax.Array:
+  """``int32 [B, T] -> float32 logits [B, T, V]``, causal: token embedding, a convolution over the
+  last ``width`` positions plus the running mean of the embeddings, tanh, an output layer (and its
+  bias where ``params`` has one)."""
+  x = params["embed"][tokens]  # [B, T, D]
+  h = jnp.zeros_like(x)
+  for k in range(params["conv"].shape[0]):
+    h = h + jnp.pad(x, ((0, 0), (k, 0), (0, 0)))[:, : x.shape[1]] @ params["conv"][k]
+  counts = jnp.arange(1, x.shape[1] + 1, dtype=x.dtype)[None, :, None]  # [1, T, 1]
+  logits = jnp.tanh(h + (jnp.cumsum(x, axis=1) / counts) @ params["mean"]) @ params["out"]
+  return logits + params["bias"][None, None, :] if "bias" in params else logits

@@ -29,6 +29,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import padded_eval as pe  # noqa: E402
+from benchmarks import _models  # noqa: E402
 
 VOCAB, DIM, WIDTH, EOT = 512, 128, 4, 0
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -53,22 +54,11 @@ class Ids:
 
 
 def make_params(seed=0):
-  rng = np.random.default_rng(seed)
-  return {
-    "embed": rng.normal(0, 1.0, (VOCAB, DIM)).astype(np.float32),
-    "conv": rng.normal(0, 0.3, (WIDTH, DIM, DIM)).astype(np.float32),
-    "mean": rng.normal(0, 0.3, (DIM, DIM)).astype(np.float32),
-    "out": rng.normal(0, 0.3, (DIM, VOCAB)).astype(np.float32),
-  }
+  scales = {"embed": 1.0, "conv": 0.3, "mean": 0.3, "out": 0.3}
+  return _models.causal_lm_params(VOCAB, DIM, WIDTH, scales, seed)
 
 
-def apply_fn(params, tokens):
-  x = params["embed"][tokens]
-  h = jnp.zeros_like(x)
-  for k in range(WIDTH):
-    h = h + jnp.pad(x, ((0, 0), (k, 0), (0, 0)))[:, : x.shape[1]] @ params["conv"][k]
-  counts = jnp.arange(1, x.shape[1] + 1, dtype=x.dtype)[None, :, None]
-  return jnp.tanh(h + (jnp.cumsum(x, axis=1) / counts) @ params["mean"]) @ params["out"]
+apply_fn = _models.causal_lm_apply
 
 
 def make_requests(count, seed):

@@ -259,7 +259,7 @@ def main() -> None:
   args = parser.parse_args()
   print(run(args.quick, log=lambda message: print(message, file=sys.stderr))[0])
   host_overhead(num_batches=200 if args.quick else 2000, repeats=3 if args.quick else 7)
-  tf_throughput(rows=20_000 if args.quick else 200_000, repeats=3 if args.quick else 5)
+  tf_throughput(rows=4_000 if args.quick else 200_000, repeats=3 if args.quick else 5)
   small_eval_reads(rows=2003 if args.quick else 10_003, repeats=5 if args.quick else 15)
 
 

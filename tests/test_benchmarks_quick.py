@@ -1,7 +1,7 @@
 """Every benchmark runs end to end in its quick mode (no timing assertions).
 
 `python -m benchmarks --quick` (the full run's tables), and each benchmark of `benchmarks.BENCHMARKS`
-that it does not include (`python -m benchmarks NAME QUICK-ARGS`). Each runs in a subprocess (a
+that it does not include (`python -m benchmarks quick NAME...`, several in one process). Each runs in a subprocess (a
 benchmark sets its own XLA flags); the full run with clu, metrax and matplotlib hidden, as in CI
 where only the test extra is installed: their cells must say "not installed".
 """
@@ -106,20 +106,31 @@ def test_a_fresh_process_times_one_first_call():
   assert json.loads(done.stdout.splitlines()[-1])["seconds"] > 0
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-  "name",
-  [
-    name
-    for name in BENCHMARKS
-    if name not in IN_FULL_RUN + ("from_flax", "accelerator", "flax_sst2")
-  ],
+# The registered benchmarks that no other test runs (`from_flax`, `accelerator` and `flax_sst2` have
+# tests of their own; the full run's members, the first), in groups that run in one process each
+# (`python -m benchmarks quick NAME...`): one start of Python and JAX per group. A group's first
+# benchmark sets the devices for all, so each group holds ones that set the same: 8 virtual CPU
+# devices, or JAX's default. A benchmark in no group runs in a process of its own.
+_OWN_TESTS = IN_FULL_RUN + ("from_flax", "accelerator", "flax_sst2")
+_GROUPS = (
+  ("eval", "text", "multihost"),
+  ("sources", "ogb", "bootstrap", "families", "peers", "lm"),
 )
-def test_registered_benchmark_runs_in_its_quick_mode(name):
-  """``from_flax``, ``accelerator`` and ``flax_sst2`` have tests of their own; the full run's members, the
-  first."""
-  done = _run_benchmark("benchmarks", name, *BENCHMARKS[name][2])
-  assert done.stdout.strip()  # it printed its figures
+_TO_RUN = [name for name in BENCHMARKS if name not in _OWN_TESTS]
+_GROUPED = [tuple(n for n in group if n in _TO_RUN) for group in _GROUPS]
+_GROUPED += [(name,) for name in _TO_RUN if not any(name in group for group in _GROUPED)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("names", [g for g in _GROUPED if g], ids="-".join)
+def test_registered_benchmarks_run_in_their_quick_modes(names):
+  """Each benchmark of the group ran in its quick mode and printed its figures."""
+  done = _run_benchmark("benchmarks", "quick", *names)
+  for name in names:
+    start, end = f"<<< {name}\n", f">>> {name}\n"
+    assert start in done.stdout and end in done.stdout, (name, done.stdout[-3000:])
+    printed = done.stdout.split(start, 1)[1].split(end, 1)[0]
+    assert printed.strip(), f"{name} printed nothing"
 
 
 @pytest.mark.slow

@@ -8,8 +8,7 @@ tests/eval/test_compiling.py counts them), the bucket of every batch (a hypothes
 
 import functools
 
-import jax
-import jax.monitoring
+import _compiles
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -18,8 +17,9 @@ from hypothesis import strategies as st
 
 import padded_eval as pe
 
+compiles = _compiles.compiles  # the fixture (tests/_compiles.py)
+
 BUCKETS = [8, 16, 32, 48]
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 def sentences(n, seed=0, longest=48):
@@ -64,26 +64,6 @@ def padded(tokens, scores, batch_size, pad_shapes, **kwargs):
     pad_value={"tokens": 0, "scores": np.nan},
     **kwargs,
   )
-
-
-@pytest.fixture
-def compiles():
-  """The number of XLA compilations made while the test runs (a one-element list)."""
-  seen = [0]
-
-  def listener(event, duration, **kwargs):
-    del duration, kwargs
-    if event == _COMPILE_EVENT:
-      seen[0] += 1
-
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  yield seen
-  unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
-  if unregister is None:
-    from jax._src import monitoring
-
-    unregister = monitoring._unregister_event_duration_listener_by_callback  # noqa: SLF001
-  unregister(listener)
 
 
 @pytest.mark.parametrize("backend", ["jit", "pmap", "shard_map"])

@@ -9,10 +9,9 @@ labels in the padded rows.
 """
 
 import threading
-import time
 
+import _compiles
 import jax
-import jax.monitoring
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -23,7 +22,8 @@ import padded_eval as pe
 from padded_eval.eval import cache as _cache
 from padded_eval.eval import placement
 
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+compile_spans = _compiles.compile_spans  # the fixture (tests/_compiles.py)
+
 FEATURES, CLASSES = 5, 4
 
 
@@ -73,28 +73,6 @@ def auroc_step(params, batch):
   )
 
 
-@pytest.fixture
-def compiles():
-  """``(thread name, start, end)`` of every XLA compilation made while the test runs (the
-  listener runs on the compiling thread)."""
-  seen = []
-
-  def listener(event, duration, **kwargs):
-    del kwargs
-    if event == _COMPILE_EVENT:
-      now = time.perf_counter()
-      seen.append((threading.current_thread().name, now - duration, now))
-
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  yield seen
-  unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
-  if unregister is None:
-    from jax._src import monitoring
-
-    unregister = monitoring._unregister_event_duration_listener_by_callback  # noqa: SLF001
-  unregister(listener)
-
-
 def check(result, data):
   """``result``'s accuracy and mean against numpy float64 over every row of ``data``."""
   accuracy, mean = reference(data)
@@ -107,29 +85,29 @@ def worker_compiles(seen):
 
 
 @pytest.mark.parametrize("backend", ("jit", "pmap", "shard_map"))
-def test_the_logs_program_compiles_on_a_worker_while_the_step_compiles(backend, compiles):
+def test_the_logs_program_compiles_on_a_worker_while_the_step_compiles(backend, compile_spans):
   pe.clear_caches()
   data = dataset(203, seed=1)
   result = pe.masked_eval(step, W, garbage_padded(data, 32), backend=backend)
   assert result["num_examples"] == 203
   check(result, data)
-  on_worker = worker_compiles(compiles)
-  assert len(on_worker) == 1, compiles  # the logs program, compiled once, on the worker
-  elsewhere = [c for c in compiles if c[0] != _cache.LOGS_COMPILE_THREAD]
+  on_worker = worker_compiles(compile_spans)
+  assert len(on_worker) == 1, compile_spans  # the logs program, compiled once, on the worker
+  elsewhere = [c for c in compile_spans if c[0] != _cache.LOGS_COMPILE_THREAD]
   step_end = max(end for _, _, end in elsewhere)  # the step (and the final reduce) compiled
   assert on_worker[0][1] < step_end  # ... while the logs program was compiling
   assert not any(t.name == _cache.LOGS_COMPILE_THREAD for t in threading.enumerate())
-  compiles.clear()
+  compile_spans.clear()
   again = dataset(41, seed=2)
   result = pe.masked_eval(step, W, garbage_padded(again, 32), backend=backend)
-  assert compiles == []  # the compiled logs program is reused, nothing compiles
+  assert compile_spans == []  # the compiled logs program is reused, nothing compiles
   check(result, again)
 
 
 @pytest.mark.parametrize("packed", (True, False))
 @pytest.mark.parametrize("backend", ("jit", "pmap", "shard_map"))
 def test_the_final_reduce_compiles_on_a_worker_while_the_step_compiles(
-  backend, packed, compiles, monkeypatch
+  backend, packed, compile_spans, monkeypatch
 ):
   if not packed:
     monkeypatch.setattr(placement, "SMALL_STATE_BYTES", 0)
@@ -139,22 +117,22 @@ def test_the_final_reduce_compiles_on_a_worker_while_the_step_compiles(
   result = pe.masked_eval(step, W, garbage_padded(data, 24), backend=backend)
   assert result["num_examples"] == 117
   check(result, data)
-  ahead = [c for c in compiles if c[0] == _cache.FINAL_COMPILE_THREAD]
+  ahead = [c for c in compile_spans if c[0] == _cache.FINAL_COMPILE_THREAD]
   if backend == "jit":  # one global state: nothing to reduce
     assert ahead == []
     return
-  assert len(ahead) == 1, compiles  # compiled once, on the worker
-  main = [c for c in compiles if c[0] == threading.main_thread().name]
+  assert len(ahead) == 1, compile_spans  # compiled once, on the worker
+  main = [c for c in compile_spans if c[0] == threading.main_thread().name]
   assert ahead[0][1] < max(end for _, _, end in main)  # while the step compiled
   assert not any(t.name == _cache.FINAL_COMPILE_THREAD for t in threading.enumerate())
-  compiles.clear()
+  compile_spans.clear()
   again = dataset(53, seed=8)
   result = pe.masked_eval(step, W, garbage_padded(again, 24), backend=backend)
-  assert compiles == []  # the compiled reduce is reused
+  assert compile_spans == []  # the compiled reduce is reused
   check(result, again)
 
 
-def test_a_compute_logs_that_does_not_trace_runs_eagerly(compiles):
+def test_a_compute_logs_that_does_not_trace_runs_eagerly(compile_spans):
   pe.clear_caches()
   data = dataset(77, seed=4)
   for _ in range(2):
@@ -162,28 +140,28 @@ def test_a_compute_logs_that_does_not_trace_runs_eagerly(compiles):
     _, mean = reference(data)
     assert type(result["host_mean"]) is float
     np.testing.assert_allclose(result["host_mean"], mean, rtol=1e-6)
-  assert worker_compiles(compiles) == []
+  assert worker_compiles(compile_spans) == []
 
 
-def test_a_metric_whose_final_shapes_depend_on_the_data_is_compiled_at_the_end(compiles):
+def test_a_metric_whose_final_shapes_depend_on_the_data_is_compiled_at_the_end(compile_spans):
   pe.clear_caches()
   data = dataset(150, seed=5)
   result = pe.masked_eval(auroc_step, W, garbage_padded(data, 32), backend="jit")
   scores = 1 / (1 + np.exp(-(data["x"].astype(np.float64) @ W.astype(np.float64))[:, 0]))
   np.testing.assert_allclose(result["auroc"], roc_auc_score(data["y"] == 0, scores), atol=1e-6)
-  assert worker_compiles(compiles) == []  # its score buffer is trimmed to what it saw first
+  assert worker_compiles(compile_spans) == []  # its score buffer is trimmed to what it saw first
 
 
 @pytest.mark.parametrize("backend", ("jit", "pmap", "shard_map"))
-def test_a_warm_call_compiles_nothing_and_starts_no_thread(backend, compiles, monkeypatch):
+def test_a_warm_call_compiles_nothing_and_starts_no_thread(backend, compile_spans, monkeypatch):
   pe.clear_caches()
   jax.clear_caches()
   data = dataset(203, seed=11)
   result = pe.masked_eval(step, W, garbage_padded(data, 32), backend=backend)
   assert result["num_examples"] == 203
   check(result, data)
-  assert len(worker_compiles(compiles)) == 1, compiles  # the logs program
-  compiles.clear()
+  assert len(worker_compiles(compile_spans)) == 1, compile_spans  # the logs program
+  compile_spans.clear()
   again = dataset(45, seed=12)  # a warm call: no compile, nothing started on a worker
   started = []
 
@@ -194,12 +172,12 @@ def test_a_warm_call_compiles_nothing_and_starts_no_thread(backend, compiles, mo
 
   monkeypatch.setattr(_cache, "Compiling", Recorded)
   result = pe.masked_eval(step, W, garbage_padded(again, 32), backend=backend)
-  assert compiles == [] and started == []
+  assert compile_spans == [] and started == []
   assert result["num_examples"] == 45
   check(result, again)
 
 
-def test_a_checkpointed_run_compiles_its_final_reduce_ahead_too(compiles, tmp_path):
+def test_a_checkpointed_run_compiles_its_final_reduce_ahead_too(compile_spans, tmp_path):
   pe.clear_caches()
   jax.clear_caches()
   data = dataset(150, seed=13)
@@ -213,10 +191,10 @@ def test_a_checkpointed_run_compiles_its_final_reduce_ahead_too(compiles, tmp_pa
   )
   assert result["num_examples"] == 150
   check(result, data)
-  assert len([c for c in compiles if c[0] == _cache.FINAL_COMPILE_THREAD]) == 1, compiles
+  assert len([c for c in compile_spans if c[0] == _cache.FINAL_COMPILE_THREAD]) == 1, compile_spans
 
 
-def test_masked_eval_runs_under_disable_jit(compiles):
+def test_masked_eval_runs_under_disable_jit(compile_spans):
   """Under ``jax.disable_jit()`` (a user debugging their step) nothing is compiled ahead."""
   pe.clear_caches()
   data = dataset(61, seed=21)
@@ -224,5 +202,5 @@ def test_masked_eval_runs_under_disable_jit(compiles):
     result = pe.masked_eval(step, W, garbage_padded(data, 16), backend="jit")
   assert result["num_examples"] == 61
   check(result, data)
-  assert not [c for c in compiles if c[0] == _cache.FINAL_COMPILE_THREAD]
+  assert not [c for c in compile_spans if c[0] == _cache.FINAL_COMPILE_THREAD]
   pe.clear_caches()

@@ -20,8 +20,7 @@ import subprocess
 import sys
 import textwrap
 
-import jax
-import jax.monitoring
+import _compiles
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -29,8 +28,9 @@ import pytest
 import padded_eval as pe
 from padded_eval.eval import placement
 
+compiles = _compiles.compiles  # the fixture (tests/_compiles.py)
+
 PROGRAMS_PER_STEP = 4
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 FEATURES, CLASSES = 5, 4
 W = np.random.default_rng(3).normal(size=(FEATURES, CLASSES)).astype(np.float32)
 
@@ -59,26 +59,6 @@ def check(result, data, scale):
   assert result["num_examples"] == len(data["y"])
   np.testing.assert_allclose(result["accuracy"], np.mean(np.argmax(logits, -1) == data["y"]))
   np.testing.assert_allclose(result["mean"], scale * np.mean(np.tanh(logits).sum(-1)), rtol=1e-6)
-
-
-@pytest.fixture
-def compiles():
-  """The number of XLA compilations made while the test runs (a one-element list)."""
-  seen = [0]
-
-  def listener(event, duration, **kwargs):
-    del duration, kwargs
-    if event == _COMPILE_EVENT:
-      seen[0] += 1
-
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  yield seen
-  unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
-  if unregister is None:
-    from jax._src import monitoring
-
-    unregister = monitoring._unregister_event_duration_listener_by_callback  # noqa: SLF001
-  unregister(listener)
 
 
 _CASES = [

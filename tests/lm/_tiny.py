@@ -1,7 +1,8 @@
 """A tiny causal JAX language model, a merging byte tokenizer and their float64 numpy references.
 
-The model (random weights): token embedding, a causal convolution over the last `WIDTH` positions plus the mean
-of every embedding so far, tanh, an output layer. `logits64` is the same model in float64 numpy, row by row. The
+The model (random weights; the causal LM of benchmarks/_models.py, as in benchmarks/bench_lm.py): token
+embedding, a causal convolution over the last `WIDTH` positions plus the mean of every embedding so far, tanh,
+an output layer with a bias. `logits64` is the same model in float64 numpy, row by row. The
 tokenizer reads latin-1 bytes and merges a space with the lowercase letter after it into one token (as BPE's
 "Ġword" tokens do), so lm-eval's rule that moves a context's trailing spaces into the continuation changes the
 tokens; `EOT` is its end-of-text id.
@@ -10,6 +11,8 @@ tokens; `EOT` is its end-of-text id.
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from benchmarks import _models
 
 EOT = 256 + 26
 VOCAB = EOT + 6  # a few ids no text encodes (288: divisible by 8)
@@ -44,26 +47,11 @@ class MergingBytes:
 
 
 def make_params(seed=0):
-  rng = np.random.default_rng(seed)
-  return {
-    "embed": rng.normal(0, 1.0, (VOCAB, DIM)).astype(np.float32),
-    "conv": rng.normal(0, 0.5, (WIDTH, DIM, DIM)).astype(np.float32),
-    "mean": rng.normal(0, 0.5, (DIM, DIM)).astype(np.float32),
-    "out": rng.normal(0, 0.6, (DIM, VOCAB)).astype(np.float32),
-    "bias": rng.normal(0, 0.3, (VOCAB,)).astype(np.float32),
-  }
+  scales = {"embed": 1.0, "conv": 0.5, "mean": 0.5, "out": 0.6, "bias": 0.3}
+  return _models.causal_lm_params(VOCAB, DIM, WIDTH, scales, seed)
 
 
-def apply_fn(params, tokens):
-  """int32 [B, T] -> float32 logits [B, T, V], causal."""
-  x = params["embed"][tokens]  # [B, T, D]
-  h = jnp.zeros_like(x)
-  for k in range(WIDTH):
-    shifted = jnp.pad(x, ((0, 0), (k, 0), (0, 0)))[:, : x.shape[1]]
-    h = h + shifted @ params["conv"][k]
-  counts = jnp.arange(1, x.shape[1] + 1, dtype=x.dtype)[None, :, None]  # [1, T, 1]
-  h = h + (jnp.cumsum(x, axis=1) / counts) @ params["mean"]
-  return jnp.tanh(h) @ params["out"] + params["bias"][None, None, :]
+apply_fn = _models.causal_lm_apply  # int32 [B, T] -> float32 logits [B, T, V], causal
 
 
 def logits64(params, tokens):

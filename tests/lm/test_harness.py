@@ -6,6 +6,7 @@ sequences; params sharded over a mesh; one trace of the model per bucket width a
 call; the ValueErrors the contract names.
 """
 
+import _compiles
 import _tiny
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,8 @@ from lm_eval.api.instance import Instance
 import padded_eval as pe
 from padded_eval.lm import requests as requests_lib
 from padded_eval.lm import scoring
+
+compiles = _compiles.compiles  # the fixture (tests/_compiles.py)
 
 MAX_LENGTH = 40  # buckets 16, 32, 40
 PARAMS = _tiny.make_params()
@@ -144,25 +147,6 @@ def test_rolling_windows_are_lm_evals():
         for w in utils.get_rolling_token_windows(tokens, 0, max_length, 1)
       ]
       assert ours == [tuple(t) for t in theirs], (length, max_length)
-
-
-@pytest.fixture
-def compiles():
-  """The number of XLA compilations while the test runs (JAX's compile event, as tests/eval/test_compiling.py)."""
-  seen = [0]
-
-  def listener(event, duration, **kwargs):
-    del duration, kwargs
-    seen[0] += event == "/jax/core/compile/backend_compile_duration"
-
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  yield seen
-  unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
-  if unregister is None:
-    from jax._src import monitoring
-
-    unregister = monitoring._unregister_event_duration_listener_by_callback  # noqa: SLF001
-  unregister(listener)
 
 
 def test_one_trace_per_bucket_width_and_no_compilation_on_a_second_call(backend, compiles):

@@ -5,9 +5,7 @@ collectives) and its own share of the rows of `make_data` (`SHARES`), with globa
 (``index_offset``). Prints one JSON line per backend: ``{"backend", "process", "logs"}``.
 """
 
-import json
-import sys
-
+import _launch
 import numpy as np
 
 SHARES = (83, 58)  # rows per process
@@ -28,13 +26,8 @@ def make_metric():
   return pe.metrics.Bootstrap(pe.metrics.F1Score(num_classes=NUM_CLASSES), NUM_REPLICAS, seed=5)
 
 
-def main():
-  port, count, process = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-  import jax
-
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.config.update("jax_num_cpu_devices", 2)
-  jax.distributed.initialize(f"127.0.0.1:{port}", count, process, initialization_timeout=60)
+def lines(process):
+  """Its JSON lines, one per backend, in a process of a joined session."""
   import padded_eval as pe
 
   offset = sum(SHARES[:process])
@@ -57,9 +50,8 @@ def main():
     )
     logs = pe.masked_eval(step, None, batches, backend=backend)
     logs = {k: np.asarray(v).tolist() for k, v in logs.items()}
-    print(json.dumps({"backend": backend, "process": process, "logs": logs}), flush=True)
-  jax.distributed.shutdown()
+    yield {"backend": backend, "process": process, "logs": logs}
 
 
 if __name__ == "__main__":
-  main()
+  _launch.serve(lines)

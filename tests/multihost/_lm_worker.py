@@ -5,21 +5,22 @@ Usage: ``python tests/multihost/_lm_worker.py PORT NUM_PROCESSES PROCESS_ID``. E
 ``{"backend", "process", "loglikelihood", "one", "rolling", "generated"}``, each process's full result lists.
 """
 
-import json
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "lm"))
+import _launch
+
+TESTS = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [
+  str(TESTS / "lm"),
+  str(TESTS),
+]  # tests/lm/test_harness.py and the helpers it imports
 
 
-def main():
-  port, count, process = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-  import jax
-
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.config.update("jax_num_cpu_devices", 2)
-  jax.distributed.initialize(f"127.0.0.1:{port}", count, process, initialization_timeout=60)
+def lines(process):
+  """Its JSON lines, one per backend, in a process of a joined session."""
   import _tiny
+  import jax
   import test_harness as cases
   from lm_eval.api.instance import Instance
 
@@ -50,9 +51,8 @@ def main():
       "rolling": lm.loglikelihood_rolling(texts),
       "generated": lm.generate_until(prompts),
     }
-    print(json.dumps(line), flush=True)
-  jax.distributed.shutdown()
+    yield line
 
 
 if __name__ == "__main__":
-  main()
+  _launch.serve(lines)

@@ -14,6 +14,7 @@ the slice of rows this process read (``share``).
 import json
 import sys
 
+import _launch
 import _multihost_worker as worker
 import numpy as np
 
@@ -58,14 +59,7 @@ def run(scenario):
 
 
 def main():
-  port, count, process = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-  import jax
-
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.config.update("jax_num_cpu_devices", 2)
-  jax.distributed.initialize(
-    f"127.0.0.1:{port}", count, process, initialization_timeout=60, heartbeat_timeout_seconds=30
-  )
+  jax, count, process = _launch.join(heartbeat_timeout_seconds=30)
   for scenario in sys.argv[4].split(","):
     line = {"scenario": scenario, "process": process}
     try:

@@ -33,6 +33,7 @@ import sys
 import time
 import traceback
 
+import _launch
 import numpy as np
 
 NUM_FEATURES, NUM_CLASSES, BATCH = 3, 5, 16
@@ -328,25 +329,12 @@ def bench(process, count, steps=300):
 
 
 def main():
-  port, count, process, scenarios = (
-    sys.argv[1],
-    int(sys.argv[2]),
-    int(sys.argv[3]),
-    sys.argv[4].split(","),
-  )
-  import jax
-
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.config.update("jax_num_cpu_devices", 2)
-  jax.config.update("jax_enable_preemption_service", False)  # let SIGTERM stop a stuck worker
-  jax.distributed.initialize(
-    f"127.0.0.1:{port}",
-    count,
-    process,
-    initialization_timeout=60,
+  jax, count, process = _launch.join(
+    config=[("jax_enable_preemption_service", False)],  # let SIGTERM stop a stuck worker
     heartbeat_timeout_seconds=30,
     shutdown_timeout_seconds=30,
   )
+  scenarios = sys.argv[4].split(",")
   for scenario in scenarios:
     start = time.monotonic()
     line = {"scenario": scenario, "process": process}

@@ -6,9 +6,7 @@ global row ids (``index_offset``). For each backend it evaluates models A and B 
 Bootstrap and prints one JSON line: ``{"backend", "process", "logs", "compare"}``.
 """
 
-import json
-import sys
-
+import _launch
 import numpy as np
 
 SHARES = (71, 46)  # rows per process
@@ -38,52 +36,43 @@ def jsonable(tree):
   return np.asarray(tree, np.float64).tolist()
 
 
-def main():
-  port, count, process = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-  import jax
-
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.config.update("jax_num_cpu_devices", 2)
-  jax.distributed.initialize(f"127.0.0.1:{port}", count, process, initialization_timeout=60)
+def lines(process):
+  """Its JSON lines, one per backend, in a process of a joined session."""
   import padded_eval as pe
 
   offset = sum(SHARES[:process])
   rows = {k: v[offset : offset + SHARES[process]] for k, v in make_data().items()}
   metric = make_metric()
 
-  def step_for(model):
-    def step(params, batch):
-      return metric.batch_updates(
-        preds=batch[model],
-        target=batch["y"],
-        slice=batch["slice"],
-        mask=batch["mask"],
-        index=batch["index"],
-      )
-
-    return step
+  def step(params, batch):  # one step (one compiled program per backend) for both models
+    return metric.batch_updates(
+      preds=batch["preds"],
+      target=batch["y"],
+      slice=batch["slice"],
+      mask=batch["mask"],
+      index=batch["index"],
+    )
 
   for backend in ("pmap", "jit"):
     results = {}
-    for model in ("a", "b"):
+    for model, pad in (("a", np.nan), ("b", np.inf)):
       batches = pe.pad_batches(
-        rows,
+        {"preds": rows[model], "y": rows["y"], "slice": rows["slice"]},
         BATCH,
         num_devices=2,
-        pad_value={"a": np.nan, "b": np.inf, "y": -3, "slice": 77},
+        pad_value={"preds": pad, "y": -3, "slice": 77},
         index_key="index",
         index_offset=offset,
       )
-      results[model] = pe.masked_eval(step_for(model), None, batches, backend=backend)
+      results[model] = pe.masked_eval(step, None, batches, backend=backend)
     line = {
       "backend": backend,
       "process": process,
       "logs": jsonable(dict(results["b"])),
       "compare": jsonable(pe.metrics.compare(results["a"].metric, results["b"].metric)),
     }
-    print(json.dumps(line), flush=True)
-  jax.distributed.shutdown()
+    yield line
 
 
 if __name__ == "__main__":
-  main()
+  _launch.serve(lines)

@@ -10,15 +10,14 @@ process) and checks that the others raise a clear error and exit instead of hang
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
+import _launch
 import _multihost_worker as worker
 import numpy as np
 import pytest
-from _worker_flags import worker_xla_flags
 from sklearn.metrics import f1_score
 
 from padded_eval.multihost.distributed import process_slice
@@ -26,7 +25,6 @@ from padded_eval.multihost.distributed import process_slice
 pytestmark = pytest.mark.multihost
 
 WORKER = os.path.join(os.path.dirname(__file__), "_multihost_worker.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN_DEADLINE_S = 300  # a run that has not finished by then is a hang: its processes are killed
 GRACE_S = 10  # after one worker exits, the others must follow within this (the stuck one is killed)
 
@@ -55,12 +53,6 @@ THREE_HOSTS = [
 ]
 
 
-def _free_port() -> int:
-  with socket.socket() as sock:
-    sock.bind(("127.0.0.1", 0))
-    return sock.getsockname()[1]
-
-
 def _run(count: int, scenarios: list[str], tmp_dir) -> dict:
   """Runs the workers; returns their JSON lines per process and scenario, exit codes and stderr tails.
 
@@ -68,13 +60,8 @@ def _run(count: int, scenarios: list[str], tmp_dir) -> dict:
   on purpose, or a real hang) or after RUN_DEADLINE_S is killed with SIGKILL (jax catches SIGTERM) and its exit
   code is recorded as None.
   """
-  env = dict(os.environ, XLA_FLAGS=worker_xla_flags())  # not conftest's 8 devices: 2 per process
-  env.update(
-    JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", MULTIHOST_TMP=str(tmp_dir)
-  )
-  # the workers import this checkout's padded_eval, not whichever one the environment installed
-  env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
-  port, start = _free_port(), time.monotonic()
+  env = _launch.worker_env(MULTIHOST_TMP=str(tmp_dir))
+  port, start = _launch.free_port(), time.monotonic()
   files = [
     (open(tmp_dir / f"out{p}.txt", "w+"), open(tmp_dir / f"err{p}.txt", "w+")) for p in range(count)
   ]
@@ -300,12 +287,19 @@ def test_stuck_process_makes_the_others_time_out_and_exit(three_hosts):
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory):
   """Session 1: a checkpointed run whose process 1 is SIGKILLed mid-way; session 2 (same directory): resumed,
-  then called again (stored result), then the uninterrupted run for comparison."""
+  then called again (stored result), then the uninterrupted run for comparison, then a run with a progress
+  bar (`test_only_process_0_draws_the_progress_bar`: the one call of either session that draws one)."""
   directory = tmp_path_factory.mktemp("resume")
   killed = _run(2, ["killresume:pmap:600-437"], directory)
-  return killed, _run(
-    2, ["resume:pmap:600-437", "resumedone:pmap:600-437", "gen:pmap:600-437"], directory
-  )
+  return killed, _run(2, SESSION_2, directory)
+
+
+SESSION_2 = [
+  "resume:pmap:600-437",
+  "resumedone:pmap:600-437",
+  "gen:pmap:600-437",
+  "progress:pmap:40-23",
+]
 
 
 def test_killed_processes_resume_together_exactly(resumed):
@@ -339,9 +333,9 @@ def test_process_slice_covers_every_row_once_like_tfds(num_examples, count):
   assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)  # 1667, 1667, 1666
 
 
-def test_only_process_0_draws_the_progress_bar(tmp_path):
+def test_only_process_0_draws_the_progress_bar(resumed):
   """masked_eval(progress=True) on 2 real processes: one bar, on process 0's stderr (issue 28)."""
-  run = _run(2, ["progress:pmap:40-23"], tmp_path)
+  _, run = resumed  # its last scenario
   assert run["exits"] == {0: 0, 1: 0}, run["stderr"]
   want = reference([40, 23])
   for process in range(2):

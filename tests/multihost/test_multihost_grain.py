@@ -6,17 +6,12 @@ grain's own sharding (``ShardByJaxProcess``) gives every shard ``rows // process
 is refused on every process before the first step.
 """
 
-import json
 import os
-import socket
-import subprocess
-import sys
 
-import _multihost_worker as worker
+import _launch
 import numpy as np
 import pytest
-from _worker_flags import worker_xla_flags
-from sklearn.metrics import f1_score
+from test_multihost import reference
 
 pytestmark = pytest.mark.multihost
 
@@ -26,61 +21,13 @@ SCENARIOS = [f"map:jit:{ROWS}", f"loader:pmap:{ROWS}", f"sharded:pmap:{ROWS}"]
 DEADLINE_S = 300
 
 
-def free_port():
-  with socket.socket() as sock:
-    sock.bind(("127.0.0.1", 0))
-    return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def lines():
   """``{scenario: [line of process 0, line of process 1]}`` from one run of the workers."""
-  env = dict(os.environ, XLA_FLAGS=worker_xla_flags())  # 2 devices per process
-  env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
-  port = str(free_port())
-  procs = [
-    subprocess.Popen(
-      [sys.executable, WORKER, port, str(PROCESSES), str(p), ",".join(SCENARIOS)],
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-      env=env,
-    )
-    for p in range(PROCESSES)
-  ]
-  outputs = []
-  try:
-    for proc in procs:
-      outputs.append(proc.communicate(timeout=DEADLINE_S))
-  finally:
-    for proc in procs:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
   found = {}
-  for process, (out, err) in enumerate(outputs):
-    for text in out.splitlines():
-      if text.startswith("{"):
-        line = json.loads(text)
-        found.setdefault(line["scenario"], {})[process] = line
-    assert procs[process].returncode == 0, err[-3000:]
+  for line in _launch.run_workers(WORKER, PROCESSES, [",".join(SCENARIOS)], DEADLINE_S):
+    found.setdefault(line["scenario"], {})[line["process"]] = line
   return {s: [found[s][p] for p in range(PROCESSES)] for s in SCENARIOS}
-
-
-def reference(data, params):
-  x = data["x"].astype(np.float64)
-  logits = x @ params["w"].astype(np.float64) + params["b"].astype(np.float64)
-  predicted = logits.argmax(-1)
-  preds = x @ params["v"].astype(np.float64)
-  return {
-    "accuracy": np.mean(predicted == data["label"]),
-    "f1": f1_score(
-      data["label"], predicted, average="macro", labels=range(worker.NUM_CLASSES), zero_division=0
-    ),
-    "mse": np.mean((preds - data["y"]) ** 2),
-    "std": np.std(preds),
-    "num_examples": len(data["y"]),
-  }
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS[:2])
@@ -93,7 +40,7 @@ def test_process_slices_of_a_grain_dataset_give_the_exact_union_result(lines, sc
     [501, 1001],
   ]  # pe.process_slice: the first process takes the extra row
   assert results[0] == results[1]  # one global result, on every process
-  want = reference(worker.make_data(ROWS), worker.make_params())
+  want = reference([ROWS])  # tests/multihost/test_multihost.py's, over all ROWS rows
   assert results[0]["num_examples"] == want["num_examples"] == ROWS
   for name in ("accuracy", "f1"):
     np.testing.assert_allclose(results[0][name], want[name], rtol=1e-6, err_msg=name)
