@@ -22,11 +22,13 @@ assertion of the originals is kept:
 
 from __future__ import annotations
 
+import zlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from metric_checks import CHECKS as _ORIGINAL_CHECKS
-from metric_checks import assert_matches_reference
+from metric_checks import assert_matches_reference, check_split_and_merge, merge_randomly
 from metric_checks import check_empty_state as _original_empty_state
 from metric_checks import check_jit_traces_once as _original_jit_traces_once
 
@@ -82,9 +84,73 @@ def check_empty_state(case) -> None:
   assert np.all(np.isnan(np.asarray(seen_nothing)))
 
 
+def _zero_rows(batch, keys):
+  return {key: np.asarray(batch[key])[:0] for key in keys}
+
+
+def check_zero_row_update_is_empty(case) -> None:
+  """0 rows (with and without mask / weights): NaN alone, nothing changed after real data.
+
+  Issue 26 ("Numbers"). Before: "zero-size array to reduction" (MSE, RMSE, R2, Std, Pearson) and
+  ZeroDivisionError (any metric given ``mask`` or ``weights`` on 0 rows). Its eager updates of the
+  case's batches are those of the checks before it in `CHECKS` (their programs, compiled).
+  """
+  batches = case.batches()
+  keys = sorted(batches[0])
+  variants = [keys, [k for k in keys if k not in ("mask", "weights")]]
+  weights = np.ones(batches[0]["mask"].shape, np.float32)
+  if "weights" not in keys:
+    try:  # mask-shaped weights; where weights are per row (ranking: per query), those
+      case.make().update(**{**batches[0], "weights": weights})
+      variants.append(keys + ["weights"])
+    except ValueError as err:
+      if "does not fit" in str(err):
+        weights = np.ones(batches[0]["mask"].shape[:1], np.float32)
+        variants.append(keys + ["weights"])
+      elif "does not take sample weights" not in str(err):
+        raise
+  for variant in variants:
+    batch = {**batches[0], "weights": weights}
+    empty = _zero_rows(batch, variant)
+    alone = case.make().update(**empty)
+    assert np.all(np.isnan(np.asarray(alone.compute()))), (case.name, variant)
+    metric = case.make()
+    for batch in batches:
+      metric = metric.update(**batch).update(**empty)
+    np.testing.assert_allclose(
+      np.asarray(metric.compute(), np.float64),
+      case.reference(batches),
+      rtol=case.rtol,
+      atol=case.atol,
+      err_msg=f"{case.name}: {variant}",
+    )
+  # the 0-row updates of every variant, anywhere in a random merge tree, change nothing either
+  rng = np.random.default_rng(zlib.crc32(case.name.encode()))
+  batch = {**batches[0], "weights": weights}
+  parts = [case.make().batch_updates(**b) for b in batches]
+  parts += [case.make().batch_updates(**_zero_rows(batch, variant)) for variant in variants]
+  np.testing.assert_allclose(
+    np.asarray(merge_randomly(parts, rng).compute(), np.float64),
+    case.reference(batches),
+    rtol=case.rtol,
+    atol=case.atol,
+    err_msg=f"{case.name}: merged in a random tree",
+  )
+
+
 _SHARED = {
   _original_jit_traces_once: check_jit_traces_once,
   _original_empty_state: check_empty_state,
 }
 CHECKS = [_SHARED.get(check, check) for check in _ORIGINAL_CHECKS]
 """``metric_checks.CHECKS`` (same order, same names) with the two checks above in place."""
+
+BASE_CHECKS = [
+  check
+  for original in CHECKS
+  for check in (
+    (original, check_zero_row_update_is_empty) if original is check_split_and_merge else (original,)
+  )
+]
+"""`CHECKS` and `check_zero_row_update_is_empty` (after the eager ones: their programs for the case's
+batches are compiled), the grid of tests/metrics/test_base.py."""
