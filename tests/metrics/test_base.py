@@ -4,7 +4,10 @@ The checks run under ``jax_numpy_rank_promotion="raise"``: the library broadcast
 user who turns implicit rank promotion into an error can use every metric.
 
 Add metrics as rows of ``metric_cases.CASES``; add promises as ``check_*`` functions in
-``metric_checks.CHECKS``. Both grow this test grid without new test code.
+``metric_checks.CHECKS``. Both grow this test grid without new test code. The grid runs
+``tests/_metrics_shared.py``'s ``BASE_CHECKS``: the same checks, whose jit and empty-state checks
+share one jitted update per case, and ``zero_row_update_is_empty`` (0-row updates change nothing,
+issue 26) after the eager checks of the same case, whose programs it reuses.
 
 A row whose metric differs from another row's in ``compute`` options only (``same_update_as``)
 skips the checks of the update path under transformations (`UPDATE_PATH_CHECKS`): they run on the
@@ -18,14 +21,9 @@ import jax
 import numpy as np
 import pytest
 import scipy.stats
+from _metrics_shared import BASE_CHECKS, check_jit_traces_once
 from metric_cases import CASES
-from metric_checks import (
-  CHECKS,
-  check_jit_traces_once,
-  check_pmap,
-  check_scan,
-  check_shard_map,
-)
+from metric_checks import check_pmap, check_scan, check_shard_map
 
 import padded_eval as pe
 
@@ -35,7 +33,7 @@ UPDATE_PATH_CHECKS = (check_jit_traces_once, check_scan, check_pmap, check_shard
 GRID = [
   pytest.param(case, check, id=f"{case.name}-{check.__name__.removeprefix('check_')}")
   for case in CASES
-  for check in CHECKS
+  for check in BASE_CHECKS
   if not (case.same_update_as and check in UPDATE_PATH_CHECKS)
 ]
 

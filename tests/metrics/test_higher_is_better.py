@@ -144,10 +144,14 @@ def public_metric_classes():
   return sorted(found, key=lambda cls: cls.__name__)
 
 
+_update_compute = jax.jit(lambda metric, batch: metric.update(**batch).compute())
+"""One program per metric for its good and its bad predictions (of the same shapes and dtypes)."""
+
+
 def score(metric, inputs, which):
   batch = {k: (v[which] if isinstance(v, tuple) else v) for k, v in inputs.items()}
   mask = np.resize(MASK, len(batch["target"]))
-  return float(jax.jit(lambda b: metric.update(**b, mask=mask).compute())(batch))
+  return float(_update_compute(metric, {**batch, "mask": mask}))
 
 
 @pytest.mark.parametrize("cls", public_metric_classes(), ids=lambda cls: cls.__name__)

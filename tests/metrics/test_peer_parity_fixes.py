@@ -25,15 +25,18 @@ def _padded(rng, pad=5, **arrays):
   return with_garbage_rows(rng, arrays, pad, _FLOAT_GARBAGE, 2**30)
 
 
+_jit_update = jax.jit(lambda m, b: m.update(**b))  # one program per metric, options and shapes
+_jit_compute = jax.jit(lambda m: m.compute())
+
+
 def _kappa(metric, batch, split=3):
   """``metric`` updated batch by batch (``split`` uneven pieces), computed under jit."""
   n = len(batch["mask"])
   edges = np.linspace(0, n, split + 1).astype(int)
   state = metric
-  update = jax.jit(lambda m, b: m.update(**b))
   for a, b in zip(edges[:-1], edges[1:]):
-    state = update(state, {k: v[a:b] for k, v in batch.items()})
-  return float(jax.jit(lambda m: m.compute())(state))
+    state = _jit_update(state, {k: v[a:b] for k, v in batch.items()})
+  return float(_jit_compute(state))
 
 
 # --- CohenKappa from exact integer products ------------------------------------------------

@@ -6,15 +6,12 @@ inf or huge garbage; sizes divide neither the batch size nor the device count.
 
 import functools
 import math
-import zlib
 
 import jax
 import numpy as np
 import pytest
 import scipy.special
 from _xla_defaults import XLA_DEFAULTS
-from metric_cases import CASES
-from metric_checks import merge_randomly
 
 import padded_eval as pe
 from padded_eval.exact._floats import compensated_sum
@@ -128,60 +125,10 @@ def test_weight_zero_outlier_changes_nothing(name, outlier):
 
 
 # --- an empty batch is an empty update ----------------------------------------------------
-
-
-def _zero_rows(batch, keys):
-  return {key: np.asarray(batch[key])[:0] for key in keys}
-
-
-@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
-def test_zero_row_update_is_empty(case):
-  """0 rows (with and without mask / weights): NaN alone, nothing changed after real data.
-
-  Before: "zero-size array to reduction" (MSE, RMSE, R2, Std, Pearson) and
-  ZeroDivisionError (any metric given ``mask`` or ``weights`` on 0 rows).
-  """
-  batches = case.batches()
-  keys = sorted(batches[0])
-  variants = [keys, [k for k in keys if k not in ("mask", "weights")]]
-  weights = np.ones(batches[0]["mask"].shape, np.float32)
-  if "weights" not in keys:
-    try:  # mask-shaped weights; where weights are per row (ranking: per query), those
-      case.make().update(**{**batches[0], "weights": weights})
-      variants.append(keys + ["weights"])
-    except ValueError as err:
-      if "does not fit" in str(err):
-        weights = np.ones(batches[0]["mask"].shape[:1], np.float32)
-        variants.append(keys + ["weights"])
-      elif "does not take sample weights" not in str(err):
-        raise
-  for variant in variants:
-    batch = {**batches[0], "weights": weights}
-    empty = _zero_rows(batch, variant)
-    alone = case.make().update(**empty)
-    assert np.all(np.isnan(np.asarray(alone.compute()))), (case.name, variant)
-    metric = case.make()
-    for batch in batches:
-      metric = metric.update(**batch).update(**empty)
-    np.testing.assert_allclose(
-      np.asarray(metric.compute(), F64),
-      case.reference(batches),
-      rtol=case.rtol,
-      atol=case.atol,
-      err_msg=f"{case.name}: {variant}",
-    )
-  # the 0-row updates of every variant, anywhere in a random merge tree, change nothing either
-  rng = np.random.default_rng(zlib.crc32(case.name.encode()))
-  batch = {**batches[0], "weights": weights}
-  parts = [case.make().batch_updates(**b) for b in batches]
-  parts += [case.make().batch_updates(**_zero_rows(batch, variant)) for variant in variants]
-  np.testing.assert_allclose(
-    np.asarray(merge_randomly(parts, rng).compute(), F64),
-    case.reference(batches),
-    rtol=case.rtol,
-    atol=case.atol,
-    err_msg=f"{case.name}: merged in a random tree",
-  )
+#
+# On every row of metric_cases.CASES: ``check_zero_row_update_is_empty`` in
+# tests/_metrics_shared.py, run by tests/metrics/test_base.py's grid after the row's other eager
+# checks (whose programs for the row's batches it reuses). Under jit:
 
 
 def test_zero_row_update_under_jit():

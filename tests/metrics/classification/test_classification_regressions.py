@@ -31,14 +31,18 @@ def _padded(rng, **arrays):
   return with_garbage_rows(rng, arrays, PAD, _FLOAT_GARBAGE, 2**30)
 
 
+_jit_update = jax.jit(lambda m, b: m.update(**b))  # one program per metric, options and shapes
+_jit_compute = jax.jit(lambda m: m.compute())
+
+
 def _update(metric, batch, jit):
   if jit:
-    return jax.jit(lambda m, b: m.update(**b))(metric, batch)
+    return _jit_update(metric, batch)
   return metric.update(**batch)
 
 
 def _compute(metric, jit=True):
-  return np.asarray(jax.jit(lambda m: m.compute())(metric) if jit else metric.compute())
+  return np.asarray(_jit_compute(metric) if jit else metric.compute())
 
 
 # --- 1. Matthews correlation without cancellation ------------------------------------------

@@ -14,8 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sklearn.metrics as skm
+from _metrics_shared import CHECKS
 from metric_cases import MetricCase, padded_batches, real
-from metric_checks import CHECKS, check_eager
+from metric_checks import check_eager
 from sklearn.preprocessing import label_binarize
 
 import padded_eval as pe

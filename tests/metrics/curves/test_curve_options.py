@@ -17,7 +17,7 @@ from _curve_option_cases import (
   binned_auroc,
   operating_point,
 )
-from metric_checks import CHECKS
+from _metrics_shared import CHECKS
 
 import padded_eval as pe
 

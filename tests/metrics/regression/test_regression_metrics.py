@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import scipy.stats
 import sklearn.metrics as skm
+from _metrics_shared import CHECKS
 from _regression_cases import RANK_CASES
-from metric_checks import CHECKS
 
 import padded_eval as pe
 
