@@ -7,10 +7,19 @@ one the benchmark says so and stops. The repository holds no Flax code: ``exampl
 input_pipeline, vocabulary}.py``, ``vocab.txt`` and ``configs/default.py`` are copied from ``DIR`` into a
 temporary folder twice, once as they are and once with the HOWTO's patch (docs/howto/sequences.md) applied.
 
-The data is offline and tiny: the sentences of `examples/from_flax/sst2.py` (1003 sentences of 1 to 41 words,
-about 13 on average, with BOS and EOS), token ids drawn from Flax's ``vocab.txt``, in a ``TextDataset`` whose
+The data is offline and tiny, token ids drawn from Flax's ``vocab.txt``, in a ``TextDataset`` whose
 ``tfds.load`` is skipped (``tensorflow_text``, imported by the pipeline, is a stub: the sentences are already
-token ids). The model is Flax's ``TextClassifier`` with its default config (embedding 300, LSTM 256).
+token ids). Two length distributions (``--lengths``, `sentence_lengths`):
+
+* ``narrow`` (the default, the figures of RESULTS.md before 2026-12-08): the sentences of
+  `examples/from_flax/sst2.py`, 1003 sentences of 1 + Binomial(40, 0.3) words (here 4 to 22, mean 13.2, sd
+  2.9), with BOS and EOS. Batches of 64 have only five widths (19 to 24), so Flax's loop compiles 6 times:
+  narrower than real SST-2, whose longest sentence in a batch of 64 varies far more;
+* ``sst2``: 872 sentences (SST-2's validation size) of 2 to 55 words, mean 20, sd 9 (a gamma, rounded and
+  clipped; the shape of SST-2's validation lengths, not its data: no download here). Batches of 64 have ten
+  widths (42 to 57) in five of the HOWTO's buckets (44 to 60).
+
+The model is Flax's ``TextClassifier`` with its default config (embedding 300, LSTM 256).
 
 Three loops, each ``train.evaluate_model`` of its copy over ``get_batches(batch_size=64)`` (each batch padded to
 its own longest sentence):
@@ -36,6 +45,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FILES = (
@@ -83,9 +94,26 @@ def materialize(flax: pathlib.Path, into: pathlib.Path) -> dict[str, pathlib.Pat
   return dirs
 
 
-def _setup(dirs: dict[str, str]) -> tuple[dict, object, object]:
+def sentence_lengths(kind: str) -> np.ndarray:
+  """Token counts (BOS and EOS included) of the offline sentences: ``"narrow"`` those of
+  `examples/from_flax/sst2.py` (1003 sentences of 4 to 22 words, mean 13.2, sd 2.9), ``"sst2"`` lengths
+  shaped like SST-2's validation set (872 sentences, 2 to 55 words, mean about 20: a gamma of mean 20
+  and sd 9 words, rounded and clipped to 2..55; seed 4)."""
+  if kind == "narrow":
+    from examples.from_flax import sst2 as stand_in
+
+    return np.array([int(e["length"]) for e in stand_in.make_inputs()[1]])
+  if kind != "sst2":
+    raise ValueError(f"lengths must be 'narrow' or 'sst2'; got {kind!r}")
+  rng = np.random.default_rng(4)
+  words = np.clip(np.rint(rng.gamma(shape=(20 / 9) ** 2, scale=81 / 20, size=872)), 2, 55)
+  return words.astype(np.int64) + 2
+
+
+def _setup(dirs: dict[str, str], lengths: str = "narrow") -> tuple[dict, object, object]:
   """Imports both copies of ``train.py`` (``{"original": module, "converted": module}``; their other files are
-  the same), and builds the stand-in ``TextDataset`` and a ``TrainState``."""
+  the same), and builds the stand-in ``TextDataset`` (sentences of `sentence_lengths` ``lengths``) and a
+  ``TrainState``."""
   import importlib.util
   import types
 
@@ -114,16 +142,18 @@ def _setup(dirs: dict[str, str]) -> tuple[dict, object, object]:
   )
   rng = np.random.default_rng(4)
   vocab_size = len(dataset.vocab)
+  labels = [example["label"] for example in stand_in.make_inputs()[1]]
   rows = []
-  for index, example in enumerate(stand_in.make_inputs()[1]):
-    words = rng.integers(4, vocab_size, size=int(example["length"]) - 2)
+  for index, length in enumerate(sentence_lengths(lengths)):
+    words = rng.integers(4, vocab_size, size=int(length) - 2)
     ids = np.concatenate([[dataset.vocab.bos_idx], words, [dataset.vocab.eos_idx]])
+    label = np.int64(rng.integers(0, 2)) if lengths == "sst2" else labels[index]
     rows.append(
       {
         "idx": np.int32(index),
         "token_ids": ids.astype(np.int64),
         "length": np.int32(len(ids)),
-        "label": example["label"],
+        "label": label,
       }
     )
   signature = {
@@ -159,13 +189,13 @@ def _loop(trains: dict, loop: str):
   return train, train.eval_step
 
 
-def _child(mode: str, dirs: dict[str, str], repeats: int) -> dict:
+def _child(mode: str, dirs: dict[str, str], repeats: int, lengths: str = "narrow") -> dict:
   """``cold LOOP``: the first call of one loop in this fresh process (seconds, compilations). ``warm``: every
   loop, one call each to warm it, then ``repeats`` rounds of one call per loop, interleaved (minimum seconds)."""
   import jax
   import jax.monitoring
 
-  trains, dataset, state = _setup(dirs)
+  trains, dataset, state = _setup(dirs, lengths)
   batches = dataset.get_batches(batch_size=BATCH_SIZE)
   compiles = [0]
 
@@ -198,12 +228,14 @@ def _child(mode: str, dirs: dict[str, str], repeats: int) -> dict:
   return {"warm": times, "losses": losses, "batch_widths": widths, "eval_lengths": lengths}
 
 
-def _run_child(mode: str, dirs: dict, repeats: int) -> dict:
+def _run_child(mode: str, dirs: dict, repeats: int, lengths: str = "narrow") -> dict:
   command = [sys.executable, "-m", "benchmarks.bench_flax_sst2", "--child", mode]
   command += [
     json.dumps({role: str(path) for role, path in dirs.items()}),
     "--repeats",
     str(repeats),
+    "--lengths",
+    lengths,
   ]
   done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
   if done.returncode:
@@ -219,10 +251,17 @@ def main(argv=None) -> int:
   parser.add_argument(
     "--quick", action="store_true", help="one cold process per loop, 2 warm rounds"
   )
+  parser.add_argument(
+    "--lengths",
+    choices=("narrow", "sst2"),
+    default="narrow",
+    help="the offline sentences' lengths (sentence_lengths): narrow (the default) or sst2-like",
+  )
   parser.add_argument("--child", nargs=2, metavar=("MODE", "DIRS"), help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.child:
-    print(json.dumps(_child(args.child[0], json.loads(args.child[1]), args.repeats)))
+    child = _child(args.child[0], json.loads(args.child[1]), args.repeats, args.lengths)
+    print(json.dumps(child))
     return 0
   flax = pathlib.Path(args.flax)
   if not flax.exists():
@@ -235,12 +274,14 @@ def main(argv=None) -> int:
     colds: dict[str, list[dict]] = {loop: [] for loop in LOOPS}
     for _ in range(args.cold_repeats):  # interleaved fresh processes
       for loop in LOOPS:
-        colds[loop].append(_run_child(loop, dirs, 0))
-    warm = _run_child("warm", dirs, args.repeats)
+        colds[loop].append(_run_child(loop, dirs, 0, args.lengths))
+    warm = _run_child("warm", dirs, args.repeats, args.lengths)
   cold = {loop: statistics.median(r["cold"] for r in rs) for loop, rs in colds.items()}
   fastest = {loop: min(times) for loop, times in warm["warm"].items()}
   median = {loop: statistics.median(times) for loop, times in warm["warm"].items()}
-  print(f"batch widths of get_batches({BATCH_SIZE}): {warm['batch_widths']}")
+  print(
+    f"lengths {args.lengths}; batch widths of get_batches({BATCH_SIZE}): {warm['batch_widths']}"
+  )
   print(
     "| loop | compilations (first call) | cold s (median) | cold / flax | warm s (min) | warm / flax "
     "| warm median / flax | loss |"
