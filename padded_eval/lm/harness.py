@@ -1,4 +1,4 @@
-"""`HarnessLM`: any JAX language model as an ``lm_eval.api.model.LM`` (lm-eval >= 0.4, the ``lm`` extra).
+"""`HarnessLM`: any JAX language model as an ``lm_eval.api.model.LM`` (lm-eval >= 0.4.3, the ``lm`` extra).
 
 ``lm_eval.simple_evaluate(model=pe.lm.HarnessLM(apply_fn, params, tokenizer, max_length=..., batch_size=...),
 tasks=[...])`` evaluates a JAX model on harness tasks. Requests become token rows by the rules of lm-eval's
@@ -15,7 +15,7 @@ try:
   import lm_eval.api.model
 except ImportError as error:  # pragma: no cover - the message is tested in a subprocess
   raise ImportError(
-    "pe.lm needs lm-eval (>= 0.4): pip install 'padded_eval[lm]' (or pip install 'lm-eval>=0.4')"
+    "pe.lm needs lm-eval (>= 0.4.3): pip install 'padded_eval[lm]' (or pip install 'lm-eval>=0.4.3')"
   ) from error
 
 from padded_eval.lm import requests as requests_lib
