@@ -26,7 +26,9 @@ its own longest sentence):
 
 * ``flax``: the original (``jax.jit(eval_step)``: one compilation per batch shape);
 * ``fixed``: the conversion with ``EVAL_LENGTHS = [60]``: every batch padded to 60 (the HOWTO before buckets);
-* ``buckets``: the conversion as the HOWTO writes it, ``EVAL_LENGTHS = [16, 24, 32, 40, 48, 60]``.
+* ``buckets``: the conversion as the HOWTO writes it, ``EVAL_LENGTHS = list(range(16, 61, 4))``;
+* ``coarse`` (with ``--coarse``): the conversion with ``EVAL_LENGTHS = [16, 24, ..., 56, 60]`` (fewer
+  programs, more padding).
 
 Each loop runs in fresh Python processes of its own (``--cold-repeats``, interleaved): ``cold`` is the first
 call (tracing and compilation included; imports, model and data made before the clock starts), ``warm`` the
@@ -59,6 +61,15 @@ FILES = (
 )
 MIRROR = "/work/.mirror/google+flax/repo"
 LOOPS = {"flax": None, "fixed": [60], "buckets": None}  # buckets: the HOWTO's EVAL_LENGTHS
+COARSE = [
+  16,
+  24,
+  32,
+  40,
+  48,
+  56,
+  60,
+]  # --coarse: a fourth loop, fewer buckets (fewer programs, more padding)
 BATCH_SIZE = 64
 
 
@@ -237,6 +248,7 @@ def _run_child(mode: str, dirs: dict, repeats: int, lengths: str = "narrow") -> 
     "--lengths",
     lengths,
   ]
+  command += ["--coarse"] if "coarse" in LOOPS else []
   done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
   if done.returncode:
     raise RuntimeError(f"{mode}: {done.stderr[-3000:]}")
@@ -257,8 +269,15 @@ def main(argv=None) -> int:
     default="narrow",
     help="the offline sentences' lengths (sentence_lengths): narrow (the default) or sst2-like",
   )
+  parser.add_argument(
+    "--coarse",
+    action="store_true",
+    help=f"a fourth loop: the conversion with EVAL_LENGTHS={COARSE}",
+  )
   parser.add_argument("--child", nargs=2, metavar=("MODE", "DIRS"), help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
+  if args.coarse:
+    LOOPS["coarse"] = COARSE
   if args.child:
     child = _child(args.child[0], json.loads(args.child[1]), args.repeats, args.lengths)
     print(json.dumps(child))
