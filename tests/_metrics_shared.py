@@ -25,10 +25,14 @@ from __future__ import annotations
 import zlib
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from metric_checks import CHECKS as _ORIGINAL_CHECKS
-from metric_checks import assert_matches_reference, check_split_and_merge, merge_randomly
+from metric_checks import (
+  assert_empty_like_updated,
+  assert_matches_reference,
+  check_split_and_merge,
+  merge_randomly,
+)
 from metric_checks import check_empty_state as _original_empty_state
 from metric_checks import check_jit_traces_once as _original_jit_traces_once
 
@@ -73,11 +77,7 @@ def check_jit_traces_once(case) -> None:
 def check_empty_state(case) -> None:
   """``empty()``/``reset()`` have the updated state's structure, shapes and dtypes; NaN in jit."""
   batch = case.batches()[0]
-  updated = case.make().update(**batch)
-  for empty in (case.make(), updated.reset(), updated.empty()):
-    assert jax.tree.structure(empty) == jax.tree.structure(updated)
-    for got, want in zip(jax.tree.leaves(empty), jax.tree.leaves(updated)):
-      assert (jnp.shape(got), jnp.result_type(got)) == (jnp.shape(want), jnp.result_type(want))
+  assert_empty_like_updated(case, batch)
   assert np.all(np.isnan(np.asarray(jit_compute(case.make()))))
   all_padding = {**batch, "mask": np.zeros_like(batch["mask"])}
   seen_nothing = jit_compute(jitted_update(case).step(case.make(), all_padding))

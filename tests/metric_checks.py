@@ -215,14 +215,19 @@ def check_shard_map(case: MetricCase) -> None:
   assert_matches_reference(case, metric, batches, "shard_map reduce")
 
 
-def check_empty_state(case: MetricCase) -> None:
-  """``empty()``/``reset()`` have the updated state's structure, shapes and dtypes; NaN in jit."""
-  batch = case.batches()[0]
+def assert_empty_like_updated(case: MetricCase, batch: dict) -> None:
+  """``make()``, ``reset()`` and ``empty()`` have the structure, shapes and dtypes of an update."""
   updated = case.make().update(**batch)
   for empty in (case.make(), updated.reset(), updated.empty()):
     assert jax.tree.structure(empty) == jax.tree.structure(updated)
     for got, want in zip(jax.tree.leaves(empty), jax.tree.leaves(updated)):
       assert (jnp.shape(got), jnp.result_type(got)) == (jnp.shape(want), jnp.result_type(want))
+
+
+def check_empty_state(case: MetricCase) -> None:
+  """``empty()``/``reset()`` have the updated state's structure, shapes and dtypes; NaN in jit."""
+  batch = case.batches()[0]
+  assert_empty_like_updated(case, batch)
   assert np.all(np.isnan(np.asarray(jax.jit(lambda m: m.compute())(case.make()))))
   all_padding = {**batch, "mask": np.zeros_like(batch["mask"])}
   seen_nothing = jax.jit(lambda m, b: m.update(**b).compute())(case.make(), all_padding)
