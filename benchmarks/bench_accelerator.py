@@ -148,19 +148,27 @@ def make_loops(case: Case) -> tuple[dict[str, Callable[[], tuple[float, float]]]
   hand_step = jax.jit(lambda p, x, y, m: _counts(apply(p, x), y, m))
   all_real = np.ones(batch, bool)
 
-  def hand_loop():
-    total = None
-    for start in range(0, n, batch):
-      x, y, mask = data["x"][start : start + batch], data["label"][start : start + batch], all_real
+  def hand_sum(pairs):
+    """The hand loop over ``(x, label)`` numpy batches: the last padded with zeros and a mask."""
+    total, start = None, 0
+    for x, y in pairs:
+      mask = all_real
       if len(y) < batch:
         pad = batch - len(y)
         x = np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)])
         y = np.concatenate([y, np.zeros(pad, y.dtype)])
         mask = np.arange(batch) < n - start
+      start += batch
       out = hand_step(hand_params, x, y, mask)
       total = out if total is None else jax.tree.map(jnp.add, total, out)
     correct, loss_sum, count = jax.device_get(total)
     return int(correct) / int(count), float(loss_sum) / int(count)
+
+  def hand_loop():
+    return hand_sum(
+      (data["x"][start : start + batch], data["label"][start : start + batch])
+      for start in range(0, n, batch)
+    )
 
   replicated = jax.device_put(case.params, NamedSharding(mesh, PartitionSpec()))
 
@@ -209,19 +217,7 @@ def make_loops(case: Case) -> tuple[dict[str, Callable[[], tuple[float, float]]]
 
   # The hand loop over the tf.data pipeline: its numpy batches, the last padded, the same step.
   def hand_tf_loop():
-    total, start = None, 0
-    for b in pipeline.as_numpy_iterator():
-      x, y, mask = b["x"], b["label"], all_real
-      if len(y) < batch:
-        pad = batch - len(y)
-        x = np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)])
-        y = np.concatenate([y, np.zeros(pad, y.dtype)])
-        mask = np.arange(batch) < n - start
-      start += batch
-      out = hand_step(hand_params, x, y, mask)
-      total = out if total is None else jax.tree.map(jnp.add, total, out)
-    correct, loss_sum, count = jax.device_get(total)
-    return int(correct) / int(count), float(loss_sum) / int(count)
+    return hand_sum((b["x"], b["label"]) for b in pipeline.as_numpy_iterator())
 
   on_devices = [
     jax.device_put(b, NamedSharding(mesh, PartitionSpec("batch")))
